@@ -1,0 +1,30 @@
+// Package failpoint lets crash tests stop the process at a named point.
+//
+// A build with the tag "failpoints" reads MCP_OUTBOX_FAILPOINTS at start-up:
+// a list of name=action separated by ';', where action is one of
+//
+//	crash        SIGKILL this process (no deferred code runs, nothing is flushed)
+//	error        Inject returns an error, as if the step had failed
+//	sleep(DUR)   sleep for a time.ParseDuration duration, then go on
+//	panic        panic
+//
+// for example MCP_OUTBOX_FAILPOINTS='call.after_commit=crash'. Without the tag
+// Inject is an empty function that the compiler removes, so production builds
+// carry none of this.
+//
+// Names on the call path (package outbox):
+//
+//	call.after_claim    the key is claimed (in_flight committed), handler not run
+//	call.before_commit  the handler ran; its transaction is not committed
+//	call.after_commit   the outcome is committed; the response is not written
+package failpoint
+
+// Names of the failpoints on the call path.
+const (
+	CallAfterClaim   = "call.after_claim"
+	CallBeforeCommit = "call.before_commit"
+	CallAfterCommit  = "call.after_commit"
+)
+
+// EnvVar is the environment variable a failpoints build reads.
+const EnvVar = "MCP_OUTBOX_FAILPOINTS"

@@ -1,0 +1,332 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/failpoint"
+)
+
+type localKey struct{ principal, key string }
+
+// attempt is one execution of a call, from its claim to its outcome. It is
+// the Tx the handler sees.
+type attempt struct {
+	layer *Layer
+	tool  *toolInfo
+	id    callIdentity
+	owner string
+
+	// The claimed row; zero for unrecorded calls.
+	callID    int64
+	uid       string
+	createdAt int64
+
+	reached bool // the tool handler was called (arguments passed the schema)
+	conn    *sql.Conn
+	tx      *sql.Tx
+	txErr   error // the database failed under the handler
+	effects int   // effects enqueued so far
+
+	done chan struct{} // closed when the attempt leaves Layer.local
+}
+
+func (a *attempt) recorded() bool { return a.tool.record && a.id.source != "" }
+
+type attemptKey struct{}
+
+func attemptFrom(ctx context.Context) *attempt {
+	a, _ := ctx.Value(attemptKey{}).(*attempt)
+	return a
+}
+
+func (l *Layer) middleware(next mcp.MethodHandler) mcp.MethodHandler {
+	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+		creq, ok := req.(*mcp.CallToolRequest)
+		if !ok || creq.Params == nil {
+			return next(ctx, method, req)
+		}
+		l.mu.Lock()
+		t := l.tools[creq.Params.Name]
+		l.mu.Unlock()
+		if t == nil { // not a tool of the layer: the SDK handles it, unknown tools included
+			return next(ctx, method, req)
+		}
+		return l.call(ctx, t, creq, method, next)
+	}
+}
+
+func (l *Layer) call(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest, method string, next mcp.MethodHandler) (mcp.Result, error) {
+	id, err := identify(req, t, t.window > 0)
+	if err != nil {
+		return toolError(codeInvalidKey, "%v; nothing was executed.", err), nil
+	}
+	a := &attempt{layer: l, tool: t, id: id, uid: randomUID()}
+	if a.recorded() {
+		a.owner = l.newOwner()
+		if res := l.acquire(ctx, a); res != nil {
+			return res, nil
+		}
+		defer l.leave(a)
+		if err := failpoint.Inject(failpoint.CallAfterClaim); err != nil {
+			a.abandon(ctx)
+			return toolError(codeNotRecorded, "%v; nothing was executed.", err), nil
+		}
+	}
+	res, err := next(context.WithValue(ctx, attemptKey{}, a), method, req)
+	return a.finish(ctx, res, err)
+}
+
+// acquire claims the call for a, or returns the result to answer instead:
+// a replay, a conflict, an in-progress error.
+func (l *Layer) acquire(ctx context.Context, a *attempt) *mcp.CallToolResult {
+	deadline := time.Now().Add(l.opts.InFlightWait)
+	lk := localKey{a.id.principal, a.id.key}
+	poll := 5 * time.Millisecond
+	for {
+		l.mu.Lock()
+		if other := l.local[lk]; other != nil {
+			l.mu.Unlock()
+			if res := waitFor(ctx, other.done, deadline, a); res != nil {
+				return res
+			}
+			continue
+		}
+		a.done = make(chan struct{})
+		l.local[lk] = a
+		l.mu.Unlock()
+
+		c, err := l.claim(ctx, a)
+		if err != nil {
+			l.leave(a)
+			if ctx.Err() != nil {
+				return toolError(codeNotRecorded, "call cancelled while waiting for the database; nothing was executed.")
+			}
+			l.logger.ErrorContext(ctx, "claim call", "tool", a.tool.name, "error", err)
+			return toolError(codeNotRecorded, "could not record the call (%v); nothing was executed, a retry will run it.", err)
+		}
+		switch c.kind {
+		case claimed:
+			return nil
+		case finished:
+			l.leave(a)
+			return replay(c.row, a.id)
+		case conflict:
+			l.leave(a)
+			return conflictError(c.row, a)
+		case busy:
+			l.leave(a)
+			// Another process owns the call: it cannot signal us, so poll.
+			t := time.NewTimer(poll)
+			if res := waitFor(ctx, t.C, deadline, a); res != nil {
+				t.Stop()
+				return res
+			}
+			poll = min(2*poll, 200*time.Millisecond)
+		}
+	}
+}
+
+// waitFor waits for ch, the call's context or the deadline. It returns nil
+// when ch fired, else the result to answer with.
+func waitFor[T any](ctx context.Context, ch <-chan T, deadline time.Time, a *attempt) *mcp.CallToolResult {
+	wait := time.Until(deadline)
+	if wait <= 0 {
+		return inProgressError(a)
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return toolError(codeNotRecorded, "call cancelled while waiting for the original attempt of key %q; nothing was executed.", a.id.key)
+	case <-t.C:
+		return inProgressError(a)
+	}
+}
+
+// leave removes a from the attempts of this layer and wakes its waiters.
+func (l *Layer) leave(a *attempt) {
+	l.mu.Lock()
+	lk := localKey{a.id.principal, a.id.key}
+	if l.local[lk] == a {
+		delete(l.local, lk)
+		close(a.done)
+	}
+	l.mu.Unlock()
+}
+
+// finish decides the call's outcome from what the SDK's handler chain
+// returned, and commits it with the handler's work, or abandons the attempt.
+func (a *attempt) finish(ctx context.Context, res mcp.Result, err error) (mcp.Result, error) {
+	cr, _ := res.(*mcp.CallToolResult)
+	var reason string
+	switch {
+	case !a.reached:
+		reason = "handler not reached" // arguments failed the schema: the SDK's error stands
+	case err != nil:
+		reason = "protocol error"
+	case ctx.Err() != nil:
+		// Cancelled before the commit. The SDK still sends a "context
+		// canceled" result; it must never become the recorded outcome.
+		reason = "cancelled"
+	case a.txErr != nil:
+		a.abandon(ctx)
+		return toolError(codeNotRecorded, "the call did not commit (%v); nothing of it was recorded, a retry will run it.", a.txErr), nil
+	case cr == nil:
+		reason = "no result"
+	case cr.InputRequests != nil:
+		// A multi round-trip request: the client retries with the same
+		// _meta and its inputResponses, as part of this logical call.
+		reason = "input required"
+	case isRetryable(cr.GetError()):
+		reason = "retryable error"
+	}
+	if reason != "" {
+		a.layer.logger.DebugContext(ctx, "call not recorded", "tool", a.tool.name, "reason", reason)
+		a.abandon(ctx)
+		return res, err
+	}
+	if err := a.commit(background(ctx), cr); err != nil {
+		a.abandon(ctx)
+		if errors.Is(err, ErrOwnershipLost) {
+			return toolError(codeInProgress, "%v; this attempt recorded nothing. Ask the %s tool for the outcome of key %q.", err, StatusToolName, a.id.key), nil
+		}
+		a.layer.logger.ErrorContext(ctx, "commit call", "tool", a.tool.name, "error", err)
+		return toolError(codeNotRecorded, "the call did not commit (%v); nothing of it was recorded, a retry will run it.", err), nil
+	}
+	if a.effects > 0 {
+		a.layer.mu.Lock()
+		notify := a.layer.notify
+		a.layer.mu.Unlock()
+		if notify != nil {
+			notify()
+		}
+	}
+	if a.recorded() {
+		if err := failpoint.Inject(failpoint.CallAfterCommit); err != nil {
+			return toolError(codeNotRecorded, "%v after the commit; the call is recorded, a retry replays it.", err), nil
+		}
+		setCallMeta(cr, a.id, a.uid, stateOf(cr), false, a.createdAt, a.layer.nowMS())
+	}
+	return cr, nil
+}
+
+func stateOf(cr *mcp.CallToolResult) string {
+	if cr.IsError {
+		return "failed"
+	}
+	return "completed"
+}
+
+// commit records the outcome with the handler's work in one transaction.
+func (a *attempt) commit(ctx context.Context, cr *mcp.CallToolResult) error {
+	if a.tool.readOnly || (!a.recorded() && a.tx == nil) {
+		if a.tx != nil {
+			a.closeTx(false)
+		}
+		return nil
+	}
+	if !a.recorded() {
+		if cr.IsError {
+			a.closeTx(false)
+			return nil
+		}
+		return a.closeTx(true)
+	}
+	if err := a.begin(ctx); err != nil {
+		return err
+	}
+	if cr.IsError {
+		// A failed call keeps nothing of its work, effects included.
+		if _, err := a.tx.ExecContext(ctx, `ROLLBACK TO handler`); err != nil {
+			return fmt.Errorf("roll back handler: %w", err)
+		}
+		a.effects = 0
+	}
+	stored, err := encodeResult(cr)
+	if err != nil {
+		return err
+	}
+	now := a.layer.nowMS()
+	keep := a.layer.opts.KeyRetention
+	if a.id.source == "fingerprint" {
+		keep = a.tool.window
+	}
+	r, err := a.tx.ExecContext(ctx, recordOutcome,
+		stateOf(cr), stored, now, now+keep.Milliseconds(), a.callID, a.owner)
+	if err != nil {
+		return fmt.Errorf("record outcome: %w", err)
+	}
+	if n, err := r.RowsAffected(); err != nil || n != 1 {
+		return ErrOwnershipLost
+	}
+	if err := failpoint.Inject(failpoint.CallBeforeCommit); err != nil {
+		return err
+	}
+	return a.closeTx(true)
+}
+
+const recordOutcome = `
+UPDATE calls SET state = ?, result = ?, completed_at = ?, expires_at = ?, owner = '', lease_until = 0
+WHERE id = ? AND owner = ? AND state = 'in_flight'`
+
+func (a *attempt) closeTx(commit bool) error {
+	var err error
+	if commit {
+		err = a.tx.Commit()
+	} else {
+		_ = a.tx.Rollback()
+	}
+	a.conn.Close()
+	a.tx, a.conn = nil, nil
+	if err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	return nil
+}
+
+// abandon rolls back the handler's work and deletes the attempt's claim, so
+// the call leaves no trace and a retry runs it.
+func (a *attempt) abandon(ctx context.Context) {
+	if a.tx != nil {
+		a.closeTx(false)
+	}
+	if !a.recorded() || a.callID == 0 {
+		return
+	}
+	_, err := a.layer.db.Write.ExecContext(background(ctx),
+		`DELETE FROM calls WHERE id = ? AND owner = ? AND state = 'in_flight'`, a.callID, a.owner)
+	if err != nil {
+		// The row stays in_flight under an owner that is not running:
+		// the next attempt sees that and takes it over.
+		a.layer.logger.WarnContext(ctx, "release claim", "tool", a.tool.name, "error", err)
+	}
+}
+
+type retryableError struct{ err error }
+
+func (e *retryableError) Error() string { return e.err.Error() }
+func (e *retryableError) Unwrap() error { return e.err }
+
+// Retryable marks a handler error as transient: the call is not recorded
+// as failed, its claim is released, and a retry runs the handler again.
+func Retryable(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &retryableError{err}
+}
+
+func isRetryable(err error) bool {
+	var r *retryableError
+	var t *txError
+	return errors.As(err, &r) || errors.As(err, &t) || errors.Is(err, context.Canceled) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrOwnershipLost)
+}

@@ -1,0 +1,125 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+)
+
+type claimKind int
+
+const (
+	claimed  claimKind = iota // the attempt owns the call and runs it
+	finished                  // the call has an outcome: replay it
+	conflict                  // the key was used with another tool or other arguments
+	busy                      // another live attempt owns the call
+)
+
+// callRow is what a claim reads of an existing call.
+type callRow struct {
+	id          int64
+	uid         string
+	tool        string
+	argsHash    string
+	state       string
+	owner       string
+	leaseUntil  int64
+	result      sql.NullString
+	createdAt   int64
+	completedAt sql.NullInt64
+	expiresAt   int64
+}
+
+type claimResult struct {
+	kind claimKind
+	row  callRow
+}
+
+const selectCallForClaim = `
+SELECT id, uid, tool, args_hash, state, owner, lease_until, result, created_at, completed_at, expires_at
+FROM calls WHERE principal = ? AND key = ?`
+
+const insertCall = `
+INSERT INTO calls (uid, principal, key, key_source, tool, args_hash, state, owner, lease_until, created_at, expires_at)
+VALUES (?, ?, ?, ?, ?, ?, 'in_flight', ?, ?, ?, ?)`
+
+const takeOverCall = `
+UPDATE calls SET owner = ?, lease_until = ?, attempts = attempts + 1
+WHERE id = ? AND state = 'in_flight' AND owner = ?`
+
+// claim runs the claim transaction described in the package doc.
+func (l *Layer) claim(ctx context.Context, a *attempt) (claimResult, error) {
+	tx, err := l.db.Write.BeginTx(ctx, nil)
+	if err != nil {
+		return claimResult{}, fmt.Errorf("begin claim: %w", err)
+	}
+	defer tx.Rollback()
+
+	now := l.nowMS()
+	var r callRow
+	err = tx.QueryRowContext(ctx, selectCallForClaim, a.id.principal, a.id.key).Scan(
+		&r.id, &r.uid, &r.tool, &r.argsHash, &r.state, &r.owner, &r.leaseUntil,
+		&r.result, &r.createdAt, &r.completedAt, &r.expiresAt)
+	found := err == nil
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return claimResult{}, fmt.Errorf("read call: %w", err)
+	}
+
+	if found && r.state != "in_flight" && r.expiresAt <= now {
+		// The key's record expired: the key is free to name a new call. The
+		// old call's effects keep their own Idempotency-Keys.
+		if _, err := tx.ExecContext(ctx, `DELETE FROM calls WHERE id = ?`, r.id); err != nil {
+			return claimResult{}, fmt.Errorf("delete expired call: %w", err)
+		}
+		found = false
+	}
+
+	if !found {
+		keep := l.opts.KeyRetention
+		if a.id.source == "fingerprint" {
+			keep = a.tool.window
+		}
+		res, err := tx.ExecContext(ctx, insertCall, a.uid, a.id.principal, a.id.key, string(a.id.source),
+			a.tool.name, a.id.argsHash, a.owner, now+l.opts.Lease.Milliseconds(), now, now+keep.Milliseconds())
+		if err != nil {
+			return claimResult{}, fmt.Errorf("insert call: %w", err)
+		}
+		if a.callID, err = res.LastInsertId(); err != nil {
+			return claimResult{}, fmt.Errorf("insert call: %w", err)
+		}
+		a.createdAt = now
+		if err := tx.Commit(); err != nil {
+			return claimResult{}, fmt.Errorf("commit claim: %w", err)
+		}
+		return claimResult{kind: claimed}, nil
+	}
+
+	if r.tool != a.tool.name || r.argsHash != a.id.argsHash {
+		return claimResult{kind: conflict, row: r}, nil
+	}
+	if r.state != "in_flight" {
+		return claimResult{kind: finished, row: r}, nil
+	}
+
+	// In flight. This layer's own attempts are in l.local, and a holds the
+	// key's entry there, so an owner of this layer is not running: it ended
+	// without releasing its claim. An owner in a dead process is not running
+	// either. Anyone else is trusted until the lease passes.
+	switch l.self.ownerLiveness(r.owner) {
+	case ownerSelf, ownerDead:
+	default:
+		if r.leaseUntil > now {
+			return claimResult{kind: busy, row: r}, nil
+		}
+	}
+	if _, err := tx.ExecContext(ctx, takeOverCall, a.owner, now+l.opts.Lease.Milliseconds(), r.id, r.owner); err != nil {
+		return claimResult{}, fmt.Errorf("take over call: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return claimResult{}, fmt.Errorf("commit takeover: %w", err)
+	}
+	l.logger.InfoContext(ctx, "took over call", "tool", a.tool.name, "previous_owner", r.owner)
+	a.callID, a.uid, a.createdAt = r.id, r.uid, r.createdAt
+	return claimResult{kind: claimed}, nil
+}

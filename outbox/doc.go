@@ -1,0 +1,56 @@
+// Package outbox makes side-effecting MCP tool calls happen once per logical
+// call on a github.com/modelcontextprotocol/go-sdk server whose state lives in
+// SQLite.
+//
+// # The invariant
+//
+// A recorded call's own writes, the outbox effects it enqueues and its
+// outcome commit in one SQLite transaction, or not at all. So:
+//
+//   - a retry of a committed call replays the recorded result and runs nothing;
+//   - a retry of a call that never committed runs it, because nothing of it exists;
+//   - effects exist only for committed calls, and the dispatcher delivers them.
+//
+// # What commits when
+//
+// A call goes through two transactions, both on the single writer connection
+// (see package schema):
+//
+//  1. The claim: a short transaction that finds the call's row by (principal,
+//     key). No row, or an expired one: it inserts the row in state in_flight
+//     with this attempt as owner and a lease. A completed or failed row with the
+//     same tool and arguments: the result is replayed. Other arguments: a
+//     conflict. An in_flight row whose owner is alive: the attempt waits.
+//     An in_flight row whose owner is dead or whose lease has passed: the
+//     attempt takes the row over by writing itself as owner.
+//  2. The outcome: the handler's transaction, begun at the handler's first
+//     statement. It first checks that the row still names this attempt as
+//     owner (the fence), runs the handler's statements and effects inside a
+//     savepoint, then writes the state and the result and commits. A handler
+//     error rolls the savepoint back and records state failed; the error is
+//     replayed like a result.
+//
+// # States of a call row
+//
+//	in_flight  claimed by the attempt named in owner; nothing of the handler's
+//	           work is visible. If that attempt dies, the row is taken over.
+//	completed  the handler's writes, its effects and the result are committed.
+//	failed     the handler returned a tool error; its writes were rolled back,
+//	           the error is recorded and replayed.
+//
+// An attempt that ends without an outcome (the client cancelled before the
+// commit, the handler was never reached because the arguments failed the
+// schema, a database error, a handler error marked [Retryable]) deletes its
+// in_flight row: the call leaves no trace and a retry runs it.
+//
+// # Keys
+//
+// The key of a call is the first found of: params._meta.idempotencyKey;
+// params.idempotencyKey (SEP-3182, carried below the SDK by [WrapTransport]
+// and [LiftParamsKey]); the HTTP Idempotency-Key header; the tool's
+// idempotency_key argument when its input schema declares one. Without any, the
+// key is a fingerprint of principal, tool and canonical arguments, remembered
+// for the tool's fingerprint window. Keys are scoped by principal: the
+// authenticated user's ID on HTTP, otherwise [callkey.LocalPrincipal]; never by
+// JSON-RPC id or session id, which do not survive a reconnect.
+package outbox

@@ -1,0 +1,135 @@
+package outbox
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
+)
+
+// Names a key travels under.
+const (
+	// MetaKeyIdempotency is the key's name in params._meta.
+	MetaKeyIdempotency = "idempotencyKey"
+	// MetaKeyParamsKey is where [WrapTransport] and [LiftParamsKey] move a
+	// top-level params.idempotencyKey, which the SDK would otherwise drop.
+	MetaKeyParamsKey = "io.github.mcp-outbox/paramsIdempotencyKey"
+	// HeaderIdempotencyKey is the HTTP header of
+	// draft-ietf-httpapi-idempotency-key-header.
+	HeaderIdempotencyKey = "Idempotency-Key"
+	// ArgumentIdempotencyKey is the tool argument looked for when the tool's
+	// input schema declares it.
+	ArgumentIdempotencyKey = "idempotency_key"
+)
+
+// callIdentity is who made a call and under which key.
+type callIdentity struct {
+	principal string
+	key       string
+	source    callkey.Source
+	argsHash  string
+}
+
+// principalOf is the authenticated user of an HTTP request, else the local
+// principal. The session id is deliberately not used: it does not survive a
+// reconnect, and is empty on stdio and stateless HTTP.
+func principalOf(req *mcp.CallToolRequest) string {
+	if req.Extra != nil && req.Extra.TokenInfo != nil && req.Extra.TokenInfo.UserID != "" {
+		return "user:" + req.Extra.TokenInfo.UserID
+	}
+	return LocalPrincipal
+}
+
+// identify finds the key of a call. It returns source "" when the call
+// carries no key and fingerprints are off for the tool.
+func identify(req *mcp.CallToolRequest, t *toolInfo, window bool) (callIdentity, error) {
+	id := callIdentity{principal: principalOf(req)}
+	canonical, err := callkey.Canonical(req.Params.Arguments)
+	if err != nil {
+		return id, fmt.Errorf("arguments are not valid JSON: %w", err)
+	}
+	id.argsHash = callkey.ArgsHash(canonical)
+
+	key, source, err := explicitKey(req, t)
+	if err != nil {
+		return id, err
+	}
+	if source != "" {
+		if err := callkey.Validate(key); err != nil {
+			return id, fmt.Errorf("%s (from %s)", err, sourceLabel(source))
+		}
+		id.key, id.source = key, source
+		return id, nil
+	}
+	if window {
+		id.key = callkey.Fingerprint(id.principal, t.name, canonical)
+		id.source = callkey.SourceFingerprint
+	}
+	return id, nil
+}
+
+func explicitKey(req *mcp.CallToolRequest, t *toolInfo) (string, callkey.Source, error) {
+	meta := req.Params.Meta
+	for _, c := range []struct {
+		name   string
+		source callkey.Source
+	}{{MetaKeyIdempotency, callkey.SourceMeta}, {MetaKeyParamsKey, callkey.SourceParams}} {
+		if v, ok := meta[c.name]; ok && v != nil {
+			s, ok := v.(string)
+			if !ok {
+				return "", "", fmt.Errorf("%w: %s must be a string, got %T", callkey.ErrInvalidKey, sourceLabel(c.source), v)
+			}
+			return s, c.source, nil
+		}
+	}
+	if req.Extra != nil {
+		if vs := req.Extra.Header.Values(HeaderIdempotencyKey); len(vs) > 0 {
+			if len(vs) > 1 {
+				return "", "", fmt.Errorf("%w: %d Idempotency-Key headers", callkey.ErrInvalidKey, len(vs))
+			}
+			return unquoteHeader(vs[0]), callkey.SourceHeader, nil
+		}
+	}
+	if t.keyArgument && len(req.Params.Arguments) > 0 {
+		var args map[string]json.RawMessage
+		if json.Unmarshal(req.Params.Arguments, &args) == nil {
+			if raw, ok := args[ArgumentIdempotencyKey]; ok && string(raw) != "null" {
+				var s string
+				if err := json.Unmarshal(raw, &s); err != nil {
+					return "", "", fmt.Errorf("%w: argument %s must be a string", callkey.ErrInvalidKey, ArgumentIdempotencyKey)
+				}
+				return s, callkey.SourceArgument, nil
+			}
+		}
+	}
+	return "", "", nil
+}
+
+// unquoteHeader accepts the draft's Structured Field string ("abc") and the
+// bare form (abc) that Stripe and most clients send.
+func unquoteHeader(v string) string {
+	v = strings.TrimSpace(v)
+	if len(v) >= 2 && v[0] == '"' && v[len(v)-1] == '"' {
+		return strings.NewReplacer(`\"`, `"`, `\\`, `\`).Replace(v[1 : len(v)-1])
+	}
+	return v
+}
+
+func sourceLabel(s callkey.Source) string {
+	switch s {
+	case callkey.SourceMeta:
+		return "_meta." + MetaKeyIdempotency
+	case callkey.SourceParams:
+		return "params.idempotencyKey"
+	case callkey.SourceHeader:
+		return "the " + HeaderIdempotencyKey + " header"
+	case callkey.SourceArgument:
+		return "argument " + ArgumentIdempotencyKey
+	case callkey.SourceFingerprint:
+		return "fingerprint of tool and arguments"
+	}
+	return string(s)
+}

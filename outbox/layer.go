@@ -1,0 +1,219 @@
+package outbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
+	"github.com/mcp-outbox/mcp-outbox/schema"
+)
+
+// Defaults for [Options] fields left at their zero value.
+const (
+	// DefaultFingerprintWindow is how long a call without a key is remembered
+	// by its fingerprint. Within it, a second call with the same tool and
+	// arguments from the same principal is taken as a retry and replayed, so a
+	// window much longer than clients' retry horizons would merge genuinely
+	// separate calls. Clients that send keys are not affected.
+	DefaultFingerprintWindow = 5 * time.Minute
+	// DefaultKeyRetention is how long a call with an explicit key is
+	// remembered (Stripe keeps keys at least 24 hours).
+	DefaultKeyRetention = 24 * time.Hour
+	// DefaultInFlightWait bounds how long a duplicate waits for the original
+	// attempt's outcome before it gets an "in progress" error.
+	DefaultInFlightWait = 30 * time.Second
+	// DefaultLease is how long an in_flight claim protects a call whose owner
+	// cannot be checked for liveness (another machine, another layer in the
+	// same process). Handlers that run longer than the lease before their
+	// first statement can lose the call to another attempt; they then fail
+	// the fence and commit nothing.
+	DefaultLease = time.Minute
+)
+
+// FingerprintOff as a fingerprint window turns fingerprints off: calls
+// without a key then run unrecorded.
+const FingerprintOff time.Duration = -1
+
+// LocalPrincipal is the principal of calls without an authenticated user.
+const LocalPrincipal = callkey.LocalPrincipal
+
+// StatusToolName is the name of the status tool every layer adds.
+const StatusToolName = "call_status"
+
+// Options configure a [Layer]. The zero value of each field selects the
+// default documented on it.
+type Options struct {
+	// Logger receives the layer's logs; nil discards them.
+	Logger *slog.Logger
+	// FingerprintWindow is the default window of tools without their own;
+	// zero means DefaultFingerprintWindow, FingerprintOff turns it off.
+	FingerprintWindow time.Duration
+	// KeyRetention is how long explicit keys are remembered; zero means
+	// DefaultKeyRetention.
+	KeyRetention time.Duration
+	// InFlightWait bounds a duplicate's wait; zero means DefaultInFlightWait.
+	InFlightWait time.Duration
+	// Lease is the claim lease; zero means DefaultLease.
+	Lease time.Duration
+	// RecordIdempotent records tools annotated idempotentHint too; by default
+	// they run in a transaction but are not recorded or replayed.
+	RecordIdempotent bool
+	// Now is the clock; nil means time.Now. Tests inject one.
+	Now func() time.Time
+}
+
+// A Layer is the idempotent execution layer of one MCP server on one
+// database. Create it with [New], then create the server with
+// [Layer.NewServer] (or call [Layer.Install] on an existing one) and register
+// side-effecting tools with [AddTool].
+type Layer struct {
+	db     *schema.DB
+	opts   Options
+	logger *slog.Logger
+	now    func() time.Time
+	self   processID
+
+	mu     sync.Mutex
+	tools  map[string]*toolInfo
+	local  map[localKey]*attempt // attempts of this layer between claim and outcome
+	nextID uint64
+	notify func() // called after a commit that enqueued effects
+}
+
+// New returns a layer on db. The database must have been opened with
+// [schema.Open], which applies the outbox migrations.
+func New(db *schema.DB, opts *Options) (*Layer, error) {
+	if db == nil {
+		return nil, errors.New("outbox: nil database")
+	}
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.FingerprintWindow == 0 {
+		o.FingerprintWindow = DefaultFingerprintWindow
+	}
+	if o.KeyRetention <= 0 {
+		o.KeyRetention = DefaultKeyRetention
+	}
+	if o.InFlightWait <= 0 {
+		o.InFlightWait = DefaultInFlightWait
+	}
+	if o.Lease <= 0 {
+		o.Lease = DefaultLease
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	logger := o.Logger
+	if logger == nil {
+		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return &Layer{
+		db:     db,
+		opts:   o,
+		logger: logger.With("subsystem", "outbox"),
+		now:    o.Now,
+		self:   currentProcess(),
+		tools:  map[string]*toolInfo{},
+		local:  map[localKey]*attempt{},
+	}, nil
+}
+
+// DB returns the layer's database.
+func (l *Layer) DB() *schema.DB { return l.db }
+
+// OnEnqueue sets a function called after each commit that enqueued effects,
+// so a dispatcher in the same process can start delivering at once instead
+// of at its next poll. It must not block.
+func (l *Layer) OnEnqueue(f func()) {
+	l.mu.Lock()
+	l.notify = f
+	l.mu.Unlock()
+}
+
+// CapabilityName is the key under capabilities.experimental where a server
+// built with [Layer.NewServer] advertises its idempotency support.
+const CapabilityName = "idempotency"
+
+// Capability is the value advertised under capabilities.experimental.
+func (l *Layer) Capability() map[string]any {
+	window := int64(0)
+	if l.opts.FingerprintWindow > 0 {
+		window = int64(l.opts.FingerprintWindow / time.Second)
+	}
+	return map[string]any{
+		"keySources": []string{
+			"_meta.idempotencyKey", "params.idempotencyKey", "header:Idempotency-Key",
+			"argument:idempotency_key", "fingerprint",
+		},
+		"maxKeyBytes":              callkey.MaxKeyBytes,
+		"fingerprintWindowSeconds": window,
+		"keyRetentionSeconds":      int64(l.opts.KeyRetention / time.Second),
+		"statusTool":               StatusToolName,
+		"replayMetaKey":            MetaKeyCall,
+	}
+}
+
+// NewServer creates a go-sdk server that advertises the layer under
+// capabilities.experimental, and installs the layer on it (see Install).
+func (l *Layer) NewServer(impl *mcp.Implementation, opts *mcp.ServerOptions) *mcp.Server {
+	var o mcp.ServerOptions
+	if opts != nil {
+		o = *opts
+	}
+	caps := &mcp.ServerCapabilities{}
+	if o.Capabilities != nil {
+		c := *o.Capabilities
+		caps = &c
+	}
+	exp := map[string]any{}
+	for k, v := range caps.Experimental {
+		exp[k] = v
+	}
+	exp[CapabilityName] = l.Capability()
+	caps.Experimental = exp
+	o.Capabilities = caps
+	s := mcp.NewServer(impl, &o)
+	l.Install(s)
+	return s
+}
+
+// Install adds the layer's receiving middleware and the status tool to s.
+// Tools registered with [AddTool] only run through the middleware; without
+// Install they refuse to run.
+func (l *Layer) Install(s *mcp.Server) {
+	s.AddReceivingMiddleware(l.middleware)
+	l.addStatusTool(s)
+}
+
+func (l *Layer) newOwner() string {
+	l.mu.Lock()
+	l.nextID++
+	n := l.nextID
+	l.mu.Unlock()
+	return fmt.Sprintf("%s#%d", l.self, n)
+}
+
+func randomUID() string {
+	var b [12]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(fmt.Sprintf("outbox: read random: %v", err))
+	}
+	return "call_" + hex.EncodeToString(b[:])
+}
+
+func (l *Layer) nowMS() int64 { return l.now().UnixMilli() }
+
+// background returns a context for cleanup that must finish even when the
+// call's context is cancelled.
+func background(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }

@@ -1,0 +1,113 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/jsonschema-go/jsonschema"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// HandlerFor is a side-effecting tool's handler. Everything it does through
+// tx (its own rows and the effects it enqueues) commits together with the
+// call's recorded outcome, or not at all. Slow or external work belongs in
+// an effect, delivered after the commit, not in the handler: SQLite has one
+// writer, and tx holds it from the handler's first statement to the commit.
+//
+// A returned error becomes a tool error (isError) that is recorded as the
+// call's outcome and replayed, with the handler's writes rolled back; wrap it
+// with [Retryable] when a retry should run the handler again instead.
+type HandlerFor[In, Out any] func(ctx context.Context, tx Tx, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error)
+
+// ToolOptions configure one tool registered with [AddTool]; nil means all
+// defaults.
+type ToolOptions struct {
+	// FingerprintWindow overrides the layer's window for this tool; zero
+	// keeps the layer's, FingerprintOff turns fingerprints off.
+	FingerprintWindow time.Duration
+	// Record forces recording of a tool annotated idempotentHint.
+	Record bool
+}
+
+type toolInfo struct {
+	name        string
+	record      bool // false: runs in a transaction, never recorded or replayed
+	readOnly    bool // read-only transaction, never recorded
+	keyArgument bool // input schema declares idempotency_key
+	window      time.Duration
+}
+
+// AddTool registers a side-effecting tool on s, which must have the layer
+// installed. Like [mcp.AddTool], In and Out give the input and output
+// schemas, and arguments are validated before the handler runs.
+//
+// Tools annotated readOnlyHint run in a read-only transaction and are not
+// recorded. Tools annotated idempotentHint run in a transaction but are not
+// recorded unless [Options.RecordIdempotent] or [ToolOptions.Record] is set.
+func AddTool[In, Out any](l *Layer, s *mcp.Server, t *mcp.Tool, h HandlerFor[In, Out], opts *ToolOptions) {
+	var o ToolOptions
+	if opts != nil {
+		o = *opts
+	}
+	info := &toolInfo{name: t.Name, record: true, window: l.opts.FingerprintWindow}
+	if o.FingerprintWindow != 0 {
+		info.window = o.FingerprintWindow
+	}
+	if a := t.Annotations; a != nil {
+		if a.ReadOnlyHint {
+			info.readOnly, info.record = true, false
+		} else if a.IdempotentHint && !l.opts.RecordIdempotent && !o.Record {
+			info.record = false
+		}
+	}
+	declared, err := declaresKeyArgument[In](t)
+	if err != nil {
+		panic(fmt.Sprintf("outbox.AddTool %q: %v", t.Name, err))
+	}
+	info.keyArgument = declared
+
+	l.mu.Lock()
+	l.tools[t.Name] = info
+	l.mu.Unlock()
+
+	mcp.AddTool(s, t, func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
+		a := attemptFrom(ctx)
+		if a == nil || a.tool != info {
+			var zero Out
+			return nil, zero, errors.New("outbox: tool called outside the outbox layer; call Layer.Install on the server")
+		}
+		a.reached = true
+		return h(ctx, a, req, in)
+	})
+}
+
+// declaresKeyArgument reports whether the tool's input schema has a top-level
+// idempotency_key property.
+func declaresKeyArgument[In any](t *mcp.Tool) (bool, error) {
+	var props map[string]json.RawMessage
+	if t.InputSchema != nil {
+		b, err := json.Marshal(t.InputSchema)
+		if err != nil {
+			return false, fmt.Errorf("input schema: %w", err)
+		}
+		var s struct {
+			Properties map[string]json.RawMessage `json:"properties"`
+		}
+		if err := json.Unmarshal(b, &s); err != nil {
+			return false, fmt.Errorf("input schema: %w", err)
+		}
+		props = s.Properties
+	} else {
+		s, err := jsonschema.For[In](nil)
+		if err != nil {
+			return false, nil // mcp.AddTool reports the problem
+		}
+		_, ok := s.Properties[ArgumentIdempotencyKey]
+		return ok, nil
+	}
+	_, ok := props[ArgumentIdempotencyKey]
+	return ok, nil
+}

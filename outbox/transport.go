@@ -1,0 +1,157 @@
+package outbox
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// SEP-3182 proposed a top-level params.idempotencyKey on tools/call. The
+// go-sdk unmarshals params into CallToolParamsRaw, which has no such field,
+// so the key is gone before any middleware runs. It has to be caught below
+// the SDK, in the raw JSON-RPC message: WrapTransport does that for stdio
+// and other message transports, LiftParamsKey for Streamable HTTP bodies.
+// Both copy the key into params._meta under MetaKeyParamsKey, where the
+// layer looks for it after _meta.idempotencyKey.
+
+// WrapTransport returns a transport whose connection lifts a top-level
+// params.idempotencyKey of tools/call requests into _meta. Use it around
+// stdio, command and in-memory transports; for Streamable HTTP use
+// LiftParamsKey.
+func WrapTransport(t mcp.Transport) mcp.Transport { return &liftTransport{t} }
+
+type liftTransport struct{ mcp.Transport }
+
+func (t *liftTransport) Connect(ctx context.Context) (mcp.Connection, error) {
+	c, err := t.Transport.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &liftConn{c}, nil
+}
+
+// SupportsProtocolVersion forwards the optional interface of the wrapped
+// transport, which Server.Connect consults for server/discover.
+func (t *liftTransport) SupportsProtocolVersion(v string) bool {
+	if s, ok := t.Transport.(mcp.ProtocolVersionSupporter); ok {
+		return s.SupportsProtocolVersion(v)
+	}
+	return true
+}
+
+type liftConn struct{ mcp.Connection }
+
+func (c *liftConn) Read(ctx context.Context) (jsonrpc.Message, error) {
+	msg, err := c.Connection.Read(ctx)
+	if req, ok := msg.(*jsonrpc.Request); ok && err == nil && req.Method == "tools/call" {
+		if p, changed := liftParams(req.Params); changed {
+			req.Params = p
+		}
+	}
+	return msg, err
+}
+
+// LiftParamsKey is HTTP middleware for the Streamable HTTP endpoint: it
+// lifts a top-level params.idempotencyKey of tools/call requests in a POST
+// body (a single message or a batch) into _meta. Bodies it cannot parse pass
+// through unchanged, for the SDK to reject.
+func LiftParamsKey(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost || r.Body == nil {
+			next.ServeHTTP(w, r)
+			return
+		}
+		body, err := io.ReadAll(r.Body)
+		r.Body.Close()
+		if err != nil {
+			http.Error(w, "read request body: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		if out, changed := liftBody(body); changed {
+			body = out
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		r.ContentLength = int64(len(body))
+		next.ServeHTTP(w, r)
+	})
+}
+
+func liftBody(body []byte) ([]byte, bool) {
+	trimmed := bytes.TrimSpace(body)
+	if len(trimmed) == 0 {
+		return body, false
+	}
+	if trimmed[0] == '[' {
+		var batch []json.RawMessage
+		if json.Unmarshal(trimmed, &batch) != nil {
+			return body, false
+		}
+		changed := false
+		for i, m := range batch {
+			if out, ok := liftMessage(m); ok {
+				batch[i], changed = out, true
+			}
+		}
+		if !changed {
+			return body, false
+		}
+		out, err := json.Marshal(batch)
+		return out, err == nil
+	}
+	return liftMessage(trimmed)
+}
+
+func liftMessage(m json.RawMessage) (json.RawMessage, bool) {
+	var msg map[string]json.RawMessage
+	if json.Unmarshal(m, &msg) != nil {
+		return m, false
+	}
+	var method string
+	if json.Unmarshal(msg["method"], &method) != nil || method != "tools/call" {
+		return m, false
+	}
+	p, changed := liftParams(msg["params"])
+	if !changed {
+		return m, false
+	}
+	msg["params"] = p
+	out, err := json.Marshal(msg)
+	if err != nil {
+		return m, false
+	}
+	return out, true
+}
+
+// liftParams copies params.idempotencyKey into params._meta. The value is
+// copied as it is, even when it is not a string, so that the layer reports
+// a bad key instead of silently ignoring it.
+func liftParams(params json.RawMessage) (json.RawMessage, bool) {
+	var p map[string]json.RawMessage
+	if json.Unmarshal(params, &p) != nil {
+		return params, false
+	}
+	key, ok := p["idempotencyKey"]
+	if !ok {
+		return params, false
+	}
+	meta := map[string]json.RawMessage{}
+	if raw, ok := p["_meta"]; ok && json.Unmarshal(raw, &meta) != nil {
+		return params, false
+	}
+	meta[MetaKeyParamsKey] = key
+	mb, err := json.Marshal(meta)
+	if err != nil {
+		return params, false
+	}
+	p["_meta"] = mb
+	out, err := json.Marshal(p)
+	if err != nil {
+		return params, false
+	}
+	return out, true
+}

@@ -1,0 +1,258 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+)
+
+// Tx is the transaction a handler works in: its own statements and the
+// effects it enqueues commit with the call's outcome, or not at all. It is
+// narrower than *sql.Tx on purpose: the layer decides when to begin and
+// commit, and stays free to share one commit among several calls.
+//
+// The SQLite transaction begins at the first statement, so a handler that
+// does preparatory work first does not hold the write lock meanwhile.
+type Tx interface {
+	Exec(ctx context.Context, query string, args ...any) (sql.Result, error)
+	Query(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRow(ctx context.Context, query string, args ...any) *sql.Row
+	// Enqueue adds an effect to the outbox. Like the handler's rows, it is
+	// not visible to the dispatcher until the call commits, and gone if the
+	// call does not. It returns the effect's Idempotency-Key, which is
+	// sent on every delivery attempt.
+	Enqueue(ctx context.Context, e Effect) (string, error)
+}
+
+// Effect is a request to a downstream HTTP API, delivered after the call
+// commits by the dispatcher.
+type Effect struct {
+	// Destination names a configured destination (its base URL is not
+	// stored, so it can change without touching queued effects).
+	Destination string
+	// Method is the HTTP method; empty means POST.
+	Method string
+	// Path is appended to the destination's base URL; it must start with '/'.
+	Path string
+	// Header holds extra request headers. Secrets do not belong here: they
+	// are stored in the database. Configure them on the destination.
+	Header map[string]string
+	// Body is the request body.
+	Body []byte
+}
+
+// ErrOwnershipLost is returned when another attempt took over the call: the
+// old attempt can no longer commit.
+var ErrOwnershipLost = errors.New("outbox: call was taken over by another attempt")
+
+// txError marks errors from the database under a handler: they are never
+// recorded as the call's outcome.
+type txError struct{ err error }
+
+func (e *txError) Error() string { return e.err.Error() }
+func (e *txError) Unwrap() error { return e.err }
+
+func (a *attempt) begin(ctx context.Context) error {
+	if a.tx != nil {
+		return nil
+	}
+	if a.txErr != nil {
+		return a.txErr
+	}
+	if err := a.openTx(ctx); err != nil {
+		a.txErr = &txError{err}
+		return a.txErr
+	}
+	return nil
+}
+
+// openTx takes the writer connection (waiting while the call's context
+// allows) and begins the transaction under a context that cancellation does
+// not reach: whether a cancelled call commits is decided at the commit, not
+// by database/sql rolling back behind the layer's back.
+func (a *attempt) openTx(ctx context.Context) error {
+	db := a.layer.db.Write
+	if a.tool.readOnly {
+		db = a.layer.db.Read
+	}
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("take database connection: %w", err)
+	}
+	tx, err := conn.BeginTx(background(ctx), nil)
+	if err != nil {
+		conn.Close()
+		return fmt.Errorf("begin: %w", err)
+	}
+	a.conn, a.tx = conn, tx
+	if a.recorded() {
+		var owner, state string
+		err := tx.QueryRowContext(ctx, `SELECT owner, state FROM calls WHERE id = ?`, a.callID).Scan(&owner, &state)
+		if errors.Is(err, sql.ErrNoRows) || (err == nil && (owner != a.owner || state != "in_flight")) {
+			return ErrOwnershipLost
+		}
+		if err != nil {
+			return fmt.Errorf("check ownership: %w", err)
+		}
+	}
+	if !a.tool.readOnly {
+		if _, err := tx.ExecContext(ctx, `SAVEPOINT handler`); err != nil {
+			return fmt.Errorf("savepoint: %w", err)
+		}
+	}
+	return nil
+}
+
+func (a *attempt) wrap(err error) error {
+	if err == nil {
+		return nil
+	}
+	var te *txError
+	if errors.As(err, &te) {
+		return err
+	}
+	a.txErr = &txError{err}
+	return a.txErr
+}
+
+// Exec runs a statement in the call's transaction.
+func (a *attempt) Exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	if err := a.begin(ctx); err != nil {
+		return nil, err
+	}
+	r, err := a.tx.ExecContext(ctx, query, args...)
+	return r, a.wrapStmt(err)
+}
+
+// Query runs a query in the call's transaction.
+func (a *attempt) Query(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	if err := a.begin(ctx); err != nil {
+		return nil, err
+	}
+	r, err := a.tx.QueryContext(ctx, query, args...)
+	return r, a.wrapStmt(err)
+}
+
+// QueryRow runs a query expected to return one row. A failure to begin is
+// reported by the row's Scan.
+func (a *attempt) QueryRow(ctx context.Context, query string, args ...any) *sql.Row {
+	if err := a.begin(ctx); err != nil {
+		// database/sql offers no way to build an *sql.Row holding an
+		// error; a cancelled context yields one whose Scan fails.
+		cctx, cancel := context.WithCancel(ctx)
+		cancel()
+		return a.layer.db.Read.QueryRowContext(cctx, "SELECT 1")
+	}
+	return a.tx.QueryRowContext(ctx, query, args...)
+}
+
+// wrapStmt keeps constraint violations and other statement errors as the
+// handler's to decide on, but remembers errors that mean the database is
+// unusable (busy, I/O, closed), which must never become a recorded outcome.
+func (a *attempt) wrapStmt(err error) error {
+	if err == nil {
+		return nil
+	}
+	msg := err.Error()
+	if errors.Is(err, sql.ErrConnDone) || errors.Is(err, sql.ErrTxDone) ||
+		strings.Contains(msg, "SQLITE_BUSY") || strings.Contains(msg, "database is locked") ||
+		strings.Contains(msg, "SQLITE_IOERR") || strings.Contains(msg, "disk I/O error") ||
+		strings.Contains(msg, "SQLITE_FULL") || strings.Contains(msg, "interrupted") {
+		return a.wrap(err)
+	}
+	return err
+}
+
+// Enqueue adds an effect to the call's transaction.
+func (a *attempt) Enqueue(ctx context.Context, e Effect) (string, error) {
+	if a.tool.readOnly {
+		return "", errors.New("outbox: enqueue in a read-only tool")
+	}
+	if err := validateEffect(&e); err != nil {
+		return "", err
+	}
+	if err := a.begin(ctx); err != nil {
+		return "", err
+	}
+	headers, err := json.Marshal(e.Header)
+	if err != nil {
+		return "", fmt.Errorf("outbox: effect headers: %w", err)
+	}
+	if e.Header == nil {
+		headers = []byte("{}")
+	}
+	a.effects++
+	key := EffectKey(a.uid, a.effects)
+	now := a.layer.nowMS()
+	var callID any
+	if a.recorded() {
+		callID = a.callID
+	}
+	_, err = a.tx.ExecContext(ctx, insertEffect,
+		callID, a.effects, e.Destination, e.Method, e.Path, string(headers), e.Body, key, now, now, now)
+	if err != nil {
+		a.effects--
+		return "", a.wrap(fmt.Errorf("enqueue effect: %w", err))
+	}
+	return key, nil
+}
+
+const insertEffect = `
+INSERT INTO effects (call_id, seq, destination, method, path, headers, body, idempotency_key,
+                     next_attempt_at, created_at, updated_at)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
+
+// EffectKey is the Idempotency-Key of a call's n-th effect (from 1). The
+// call's uid is random and fixed when the call is first claimed, so the key
+// is the same on every delivery attempt and after restarts, and a key reused
+// after its retention window does not collide with the old call's effects.
+func EffectKey(callUID string, n int) string {
+	return callUID + "-" + strconv.Itoa(n)
+}
+
+func validateEffect(e *Effect) error {
+	if e.Destination == "" {
+		return errors.New("outbox: effect without destination")
+	}
+	if e.Method == "" {
+		e.Method = http.MethodPost
+	}
+	e.Method = strings.ToUpper(e.Method)
+	if !isToken(e.Method) {
+		return fmt.Errorf("outbox: effect method %q is not an HTTP token", e.Method)
+	}
+	if !strings.HasPrefix(e.Path, "/") {
+		return fmt.Errorf("outbox: effect path %q must start with /", e.Path)
+	}
+	for k, v := range e.Header {
+		if !isToken(k) || strings.ContainsAny(v, "\r\n\x00") {
+			return fmt.Errorf("outbox: effect header %q is not valid", k)
+		}
+		if strings.EqualFold(k, HeaderIdempotencyKey) {
+			return errors.New("outbox: effect headers must not set Idempotency-Key; the dispatcher sets it")
+		}
+	}
+	return nil
+}
+
+// isToken reports whether s is an HTTP token (RFC 9110 section 5.6.2), the
+// syntax of both methods and header names.
+func isToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, c := range []byte(s) {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
+}

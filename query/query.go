@@ -1,0 +1,178 @@
+// Package query answers "what happened to my call?" from the outbox tables:
+// the state of a call found by its key (or by tool and arguments, for a
+// client that sent no key), its recorded result and times, and the delivery
+// state of each effect it enqueued. It only reads.
+package query
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
+)
+
+// State of a call as the status lookup reports it.
+type State string
+
+const (
+	// Unknown: no call with this key within retention. It was never seen,
+	// or its record expired; a retry would run it.
+	Unknown State = "unknown"
+	// InFlight: an attempt has claimed the call and not committed an outcome.
+	InFlight State = "in_flight"
+	// Completed: the call's writes, effects and result are committed.
+	Completed State = "completed"
+	// Failed: the tool returned an error; nothing of its work was kept.
+	Failed State = "failed"
+)
+
+// Status is the answer for one key.
+type Status struct {
+	Key         string          `json:"key"`
+	KeySource   string          `json:"keySource,omitempty"`
+	State       State           `json:"state"`
+	Message     string          `json:"message"`
+	Tool        string          `json:"tool,omitempty"`
+	CallID      string          `json:"callId,omitempty"`
+	Attempts    int             `json:"attempts,omitempty"`
+	CreatedAt   *time.Time      `json:"createdAt,omitempty"`
+	CompletedAt *time.Time      `json:"completedAt,omitempty"`
+	ExpiresAt   *time.Time      `json:"expiresAt,omitempty"`
+	Result      json.RawMessage `json:"result,omitempty"`
+	Effects     []Effect        `json:"effects"`
+}
+
+// Effect is the delivery state of one outbox effect of a call.
+type Effect struct {
+	Seq            int        `json:"seq"`
+	Destination    string     `json:"destination"`
+	Method         string     `json:"method"`
+	Path           string     `json:"path"`
+	IdempotencyKey string     `json:"idempotencyKey"`
+	State          string     `json:"state"`
+	Attempts       int        `json:"attempts"`
+	LastStatus     int        `json:"lastStatus,omitempty"`
+	LastError      string     `json:"lastError,omitempty"`
+	NextAttemptAt  *time.Time `json:"nextAttemptAt,omitempty"`
+	DeliveredAt    *time.Time `json:"deliveredAt,omitempty"`
+}
+
+const selectCall = `
+SELECT id, uid, key_source, tool, state, attempts, result, created_at, completed_at, expires_at
+FROM calls WHERE principal = ? AND key = ?`
+
+const selectEffects = `
+SELECT seq, destination, method, path, idempotency_key, state, attempts, last_status, last_error,
+       next_attempt_at, delivered_at
+FROM effects WHERE call_id = ? ORDER BY seq`
+
+// Lookup reports the status of principal's call with key at time now. A
+// principal sees only its own calls: another principal's key is unknown.
+func Lookup(ctx context.Context, db *sql.DB, principal, key string, now time.Time) (*Status, error) {
+	if err := callkey.Validate(key); err != nil {
+		return nil, err
+	}
+	st := &Status{Key: key, Effects: []Effect{}}
+	var (
+		id                int64
+		result            sql.NullString
+		created, expires  int64
+		completed         sql.NullInt64
+		state, source, tl string
+	)
+	err := db.QueryRowContext(ctx, selectCall, principal, key).Scan(
+		&id, &st.CallID, &source, &tl, &state, &st.Attempts, &result, &created, &completed, &expires)
+	if errors.Is(err, sql.ErrNoRows) || (err == nil && State(state) != InFlight && expires <= now.UnixMilli()) {
+		return &Status{Key: key, State: Unknown, Effects: []Effect{},
+			Message: "No call with this key within the retention window: it was never seen, or its record expired. A retry would run it."}, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("look up call: %w", err)
+	}
+	st.State, st.KeySource, st.Tool = State(state), source, tl
+	st.CreatedAt = ms(created)
+	if completed.Valid {
+		st.CompletedAt = ms(completed.Int64)
+	}
+	st.ExpiresAt = ms(expires)
+	if result.Valid {
+		st.Result = json.RawMessage(result.String)
+	}
+	if st.Effects, err = effects(ctx, db, id); err != nil {
+		return nil, err
+	}
+	st.Message = message(st)
+	return st, nil
+}
+
+// LookupArgs finds the call a client made without a key, by the fingerprint
+// of principal, tool and arguments.
+func LookupArgs(ctx context.Context, db *sql.DB, principal, tool string, args json.RawMessage, now time.Time) (*Status, error) {
+	canonical, err := callkey.Canonical(args)
+	if err != nil {
+		return nil, err
+	}
+	return Lookup(ctx, db, principal, callkey.Fingerprint(principal, tool, canonical), now)
+}
+
+func effects(ctx context.Context, db *sql.DB, callID int64) ([]Effect, error) {
+	rows, err := db.QueryContext(ctx, selectEffects, callID)
+	if err != nil {
+		return nil, fmt.Errorf("look up effects: %w", err)
+	}
+	defer rows.Close()
+	out := []Effect{}
+	for rows.Next() {
+		var (
+			e         Effect
+			next      int64
+			delivered sql.NullInt64
+		)
+		if err := rows.Scan(&e.Seq, &e.Destination, &e.Method, &e.Path, &e.IdempotencyKey, &e.State,
+			&e.Attempts, &e.LastStatus, &e.LastError, &next, &delivered); err != nil {
+			return nil, fmt.Errorf("look up effects: %w", err)
+		}
+		if e.State == "pending" {
+			e.NextAttemptAt = ms(next)
+		}
+		if delivered.Valid {
+			e.DeliveredAt = ms(delivered.Int64)
+		}
+		out = append(out, e)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("look up effects: %w", err)
+	}
+	return out, nil
+}
+
+func message(st *Status) string {
+	switch st.State {
+	case InFlight:
+		return "An attempt is running this call and has not committed an outcome. If it dies, a retry with the same key takes over and runs the call."
+	case Completed:
+		pending := 0
+		for _, e := range st.Effects {
+			if e.State != "delivered" {
+				pending++
+			}
+		}
+		m := "The call completed and its result is recorded; a retry with the same key replays it without running the tool."
+		if pending > 0 {
+			m += fmt.Sprintf(" %d of its %d effects are not delivered yet.", pending, len(st.Effects))
+		}
+		return m
+	case Failed:
+		return "The tool returned an error; nothing of its work was kept. A retry with the same key replays the error."
+	}
+	return ""
+}
+
+func ms(v int64) *time.Time {
+	t := time.UnixMilli(v).UTC()
+	return &t
+}

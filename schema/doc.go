@@ -1,0 +1,31 @@
+// Package schema owns the SQLite database behind mcp-outbox: the embedded,
+// numbered migrations that create the outbox tables, and the one way to open a
+// database file with the settings the rest of the project relies on.
+//
+// # Opening
+//
+// [Open] returns a [DB] with two handles on the same file. Write holds a single
+// connection whose transactions begin IMMEDIATE, so a transaction takes
+// SQLite's write lock at BEGIN instead of failing with SQLITE_BUSY on its first
+// write when another writer got there first. Read is a small pool for queries.
+// Every connection runs in WAL mode with a busy timeout and foreign keys on.
+//
+// # Durability
+//
+// [DurabilityFull] (the default) sets synchronous=FULL: a commit has reached
+// the disk when it returns, so a committed call survives a power loss.
+// [DurabilityNormal] sets synchronous=NORMAL: in WAL mode a commit survives a
+// crash of the process, but the last commits before a power loss or an
+// operating-system crash may be rolled back. Measured on this project's
+// 2-core machine: about 210 µs per FULL commit and 21 µs per NORMAL commit.
+//
+// # Migrations
+//
+// Migrations are files named NNN_description.up.sql, embedded in the binary.
+// [Open] applies the outbox set; an application adds its own tables with
+// [DB.Migrate] under a set name of its own. Each set's applied versions are
+// recorded in schema_migrations. A set with a gap or a duplicate version is
+// refused. Migrating runs inside one IMMEDIATE transaction that re-reads the
+// applied versions after taking the write lock, so two processes opening the
+// same new file at once apply each migration exactly once.
+package schema

@@ -1,0 +1,129 @@
+package schema
+
+import (
+	"context"
+	"embed"
+	"fmt"
+	"io/fs"
+	"path"
+	"regexp"
+	"sort"
+	"strconv"
+)
+
+//go:embed migrations/*.up.sql
+var embedded embed.FS
+
+// outboxMigrations is the outbox's own migration set.
+var outboxMigrations, _ = fs.Sub(embedded, "migrations")
+
+// OutboxSet names the outbox's migration set in schema_migrations.
+const OutboxSet = "outbox"
+
+// Migration is one numbered schema change.
+type Migration struct {
+	Version int
+	Name    string
+	SQL     string
+}
+
+var migrationName = regexp.MustCompile(`^(\d+)_([a-z0-9_]+)\.up\.sql$`)
+
+// ReadMigrations reads NNN_name.up.sql files from the top of fsys, in version
+// order. Versions must start at 1 and have no gaps or duplicates.
+func ReadMigrations(fsys fs.FS) ([]Migration, error) {
+	entries, err := fs.ReadDir(fsys, ".")
+	if err != nil {
+		return nil, fmt.Errorf("read migrations: %w", err)
+	}
+	var ms []Migration
+	for _, e := range entries {
+		if e.IsDir() {
+			continue
+		}
+		m := migrationName.FindStringSubmatch(e.Name())
+		if m == nil {
+			return nil, fmt.Errorf("read migrations: %s: name is not NNN_name.up.sql", e.Name())
+		}
+		v, _ := strconv.Atoi(m[1])
+		body, err := fs.ReadFile(fsys, e.Name())
+		if err != nil {
+			return nil, fmt.Errorf("read migration %s: %w", e.Name(), err)
+		}
+		ms = append(ms, Migration{Version: v, Name: path.Base(e.Name()), SQL: string(body)})
+	}
+	sort.Slice(ms, func(i, j int) bool { return ms[i].Version < ms[j].Version })
+	for i, m := range ms {
+		if m.Version != i+1 {
+			if i > 0 && ms[i-1].Version == m.Version {
+				return nil, fmt.Errorf("read migrations: version %d appears twice", m.Version)
+			}
+			return nil, fmt.Errorf("read migrations: version %d missing before %s", i+1, m.Name)
+		}
+	}
+	return ms, nil
+}
+
+const createMigrationsTable = `
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    set_name   TEXT    NOT NULL,
+    version    INTEGER NOT NULL,
+    name       TEXT    NOT NULL,
+    applied_at INTEGER NOT NULL DEFAULT (unixepoch('subsec') * 1000),
+    PRIMARY KEY (set_name, version)
+)`
+
+// Migrate applies the migrations in fsys that the set has not applied yet.
+// All of them run in one IMMEDIATE transaction: a concurrent Migrate of the
+// same set in another process waits for the lock, then finds them applied.
+// A database that has a version this binary does not know is refused, so an
+// old binary never runs against a newer schema.
+func (db *DB) Migrate(ctx context.Context, set string, fsys fs.FS) error {
+	ms, err := ReadMigrations(fsys)
+	if err != nil {
+		return fmt.Errorf("migrate %s: %w", set, err)
+	}
+	tx, err := db.Write.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("migrate %s: begin: %w", set, err)
+	}
+	defer tx.Rollback()
+
+	if _, err := tx.ExecContext(ctx, createMigrationsTable); err != nil {
+		return fmt.Errorf("migrate %s: create schema_migrations: %w", set, err)
+	}
+	var applied int
+	if err := tx.QueryRowContext(ctx,
+		`SELECT coalesce(max(version), 0) FROM schema_migrations WHERE set_name = ?`, set,
+	).Scan(&applied); err != nil {
+		return fmt.Errorf("migrate %s: read version: %w", set, err)
+	}
+	if applied > len(ms) {
+		return fmt.Errorf("migrate %s: database is at version %d, this binary knows %d: upgrade the binary", set, applied, len(ms))
+	}
+	for _, m := range ms[applied:] {
+		if _, err := tx.ExecContext(ctx, m.SQL); err != nil {
+			return fmt.Errorf("migrate %s: apply %s: %w", set, m.Name, err)
+		}
+		if _, err := tx.ExecContext(ctx,
+			`INSERT INTO schema_migrations (set_name, version, name) VALUES (?, ?, ?)`, set, m.Version, m.Name,
+		); err != nil {
+			return fmt.Errorf("migrate %s: record %s: %w", set, m.Name, err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("migrate %s: commit: %w", set, err)
+	}
+	return nil
+}
+
+// Version reports the highest applied version of a migration set, 0 if none.
+func (db *DB) Version(ctx context.Context, set string) (int, error) {
+	var v int
+	err := db.Read.QueryRowContext(ctx,
+		`SELECT coalesce(max(version), 0) FROM schema_migrations WHERE set_name = ?`, set).Scan(&v)
+	if err != nil {
+		return 0, fmt.Errorf("read %s version: %w", set, err)
+	}
+	return v, nil
+}

@@ -1,0 +1,167 @@
+package schema
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	_ "modernc.org/sqlite" // registers the "sqlite" driver
+)
+
+// Durability selects SQLite's synchronous setting.
+type Durability string
+
+const (
+	// DurabilityFull (synchronous=FULL) survives power loss. The default.
+	DurabilityFull Durability = "full"
+	// DurabilityNormal (synchronous=NORMAL) survives a crash of the process,
+	// not a power loss: the last commits may be lost when the machine stops.
+	DurabilityNormal Durability = "normal"
+)
+
+// ParseDurability accepts "full" or "normal", in any case.
+func ParseDurability(s string) (Durability, error) {
+	switch d := Durability(strings.ToLower(strings.TrimSpace(s))); d {
+	case DurabilityFull, DurabilityNormal:
+		return d, nil
+	case "":
+		return DurabilityFull, nil
+	}
+	return "", fmt.Errorf("durability %q: want full or normal", s)
+}
+
+// DefaultBusyTimeout is how long a statement waits for another connection's
+// write lock before failing with SQLITE_BUSY.
+const DefaultBusyTimeout = 5 * time.Second
+
+// DefaultReadConns is the size of the read pool.
+const DefaultReadConns = 4
+
+// Options configure [Open]. The zero value of each field selects its default.
+type Options struct {
+	// Durability is the synchronous level; zero means DurabilityFull.
+	Durability Durability
+	// BusyTimeout is SQLite's busy_timeout; zero means DefaultBusyTimeout.
+	BusyTimeout time.Duration
+	// ReadConns bounds the read pool; zero means DefaultReadConns.
+	ReadConns int
+}
+
+// DB is an open mcp-outbox database.
+type DB struct {
+	// Write has exactly one connection; its transactions begin IMMEDIATE.
+	Write *sql.DB
+	// Read is a pool for queries that write nothing.
+	Read *sql.DB
+	// Path is the file the database lives in.
+	Path string
+	// Durability is the synchronous level every connection uses.
+	Durability Durability
+}
+
+// Open opens (creating if needed) the SQLite database at path, sets WAL,
+// busy_timeout, foreign keys and the durability level on every connection,
+// and applies the outbox migrations.
+func Open(ctx context.Context, path string, opts *Options) (*DB, error) {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.Durability == "" {
+		o.Durability = DurabilityFull
+	}
+	if _, err := ParseDurability(string(o.Durability)); err != nil {
+		return nil, err
+	}
+	if o.BusyTimeout <= 0 {
+		o.BusyTimeout = DefaultBusyTimeout
+	}
+	if o.ReadConns <= 0 {
+		o.ReadConns = DefaultReadConns
+	}
+	if path == "" {
+		return nil, errors.New("open database: empty path")
+	}
+	if dir := filepath.Dir(path); dir != "" {
+		if _, err := os.Stat(dir); err != nil {
+			return nil, fmt.Errorf("open database %s: directory: %w", path, err)
+		}
+	}
+
+	write, err := sql.Open("sqlite", dsn(path, o, "immediate"))
+	if err != nil {
+		return nil, fmt.Errorf("open database %s: %w", path, err)
+	}
+	write.SetMaxOpenConns(1)
+	write.SetMaxIdleConns(1)
+	write.SetConnMaxLifetime(0)
+	write.SetConnMaxIdleTime(0)
+
+	read, err := sql.Open("sqlite", dsn(path, o, "deferred"))
+	if err != nil {
+		write.Close()
+		return nil, fmt.Errorf("open database %s: %w", path, err)
+	}
+	read.SetMaxOpenConns(o.ReadConns)
+	read.SetMaxIdleConns(o.ReadConns)
+
+	db := &DB{Write: write, Read: read, Path: path, Durability: o.Durability}
+	if err := db.setWAL(ctx, o.BusyTimeout); err != nil {
+		db.Close()
+		return nil, err
+	}
+	if err := db.Migrate(ctx, OutboxSet, outboxMigrations); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return db, nil
+}
+
+// dsn builds a modernc.org/sqlite data source name. busy_timeout comes first
+// so that the pragmas after it wait for a lock instead of failing at once.
+func dsn(path string, o Options, txlock string) string {
+	q := url.Values{}
+	q.Add("_pragma", fmt.Sprintf("busy_timeout(%d)", o.BusyTimeout.Milliseconds()))
+	q.Add("_pragma", "foreign_keys(1)")
+	q.Add("_pragma", "synchronous("+strings.ToUpper(string(o.Durability))+")")
+	q.Set("_txlock", txlock)
+	return "file:" + (&url.URL{Path: path}).EscapedPath() + "?" + q.Encode()
+}
+
+// setWAL switches the file to WAL mode. The mode is stored in the file, so
+// one connection suffices; switching needs a moment of exclusive access and
+// SQLite reports SQLITE_BUSY without waiting on busy_timeout when another
+// process holds the file, hence the retry until the busy timeout.
+func (db *DB) setWAL(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		var mode string
+		err := db.Write.QueryRowContext(ctx, "PRAGMA journal_mode=WAL").Scan(&mode)
+		if err == nil && strings.EqualFold(mode, "wal") {
+			return nil
+		}
+		if err == nil {
+			err = fmt.Errorf("journal mode is %q", mode)
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("open database %s: set WAL: %w", db.Path, err)
+		}
+		t := time.NewTimer(10 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+		case <-t.C:
+		}
+	}
+}
+
+// Close closes both handles.
+func (db *DB) Close() error {
+	return errors.Join(db.Write.Close(), db.Read.Close())
+}
