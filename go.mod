@@ -3,6 +3,7 @@ module github.com/mcp-outbox/mcp-outbox
 go 1.26.8
 
 require (
+	github.com/go-chi/chi/v5 v5.5.0
 	github.com/google/jsonschema-go v0.4.3
 	github.com/modelcontextprotocol/go-sdk v1.8.0
 	modernc.org/sqlite v1.62.0

@@ -33,6 +33,8 @@ type attempt struct {
 	txErr   error // the database failed under the handler
 	effects int   // effects enqueued so far
 
+	completedAt int64 // unix ms of the recorded outcome
+
 	done chan struct{} // closed when the attempt leaves Layer.local
 }
 
@@ -213,7 +215,7 @@ func (a *attempt) finish(ctx context.Context, res mcp.Result, err error) (mcp.Re
 		if err := failpoint.Inject(failpoint.CallAfterCommit); err != nil {
 			return toolError(codeNotRecorded, "%v after the commit; the call is recorded, a retry replays it.", err), nil
 		}
-		setCallMeta(cr, a.id, a.uid, stateOf(cr), false, a.createdAt, a.layer.nowMS())
+		setCallMeta(cr, a.id, a.uid, stateOf(cr), false, a.createdAt, a.completedAt)
 	}
 	return cr, nil
 }
@@ -255,6 +257,7 @@ func (a *attempt) commit(ctx context.Context, cr *mcp.CallToolResult) error {
 		return err
 	}
 	now := a.layer.nowMS()
+	a.completedAt = now
 	keep := a.layer.opts.KeyRetention
 	if a.id.source == "fingerprint" {
 		keep = a.tool.window

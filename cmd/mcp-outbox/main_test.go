@@ -1,0 +1,109 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// Binaries built once for the tests that need a real process: bin is a
+// normal build, failpointBin is built with -tags failpoints.
+var bin, failpointBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "mcp-outbox-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	bin = filepath.Join(dir, "mcp-outbox")
+	failpointBin = filepath.Join(dir, "mcp-outbox-failpoints")
+	for _, b := range []struct{ out, tags string }{{bin, ""}, {failpointBin, "failpoints"}} {
+		args := []string{"build", "-o", b.out}
+		if b.tags != "" {
+			args = append(args, "-tags", b.tags)
+		}
+		cmd := exec.Command("go", append(args, ".")...)
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		if err := cmd.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "build test binary:", err)
+			os.Exit(1)
+		}
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// serveStdio starts `binary serve --db dbPath args...` as a real subprocess
+// speaking MCP on stdio, with env added to the environment, and returns a
+// connected client session and the process. The session is closed and the
+// process reaped at cleanup.
+func serveStdio(t *testing.T, binary, dbPath string, env []string, args ...string) (*mcp.ClientSession, *exec.Cmd) {
+	t.Helper()
+	cmd := exec.Command(binary, append([]string{"serve", "--db", dbPath, "--log-level", "warn"}, args...)...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stderr = testWriter{t}
+	client := mcp.NewClient(&mcp.Implementation{Name: "test-client", Version: "v0"}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cs, err := client.Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatalf("connect to %s serve: %v", filepath.Base(binary), err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	return cs, cmd
+}
+
+// startHTTP starts `bin serve --http 127.0.0.1:0` and returns the /mcp URL,
+// read from the address the server prints on stderr.
+func startHTTP(t *testing.T, binary, dbPath string, env []string, args ...string) (string, *exec.Cmd) {
+	t.Helper()
+	cmd := exec.Command(binary, append([]string{"serve", "--db", dbPath, "--http", "127.0.0.1:0", "--log-level", "warn"}, args...)...)
+	cmd.Env = append(os.Environ(), env...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	urls := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			line := sc.Text()
+			t.Log(line)
+			if _, u, ok := strings.Cut(line, "serving MCP at "); ok {
+				urls <- u
+			}
+		}
+	}()
+	select {
+	case u := <-urls:
+		return u, cmd
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve --http did not report its address")
+		return "", nil
+	}
+}
+
+// testWriter sends a subprocess's stderr to the test log.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Logf("%s", strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+var _ io.Writer = testWriter{}

@@ -1,0 +1,184 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
+	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/schema"
+)
+
+const serveUsage = `Usage: mcp-outbox serve [flags]
+
+Runs the example payments ledger as an MCP server: tools charge {amount,
+currency?}, refund {charge_id}, balance {} and call_status, with every
+side-effecting call recorded so that a retry replays instead of charging again.
+
+Serves stdio by default (for desktop MCP clients that start the server), or
+Streamable HTTP at /mcp with --http. Logs go to stderr only.
+
+Every flag can also be set in the environment (shown in brackets); a flag wins.`
+
+// appConfig is what serve (and demo) need to build the example server.
+type appConfig struct {
+	db           string
+	durability   string
+	dests        []string
+	demoDelay    time.Duration
+	fingerprint  time.Duration
+	inFlightWait time.Duration
+	bare         bool
+	logLevel     string
+	logger       *slog.Logger
+}
+
+// app is a running example server: database, layer and MCP server.
+type app struct {
+	db     *schema.DB
+	layer  *outbox.Layer // nil when bare
+	server *mcp.Server
+	dests  map[string]*url.URL
+}
+
+func (cfg *appConfig) flags(env *environment, fs *flag.FlagSet) error {
+	fs.StringVar(&cfg.db, "db", env.envDefault("MCP_OUTBOX_DB", "./mcp-outbox.db"), "SQLite database `file`, created if missing [MCP_OUTBOX_DB]")
+	fs.StringVar(&cfg.durability, "durability", env.envDefault("MCP_OUTBOX_DURABILITY", "full"),
+		"full: a commit survives power loss; normal: survives a process crash, not a power loss, ~10x faster commits [MCP_OUTBOX_DURABILITY]")
+	fs.Var((*multiFlag)(&cfg.dests), "dest", "destination `NAME=URL` for effects, repeatable [MCP_OUTBOX_DEST_<NAME>=URL]")
+	delay, err := env.envDuration("MCP_OUTBOX_DEMO_DELAY", 0)
+	if err != nil {
+		return err
+	}
+	fs.DurationVar(&cfg.demoDelay, "demo-delay", delay, "simulated processing time inside charge, to reproduce client timeouts [MCP_OUTBOX_DEMO_DELAY]")
+	window, err := env.envDuration("MCP_OUTBOX_FINGERPRINT_WINDOW", outbox.DefaultFingerprintWindow)
+	if err != nil {
+		return err
+	}
+	fs.DurationVar(&cfg.fingerprint, "fingerprint-window", window,
+		"how long a call without an idempotency key is recognised by its tool and arguments; 0 turns it off [MCP_OUTBOX_FINGERPRINT_WINDOW]")
+	wait, err := env.envDuration("MCP_OUTBOX_IN_FLIGHT_WAIT", outbox.DefaultInFlightWait)
+	if err != nil {
+		return err
+	}
+	fs.DurationVar(&cfg.inFlightWait, "in-flight-wait", wait,
+		"how long a duplicate waits for the original call's outcome before an \"in progress\" error [MCP_OUTBOX_IN_FLIGHT_WAIT]")
+	fs.BoolVar(&cfg.bare, "bare", false, "run the ledger WITHOUT the outbox layer: every retry charges again (for demonstrations)")
+	fs.StringVar(&cfg.logLevel, "log-level", env.envDefault("MCP_OUTBOX_LOG_LEVEL", "info"), "debug, info, warn or error [MCP_OUTBOX_LOG_LEVEL]")
+	return nil
+}
+
+// destinations merges MCP_OUTBOX_DEST_<NAME> with --dest (flags win).
+func (cfg *appConfig) destinations(env *environment) (map[string]*url.URL, error) {
+	out := map[string]*url.URL{}
+	for _, kv := range append(env.envPrefixed("MCP_OUTBOX_DEST_"), cfg.dests...) {
+		name, raw, ok := strings.Cut(kv, "=")
+		name = strings.ToLower(strings.TrimSpace(name))
+		if !ok || name == "" {
+			return nil, usagef("destination %q: want NAME=URL", kv)
+		}
+		u, err := url.Parse(raw)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, usagef("destination %s: %q is not an http(s) URL", name, raw)
+		}
+		out[name] = u
+	}
+	return out, nil
+}
+
+func openApp(ctx context.Context, env *environment, cfg *appConfig) (*app, error) {
+	dur, err := schema.ParseDurability(cfg.durability)
+	if err != nil {
+		return nil, usageError{err}
+	}
+	dests, err := cfg.destinations(env)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.fingerprint < 0 || cfg.inFlightWait < 0 || cfg.demoDelay < 0 {
+		return nil, usagef("durations must not be negative")
+	}
+	logger := cfg.logger
+	if logger == nil {
+		if logger, err = newLogger(env.stderr, cfg.logLevel); err != nil {
+			return nil, err
+		}
+	}
+	db, err := schema.Open(ctx, cfg.db, &schema.Options{Durability: dur})
+	if err != nil {
+		return nil, err
+	}
+	if err := ledger.Migrate(ctx, db); err != nil {
+		db.Close()
+		return nil, err
+	}
+	impl := &mcp.Implementation{Name: "mcp-outbox-ledger", Title: "mcp-outbox example payments ledger", Version: version}
+	a := &app{db: db, dests: dests}
+	lopts := &ledger.Options{Delay: cfg.demoDelay}
+	if cfg.bare {
+		a.server = mcp.NewServer(impl, &mcp.ServerOptions{Logger: logger.With("subsystem", "mcp")})
+		ledger.RegisterBare(db, a.server, lopts)
+		return a, nil
+	}
+	window := cfg.fingerprint
+	if window == 0 {
+		window = outbox.FingerprintOff
+	}
+	a.layer, err = outbox.New(db, &outbox.Options{Logger: logger, FingerprintWindow: window, InFlightWait: cfg.inFlightWait})
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	a.server = a.layer.NewServer(impl, &mcp.ServerOptions{Logger: logger.With("subsystem", "mcp")})
+	ledger.Register(a.layer, a.server, lopts)
+	return a, nil
+}
+
+func (a *app) Close() error { return a.db.Close() }
+
+// version is set by the linker for releases.
+var version = "dev"
+
+func runServe(ctx context.Context, env *environment, args []string) error {
+	fs := newFlagSet(env, "serve", serveUsage)
+	var cfg appConfig
+	if err := cfg.flags(env, fs); err != nil {
+		return err
+	}
+	httpAddr := fs.String("http", env.envDefault("MCP_OUTBOX_HTTP", ""), "serve Streamable HTTP at `ADDR` (e.g. 127.0.0.1:8080) instead of stdio [MCP_OUTBOX_HTTP]")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usagef("unexpected argument %q", fs.Arg(0))
+	}
+	a, err := openApp(ctx, env, &cfg)
+	if err != nil {
+		return err
+	}
+	defer a.Close()
+	logger, _ := newLogger(env.stderr, cfg.logLevel)
+	if len(a.dests) > 0 {
+		logger.Info("destinations configured; effects are queued in the outbox table", "count", len(a.dests))
+	}
+	if *httpAddr != "" {
+		return serveHTTP(ctx, a, *httpAddr, logger, env.stderr)
+	}
+	logger.Info("serving MCP on stdio", "db", cfg.db, "outbox", !cfg.bare)
+	err = a.server.Run(ctx, outbox.WrapTransport(&mcp.StdioTransport{}))
+	if ctx.Err() != nil || err == io.EOF {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("serve stdio: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,61 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/query"
+	"github.com/mcp-outbox/mcp-outbox/schema"
+)
+
+const statusUsage = `Usage: mcp-outbox status [flags] KEY
+       mcp-outbox status [flags] --tool NAME --args JSON
+
+Shows what happened to a call: unknown (never seen within retention, or
+expired), in_flight, completed (with the recorded result) or failed, and the
+delivery state of each of its effects. Prints JSON.
+
+A call made without an idempotency key is found by its tool and exact
+arguments. Keys are per principal: calls over stdio and unauthenticated HTTP
+belong to the principal "local".`
+
+func runStatus(ctx context.Context, env *environment, args []string) error {
+	fs := newFlagSet(env, "status", statusUsage)
+	db := fs.String("db", env.envDefault("MCP_OUTBOX_DB", "./mcp-outbox.db"), "SQLite database `file` [MCP_OUTBOX_DB]")
+	principal := fs.String("principal", outbox.LocalPrincipal, "whose call to look up")
+	tool := fs.String("tool", "", "for a call without a key: the tool's name")
+	argsJSON := fs.String("args", "{}", "for a call without a key: its arguments as JSON")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	var key string
+	switch {
+	case fs.NArg() == 1 && *tool == "":
+		key = fs.Arg(0)
+	case fs.NArg() == 0 && *tool != "":
+		if !json.Valid([]byte(*argsJSON)) {
+			return usagef("--args is not valid JSON")
+		}
+	default:
+		return usagef("give a KEY, or --tool with --args")
+	}
+	d, err := schema.Open(ctx, *db, nil)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	var st *query.Status
+	if key != "" {
+		st, err = query.Lookup(ctx, d.Read, *principal, key, time.Now())
+	} else {
+		st, err = query.LookupArgs(ctx, d.Read, *principal, *tool, json.RawMessage(*argsJSON), time.Now())
+	}
+	if err != nil {
+		return err
+	}
+	enc := json.NewEncoder(env.stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(st)
+}

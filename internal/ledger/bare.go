@@ -1,0 +1,60 @@
+package ledger
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/schema"
+)
+
+// RegisterBare adds the same tools to s without the outbox layer, the way a
+// server is typically written: every statement commits on its own, nothing
+// is recorded, every call runs. It exists to show what the layer prevents
+// (`mcp-outbox demo`) and as the baseline of benchmarks.
+func RegisterBare(db *schema.DB, s *mcp.Server, opts *Options) {
+	h := handlers{opts: optsOf(opts)}
+	b := bareTx{db: db}
+	mcp.AddTool(s, ChargeTool, bare(b, h.charge))
+	mcp.AddTool(s, RefundTool, bare(b, h.refund))
+	mcp.AddTool(s, BalanceTool, bare(b, h.balance))
+}
+
+func bare[In, Out any](b bareTx, h outbox.HandlerFor[In, Out]) mcp.ToolHandlerFor[In, Out] {
+	return func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
+		return h(ctx, b, req, in)
+	}
+}
+
+// bareTx runs each statement in autocommit mode.
+type bareTx struct{ db *schema.DB }
+
+func (b bareTx) Exec(ctx context.Context, q string, args ...any) (sql.Result, error) {
+	return b.db.Write.ExecContext(ctx, q, args...)
+}
+
+func (b bareTx) Query(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
+	return b.db.Read.QueryContext(ctx, q, args...)
+}
+
+func (b bareTx) QueryRow(ctx context.Context, q string, args ...any) *sql.Row {
+	return b.db.Write.QueryRowContext(ctx, q, args...)
+}
+
+func (b bareTx) Enqueue(ctx context.Context, e outbox.Effect) (string, error) {
+	var r [12]byte
+	_, _ = rand.Read(r[:])
+	key := "bare_" + hex.EncodeToString(r[:])
+	headers, _ := json.Marshal(e.Header)
+	now := time.Now().UnixMilli()
+	_, err := b.db.Write.ExecContext(ctx, `
+INSERT INTO effects (seq, destination, method, path, headers, body, idempotency_key, next_attempt_at, created_at, updated_at)
+VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, e.Destination, e.Method, e.Path, string(headers), e.Body, key, now, now, now)
+	return key, err
+}
