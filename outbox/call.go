@@ -14,6 +14,10 @@ import (
 
 type localKey struct{ principal, key string }
 
+// testHookAfterCommit runs where call.after_commit is; tests set it to cancel
+// a call whose outcome is already committed.
+var testHookAfterCommit func(context.Context)
+
 // attempt is one execution of a call, from its claim to its outcome. It is
 // the Tx the handler sees.
 type attempt struct {
@@ -212,6 +216,9 @@ func (a *attempt) finish(ctx context.Context, res mcp.Result, err error) (mcp.Re
 		}
 	}
 	if a.recorded() {
+		if testHookAfterCommit != nil {
+			testHookAfterCommit(ctx)
+		}
 		if err := failpoint.Inject(failpoint.CallAfterCommit); err != nil {
 			return toolError(codeNotRecorded, "%v after the commit; the call is recorded, a retry replays it.", err), nil
 		}

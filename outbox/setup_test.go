@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"database/sql"
+	"os"
 	"path/filepath"
 	"testing"
 
@@ -80,3 +81,13 @@ func count(tb testing.TB, db *sql.DB, query string, args ...any) int {
 func charges(tb testing.TB, b *bundle) int {
 	return count(tb, b.db.Read, `SELECT count(*) FROM charges`)
 }
+
+func mustLedger(tb testing.TB, db *schema.DB) *schema.DB {
+	tb.Helper()
+	if err := ledger.Migrate(context.Background(), db); err != nil {
+		tb.Fatal(err)
+	}
+	return db
+}
+
+func hostname() (string, error) { return os.Hostname() }

@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
+
+	"github.com/google/jsonschema-go/jsonschema"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -29,6 +32,7 @@ func (l *Layer) addStatusTool(s *mcp.Server) {
 			"or, for a call made without a key, the tool name and the same arguments.",
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, IdempotentHint: true},
 	}
+	t.InputSchema, t.OutputSchema = statusSchemas()
 	mcp.AddTool(s, t, func(ctx context.Context, req *mcp.CallToolRequest, in StatusInput) (*mcp.CallToolResult, *query.Status, error) {
 		principal := principalOf(req)
 		var (
@@ -48,4 +52,22 @@ func (l *Layer) addStatusTool(s *mcp.Server) {
 		}
 		return nil, st, nil
 	})
+}
+
+// statusSchemas derives the status tool's schemas. json.RawMessage is a
+// []byte to the schema inference, which would demand an array or null where
+// any JSON value (the call's arguments, its recorded result) belongs.
+func statusSchemas() (in, out *jsonschema.Schema) {
+	opts := &jsonschema.ForOptions{TypeSchemas: map[reflect.Type]*jsonschema.Schema{
+		reflect.TypeFor[json.RawMessage](): {},
+	}}
+	in, err := jsonschema.For[StatusInput](opts)
+	if err != nil {
+		panic(fmt.Sprintf("status tool input schema: %v", err))
+	}
+	out, err = jsonschema.For[query.Status](opts)
+	if err != nil {
+		panic(fmt.Sprintf("status tool output schema: %v", err))
+	}
+	return in, out
 }

@@ -21,7 +21,7 @@ import (
 type Tx interface {
 	Exec(ctx context.Context, query string, args ...any) (sql.Result, error)
 	Query(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-	QueryRow(ctx context.Context, query string, args ...any) *sql.Row
+	QueryRow(ctx context.Context, query string, args ...any) Row
 	// Enqueue adds an effect to the outbox. Like the handler's rows, it is
 	// not visible to the dispatcher until the call commits, and gone if the
 	// call does not. It returns the effect's Idempotency-Key, which is
@@ -138,18 +138,35 @@ func (a *attempt) Query(ctx context.Context, query string, args ...any) (*sql.Ro
 	return r, a.wrapStmt(err)
 }
 
+// Row is the result of QueryRow; *sql.Row implements it.
+type Row interface {
+	Scan(dest ...any) error
+	Err() error
+}
+
 // QueryRow runs a query expected to return one row. A failure to begin is
 // reported by the row's Scan.
-func (a *attempt) QueryRow(ctx context.Context, query string, args ...any) *sql.Row {
+func (a *attempt) QueryRow(ctx context.Context, query string, args ...any) Row {
 	if err := a.begin(ctx); err != nil {
-		// database/sql offers no way to build an *sql.Row holding an
-		// error; a cancelled context yields one whose Scan fails.
-		cctx, cancel := context.WithCancel(ctx)
-		cancel()
-		return a.layer.db.Read.QueryRowContext(cctx, "SELECT 1")
+		return errRow{err}
 	}
-	return a.tx.QueryRowContext(ctx, query, args...)
+	return rowOf{a, a.tx.QueryRowContext(ctx, query, args...)}
 }
+
+// errRow is a row whose query never ran.
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
+func (r errRow) Err() error        { return r.err }
+
+// rowOf classifies a row's error like the other statements' errors.
+type rowOf struct {
+	a   *attempt
+	row *sql.Row
+}
+
+func (r rowOf) Scan(dest ...any) error { return r.a.wrapStmt(r.row.Scan(dest...)) }
+func (r rowOf) Err() error             { return r.a.wrapStmt(r.row.Err()) }
 
 // wrapStmt keeps constraint violations and other statement errors as the
 // handler's to decide on, but remembers errors that mean the database is

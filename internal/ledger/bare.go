@@ -43,7 +43,7 @@ func (b bareTx) Query(ctx context.Context, q string, args ...any) (*sql.Rows, er
 	return b.db.Read.QueryContext(ctx, q, args...)
 }
 
-func (b bareTx) QueryRow(ctx context.Context, q string, args ...any) *sql.Row {
+func (b bareTx) QueryRow(ctx context.Context, q string, args ...any) outbox.Row {
 	return b.db.Write.QueryRowContext(ctx, q, args...)
 }
 
