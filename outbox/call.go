@@ -9,6 +9,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/internal/failpoint"
 )
 
@@ -43,6 +44,15 @@ type attempt struct {
 }
 
 func (a *attempt) recorded() bool { return a.tool.record && a.id.source != "" }
+
+// retention is how long the call's key names it: the tool's fingerprint
+// window for a derived key, the layer's key retention for a client's key.
+func (a *attempt) retention() time.Duration {
+	if a.id.source == callkey.SourceFingerprint {
+		return a.tool.window
+	}
+	return a.layer.opts.KeyRetention
+}
 
 type attemptKey struct{}
 
@@ -254,10 +264,9 @@ func (a *attempt) commit(ctx context.Context, cr *mcp.CallToolResult) error {
 	}
 	if cr.IsError {
 		// A failed call keeps nothing of its work, effects included.
-		if _, err := a.tx.ExecContext(ctx, `ROLLBACK TO handler`); err != nil {
-			return fmt.Errorf("roll back handler: %w", err)
+		if err := a.discardWork(ctx); err != nil {
+			return err
 		}
-		a.effects = 0
 	}
 	stored, err := encodeResult(cr)
 	if err != nil {
@@ -265,12 +274,8 @@ func (a *attempt) commit(ctx context.Context, cr *mcp.CallToolResult) error {
 	}
 	now := a.layer.nowMS()
 	a.completedAt = now
-	keep := a.layer.opts.KeyRetention
-	if a.id.source == "fingerprint" {
-		keep = a.tool.window
-	}
 	r, err := a.tx.ExecContext(ctx, recordOutcome,
-		stateOf(cr), stored, now, now+keep.Milliseconds(), a.callID, a.owner)
+		stateOf(cr), stored, now, now+a.retention().Milliseconds(), a.callID, a.owner)
 	if err != nil {
 		return fmt.Errorf("record outcome: %w", err)
 	}

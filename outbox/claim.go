@@ -76,12 +76,8 @@ func (l *Layer) claim(ctx context.Context, a *attempt) (claimResult, error) {
 	}
 
 	if !found {
-		keep := l.opts.KeyRetention
-		if a.id.source == "fingerprint" {
-			keep = a.tool.window
-		}
 		res, err := tx.ExecContext(ctx, insertCall, a.uid, a.id.principal, a.id.key, string(a.id.source),
-			a.tool.name, a.id.argsHash, a.owner, now+l.opts.Lease.Milliseconds(), now, now+keep.Milliseconds())
+			a.tool.name, a.id.argsHash, a.owner, now+l.opts.Lease.Milliseconds(), now, now+a.retention().Milliseconds())
 		if err != nil {
 			return claimResult{}, fmt.Errorf("insert call: %w", err)
 		}

@@ -80,7 +80,18 @@ func AddTool[In, Out any](l *Layer, s *mcp.Server, t *mcp.Tool, h HandlerFor[In,
 			return nil, zero, errors.New("outbox: tool called outside the outbox layer; call Layer.Install on the server")
 		}
 		a.reached = true
-		return h(ctx, a, req, in)
+		res, out, err := h(ctx, a, req, in)
+		if err == nil && res != nil && res.InputRequests != nil {
+			// A multi round-trip request: the handler runs again with the
+			// client's input, in this attempt (the SDK's server-side loop for
+			// older clients) or in the client's retry, which carries the same
+			// _meta and so the same key. Either way only the final run's work
+			// may commit.
+			if rerr := a.discardWork(ctx); rerr != nil {
+				return nil, out, rerr
+			}
+		}
+		return res, out, err
 	})
 }
 

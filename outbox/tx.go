@@ -108,6 +108,19 @@ func (a *attempt) openTx(ctx context.Context) error {
 	return nil
 }
 
+// discardWork rolls back what the handler did so far, effects included,
+// keeping the transaction and the claim.
+func (a *attempt) discardWork(ctx context.Context) error {
+	if a.tx == nil || a.tool.readOnly {
+		return nil
+	}
+	if _, err := a.tx.ExecContext(ctx, `ROLLBACK TO handler`); err != nil {
+		return a.wrap(fmt.Errorf("roll back handler: %w", err))
+	}
+	a.effects = 0
+	return nil
+}
+
 func (a *attempt) wrap(err error) error {
 	if err == nil {
 		return nil
