@@ -27,7 +27,12 @@ CREATE TABLE calls (
 
 -- effects: the outbox. Rows are only ever inserted by the transaction that
 -- records the call's outcome, so an effect exists if and only if its call
--- committed. The dispatcher owns every column after 'body'.
+-- committed. The dispatcher owns every column after 'idempotency_key'.
+--
+-- States: pending (due at next_attempt_at), in_flight (leased by a
+-- dispatcher), delivered (2xx), dead (gave up: 4xx or limits), unknown (an
+-- at_most_once destination may or may not have applied it; never re-sent
+-- automatically), cancelled (by an operator).
 CREATE TABLE effects (
     id              INTEGER PRIMARY KEY AUTOINCREMENT,
     call_id         INTEGER REFERENCES calls (id) ON DELETE SET NULL,
@@ -42,8 +47,9 @@ CREATE TABLE effects (
                     CHECK (state IN ('pending', 'in_flight', 'delivered', 'dead', 'unknown', 'cancelled')),
     attempts        INTEGER NOT NULL DEFAULT 0,
     next_attempt_at INTEGER NOT NULL,          -- unix ms
-    lease_owner     TEXT    NOT NULL DEFAULT '',
-    lease_until     INTEGER NOT NULL DEFAULT 0,
+    lease_owner     TEXT    NOT NULL DEFAULT '',  -- dispatcher holding an in_flight effect
+    lease_until     INTEGER NOT NULL DEFAULT 0,   -- unix ms; past it the effect is reclaimed
+    send_started_at INTEGER,                      -- at_most_once only: the request may have left
     last_error      TEXT    NOT NULL DEFAULT '',
     last_status     INTEGER NOT NULL DEFAULT 0,
     response        TEXT,
@@ -52,6 +58,7 @@ CREATE TABLE effects (
     delivered_at    INTEGER
 );
 
-CREATE INDEX effects_due ON effects (state, next_attempt_at);
+CREATE INDEX effects_due ON effects (destination, state, next_attempt_at);
+CREATE INDEX effects_state ON effects (state, lease_until);
 CREATE INDEX effects_call ON effects (call_id, seq);
 CREATE INDEX calls_expiry ON calls (expires_at);

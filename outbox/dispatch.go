@@ -1,0 +1,417 @@
+package outbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	mrand "math/rand/v2"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/mcp-outbox/mcp-outbox/query"
+	"github.com/mcp-outbox/mcp-outbox/schema"
+)
+
+// Defaults for Destination and DispatcherOptions fields left at zero.
+const (
+	DefaultDeliveryTimeout  = 10 * time.Second
+	DefaultConcurrency      = 4
+	DefaultMaxAttempts      = 25
+	DefaultMaxAge           = 72 * time.Hour
+	DefaultPollInterval     = time.Second
+	DefaultBackoffBase      = time.Second
+	DefaultBackoffMax       = 10 * time.Minute
+	DefaultShutdownTimeout  = 10 * time.Second
+	DefaultResponseLimit    = 4 << 10
+	defaultDispatchLeaseMin = 30 * time.Second
+)
+
+// Destination is a downstream HTTP API that effects name.
+type Destination struct {
+	// Name is what Effect.Destination refers to.
+	Name string
+	// URL is the base URL; an effect's path is appended to it.
+	URL *url.URL
+	// Timeout bounds one delivery attempt; zero means DefaultDeliveryTimeout.
+	Timeout time.Duration
+	// Concurrency bounds attempts in flight; zero means DefaultConcurrency.
+	Concurrency int
+	// AuthHeader and AuthValue are added to every request (for example
+	// "Authorization" and "Bearer sk_..."). Take the value from the
+	// environment: it is never written to the database.
+	AuthHeader, AuthValue string
+	// MaxAttempts and MaxAge bound retries: past either the effect is dead.
+	// Zero means DefaultMaxAttempts and DefaultMaxAge.
+	MaxAttempts int
+	MaxAge      time.Duration
+	// AtMostOnce marks a destination that does not dedup on
+	// Idempotency-Key. After an attempt whose outcome cannot be known (the
+	// request was written, then the connection failed or timed out) its
+	// effect becomes unknown and is never re-sent automatically.
+	AtMostOnce bool
+	// Probe, for an AtMostOnce destination, asks whether an unknown effect
+	// was applied: 2xx means delivered, 404 or 410 means safe to retry.
+	Probe *Probe
+}
+
+// Probe is a request that looks an effect up at its destination. Path may
+// contain {key}, replaced by the URL-escaped Idempotency-Key.
+type Probe struct {
+	Method string // empty means GET
+	Path   string
+}
+
+// DispatcherOptions configure a Dispatcher. Zero fields take the defaults.
+type DispatcherOptions struct {
+	Destinations []Destination
+	Logger       *slog.Logger
+	// PollInterval is how often the dispatcher looks for work that no
+	// Notify announced: effects written by another process, retries whose
+	// time came. Zero means DefaultPollInterval.
+	PollInterval time.Duration
+	// Lease is how long a claimed effect stays owned; zero means twice the
+	// longest destination timeout, at least 30s.
+	Lease time.Duration
+	// BackoffBase and BackoffMax shape the retry schedule (see Backoff).
+	BackoffBase, BackoffMax time.Duration
+	// ShutdownTimeout bounds how long Run waits for attempts in flight
+	// after its context ends; zero means DefaultShutdownTimeout.
+	ShutdownTimeout time.Duration
+	// ResponseLimit bounds the response body recorded per attempt.
+	ResponseLimit int
+	// Now and Rand are the clock and the jitter source; tests inject them.
+	Now  func() time.Time
+	Rand func() float64
+	// Transport carries the requests; nil means a clone of
+	// http.DefaultTransport.
+	Transport http.RoundTripper
+}
+
+// A Dispatcher delivers committed effects to their destinations. Every
+// attempt of an effect carries the same Idempotency-Key. Claims are leases
+// fenced by owner: a dispatcher whose lease passed cannot record an outcome.
+type Dispatcher struct {
+	db     *schema.DB
+	opts   DispatcherOptions
+	dests  map[string]*destState
+	names  string // JSON array of configured destination names, for SQL
+	amo    string // JSON array of the at_most_once ones
+	probed string // JSON array of the ones with a probe
+	logger *slog.Logger
+	owner  string
+	now    func() time.Time
+
+	wake     chan struct{} // Notify and finished attempts
+	inflight sync.WaitGroup
+
+	mu        sync.Mutex
+	cancelReq context.CancelFunc // cancels requests in flight at the end of shutdown
+}
+
+type destState struct {
+	Destination
+	client *http.Client
+	slots  chan struct{} // one token per attempt in flight
+}
+
+// NewDispatcher returns a dispatcher for the destinations in opts.
+func NewDispatcher(db *schema.DB, opts *DispatcherOptions) (*Dispatcher, error) {
+	var o DispatcherOptions
+	if opts != nil {
+		o = *opts
+	}
+	if o.PollInterval <= 0 {
+		o.PollInterval = DefaultPollInterval
+	}
+	if o.BackoffBase <= 0 {
+		o.BackoffBase = DefaultBackoffBase
+	}
+	if o.BackoffMax <= 0 {
+		o.BackoffMax = DefaultBackoffMax
+	}
+	if o.ShutdownTimeout <= 0 {
+		o.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if o.ResponseLimit <= 0 {
+		o.ResponseLimit = DefaultResponseLimit
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Rand == nil {
+		o.Rand = mrand.Float64
+	}
+	if o.Transport == nil {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.MaxIdleConnsPerHost = 64
+		o.Transport = t
+	}
+	logger := o.Logger
+	if logger == nil {
+		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	d := &Dispatcher{
+		db: db, opts: o, dests: map[string]*destState{}, now: o.Now,
+		logger: logger.With("subsystem", "dispatch"),
+		owner:  "dispatch-" + randomHex(8),
+		wake:   make(chan struct{}, 1),
+	}
+	var names, amo, probed []string
+	longest := time.Duration(0)
+	for _, dst := range o.Destinations {
+		if dst.Name == "" || dst.URL == nil || (dst.URL.Scheme != "http" && dst.URL.Scheme != "https") {
+			return nil, fmt.Errorf("destination %q: want a name and an http(s) URL", dst.Name)
+		}
+		if _, dup := d.dests[dst.Name]; dup {
+			return nil, fmt.Errorf("destination %q configured twice", dst.Name)
+		}
+		if dst.Timeout <= 0 {
+			dst.Timeout = DefaultDeliveryTimeout
+		}
+		if dst.Concurrency <= 0 {
+			dst.Concurrency = DefaultConcurrency
+		}
+		if dst.MaxAttempts <= 0 {
+			dst.MaxAttempts = DefaultMaxAttempts
+		}
+		if dst.MaxAge <= 0 {
+			dst.MaxAge = DefaultMaxAge
+		}
+		if dst.Probe != nil && !dst.AtMostOnce {
+			return nil, fmt.Errorf("destination %q: a probe is only for at_most_once destinations", dst.Name)
+		}
+		longest = max(longest, dst.Timeout)
+		d.dests[dst.Name] = &destState{
+			Destination: dst,
+			client: &http.Client{
+				Transport: o.Transport,
+				// A redirect is an answer to record, not to follow: following
+				// would re-send the effect somewhere else.
+				CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+			},
+			slots: make(chan struct{}, dst.Concurrency),
+		}
+		names = append(names, dst.Name)
+		if dst.AtMostOnce {
+			amo = append(amo, dst.Name)
+		}
+		if dst.Probe != nil {
+			probed = append(probed, dst.Name)
+		}
+	}
+	if o.Lease <= 0 {
+		d.opts.Lease = max(2*longest, defaultDispatchLeaseMin)
+	}
+	nb, _ := json.Marshal(append([]string{}, names...))
+	ab, _ := json.Marshal(append([]string{}, amo...))
+	pb, _ := json.Marshal(append([]string{}, probed...))
+	d.names, d.amo, d.probed = string(nb), string(ab), string(pb)
+	return d, nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// Notify tells the dispatcher that new effects were committed. It never
+// blocks. Layer.OnEnqueue(d.Notify) connects a layer to its dispatcher.
+func (d *Dispatcher) Notify() {
+	select {
+	case d.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run delivers effects until ctx ends. It starts at once, reclaiming the
+// expired leases of a previous run. When ctx ends it stops claiming, lets
+// attempts in flight finish for up to ShutdownTimeout, then cancels the rest
+// and releases what it holds.
+func (d *Dispatcher) Run(ctx context.Context) error {
+	reqCtx, cancelReq := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelReq()
+	d.mu.Lock()
+	d.cancelReq = cancelReq
+	d.mu.Unlock()
+
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		next, err := d.round(ctx, reqCtx)
+		if err != nil && ctx.Err() == nil {
+			d.logger.ErrorContext(ctx, "dispatch round", "error", err)
+			next = d.opts.PollInterval
+		}
+		timer.Reset(next)
+		select {
+		case <-ctx.Done():
+			return d.shutdown(ctx, cancelReq)
+		case <-d.wake:
+		case <-timer.C:
+		}
+	}
+}
+
+func (d *Dispatcher) shutdown(ctx context.Context, cancelReq context.CancelFunc) error {
+	done := make(chan struct{})
+	go func() { d.inflight.Wait(); close(done) }()
+	t := time.NewTimer(d.opts.ShutdownTimeout)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		d.logger.WarnContext(ctx, "shutdown timeout: cancelling deliveries in flight")
+		cancelReq()
+		<-done
+	}
+	return nil
+}
+
+// round reclaims expired leases, claims what is due for every destination
+// with free slots, starts the attempts, and says how long to wait before the
+// next round if nothing wakes the dispatcher.
+func (d *Dispatcher) round(ctx, reqCtx context.Context) (time.Duration, error) {
+	if len(d.dests) == 0 {
+		return d.opts.PollInterval, nil
+	}
+	if err := d.reclaim(ctx); err != nil {
+		return 0, err
+	}
+	for _, ds := range d.dests {
+		if err := d.probeUnknown(ctx, ds); err != nil {
+			return 0, err
+		}
+		free := cap(ds.slots) - len(ds.slots)
+		if free == 0 {
+			continue
+		}
+		claimed, err := d.claim(ctx, ds.Name, free)
+		if err != nil {
+			return 0, err
+		}
+		for _, e := range claimed {
+			ds.slots <- struct{}{}
+			d.inflight.Add(1)
+			go func() {
+				defer func() {
+					<-ds.slots
+					d.inflight.Done()
+					d.Notify() // a slot is free; more may be due
+				}()
+				d.deliver(reqCtx, ds, e)
+			}()
+		}
+	}
+	return d.untilNextDue(ctx)
+}
+
+// untilNextDue is the time until the earliest pending effect of a
+// configured destination is due, bounded by the poll interval.
+func (d *Dispatcher) untilNextDue(ctx context.Context) (time.Duration, error) {
+	var next *int64
+	if err := d.db.Read.QueryRowContext(ctx, selectNextDue, d.names, d.probed).Scan(&next); err != nil {
+		return 0, fmt.Errorf("read next due: %w", err)
+	}
+	wait := d.opts.PollInterval
+	// Work already due but not claimed waits for a free slot or for the
+	// effect before it in its call; both wake the dispatcher.
+	if next != nil {
+		if until := time.UnixMilli(*next).Sub(d.now()); until > 0 {
+			wait = min(wait, until)
+		}
+	}
+	return wait, nil
+}
+
+// claimedEffect is an effect this dispatcher holds a lease on.
+type claimedEffect struct {
+	id        int64
+	seq       int
+	method    string
+	path      string
+	headers   map[string]string
+	body      []byte
+	key       string
+	attempts  int
+	createdAt int64
+}
+
+func (e *claimedEffect) String() string { return fmt.Sprintf("effect %d (%s)", e.id, e.key) }
+
+// joinURL appends an effect's path (which may carry a query) to a base URL.
+func joinURL(base *url.URL, path string) (string, error) {
+	ref, err := url.Parse(path)
+	if err != nil {
+		return "", fmt.Errorf("effect path %q: %w", path, err)
+	}
+	u := *base
+	u.Path = strings.TrimSuffix(base.Path, "/") + ref.Path
+	u.RawPath = ""
+	u.RawQuery = ref.RawQuery
+	return u.String(), nil
+}
+
+var errNoDestination = errors.New("destination not configured")
+
+// Drain delivers effects until none of a configured destination is pending
+// or in flight, or ctx ends; retries that come due meanwhile are made.
+// Effects left dead or unknown are reported, not waited for. progress, if
+// not nil, is called after every round with the current counts.
+func (d *Dispatcher) Drain(ctx context.Context, progress func(query.Counts)) (query.Counts, error) {
+	defer d.inflight.Wait()
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		next, err := d.round(ctx, ctx)
+		if err != nil {
+			return query.Counts{}, err
+		}
+		open, err := d.openEffects(ctx)
+		if err != nil {
+			return query.Counts{}, err
+		}
+		if progress != nil {
+			if c, err := query.CountEffects(ctx, d.db.Read); err == nil {
+				progress(c)
+			}
+		}
+		if open == 0 {
+			d.inflight.Wait()
+			if open, err = d.openEffects(ctx); err != nil || open == 0 {
+				c, cerr := query.CountEffects(context.WithoutCancel(ctx), d.db.Read)
+				return c, errors.Join(err, cerr)
+			}
+		}
+		timer.Reset(next)
+		select {
+		case <-ctx.Done():
+			d.inflight.Wait()
+			c, err := query.CountEffects(context.WithoutCancel(ctx), d.db.Read)
+			return c, errors.Join(ctx.Err(), err)
+		case <-d.wake:
+		case <-timer.C:
+		}
+	}
+}
+
+// openEffects counts effects of configured destinations that still need
+// delivery work.
+func (d *Dispatcher) openEffects(ctx context.Context) (int, error) {
+	var n int
+	err := d.db.Read.QueryRowContext(ctx, `
+SELECT count(*) FROM effects
+WHERE state IN ('pending', 'in_flight') AND destination IN (SELECT value FROM json_each(?1))`, d.names).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("count open effects: %w", err)
+	}
+	return n, nil
+}

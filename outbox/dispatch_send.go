@@ -1,0 +1,177 @@
+package outbox
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptrace"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/failpoint"
+)
+
+// Failpoints on the delivery path.
+const (
+	fpDispatchAfterClaim    = "dispatch.after_claim"
+	fpDispatchAfterSend     = "dispatch.after_send"
+	fpDispatchAfterResponse = "dispatch.after_response"
+)
+
+// FormatIdempotencyKey renders a key as the Idempotency-Key header's value:
+// a Structured Field string (RFC 8941), as
+// draft-ietf-httpapi-idempotency-key-header specifies.
+func FormatIdempotencyKey(key string) string {
+	return strconv.Quote(key) // keys are printable ASCII or UTF-8 without controls
+}
+
+// deliver makes one attempt of e and records its outcome.
+func (d *Dispatcher) deliver(ctx context.Context, ds *destState, e *claimedEffect) {
+	_ = failpoint.Inject(fpDispatchAfterClaim)
+	now := d.now()
+	if age := now.Sub(time.UnixMilli(e.createdAt)); age > ds.MaxAge {
+		d.finish(ctx, e, outcome{state: "dead", err: fmt.Sprintf("gave up: effect is %s old, the limit is %s", age.Round(time.Second), ds.MaxAge)})
+		return
+	}
+	if ds.AtMostOnce {
+		ok, err := d.markSent(ctx, e)
+		if err != nil || !ok {
+			d.logger.WarnContext(ctx, "not sending: lease lost or database error", "effect", e.id, "error", err)
+			return // the lease passes to whoever reclaims it
+		}
+	}
+	o := d.attempt(ctx, ds, e)
+	d.finish(ctx, e, o)
+}
+
+func (d *Dispatcher) finish(ctx context.Context, e *claimedEffect, o outcome) {
+	ok, err := d.record(context.WithoutCancel(ctx), e, o)
+	switch {
+	case err != nil:
+		d.logger.ErrorContext(ctx, "record delivery outcome", "effect", e.id, "error", err)
+	case !ok:
+		d.logger.WarnContext(ctx, "lease lost before the outcome was recorded; another dispatcher owns the effect", "effect", e.id)
+	default:
+		d.logger.DebugContext(ctx, "delivery attempt", "effect", e.id, "attempt", e.attempts, "state", o.state, "status", o.status, "error", o.err)
+	}
+}
+
+// attempt sends e once and classifies what happened.
+func (d *Dispatcher) attempt(ctx context.Context, ds *destState, e *claimedEffect) outcome {
+	target, err := joinURL(ds.URL, e.path)
+	if err != nil {
+		return outcome{state: "dead", err: err.Error()}
+	}
+	ctx, cancel := context.WithTimeout(ctx, ds.Timeout)
+	defer cancel()
+	var wrote atomic.Bool
+	trace := &httptrace.ClientTrace{WroteRequest: func(httptrace.WroteRequestInfo) {
+		wrote.Store(true)
+		_ = failpoint.Inject(fpDispatchAfterSend)
+	}}
+	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), e.method, target, bytes.NewReader(e.body))
+	if err != nil {
+		return outcome{state: "dead", err: fmt.Sprintf("build request: %v", err)}
+	}
+	for k, v := range e.headers {
+		req.Header.Set(k, v)
+	}
+	req.Header.Set(HeaderIdempotencyKey, FormatIdempotencyKey(e.key))
+	if ds.AuthHeader != "" {
+		req.Header.Set(ds.AuthHeader, ds.AuthValue)
+	}
+	resp, err := ds.client.Do(req)
+	if err != nil {
+		return d.transportFailure(ds, e, err, wrote.Load())
+	}
+	body, rerr := io.ReadAll(io.LimitReader(resp.Body, int64(d.opts.ResponseLimit)))
+	resp.Body.Close()
+	if rerr != nil && !errors.Is(rerr, io.EOF) {
+		// The status line arrived, so the destination decided; a truncated
+		// body does not change the decision.
+		body = append(body, []byte(" [body truncated: "+rerr.Error()+"]")...)
+	}
+	_ = failpoint.Inject(fpDispatchAfterResponse)
+	return d.classify(ds, e, resp, body)
+}
+
+// classify maps a response to an outcome.
+func (d *Dispatcher) classify(ds *destState, e *claimedEffect, resp *http.Response, body []byte) outcome {
+	now := d.now()
+	o := outcome{status: resp.StatusCode, response: body}
+	code := resp.StatusCode
+	switch {
+	case code >= 200 && code < 300:
+		o.state, o.delivered = "delivered", now
+		return o
+	case code == http.StatusRequestTimeout, code == http.StatusTooEarly, code == http.StatusTooManyRequests,
+		code == http.StatusConflict, code >= 500:
+		// 409: the destination is still processing a request with this
+		// key (Stripe's behaviour); ask again later with the same key.
+		o.err = fmt.Sprintf("HTTP %d", code)
+		return d.retry(ds, e, o, resp.Header)
+	default:
+		o.state, o.err = "dead", fmt.Sprintf("HTTP %d: the destination refused the request", code)
+		return o
+	}
+}
+
+// transportFailure classifies an attempt that got no response.
+func (d *Dispatcher) transportFailure(ds *destState, e *claimedEffect, err error, wrote bool) outcome {
+	o := outcome{err: describeTransportError(err, wrote)}
+	if wrote && ds.AtMostOnce {
+		// The request left and its fate is unknown; the destination cannot
+		// dedup a second copy. An operator or the probe decides.
+		o.state, o.keepSent = "unknown", true
+		o.next = d.now().Add(ds.unknownProbeDelay())
+		return o
+	}
+	if errors.Is(err, context.Canceled) {
+		// Shutdown cancelled the attempt: the next dispatcher retries at once.
+		o.state = "pending"
+		return o
+	}
+	return d.retry(ds, e, o, nil)
+}
+
+func describeTransportError(err error, wrote bool) string {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err
+	}
+	msg := err.Error()
+	if errors.Is(err, context.DeadlineExceeded) {
+		msg = "timed out"
+	}
+	if wrote {
+		return "no response after the request was sent: " + msg
+	}
+	return "request not sent: " + msg
+}
+
+// retry schedules the next attempt, or gives up past the attempt limit.
+func (d *Dispatcher) retry(ds *destState, e *claimedEffect, o outcome, h http.Header) outcome {
+	if e.attempts >= ds.MaxAttempts {
+		o.state = "dead"
+		o.err = fmt.Sprintf("gave up after %d attempts: %s", e.attempts, o.err)
+		return o
+	}
+	now := d.now()
+	wait := Backoff(e.attempts, d.opts.BackoffBase, d.opts.BackoffMax, d.opts.Rand())
+	if ra, ok := RetryAfter(h, now); ok && ra > wait {
+		wait = ra
+	}
+	o.state, o.next = "pending", now.Add(wait)
+	return o
+}
+
+// probeURL fills a probe path's {key}.
+func probeURL(ds *destState, key string) (string, error) {
+	return joinURL(ds.URL, strings.ReplaceAll(ds.Probe.Path, "{key}", url.PathEscape(key)))
+}

@@ -1,0 +1,129 @@
+package query
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+)
+
+// Counts is the number of effects in each state.
+type Counts struct {
+	Pending   int `json:"pending"`
+	InFlight  int `json:"in_flight"`
+	Delivered int `json:"delivered"`
+	Dead      int `json:"dead"`
+	Unknown   int `json:"unknown"`
+	Cancelled int `json:"cancelled"`
+}
+
+// Total is the number of effects counted.
+func (c Counts) Total() int {
+	return c.Pending + c.InFlight + c.Delivered + c.Dead + c.Unknown + c.Cancelled
+}
+
+// Open is the number of effects that still need delivery work.
+func (c Counts) Open() int { return c.Pending + c.InFlight }
+
+// CountEffects counts effects by state.
+func CountEffects(ctx context.Context, db *sql.DB) (Counts, error) {
+	rows, err := db.QueryContext(ctx, `SELECT state, count(*) FROM effects GROUP BY state`)
+	if err != nil {
+		return Counts{}, fmt.Errorf("count effects: %w", err)
+	}
+	defer rows.Close()
+	var c Counts
+	for rows.Next() {
+		var state string
+		var n int
+		if err := rows.Scan(&state, &n); err != nil {
+			return Counts{}, fmt.Errorf("count effects: %w", err)
+		}
+		switch state {
+		case "pending":
+			c.Pending = n
+		case "in_flight":
+			c.InFlight = n
+		case "delivered":
+			c.Delivered = n
+		case "dead":
+			c.Dead = n
+		case "unknown":
+			c.Unknown = n
+		case "cancelled":
+			c.Cancelled = n
+		}
+	}
+	return c, rows.Err()
+}
+
+// EffectRow is one effect as operators see it.
+type EffectRow struct {
+	ID             int64      `json:"id"`
+	CallKey        string     `json:"callKey,omitempty"`
+	Tool           string     `json:"tool,omitempty"`
+	Seq            int        `json:"seq"`
+	Destination    string     `json:"destination"`
+	Method         string     `json:"method"`
+	Path           string     `json:"path"`
+	IdempotencyKey string     `json:"idempotencyKey"`
+	State          string     `json:"state"`
+	Attempts       int        `json:"attempts"`
+	LastStatus     int        `json:"lastStatus,omitempty"`
+	LastError      string     `json:"lastError,omitempty"`
+	Response       string     `json:"response,omitempty"`
+	CreatedAt      time.Time  `json:"createdAt"`
+	UpdatedAt      time.Time  `json:"updatedAt"`
+	NextAttemptAt  *time.Time `json:"nextAttemptAt,omitempty"`
+	DeliveredAt    *time.Time `json:"deliveredAt,omitempty"`
+}
+
+// EffectFilter selects effects; zero fields select everything.
+type EffectFilter struct {
+	State       string
+	Destination string
+	ID          int64
+	Limit       int // zero means 100
+}
+
+const selectEffectRows = `
+SELECT e.id, coalesce(c.key, ''), coalesce(c.tool, ''), e.seq, e.destination, e.method, e.path, e.idempotency_key,
+       e.state, e.attempts, e.last_status, e.last_error, coalesce(e.response, ''), e.created_at, e.updated_at,
+       e.next_attempt_at, e.delivered_at
+FROM effects e LEFT JOIN calls c ON c.id = e.call_id
+WHERE (?1 = '' OR e.state = ?1) AND (?2 = '' OR e.destination = ?2) AND (?3 = 0 OR e.id = ?3)
+ORDER BY e.id DESC
+LIMIT ?4`
+
+// ListEffects returns effects, newest first.
+func ListEffects(ctx context.Context, db *sql.DB, f EffectFilter) ([]EffectRow, error) {
+	if f.Limit <= 0 {
+		f.Limit = 100
+	}
+	rows, err := db.QueryContext(ctx, selectEffectRows, f.State, f.Destination, f.ID, f.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("list effects: %w", err)
+	}
+	defer rows.Close()
+	out := []EffectRow{}
+	for rows.Next() {
+		var (
+			r                      EffectRow
+			created, updated, next int64
+			delivered              sql.NullInt64
+		)
+		if err := rows.Scan(&r.ID, &r.CallKey, &r.Tool, &r.Seq, &r.Destination, &r.Method, &r.Path, &r.IdempotencyKey,
+			&r.State, &r.Attempts, &r.LastStatus, &r.LastError, &r.Response, &created, &updated, &next, &delivered); err != nil {
+			return nil, fmt.Errorf("list effects: %w", err)
+		}
+		r.CreatedAt, r.UpdatedAt = time.UnixMilli(created).UTC(), time.UnixMilli(updated).UTC()
+		if r.State == "pending" || r.State == "unknown" {
+			r.NextAttemptAt = ms(next)
+		}
+		if delivered.Valid {
+			r.DeliveredAt = ms(delivered.Int64)
+		}
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
