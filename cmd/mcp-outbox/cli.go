@@ -58,13 +58,15 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 
 func runEnv(ctx context.Context, env *environment, args []string) int {
 	cmds := commands()
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "-help" {
+	if len(args) == 0 || isHelpFlag(args[0]) {
 		printOverview(env.stdout, cmds)
 		return 0
 	}
 	name := args[0]
 	if name == "help" {
-		if len(args) == 1 {
+		// help has no usage of its own beyond the overview: `help`,
+		// `help --help` and `help help` all ask for it.
+		if len(args) == 1 || isHelpFlag(args[1]) || args[1] == "help" {
 			printOverview(env.stdout, cmds)
 			return 0
 		}
@@ -95,6 +97,8 @@ func runEnv(ctx context.Context, env *environment, args []string) int {
 	printOverview(env.stderr, cmds)
 	return 2
 }
+
+func isHelpFlag(s string) bool { return s == "-h" || s == "--help" || s == "-help" }
 
 func printOverview(w io.Writer, cmds []command) {
 	var b strings.Builder
@@ -130,8 +134,16 @@ func newFlagSet(env *environment, name, usage string) *flag.FlagSet {
 
 // parseFlags parses args; on --help it prints usage and returns flag.ErrHelp.
 func parseFlags(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) { // the flag package has printed the usage
+	// The flag package prints the usage on every parse error too. That
+	// belongs on stdout only when asked for: serve's stdout is the MCP
+	// transport, and a mistake is reported on stderr by runEnv.
+	printUsage := fs.Usage
+	fs.Usage = func() {}
+	err := fs.Parse(args)
+	fs.Usage = printUsage
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			printUsage()
 			return flag.ErrHelp
 		}
 		return usageError{err}
