@@ -1,0 +1,50 @@
+.DEFAULT_GOAL := help
+
+# Every target whose line carries "## description" is listed by `make help`.
+
+STATICCHECK_VERSION ?= v0.8.2
+TS_CLIENT := testdata/ts-client
+# npm ci writes this hidden lockfile; when it is missing or older than
+# package-lock.json, node_modules is missing or stale.
+TS_CLIENT_INSTALLED := $(TS_CLIENT)/node_modules/.package-lock.json
+
+.PHONY: help
+help: ## Show this list of targets
+	@awk 'BEGIN { FS = ":.*## " } /^[a-zA-Z0-9_\/.-]+:.*## / { printf "  %-12s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
+
+.PHONY: build
+build: ## Build bin/mcp-outbox
+	go build -o bin/mcp-outbox ./cmd/mcp-outbox
+
+$(TS_CLIENT_INSTALLED): $(TS_CLIENT)/package-lock.json $(TS_CLIENT)/package.json
+	cd $(TS_CLIENT) && npm ci --no-audit --no-fund
+	@touch $@
+
+.PHONY: test
+test: $(TS_CLIENT_INSTALLED) ## Run all tests with the race detector, including the TypeScript SDK interop test
+	MCP_OUTBOX_REQUIRE_INTEROP=1 go test -race -count=1 ./...
+
+.PHONY: test/short
+test/short: ## Run the quick tests (-short, no race detector; the interop test is skipped)
+	go test -short -count=1 ./...
+
+.PHONY: lint
+lint: ## Check formatting (gofmt), go vet and staticcheck
+	@unformatted=$$(find . -name node_modules -prune -o -name '*.go' -print | xargs gofmt -l); \
+	if [ -n "$$unformatted" ]; then echo "gofmt -l: not formatted:"; echo "$$unformatted"; exit 1; fi
+	go vet ./...
+	go vet -tags failpoints ./...
+	go run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
+
+.PHONY: bench
+bench: ## Run the benchmarks
+	go test -run '^$$' -bench . -benchmem ./...
+
+.PHONY: demo
+demo: ## Reproduce the duplicate-call scenarios, without and with the layer
+	go run ./cmd/mcp-outbox demo
+
+.PHONY: clean
+clean: ## Remove bin/, local databases and the interop client's node_modules
+	rm -rf bin $(TS_CLIENT)/node_modules
+	rm -f mcp-outbox.db mcp-outbox.db-wal mcp-outbox.db-shm
