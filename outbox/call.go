@@ -194,7 +194,7 @@ func (a *attempt) finish(ctx context.Context, res mcp.Result, err error) (mcp.Re
 		reason = "cancelled"
 	case a.txErr != nil:
 		a.abandon(ctx)
-		return toolError(codeNotRecorded, "the call did not commit (%v); nothing of it was recorded, a retry will run it.", a.txErr), nil
+		return a.notCommitted(a.txErr), nil
 	case cr == nil:
 		reason = "no result"
 	case cr.InputRequests != nil:
@@ -211,11 +211,10 @@ func (a *attempt) finish(ctx context.Context, res mcp.Result, err error) (mcp.Re
 	}
 	if err := a.commit(background(ctx), cr); err != nil {
 		a.abandon(ctx)
-		if errors.Is(err, ErrOwnershipLost) {
-			return toolError(codeInProgress, "%v; this attempt recorded nothing. Ask the %s tool for the outcome of key %q.", err, StatusToolName, a.id.key), nil
+		if !errors.Is(err, ErrOwnershipLost) {
+			a.layer.logger.ErrorContext(ctx, "commit call", "tool", a.tool.name, "error", err)
 		}
-		a.layer.logger.ErrorContext(ctx, "commit call", "tool", a.tool.name, "error", err)
-		return toolError(codeNotRecorded, "the call did not commit (%v); nothing of it was recorded, a retry will run it.", err), nil
+		return a.notCommitted(err), nil
 	}
 	if a.effects > 0 {
 		a.layer.mu.Lock()
@@ -235,6 +234,17 @@ func (a *attempt) finish(ctx context.Context, res mcp.Result, err error) (mcp.Re
 		setCallMeta(cr, a.id, a.uid, stateOf(cr), false, a.createdAt, a.completedAt)
 	}
 	return cr, nil
+}
+
+// notCommitted is the answer of an attempt that committed nothing. When
+// another attempt took the call over, that attempt's outcome is the call's,
+// so the caller is sent to the status tool rather than told to retry.
+func (a *attempt) notCommitted(err error) *mcp.CallToolResult {
+	if errors.Is(err, ErrOwnershipLost) {
+		return toolError(codeInProgress, "%v; this attempt recorded nothing. Ask the %s tool for the outcome of key %q.",
+			ErrOwnershipLost, StatusToolName, a.id.key)
+	}
+	return toolError(codeNotRecorded, "the call did not commit (%v); nothing of it was recorded, a retry will run it.", err)
 }
 
 func stateOf(cr *mcp.CallToolResult) string {

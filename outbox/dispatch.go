@@ -189,10 +189,23 @@ func NewDispatcher(db *schema.DB, opts *DispatcherOptions) (*Dispatcher, error) 
 			return nil, fmt.Errorf("destination %q: a probe is only for at_most_once destinations", dst.Name)
 		}
 		longest = max(longest, dst.Timeout)
+		transport := o.Transport
+		if dst.AtMostOnce {
+			// net/http resends a request that carries Idempotency-Key by
+			// itself when a reused keep-alive connection breaks before the
+			// response (Request.isReplayable). A destination that cannot
+			// dedup would apply that second copy, so its requests never
+			// ride a reused connection.
+			if t, ok := transport.(*http.Transport); ok {
+				t = t.Clone()
+				t.DisableKeepAlives = true
+				transport = t
+			}
+		}
 		d.dests[dst.Name] = &destState{
 			Destination: dst,
 			client: &http.Client{
-				Transport: o.Transport,
+				Transport: transport,
 				// A redirect is an answer to record, not to follow: following
 				// would re-send the effect somewhere else.
 				CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
@@ -359,8 +372,6 @@ func joinURL(base *url.URL, path string) (string, error) {
 	u.RawQuery = ref.RawQuery
 	return u.String(), nil
 }
-
-var errNoDestination = errors.New("destination not configured")
 
 // Drain delivers effects until none of a configured destination is pending
 // or in flight, or ctx ends; retries that come due meanwhile are made.

@@ -79,6 +79,9 @@ func (d *Dispatcher) attempt(ctx context.Context, ds *destState, e *claimedEffec
 	if err != nil {
 		return outcome{state: "dead", err: fmt.Sprintf("build request: %v", err)}
 	}
+	if ds.AtMostOnce {
+		req.GetBody = nil // belt and braces: not replayable by the transport either
+	}
 	for k, v := range e.headers {
 		req.Header.Set(k, v)
 	}

@@ -113,11 +113,9 @@ func TestKeys_Header(t *testing.T) {
 // rawSession speaks newline-delimited JSON-RPC to a server over pipes, the
 // way a stdio client does, so tests can send what the Go client cannot.
 type rawSession struct {
-	t   *testing.T
-	w   io.Writer
-	r   *bufio.Scanner
-	mu  sync.Mutex
-	nid int
+	t *testing.T
+	w io.Writer
+	r *bufio.Scanner
 }
 
 func rawConnect(t *testing.T, s *mcp.Server) *rawSession {

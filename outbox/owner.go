@@ -42,6 +42,11 @@ func startTime(pid int) string {
 	if len(fields) < 20 {
 		return ""
 	}
+	// A killed process that its parent has not reaped yet (a zombie, Z, or
+	// dying, X) keeps its /proc entry and start time, but runs nothing.
+	if fields[0] == "Z" || fields[0] == "X" {
+		return ""
+	}
 	return fields[19]
 }
 
