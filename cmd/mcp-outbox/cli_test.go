@@ -138,7 +138,12 @@ func TestCLIBadServeConfig(t *testing.T) {
 	}{
 		{"durability", []string{"--durability", "bogus"}, nil, `durability "bogus": want full or normal`},
 		{"durability env", nil, map[string]string{"MCP_OUTBOX_DURABILITY": "eventually"}, `durability "eventually"`},
-		{"dest without name", []string{"--dest", "nonsense"}, nil, `destination "nonsense": want NAME=URL`},
+		{"dest without name", []string{"--dest", "nonsense"}, nil, `--dest "nonsense": want NAME=URL`},
+		{"dest bad setting", []string{"--dest", "payments=http://127.0.0.1:1;timeout=soon"}, nil, `destination payments: timeout="soon"`},
+		{"dest unknown setting", []string{"--dest", "payments=http://127.0.0.1:1;colour=blue"}, nil, `unknown setting`},
+		{"dest secret on command line", []string{"--dest", "payments=http://127.0.0.1:1;auth=sk_live"}, nil, `MCP_OUTBOX_DEST_PAYMENTS_AUTH`},
+		{"dest probe without at_most_once", []string{"--dest", "payments=http://127.0.0.1:1;probe=GET /x/{key}"}, nil, `only for at_most_once`},
+		{"dest settings without URL", nil, map[string]string{"MCP_OUTBOX_DEST_PAYMENTS_TIMEOUT": "5s"}, `has settings but no URL`},
 		{"dest not http", []string{"--dest", "payments=ftp://example.com"}, nil, `destination payments: "ftp://example.com" is not an http(s) URL`},
 		{"dest env", nil, map[string]string{"MCP_OUTBOX_DEST_PAYMENTS": "nope"}, `destination payments: "nope" is not an http(s) URL`},
 		{"negative window", []string{"--fingerprint-window", "-1s"}, nil, "--fingerprint-window -1s: must not be negative"},

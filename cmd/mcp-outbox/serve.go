@@ -1,21 +1,14 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
-	"net/url"
-	"strings"
-	"sync"
 	"time"
 
-	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
@@ -32,7 +25,13 @@ side-effecting call recorded so that a retry replays instead of charging again.
 Serves stdio by default (for desktop MCP clients that start the server), or
 Streamable HTTP at /mcp with --http. Logs go to stderr only.
 
-Every flag can also be set in the environment (shown in brackets); a flag wins.`
+Delivers the outbox's effects to the destinations configured with --dest,
+starting at once with what a previous run left. On SIGTERM or SIGINT it stops
+taking new work, lets deliveries in flight finish (up to 10s), and exits.
+
+Every flag can also be set in the environment (shown in brackets); a flag wins.
+
+` + destHelp
 
 // appConfig is what serve (and demo) need to build the example server.
 type appConfig struct {
@@ -53,14 +52,15 @@ type app struct {
 	db     *schema.DB
 	layer  *outbox.Layer // nil when bare
 	server *mcp.Server
-	dests  map[string]*url.URL
+	dests  []outbox.Destination
+	logger *slog.Logger
 }
 
 func (cfg *appConfig) flags(env *environment, fs *flag.FlagSet) error {
 	fs.StringVar(&cfg.db, "db", env.envDefault("MCP_OUTBOX_DB", "./mcp-outbox.db"), "SQLite database `file`, created if missing [MCP_OUTBOX_DB]")
 	fs.StringVar(&cfg.durability, "durability", env.envDefault("MCP_OUTBOX_DURABILITY", "full"),
 		"full: a commit survives power loss; normal: survives a process crash, not a power loss, ~10x faster commits [MCP_OUTBOX_DURABILITY]")
-	fs.Var((*multiFlag)(&cfg.dests), "dest", "destination `NAME=URL` for effects, repeatable [MCP_OUTBOX_DEST_<NAME>=URL]")
+	fs.Var((*multiFlag)(&cfg.dests), "dest", "destination `NAME=URL[;SETTING=VALUE...]` for effects, repeatable; see below [MCP_OUTBOX_DEST_<NAME>=URL]")
 	delay, err := env.envDuration("MCP_OUTBOX_DEMO_DELAY", 0)
 	if err != nil {
 		return err
@@ -89,30 +89,12 @@ func (cfg *appConfig) flags(env *environment, fs *flag.FlagSet) error {
 	return nil
 }
 
-// destinations merges MCP_OUTBOX_DEST_<NAME> with --dest (flags win).
-func (cfg *appConfig) destinations(env *environment) (map[string]*url.URL, error) {
-	out := map[string]*url.URL{}
-	for _, kv := range append(env.envPrefixed("MCP_OUTBOX_DEST_"), cfg.dests...) {
-		name, raw, ok := strings.Cut(kv, "=")
-		name = strings.ToLower(strings.TrimSpace(name))
-		if !ok || name == "" {
-			return nil, usagef("destination %q: want NAME=URL", kv)
-		}
-		u, err := url.Parse(raw)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return nil, usagef("destination %s: %q is not an http(s) URL", name, raw)
-		}
-		out[name] = u
-	}
-	return out, nil
-}
-
 func openApp(ctx context.Context, env *environment, cfg *appConfig) (*app, error) {
 	dur, err := schema.ParseDurability(cfg.durability)
 	if err != nil {
 		return nil, usageError{err}
 	}
-	dests, err := cfg.destinations(env)
+	dests, err := parseDestinations(env, cfg.dests)
 	if err != nil {
 		return nil, err
 	}
@@ -139,7 +121,7 @@ func openApp(ctx context.Context, env *environment, cfg *appConfig) (*app, error
 		return nil, err
 	}
 	impl := &mcp.Implementation{Name: "mcp-outbox-ledger", Title: "mcp-outbox example payments ledger", Version: version}
-	a := &app{db: db, dests: dests}
+	a := &app{db: db, dests: dests, logger: logger}
 	lopts := &ledger.Options{Delay: cfg.demoDelay}
 	if cfg.bare {
 		a.server = mcp.NewServer(impl, &mcp.ServerOptions{Logger: logger.With("subsystem", "mcp")})
@@ -189,10 +171,12 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 		return err
 	}
 	defer a.Close()
-	logger, _ := newLogger(env.stderr, cfg.logLevel)
-	if len(a.dests) > 0 {
-		logger.Info("destinations configured; effects are queued in the outbox table", "count", len(a.dests))
+	logger := a.logger
+	stopDispatch, err := a.startDispatcher(ctx)
+	if err != nil {
+		return err
 	}
+	defer stopDispatch()
 	if *httpAddr != "" {
 		return serveHTTP(ctx, a, *httpAddr, logger, env.stderr)
 	}
@@ -207,158 +191,50 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 	return nil
 }
 
-// lineTransport is serve's stdio transport: newline-delimited JSON-RPC on
-// the command's own streams. The go-sdk's stdio transport ends the whole
-// session at the first line that is not a JSON-RPC message, taking every
-// call in flight with it; a client's one bad line should cost one error
-// response, as JSON-RPC 2.0 asks. So lineTransport answers such lines itself
-// and hands only well-formed messages to the SDK.
-type lineTransport struct {
-	in     io.Reader
-	out    io.Writer
-	logger *slog.Logger
+// startDispatcher delivers effects in the background from now on: at once
+// for what a previous run left, then as calls commit. The returned function
+// stops it (finishing attempts in flight, up to the shutdown timeout) and
+// waits; it must run before the database closes.
+func (a *app) startDispatcher(ctx context.Context) (stop func(), err error) {
+	if a.layer == nil {
+		return func() {}, nil
+	}
+	warnUnconfigured(ctx, a)
+	d, err := outbox.NewDispatcher(a.db, &outbox.DispatcherOptions{Destinations: a.dests, Logger: a.logger})
+	if err != nil {
+		return nil, usageError{err}
+	}
+	a.layer.OnEnqueue(d.Notify)
+	dctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := d.Run(dctx); err != nil {
+			a.logger.Error("dispatcher stopped", "error", err)
+		}
+	}()
+	return func() { cancel(); <-done }, nil
 }
 
-// maxLineBytes bounds one inbound message, as the SDK's own default does.
-const maxLineBytes = mcp.DefaultMaxLineLength
-
-func (t *lineTransport) Connect(ctx context.Context) (mcp.Connection, error) {
-	out := &lockedWriter{w: t.out}
-	pr, pw := io.Pipe()
-	// This goroutine outlives the session if t.in never returns from Read,
-	// like the SDK's own reader of stdin: there is no portable way to
-	// interrupt it.
-	go func() { pw.CloseWithError(t.filter(pw, out)) }()
-	return (&mcp.IOTransport{Reader: pr, Writer: out, MaxLineLength: -1}).Connect(ctx)
-}
-
-// filter copies well-formed lines of t.in to sdk and answers the others on
-// out. It returns nil at the end of the input, which the SDK sees as EOF.
-func (t *lineTransport) filter(sdk *io.PipeWriter, out io.Writer) error {
-	br := bufio.NewReaderSize(t.in, 64*1024)
-	for {
-		line, tooLong, rerr := readLine(br, maxLineBytes)
-		if trimmed := bytes.TrimSpace(line); len(trimmed) > 0 || tooLong {
-			if reply := checkMessage(trimmed, tooLong); reply != nil {
-				t.logger.Warn("rejected a malformed JSON-RPC message on stdin", "error", reply.Error.Message)
-				if _, err := out.Write(reply.encode()); err != nil {
-					return fmt.Errorf("write error response: %w", err)
-				}
-			} else if _, err := sdk.Write(append(trimmed, '\n')); err != nil {
-				return err // the session is closed
-			}
-		}
-		if rerr == io.EOF {
-			return nil
-		}
-		if rerr != nil {
-			return fmt.Errorf("read stdin: %w", rerr)
+// warnUnconfigured says which destinations have effects waiting but no URL
+// here: they stay queued until a process that knows them delivers them.
+func warnUnconfigured(ctx context.Context, a *app) {
+	known := map[string]bool{}
+	for _, d := range a.dests {
+		known[d.Name] = true
+	}
+	rows, err := a.db.Read.QueryContext(ctx, `SELECT destination, count(*) FROM effects WHERE state = 'pending' GROUP BY destination`)
+	if err != nil {
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var name string
+		var n int
+		if rows.Scan(&name, &n) == nil && !known[name] {
+			a.logger.Warn("effects are waiting for a destination that is not configured; they stay queued",
+				"destination", name, "pending", n, "configure", "--dest "+name+"=URL")
 		}
 	}
 }
 
-// readLine reads up to and including the next newline. A line longer than
-// limit is consumed but not returned, and reported as tooLong.
-func readLine(br *bufio.Reader, limit int) (line []byte, tooLong bool, err error) {
-	for {
-		chunk, err := br.ReadSlice('\n')
-		if !tooLong {
-			if len(line)+len(chunk) > limit {
-				line, tooLong = nil, true
-			} else {
-				line = append(line, chunk...)
-			}
-		}
-		if err != bufio.ErrBufferFull {
-			return line, tooLong, err
-		}
-	}
-}
-
-// errorReply is a JSON-RPC error response to a message the SDK never sees.
-type errorReply struct {
-	JSONRPC string          `json:"jsonrpc"`
-	ID      json.RawMessage `json:"id"`
-	Error   struct {
-		Code    int64  `json:"code"`
-		Message string `json:"message"`
-	} `json:"error"`
-}
-
-func (r *errorReply) encode() []byte {
-	b, _ := json.Marshal(r) // only strings, numbers and valid raw JSON
-	return append(b, '\n')
-}
-
-// checkMessage returns the error response for a line that is not a
-// JSON-RPC message (or a non-empty batch of them), or nil for a good one.
-func checkMessage(line []byte, tooLong bool) *errorReply {
-	r := &errorReply{JSONRPC: "2.0", ID: json.RawMessage("null")}
-	switch {
-	case tooLong:
-		r.Error.Code = jsonrpc.CodeInvalidRequest
-		r.Error.Message = fmt.Sprintf("Invalid Request: message longer than %d bytes", maxLineBytes)
-		return r
-	case !json.Valid(line):
-		r.Error.Code = jsonrpc.CodeParseError
-		r.Error.Message = "Parse error: the line is not valid JSON"
-		return r
-	}
-	msgs := []json.RawMessage{line}
-	if line[0] == '[' {
-		// Into a fresh slice: unmarshalling into msgs would reuse its
-		// element, which shares line's memory, and overwrite the line.
-		var batch []json.RawMessage
-		if json.Unmarshal(line, &batch) != nil || len(batch) == 0 {
-			r.Error.Code = jsonrpc.CodeInvalidRequest
-			r.Error.Message = "Invalid Request: empty batch"
-			return r
-		}
-		msgs = batch
-	}
-	for _, m := range msgs {
-		if _, err := jsonrpc.DecodeMessage(m); err != nil {
-			// Answer under the request's id when it has a usable one, so the
-			// client can match the error to its request.
-			var probe struct {
-				ID json.RawMessage `json:"id"`
-			}
-			if len(msgs) == 1 && json.Unmarshal(m, &probe) == nil && validID(probe.ID) {
-				r.ID = probe.ID
-			}
-			r.Error.Code = jsonrpc.CodeInvalidRequest
-			r.Error.Message = fmt.Sprintf("Invalid Request: %v", err)
-			return r
-		}
-	}
-	return nil
-}
-
-// validID reports whether raw is a JSON-RPC id: a string or a number.
-func validID(raw json.RawMessage) bool {
-	var v any
-	if json.Unmarshal(raw, &v) != nil {
-		return false
-	}
-	switch v.(type) {
-	case string, float64:
-		return true
-	}
-	return false
-}
-
-// lockedWriter serializes whole-message writes of the SDK and of the
-// filter, so that their lines never interleave.
-type lockedWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (l *lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
-}
-
-// Close leaves the underlying stream open: it belongs to the command.
-func (l *lockedWriter) Close() error { return nil }

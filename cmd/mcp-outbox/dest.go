@@ -1,0 +1,190 @@
+package main
+
+import (
+	"fmt"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/mcp-outbox/mcp-outbox/outbox"
+)
+
+const destHelp = `Destinations (where effects are delivered):
+  --dest 'NAME=URL[;SETTING=VALUE...]' or MCP_OUTBOX_DEST_<NAME>=URL, with settings
+  also as MCP_OUTBOX_DEST_<NAME>_<SETTING>=VALUE. Settings:
+    timeout=10s        one attempt's limit
+    concurrency=4      attempts in flight
+    max_attempts=25    then the effect is dead
+    max_age=72h        then the effect is dead
+    at_most_once       the destination does not dedup on Idempotency-Key: after an
+                       attempt whose outcome cannot be known the effect becomes
+                       unknown and is never re-sent automatically
+    probe='GET /path/{key}'  for at_most_once: asks whether an unknown effect arrived
+                       (2xx: delivered; 404/410: send again)
+    auth_header=Authorization  the header that carries MCP_OUTBOX_DEST_<NAME>_AUTH
+  The credential is read only from MCP_OUTBOX_DEST_<NAME>_AUTH and never stored.`
+
+// destSettings are the per-destination settings, longest first so that an
+// environment name like MCP_OUTBOX_DEST_MY_API_AUTH_HEADER splits correctly.
+var destSettings = []string{"auth_header", "max_attempts", "at_most_once", "concurrency", "max_age", "timeout", "probe", "auth"}
+
+// parseDestinations merges destinations from the environment and from
+// --dest flags; a flag's settings win over the environment's.
+func parseDestinations(env *environment, flags []string) ([]outbox.Destination, error) {
+	type raw struct {
+		url      string
+		settings map[string]string
+	}
+	byName := map[string]*raw{}
+	get := func(name string) *raw {
+		if byName[name] == nil {
+			byName[name] = &raw{settings: map[string]string{}}
+		}
+		return byName[name]
+	}
+	for _, kv := range env.envPrefixed("MCP_OUTBOX_DEST_") {
+		k, v, _ := strings.Cut(kv, "=")
+		name, setting := k, ""
+		for _, s := range destSettings {
+			if strings.HasSuffix(k, "_"+s) && len(k) > len(s)+1 {
+				name, setting = k[:len(k)-len(s)-1], s
+				break
+			}
+		}
+		if setting != "" {
+			get(name).settings[setting] = v
+			continue
+		}
+		u, opts, err := splitDest(v)
+		if err != nil {
+			return nil, usagef("MCP_OUTBOX_DEST_%s: %v", strings.ToUpper(name), err)
+		}
+		r := get(name)
+		r.url = u
+		for s, val := range opts {
+			r.settings[s] = val
+		}
+	}
+	for _, f := range flags {
+		name, rest, ok := strings.Cut(f, "=")
+		name = strings.ToLower(strings.TrimSpace(name))
+		if !ok || name == "" {
+			return nil, usagef("--dest %q: want NAME=URL", f)
+		}
+		u, opts, err := splitDest(rest)
+		if err != nil {
+			return nil, usagef("--dest %s: %v", name, err)
+		}
+		if _, ok := opts["auth"]; ok {
+			return nil, usagef("--dest %s: give the credential in MCP_OUTBOX_DEST_%s_AUTH, not on the command line", name, strings.ToUpper(name))
+		}
+		r := get(name)
+		r.url = u
+		for s, val := range opts {
+			r.settings[s] = val
+		}
+	}
+	names := make([]string, 0, len(byName))
+	for n := range byName {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var out []outbox.Destination
+	for _, name := range names {
+		r := byName[name]
+		if r.url == "" {
+			return nil, usagef("destination %s has settings but no URL (MCP_OUTBOX_DEST_%s=URL or --dest %s=URL)", name, strings.ToUpper(name), name)
+		}
+		d, err := buildDest(name, r.url, r.settings)
+		if err != nil {
+			return nil, usagef("destination %s: %v", name, err)
+		}
+		out = append(out, d)
+	}
+	return out, nil
+}
+
+// splitDest splits "URL;setting=value;flag" into the URL and its settings.
+func splitDest(v string) (string, map[string]string, error) {
+	parts := strings.Split(v, ";")
+	opts := map[string]string{}
+	for _, p := range parts[1:] {
+		p = strings.TrimSpace(p)
+		if p == "" {
+			continue
+		}
+		k, val, ok := strings.Cut(p, "=")
+		k = strings.ToLower(strings.ReplaceAll(strings.TrimSpace(k), "-", "_"))
+		if !ok {
+			val = "true"
+		}
+		opts[k] = strings.TrimSpace(val)
+	}
+	return strings.TrimSpace(parts[0]), opts, nil
+}
+
+func buildDest(name, rawURL string, s map[string]string) (outbox.Destination, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return outbox.Destination{}, fmt.Errorf("%q is not an http(s) URL", rawURL)
+	}
+	d := outbox.Destination{Name: name, URL: u, AuthHeader: "Authorization"}
+	for k, v := range s {
+		var err error
+		switch k {
+		case "timeout":
+			d.Timeout, err = positiveDuration(v)
+		case "max_age":
+			d.MaxAge, err = positiveDuration(v)
+		case "concurrency":
+			d.Concurrency, err = positiveInt(v)
+		case "max_attempts":
+			d.MaxAttempts, err = positiveInt(v)
+		case "at_most_once":
+			d.AtMostOnce, err = strconv.ParseBool(v)
+		case "auth_header":
+			d.AuthHeader = v
+		case "auth":
+			d.AuthValue = v
+		case "probe":
+			method, path, found := strings.Cut(v, " ")
+			if !found {
+				method, path = "GET", v
+			}
+			if !strings.HasPrefix(path, "/") {
+				err = fmt.Errorf("want 'METHOD /path/{key}'")
+			}
+			d.Probe = &outbox.Probe{Method: strings.ToUpper(method), Path: path}
+		default:
+			err = fmt.Errorf("unknown setting (known: %s)", strings.Join(destSettings, ", "))
+		}
+		if err != nil {
+			return outbox.Destination{}, fmt.Errorf("%s=%q: %v", k, v, err)
+		}
+	}
+	if d.AuthValue == "" {
+		d.AuthHeader = ""
+	}
+	if d.Probe != nil && !d.AtMostOnce {
+		return outbox.Destination{}, fmt.Errorf("probe is only for at_most_once destinations")
+	}
+	return d, nil
+}
+
+func positiveDuration(v string) (time.Duration, error) {
+	d, err := time.ParseDuration(v)
+	if err == nil && d <= 0 {
+		err = fmt.Errorf("must be positive")
+	}
+	return d, err
+}
+
+func positiveInt(v string) (int, error) {
+	n, err := strconv.Atoi(v)
+	if err == nil && n <= 0 {
+		err = fmt.Errorf("must be positive")
+	}
+	return n, err
+}

@@ -1,0 +1,171 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// lineTransport is serve's stdio transport: newline-delimited JSON-RPC on
+// the command's own streams. The go-sdk's stdio transport ends the whole
+// session at the first line that is not a JSON-RPC message, taking every
+// call in flight with it; a client's one bad line should cost one error
+// response, as JSON-RPC 2.0 asks. So lineTransport answers such lines itself
+// and hands only well-formed messages to the SDK.
+type lineTransport struct {
+	in     io.Reader
+	out    io.Writer
+	logger *slog.Logger
+}
+
+// maxLineBytes bounds one inbound message, as the SDK's own default does.
+const maxLineBytes = mcp.DefaultMaxLineLength
+
+func (t *lineTransport) Connect(ctx context.Context) (mcp.Connection, error) {
+	out := &lockedWriter{w: t.out}
+	pr, pw := io.Pipe()
+	// This goroutine outlives the session if t.in never returns from Read,
+	// like the SDK's own reader of stdin: there is no portable way to
+	// interrupt it.
+	go func() { pw.CloseWithError(t.filter(pw, out)) }()
+	return (&mcp.IOTransport{Reader: pr, Writer: out, MaxLineLength: -1}).Connect(ctx)
+}
+
+// filter copies well-formed lines of t.in to sdk and answers the others on
+// out. It returns nil at the end of the input, which the SDK sees as EOF.
+func (t *lineTransport) filter(sdk *io.PipeWriter, out io.Writer) error {
+	br := bufio.NewReaderSize(t.in, 64*1024)
+	for {
+		line, tooLong, rerr := readLine(br, maxLineBytes)
+		if trimmed := bytes.TrimSpace(line); len(trimmed) > 0 || tooLong {
+			if reply := checkMessage(trimmed, tooLong); reply != nil {
+				t.logger.Warn("rejected a malformed JSON-RPC message on stdin", "error", reply.Error.Message)
+				if _, err := out.Write(reply.encode()); err != nil {
+					return fmt.Errorf("write error response: %w", err)
+				}
+			} else if _, err := sdk.Write(append(trimmed, '\n')); err != nil {
+				return err // the session is closed
+			}
+		}
+		if rerr == io.EOF {
+			return nil
+		}
+		if rerr != nil {
+			return fmt.Errorf("read stdin: %w", rerr)
+		}
+	}
+}
+
+// readLine reads up to and including the next newline. A line longer than
+// limit is consumed but not returned, and reported as tooLong.
+func readLine(br *bufio.Reader, limit int) (line []byte, tooLong bool, err error) {
+	for {
+		chunk, err := br.ReadSlice('\n')
+		if !tooLong {
+			if len(line)+len(chunk) > limit {
+				line, tooLong = nil, true
+			} else {
+				line = append(line, chunk...)
+			}
+		}
+		if err != bufio.ErrBufferFull {
+			return line, tooLong, err
+		}
+	}
+}
+
+// errorReply is a JSON-RPC error response to a message the SDK never sees.
+type errorReply struct {
+	JSONRPC string          `json:"jsonrpc"`
+	ID      json.RawMessage `json:"id"`
+	Error   struct {
+		Code    int64  `json:"code"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+func (r *errorReply) encode() []byte {
+	b, _ := json.Marshal(r) // only strings, numbers and valid raw JSON
+	return append(b, '\n')
+}
+
+// checkMessage returns the error response for a line that is not a
+// JSON-RPC message (or a non-empty batch of them), or nil for a good one.
+func checkMessage(line []byte, tooLong bool) *errorReply {
+	r := &errorReply{JSONRPC: "2.0", ID: json.RawMessage("null")}
+	switch {
+	case tooLong:
+		r.Error.Code = jsonrpc.CodeInvalidRequest
+		r.Error.Message = fmt.Sprintf("Invalid Request: message longer than %d bytes", maxLineBytes)
+		return r
+	case !json.Valid(line):
+		r.Error.Code = jsonrpc.CodeParseError
+		r.Error.Message = "Parse error: the line is not valid JSON"
+		return r
+	}
+	msgs := []json.RawMessage{line}
+	if line[0] == '[' {
+		// Into a fresh slice: unmarshalling into msgs would reuse its
+		// element, which shares line's memory, and overwrite the line.
+		var batch []json.RawMessage
+		if json.Unmarshal(line, &batch) != nil || len(batch) == 0 {
+			r.Error.Code = jsonrpc.CodeInvalidRequest
+			r.Error.Message = "Invalid Request: empty batch"
+			return r
+		}
+		msgs = batch
+	}
+	for _, m := range msgs {
+		if _, err := jsonrpc.DecodeMessage(m); err != nil {
+			// Answer under the request's id when it has a usable one, so the
+			// client can match the error to its request.
+			var probe struct {
+				ID json.RawMessage `json:"id"`
+			}
+			if len(msgs) == 1 && json.Unmarshal(m, &probe) == nil && validID(probe.ID) {
+				r.ID = probe.ID
+			}
+			r.Error.Code = jsonrpc.CodeInvalidRequest
+			r.Error.Message = fmt.Sprintf("Invalid Request: %v", err)
+			return r
+		}
+	}
+	return nil
+}
+
+// validID reports whether raw is a JSON-RPC id: a string or a number.
+func validID(raw json.RawMessage) bool {
+	var v any
+	if json.Unmarshal(raw, &v) != nil {
+		return false
+	}
+	switch v.(type) {
+	case string, float64:
+		return true
+	}
+	return false
+}
+
+// lockedWriter serializes whole-message writes of the SDK and of the
+// filter, so that their lines never interleave.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// Close leaves the underlying stream open: it belongs to the command.
+func (l *lockedWriter) Close() error { return nil }
