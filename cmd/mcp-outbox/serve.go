@@ -237,4 +237,3 @@ func warnUnconfigured(ctx context.Context, a *app) {
 		}
 	}
 }
-
