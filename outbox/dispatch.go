@@ -2,8 +2,6 @@ package outbox
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -106,7 +104,8 @@ type Dispatcher struct {
 	amo    string // JSON array of the at_most_once ones
 	probed string // JSON array of the ones with a probe
 	logger *slog.Logger
-	owner  string
+	self   processID
+	owner  string // lease owner: this process and layer nonce, see processID
 	now    func() time.Time
 
 	wake     chan struct{} // Notify and finished attempts
@@ -161,7 +160,7 @@ func NewDispatcher(db *schema.DB, opts *DispatcherOptions) (*Dispatcher, error) 
 	d := &Dispatcher{
 		db: db, opts: o, dests: map[string]*destState{}, now: o.Now,
 		logger: logger.With("subsystem", "dispatch"),
-		owner:  "dispatch-" + randomHex(8),
+		self:   currentProcess(),
 		wake:   make(chan struct{}, 1),
 	}
 	var names, amo, probed []string
@@ -227,13 +226,8 @@ func NewDispatcher(db *schema.DB, opts *DispatcherOptions) (*Dispatcher, error) 
 	ab, _ := json.Marshal(append([]string{}, amo...))
 	pb, _ := json.Marshal(append([]string{}, probed...))
 	d.names, d.amo, d.probed = string(nb), string(ab), string(pb)
+	d.owner = string(d.self) + "#dispatch"
 	return d, nil
-}
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }
 
 // Notify tells the dispatcher that new effects were committed. It never

@@ -23,7 +23,7 @@ WHERE id IN (
 RETURNING id, seq, method, path, headers, body, idempotency_key, attempts, created_at`
 
 // reclaimExpired returns effects whose dispatcher stopped holding them
-// (crashed, or lost its lease) to pending. At an at_most_once destination,
+// (its lease passed, or its process is known to be gone) to pending. At an at_most_once destination,
 // an effect whose request may have left becomes unknown instead: sending
 // it again could apply it twice.
 const reclaimExpired = `
@@ -34,7 +34,8 @@ UPDATE effects SET
                  THEN 'delivery interrupted after the request was sent; the destination cannot dedup, so it is not re-sent'
                  ELSE 'delivery interrupted (dispatcher stopped or lost its lease); will retry with the same Idempotency-Key' END,
     lease_owner = '', lease_until = 0, next_attempt_at = ?1, updated_at = ?1
-WHERE state = 'in_flight' AND lease_until <= ?1 AND destination IN (SELECT value FROM json_each(?3))`
+WHERE state = 'in_flight' AND (lease_until <= ?1 OR lease_owner IN (SELECT value FROM json_each(?4)))
+  AND destination IN (SELECT value FROM json_each(?3))`
 
 const markSending = `
 UPDATE effects SET send_started_at = ?1, updated_at = ?1
@@ -50,9 +51,43 @@ SELECT min(next_attempt_at) FROM effects
 WHERE (state = 'pending' AND destination IN (SELECT value FROM json_each(?1)))
    OR (state = 'unknown' AND destination IN (SELECT value FROM json_each(?2)))`
 
+const selectLeaseOwners = `
+SELECT DISTINCT lease_owner FROM effects
+WHERE state = 'in_flight' AND lease_owner != ?1 AND destination IN (SELECT value FROM json_each(?2))`
+
+// deadOwners lists the dispatchers holding leases whose process is gone
+// (same host, pid no longer running that process): their effects need not
+// wait for the lease to pass, so a restart after a crash resumes at once.
+func (d *Dispatcher) deadOwners(ctx context.Context) (string, error) {
+	rows, err := d.db.Read.QueryContext(ctx, selectLeaseOwners, d.owner, d.names)
+	if err != nil {
+		return "", fmt.Errorf("read lease owners: %w", err)
+	}
+	defer rows.Close()
+	dead := []string{}
+	for rows.Next() {
+		var owner string
+		if err := rows.Scan(&owner); err != nil {
+			return "", fmt.Errorf("read lease owners: %w", err)
+		}
+		if d.self.ownerLiveness(owner) == ownerDead {
+			dead = append(dead, owner)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return "", fmt.Errorf("read lease owners: %w", err)
+	}
+	b, _ := json.Marshal(dead)
+	return string(b), nil
+}
+
 func (d *Dispatcher) reclaim(ctx context.Context) error {
+	dead, err := d.deadOwners(ctx)
+	if err != nil {
+		return err
+	}
 	now := d.now().UnixMilli()
-	r, err := d.db.Write.ExecContext(ctx, reclaimExpired, now, d.amo, d.names)
+	r, err := d.db.Write.ExecContext(ctx, reclaimExpired, now, d.amo, d.names, dead)
 	if err != nil {
 		return fmt.Errorf("reclaim expired leases: %w", err)
 	}

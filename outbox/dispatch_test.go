@@ -437,3 +437,30 @@ func TestDispatch_OperatorActions(t *testing.T) {
 		t.Fatalf("after retry: %+v %v", c, err)
 	}
 }
+
+// A restart after a crash does not wait out the crashed dispatcher's lease:
+// its process is gone, so its effects are reclaimed at once.
+func TestDispatch_ReclaimsDeadOwnerAtOnce(t *testing.T) {
+	t.Parallel()
+	s := newDispatchSetup(t, 1, nil)
+	far := s.clk.Now().Add(time.Hour).UnixMilli()
+	if _, err := s.db.Write.Exec(`UPDATE effects SET state = 'in_flight', lease_owner = ?, lease_until = ?, attempts = 1`,
+		deadOwner(t), far); err != nil {
+		t.Fatal(err)
+	}
+	d := s.dispatcher(t, outbox.Destination{}, nil)
+	round(t, d) // reclaims
+	round(t, d) // delivers
+	if e := effect(t, s.db.Read, 1); e.state != "delivered" {
+		t.Fatalf("effect of a dead dispatcher: %+v", e)
+	}
+	// A live owner's lease is respected.
+	s2 := newDispatchSetup(t, 1, nil)
+	if _, err := s2.db.Write.Exec(`UPDATE effects SET state = 'in_flight', lease_owner = 'elsewhere/1/1/ab#dispatch', lease_until = ?`, far); err != nil {
+		t.Fatal(err)
+	}
+	round(t, s2.dispatcher(t, outbox.Destination{}, nil))
+	if e := effect(t, s2.db.Read, 1); e.state != "in_flight" || len(s2.fake.Requests()) != 0 {
+		t.Fatalf("effect under another host's live lease: %+v", e)
+	}
+}
