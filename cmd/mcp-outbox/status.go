@@ -3,14 +3,10 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
-	"fmt"
-	"os"
 	"time"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/query"
-	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
 const statusUsage = `Usage: mcp-outbox status [flags] KEY
@@ -44,15 +40,7 @@ func runStatus(ctx context.Context, env *environment, args []string) error {
 	default:
 		return usagef("give a KEY, or --tool with --args")
 	}
-	// Opening would create the file: a mistyped path would then answer
-	// "unknown" for every key instead of saying what is wrong.
-	if _, err := os.Stat(*db); err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("database %s does not exist; give the file serve uses with --db or MCP_OUTBOX_DB", *db)
-		}
-		return fmt.Errorf("open database %s: %w", *db, err)
-	}
-	d, err := schema.Open(ctx, *db, nil)
+	d, err := openExisting(ctx, *db)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,23 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/mcp-outbox/mcp-outbox/schema"
+)
+
+// openExisting opens the database of an operator command. Opening would
+// create a missing file, and a mistyped path would then look like an empty
+// outbox instead of saying what is wrong.
+func openExisting(ctx context.Context, path string) (*schema.DB, error) {
+	if _, err := os.Stat(path); err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("database %s does not exist; give the file serve uses with --db or MCP_OUTBOX_DB", path)
+		}
+		return nil, fmt.Errorf("open database %s: %w", path, err)
+	}
+	return schema.Open(ctx, path, nil)
+}

@@ -1,0 +1,148 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/query"
+)
+
+const drainUsage = `Usage: mcp-outbox drain [flags]
+
+Delivers every effect that is due to the configured destinations, waiting
+for retries that come due, then exits with a summary by state. For deploy
+hooks and Kubernetes preStop: run it after the server stopped taking calls.
+
+Exit status:
+  0  nothing is left to deliver (every effect delivered or cancelled)
+  1  an error (database, configuration)
+  2  a usage error
+  3  effects are left dead or unknown: see 'mcp-outbox outbox list --state dead'
+  4  the timeout passed with effects still pending or in flight
+
+Effects for destinations not configured here are not touched, and do not
+count as left to deliver.
+
+` + destHelp
+
+// Exit codes of drain beyond the common ones.
+const (
+	exitLeftDeadOrUnknown exitCode = 3
+	exitTimedOut          exitCode = 4
+)
+
+func runDrain(ctx context.Context, env *environment, args []string) error {
+	fs := newFlagSet(env, "drain", drainUsage)
+	db := fs.String("db", env.envDefault("MCP_OUTBOX_DB", "./mcp-outbox.db"), "SQLite database `file` [MCP_OUTBOX_DB]")
+	var dests multiFlag
+	fs.Var(&dests, "dest", "destination `NAME=URL[;SETTING=VALUE...]`, repeatable [MCP_OUTBOX_DEST_<NAME>=URL]")
+	timeout := fs.Duration("timeout", 5*time.Minute, "give up waiting for pending effects after this long")
+	asJSON := fs.Bool("json", false, "print the summary as JSON")
+	logLevel := fs.String("log-level", env.envDefault("MCP_OUTBOX_LOG_LEVEL", "warn"), "debug, info, warn or error [MCP_OUTBOX_LOG_LEVEL]")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usagef("unexpected argument %q", fs.Arg(0))
+	}
+	if *timeout <= 0 {
+		return usagef("--timeout must be positive")
+	}
+	destinations, err := parseDestinations(env, dests)
+	if err != nil {
+		return err
+	}
+	if len(destinations) == 0 {
+		return usagef("no destinations: give --dest NAME=URL or MCP_OUTBOX_DEST_<NAME>=URL")
+	}
+	logger, err := newLogger(env.stderr, *logLevel)
+	if err != nil {
+		return err
+	}
+	d, err := openExisting(ctx, *db)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	disp, err := outbox.NewDispatcher(d, &outbox.DispatcherOptions{Destinations: destinations, Logger: logger})
+	if err != nil {
+		return usageError{err}
+	}
+
+	start := time.Now()
+	dctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	progress := newProgress(env.stderr)
+	counts, err := disp.Drain(dctx, progress.show)
+	progress.done()
+	timedOut := errors.Is(err, context.DeadlineExceeded)
+	if err != nil && !timedOut {
+		if ctx.Err() != nil {
+			return fmt.Errorf("drain interrupted: %w", ctx.Err())
+		}
+		return err
+	}
+	if err := printDrainSummary(env.stdout, counts, time.Since(start), *asJSON); err != nil {
+		return err
+	}
+	switch {
+	case counts.Dead > 0 || counts.Unknown > 0:
+		return exitLeftDeadOrUnknown
+	case timedOut && counts.Open() > 0:
+		return exitTimedOut
+	}
+	return nil
+}
+
+func printDrainSummary(w io.Writer, c query.Counts, took time.Duration, asJSON bool) error {
+	if asJSON {
+		return json.NewEncoder(w).Encode(struct {
+			query.Counts
+			Seconds float64 `json:"seconds"`
+		}{c, took.Seconds()})
+	}
+	_, err := fmt.Fprintf(w, "drained in %s: delivered %d, pending %d, in_flight %d, dead %d, unknown %d, cancelled %d\n",
+		took.Round(time.Millisecond), c.Delivered, c.Pending, c.InFlight, c.Dead, c.Unknown, c.Cancelled)
+	if err == nil && c.Dead+c.Unknown > 0 {
+		_, err = fmt.Fprintf(w, "%d dead and %d unknown effects need an operator: mcp-outbox outbox list --state dead|unknown\n", c.Dead, c.Unknown)
+	}
+	return err
+}
+
+// progress rewrites one status line on a terminal; elsewhere (a log file,
+// a CI job) it stays silent and the summary says it all.
+type progress struct {
+	w    io.Writer
+	tty  bool
+	last time.Time
+}
+
+func newProgress(w io.Writer) *progress {
+	p := &progress{w: w}
+	if f, ok := w.(*os.File); ok {
+		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+			p.tty = true
+		}
+	}
+	return p
+}
+
+func (p *progress) show(c query.Counts) {
+	if !p.tty || time.Since(p.last) < 100*time.Millisecond {
+		return
+	}
+	p.last = time.Now()
+	fmt.Fprintf(p.w, "\rdelivered %d, pending %d, in flight %d, dead %d, unknown %d   ", c.Delivered, c.Pending, c.InFlight, c.Dead, c.Unknown)
+}
+
+func (p *progress) done() {
+	if p.tty && !p.last.IsZero() {
+		fmt.Fprint(p.w, "\r\033[K")
+	}
+}
