@@ -326,8 +326,13 @@ func (a *attempt) abandon(ctx context.Context) {
 	if !a.recorded() || a.callID == 0 {
 		return
 	}
-	_, err := a.layer.db.Write.ExecContext(background(ctx),
-		`DELETE FROM calls WHERE id = ? AND owner = ? AND state = 'in_flight'`, a.callID, a.owner)
+	// Relaxed like the claim: a release lost to a power failure leaves a
+	// claim of a process that no longer runs, which the next attempt takes over.
+	err := a.layer.db.Relaxed(background(ctx), func(conn *sql.Conn) error {
+		_, err := conn.ExecContext(background(ctx),
+			`DELETE FROM calls WHERE id = ? AND owner = ? AND state = 'in_flight'`, a.callID, a.owner)
+		return err
+	})
 	if err != nil {
 		// The row stays in_flight under an owner that is not running:
 		// the next attempt sees that and takes it over.

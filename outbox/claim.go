@@ -48,9 +48,20 @@ const takeOverCall = `
 UPDATE calls SET owner = ?, lease_until = ?, attempts = attempts + 1
 WHERE id = ? AND state = 'in_flight' AND owner = ?`
 
-// claim runs the claim transaction described in the package doc.
-func (l *Layer) claim(ctx context.Context, a *attempt) (claimResult, error) {
-	tx, err := l.db.Write.BeginTx(ctx, nil)
+// claim runs the claim transaction described in the package doc. It
+// commits without an fsync of its own (schema.DB.Relaxed): the outcome's
+// full commit makes the claim durable with it, and a claim lost to a power
+// failure only forgets a call that had not committed anything.
+func (l *Layer) claim(ctx context.Context, a *attempt) (res claimResult, err error) {
+	err = l.db.Relaxed(ctx, func(conn *sql.Conn) error {
+		res, err = l.claimOn(ctx, conn, a)
+		return err
+	})
+	return res, err
+}
+
+func (l *Layer) claimOn(ctx context.Context, conn *sql.Conn, a *attempt) (claimResult, error) {
+	tx, err := conn.BeginTx(ctx, nil)
 	if err != nil {
 		return claimResult{}, fmt.Errorf("begin claim: %w", err)
 	}

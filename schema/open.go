@@ -3,6 +3,7 @@ package schema
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"net/url"
@@ -164,4 +165,34 @@ func (db *DB) setWAL(ctx context.Context, timeout time.Duration) error {
 // Close closes both handles.
 func (db *DB) Close() error {
 	return errors.Join(db.Write.Close(), db.Read.Close())
+}
+
+// Relaxed runs fn on the writer connection with synchronous=NORMAL, then
+// restores the database's level. It is for writes that may be lost on power
+// loss without harm: in WAL mode every later FULL commit fsyncs the log,
+// and with it every frame written before, so a relaxed write becomes
+// durable with the next full commit, and is only ever lost together with
+// everything that came after it. The outbox's claims are such writes: a
+// lost claim leaves a call that never ran, which a retry runs.
+//
+// If the level cannot be restored the connection is discarded, so that no
+// later transaction runs with less durability than configured.
+func (db *DB) Relaxed(ctx context.Context, fn func(*sql.Conn) error) error {
+	conn, err := db.Write.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("take writer connection: %w", err)
+	}
+	defer conn.Close()
+	if db.Durability == DurabilityNormal {
+		return fn(conn)
+	}
+	if _, err := conn.ExecContext(ctx, "PRAGMA synchronous=NORMAL"); err != nil {
+		return fmt.Errorf("relax synchronous: %w", err)
+	}
+	ferr := fn(conn)
+	if _, err := conn.ExecContext(context.WithoutCancel(ctx), "PRAGMA synchronous=FULL"); err != nil {
+		_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+		return errors.Join(ferr, fmt.Errorf("restore synchronous: %w", err))
+	}
+	return ferr
 }

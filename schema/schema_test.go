@@ -2,6 +2,7 @@ package schema_test
 
 import (
 	"context"
+	"database/sql"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -139,5 +140,24 @@ func TestMigrate(t *testing.T) {
 	db.Read.QueryRow(`SELECT count(*) FROM sqlite_master WHERE name = 'ok'`).Scan(&n)
 	if n != 0 {
 		t.Error("a failed migration batch left a table behind")
+	}
+}
+
+func TestRelaxed(t *testing.T) {
+	t.Parallel()
+	db := open(t, filepath.Join(t.TempDir(), "r.db"), nil)
+	var inside string
+	err := db.Relaxed(context.Background(), func(c *sql.Conn) error {
+		return c.QueryRowContext(context.Background(), "PRAGMA synchronous").Scan(&inside)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if inside != "1" {
+		t.Errorf("synchronous inside Relaxed = %s, want 1 (NORMAL)", inside)
+	}
+	// The single writer connection is back at FULL for everything else.
+	if got := pragma(t, db, "synchronous"); got != "2" {
+		t.Errorf("synchronous after Relaxed = %s, want 2 (FULL)", got)
 	}
 }
