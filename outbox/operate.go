@@ -32,6 +32,10 @@ WHERE state = 'dead'`
 	cancelEffect = `
 UPDATE effects SET state = 'cancelled', last_error = 'cancelled by an operator', send_started_at = NULL, updated_at = ?1
 WHERE id = ?2 AND state IN ('pending', 'dead', 'unknown')`
+	resolveRetry = `
+UPDATE effects SET state = 'pending', attempts = 0, next_attempt_at = ?1, send_started_at = NULL,
+    last_error = 'resolved as not applied by an operator; sending again', updated_at = ?1
+WHERE id = ?2 AND state IN ('unknown', 'dead')`
 	resolveDelivered = `
 UPDATE effects SET state = 'delivered', delivered_at = ?1, send_started_at = NULL,
     last_error = 'resolved as delivered by an operator', updated_at = ?1
@@ -64,14 +68,15 @@ func CancelEffect(ctx context.Context, db *schema.DB, id int64) error {
 // found out at the destination: delivered, or not applied and to be sent
 // again (retry).
 func ResolveEffect(ctx context.Context, db *schema.DB, id int64, delivered bool) error {
+	stmt := resolveRetry
 	if delivered {
-		err := changeEffect(ctx, db, id, resolveDelivered, time.Now().UnixMilli(), id)
-		if errors.Is(err, ErrEffectState) {
-			return fmt.Errorf("%w: %w", ErrNotResolvable, err)
-		}
-		return err
+		stmt = resolveDelivered
 	}
-	return RetryEffect(ctx, db, id)
+	err := changeEffect(ctx, db, id, stmt, time.Now().UnixMilli(), id)
+	if errors.Is(err, ErrEffectState) {
+		return fmt.Errorf("%w: %w", ErrNotResolvable, err)
+	}
+	return err
 }
 
 func changeEffect(ctx context.Context, db *schema.DB, id int64, stmt string, args ...any) error {

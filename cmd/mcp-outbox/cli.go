@@ -37,6 +37,7 @@ func commands() []command {
 		{"serve", "run the example payments ledger as an MCP server (stdio or Streamable HTTP)", runServe},
 		{"drain", "deliver every effect that is due, then exit with a summary (for deploy hooks)", runDrain},
 		{"status", "show what happened to a call, by key or by tool and arguments", runStatus},
+		{"outbox", "list, retry, cancel and resolve the outbox's effects (downstream deliveries)", runOutbox},
 		{"help", "show help for a command", nil},
 	}
 }

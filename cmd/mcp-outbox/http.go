@@ -44,6 +44,7 @@ func newRouter(a *app, logger *slog.Logger) http.Handler {
 	r.Use(middleware.Recoverer)
 	r.Handle("/mcp", mcpHandler(a.server, logger))
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+	r.Mount("/admin", adminRouter(a.db, logger))
 	return r
 }
 

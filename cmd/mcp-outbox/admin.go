@@ -1,0 +1,283 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/query"
+	"github.com/mcp-outbox/mcp-outbox/schema"
+)
+
+// maxAdminBody bounds a request body; the largest legitimate one is a few
+// bytes of {"outcome": ...}.
+const maxAdminBody = 1 << 20
+
+// adminRouter is the operator API that serve mounts at /admin: the same
+// actions and validation as `mcp-outbox outbox` (operate.go), in JSON.
+//
+//	GET  /summary                     counts by state
+//	GET  /effects?state=&dest=&limit= effects, newest first
+//	GET  /effects/{id}                one effect
+//	POST /effects/{id}/retry          (no body, or {})
+//	POST /effects/{id}/cancel         (no body, or {})
+//	POST /effects/{id}/resolve        {"outcome": "delivered" | "retry"}
+//	POST /effects/retry-dead          (no body, or {})
+//
+// Errors are {"error": "..."}: 400 bad input, 403 refused, 404 no such
+// effect, 409 not in a state the action applies to, 413 body too large.
+func adminRouter(db *schema.DB, logger *slog.Logger) http.Handler {
+	h := &adminHandler{db: db, logger: logger}
+	r := chi.NewRouter()
+	r.Use(adminGuard)
+	r.NotFound(func(w http.ResponseWriter, _ *http.Request) {
+		writeAdminJSON(w, http.StatusNotFound, adminErrorBody{"no such admin endpoint"})
+	})
+	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
+		writeAdminJSON(w, http.StatusMethodNotAllowed, adminErrorBody{fmt.Sprintf("method %s not allowed here", r.Method)})
+	})
+	r.Get("/summary", h.summary)
+	r.Get("/effects", h.list)
+	r.Get("/effects/{id}", h.get)
+	r.Post("/effects/retry-dead", h.retryDead)
+	for _, a := range effectActions {
+		r.Post("/effects/{id}/"+a.name, h.action(a))
+	}
+	return r
+}
+
+type adminHandler struct {
+	db     *schema.DB
+	logger *slog.Logger
+}
+
+type adminErrorBody struct {
+	Error string `json:"error"`
+}
+
+var adminCSRF = http.NewCrossOriginProtection()
+
+// adminGuard stands in for authentication until the API has some (an admin
+// token is planned): only a client on this host may use it. That alone
+// would still let any web page the operator visits reach it through the
+// browser, so it also refuses cross-origin browser requests and requests
+// addressed to any name but localhost or a loopback address (DNS
+// rebinding points an attacker's name at 127.0.0.1). A reverse proxy on
+// this host would make every client look local: /admin must not be proxied
+// until the token exists.
+func adminGuard(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if err := checkAdminClient(r); err != nil {
+			writeAdminJSON(w, http.StatusForbidden, adminErrorBody{err.Error()})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func checkAdminClient(r *http.Request) error {
+	// RemoteAddr is the TCP peer. Nothing may replace it with a header such
+	// as X-Forwarded-For (chi's middleware.RealIP would): any client could
+	// then claim to be loopback.
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		host = r.RemoteAddr
+	}
+	if ip, err := netip.ParseAddr(host); err != nil || !ip.Unmap().IsLoopback() {
+		return fmt.Errorf("the admin API has no authentication yet, so it answers only clients on this host over loopback; %s is not a loopback address", host)
+	}
+	if !isLoopbackHost(r.Host) {
+		return fmt.Errorf("the admin API answers only requests addressed to localhost or a loopback address, not %q", r.Host)
+	}
+	if err := adminCSRF.Check(r); err != nil {
+		return fmt.Errorf("cross-origin request refused: %w", err)
+	}
+	return nil
+}
+
+func isLoopbackHost(hostport string) bool {
+	host, _, err := net.SplitHostPort(hostport)
+	if err != nil {
+		host = strings.TrimSuffix(strings.TrimPrefix(hostport, "["), "]")
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.Unmap().IsLoopback()
+}
+
+func (h *adminHandler) summary(w http.ResponseWriter, r *http.Request) {
+	sum, err := summarizeEffects(r.Context(), h.db)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeAdminJSON(w, http.StatusOK, sum)
+}
+
+// listParams are the query parameters of GET /effects. Others are refused:
+// a misspelt filter would otherwise list everything.
+var listParams = []string{"state", "dest", "limit"}
+
+func (h *adminHandler) list(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	for k, v := range q {
+		if !slices.Contains(listParams, k) {
+			h.fail(w, r, badInputf("unknown parameter %q (want %s)", k, strings.Join(listParams, ", ")))
+			return
+		}
+		if len(v) > 1 {
+			h.fail(w, r, badInputf("parameter %q given %d times", k, len(v)))
+			return
+		}
+	}
+	limit := defaultListLimit
+	if s := q.Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil {
+			h.fail(w, r, badInputf("limit %q: want a number from 1 to %d", s, maxListLimit))
+			return
+		}
+		limit = n
+	}
+	f, err := effectFilter(q.Get("state"), q.Get("dest"), limit)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	rows, err := query.ListEffects(r.Context(), h.db.Read, f)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeAdminJSON(w, http.StatusOK, struct {
+		Effects []query.EffectRow `json:"effects"`
+	}{rows})
+}
+
+func (h *adminHandler) get(w http.ResponseWriter, r *http.Request) {
+	id, err := parseEffectID(chi.URLParam(r, "id"))
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	e, err := readEffect(r.Context(), h.db, id)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeAdminJSON(w, http.StatusOK, e)
+}
+
+func (h *adminHandler) retryDead(w http.ResponseWriter, r *http.Request) {
+	if err := readAdminBody(w, r, &struct{}{}); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	n, err := outbox.RetryDead(r.Context(), h.db)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	h.logger.Info("admin action", "action", "retry-dead", "retried", n, "remote", r.RemoteAddr)
+	writeAdminJSON(w, http.StatusOK, struct {
+		Retried int64 `json:"retried"`
+	}{n})
+}
+
+func (h *adminHandler) action(a effectAction) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		id, err := parseEffectID(chi.URLParam(r, "id"))
+		if err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		var body struct {
+			Outcome string `json:"outcome"`
+		}
+		var dst any = &struct{}{}
+		if a.outcome {
+			dst = &body
+		}
+		if err := readAdminBody(w, r, dst); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		res, err := applyEffectAction(r.Context(), h.db, a, id, body.Outcome)
+		if err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		// The API has no user to blame yet; the log is its audit trail.
+		h.logger.Info("admin action", "action", a.name, "outcome", body.Outcome, "effect", id,
+			"from", res.PreviousState, "to", res.Effect.State, "remote", r.RemoteAddr)
+		if res.Warning != "" {
+			h.logger.Warn(res.Warning, "effect", id)
+		}
+		writeAdminJSON(w, http.StatusOK, res)
+	}
+}
+
+// readAdminBody decodes an optional JSON body into v, strictly: an unknown
+// field is more likely a mistake (an outcome sent to /retry) than
+// something to ignore.
+func readAdminBody(w http.ResponseWriter, r *http.Request, v any) error {
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxAdminBody))
+	if err != nil {
+		if errors.As(err, new(*http.MaxBytesError)) {
+			return fmt.Errorf("body larger than %d bytes: %w", maxAdminBody, err)
+		}
+		return badInputf("read body: %v", err)
+	}
+	if len(bytes.TrimSpace(b)) == 0 {
+		return nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return badInputf("body: %v", err)
+	}
+	if err := dec.Decode(new(json.RawMessage)); err != io.EOF {
+		return badInputf("body: want one JSON object")
+	}
+	return nil
+}
+
+// fail answers with the status that err's kind calls for.
+func (h *adminHandler) fail(w http.ResponseWriter, r *http.Request, err error) {
+	status := http.StatusInternalServerError
+	switch {
+	case errors.As(err, new(*http.MaxBytesError)):
+		status = http.StatusRequestEntityTooLarge
+	case errors.As(err, new(badInput)):
+		status = http.StatusBadRequest
+	case errors.Is(err, outbox.ErrNoEffect):
+		status = http.StatusNotFound
+	case errors.Is(err, outbox.ErrEffectState), errors.Is(err, outbox.ErrNotResolvable):
+		status = http.StatusConflict
+	default:
+		h.logger.Error("admin request failed", "method", r.Method, "path", r.URL.Path, "error", err)
+	}
+	writeAdminJSON(w, status, adminErrorBody{err.Error()})
+}
+
+func writeAdminJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}

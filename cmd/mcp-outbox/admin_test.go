@@ -1,0 +1,318 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/schema"
+)
+
+// adminFixture is the --http server's router on a database file, as serve
+// builds it.
+type adminFixture struct {
+	db     *schema.DB
+	router http.Handler
+}
+
+func newAdminFixture(t *testing.T, path string) *adminFixture {
+	t.Helper()
+	db, err := schema.Open(context.Background(), path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	a := &app{db: db, server: mcp.NewServer(&mcp.Implementation{Name: "admin-test", Version: "v0"}, nil), logger: logger}
+	return &adminFixture{db: db, router: newRouter(a, logger)}
+}
+
+// fromLoopback makes a request look like one from a client on this host;
+// the tests' mods then change what they test.
+func fromLoopback(r *http.Request) {
+	r.RemoteAddr = "127.0.0.1:50123"
+	r.Host = "127.0.0.1:8080"
+}
+
+// do sends a request to the router and returns the status and the JSON
+// object answered; every answer must be one.
+func (f *adminFixture) do(t *testing.T, method, target, body string, mods ...func(*http.Request)) (int, map[string]any) {
+	t.Helper()
+	req := httptest.NewRequest(method, target, strings.NewReader(body))
+	fromLoopback(req)
+	for _, m := range mods {
+		m(req)
+	}
+	rec := httptest.NewRecorder()
+	f.router.ServeHTTP(rec, req)
+	if ct := rec.Header().Get("Content-Type"); ct != "application/json" {
+		t.Errorf("%s %s: Content-Type %q", method, target, ct)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(rec.Body.Bytes(), &m); err != nil {
+		t.Fatalf("%s %s: status %d, body is not a JSON object: %v\n%s", method, target, rec.Code, err, rec.Body)
+	}
+	return rec.Code, m
+}
+
+// wantError checks an error answer: its status and a message containing want.
+func wantError(t *testing.T, what string, status int, m map[string]any, wantStatus int, want string) {
+	t.Helper()
+	msg, _ := m["error"].(string)
+	if status != wantStatus || !strings.Contains(msg, want) {
+		t.Errorf("%s: %d %v; want %d with an error containing %q", what, status, m, wantStatus, want)
+	}
+}
+
+// frontend runs the matrix of TestEffectActionStates through the API.
+func (f *adminFixture) frontend() frontend {
+	return frontend{"api", func(t *testing.T, _ string, args []string) (bool, string) {
+		t.Helper()
+		body := ""
+		if len(args) == 3 {
+			body = fmt.Sprintf(`{"outcome": %q}`, args[2])
+		}
+		status, m := f.do(t, http.MethodPost, "/admin/effects/"+args[1]+"/"+args[0], body)
+		msg, _ := m["error"].(string)
+		switch status {
+		case http.StatusOK:
+			return true, ""
+		case http.StatusConflict:
+			return false, msg
+		}
+		t.Fatalf("POST %v: %d %v", args, status, m)
+		return false, ""
+	}}
+}
+
+func idsOf(t *testing.T, m map[string]any) []float64 {
+	t.Helper()
+	rows, ok := m["effects"].([]any)
+	if !ok {
+		t.Fatalf("no effects array in %v", m)
+	}
+	var ids []float64
+	for _, r := range rows {
+		ids = append(ids, r.(map[string]any)["id"].(float64))
+	}
+	return ids
+}
+
+func TestAdminReads(t *testing.T) {
+	t.Parallel()
+	path, _ := newStatesDB(t)
+	f := newAdminFixture(t, path)
+
+	status, m := f.do(t, http.MethodGet, "/admin/summary", "")
+	want := map[string]any{"pending": 1.0, "in_flight": 1.0, "delivered": 1.0, "dead": 2.0, "unknown": 1.0, "cancelled": 1.0, "total": 7.0}
+	if status != http.StatusOK || fmt.Sprint(m) != fmt.Sprint(want) {
+		t.Errorf("summary: %d %v, want %v", status, m, want)
+	}
+
+	for _, tc := range []struct {
+		query string
+		want  []float64
+	}{
+		{"", []float64{7, 6, 5, 4, 3, 2, 1}},
+		{"?state=dead", []float64{7, 4}},
+		{"?state=unknown", []float64{5}},
+		{"?state=in_flight&dest=payments", []float64{2}},
+		{"?dest=mailer", []float64{7}},
+		{"?limit=3", []float64{7, 6, 5}},
+		{"?state=dead&dest=nowhere", nil},
+	} {
+		status, m := f.do(t, http.MethodGet, "/admin/effects"+tc.query, "")
+		if ids := idsOf(t, m); status != http.StatusOK || !slices.Equal(ids, tc.want) {
+			t.Errorf("GET /admin/effects%s: %d, ids %v; want %v", tc.query, status, ids, tc.want)
+		}
+	}
+
+	status, m = f.do(t, http.MethodGet, "/admin/effects/5", "")
+	if status != http.StatusOK || m["id"] != 5.0 || m["state"] != "unknown" || m["callKey"] != "operate-5" || m["path"] != "/v1/charges" {
+		t.Errorf("GET /admin/effects/5: %d %v", status, m)
+	}
+
+	for _, tc := range []struct {
+		target string
+		status int
+		want   string
+	}{
+		{"/admin/effects/42", http.StatusNotFound, "effect 42: no such effect"},
+		{"/admin/effects/abc", http.StatusBadRequest, `effect id "abc"`},
+		{"/admin/effects?state=done", http.StatusBadRequest, `state "done": want one of`},
+		{"/admin/effects?limit=0", http.StatusBadRequest, "limit 0"},
+		{"/admin/effects?limit=lots", http.StatusBadRequest, `limit "lots"`},
+		{"/admin/effects?limit=1001", http.StatusBadRequest, "limit 1001"},
+		{"/admin/effects?status=dead", http.StatusBadRequest, `unknown parameter "status"`},
+		{"/admin/effects?state=dead&state=unknown", http.StatusBadRequest, `"state" given 2 times`},
+		{"/admin/nothing", http.StatusNotFound, "no such admin endpoint"},
+	} {
+		status, m := f.do(t, http.MethodGet, tc.target, "")
+		wantError(t, "GET "+tc.target, status, m, tc.status, tc.want)
+	}
+	status, m = f.do(t, http.MethodGet, "/admin/effects/5/retry", "")
+	wantError(t, "GET on an action", status, m, http.StatusMethodNotAllowed, "method GET not allowed")
+}
+
+func TestAdminActions(t *testing.T) {
+	t.Parallel()
+	path, db := newStatesDB(t)
+	f := newAdminFixture(t, path)
+
+	t.Run("retry unknown", func(t *testing.T) {
+		status, m := f.do(t, http.MethodPost, "/admin/effects/5/retry", "")
+		e, _ := m["effect"].(map[string]any)
+		if status != http.StatusOK || m["previousState"] != "unknown" || e["state"] != "pending" || e["id"] != 5.0 {
+			t.Fatalf("retry 5: %d %v", status, m)
+		}
+		if w, _ := m["warning"].(string); !strings.Contains(w, "sent again") {
+			t.Errorf("retrying an unknown effect: no warning in %v", m)
+		}
+		if s := stateOf(t, db, 5); s != "pending" {
+			t.Errorf("effect 5 is %s, want pending", s)
+		}
+	})
+
+	t.Run("cancel with an empty object", func(t *testing.T) {
+		status, m := f.do(t, http.MethodPost, "/admin/effects/1/cancel", "{}")
+		if status != http.StatusOK || m["warning"] != nil || stateOf(t, db, 1) != "cancelled" {
+			t.Errorf("cancel 1: %d %v, effect %s", status, m, stateOf(t, db, 1))
+		}
+	})
+
+	t.Run("resolve delivered", func(t *testing.T) {
+		status, m := f.do(t, http.MethodPost, "/admin/effects/4/resolve", `{"outcome": "delivered"}`)
+		if status != http.StatusOK || stateOf(t, db, 4) != "delivered" {
+			t.Errorf("resolve 4 delivered: %d %v, effect %s", status, m, stateOf(t, db, 4))
+		}
+	})
+
+	t.Run("refusals change nothing", func(t *testing.T) {
+		before := readEffectRecord(t, db, 7)
+		big := `{"outcome": "` + strings.Repeat("x", maxAdminBody) + `"}`
+		for _, tc := range []struct {
+			target, body string
+			status       int
+			want         string
+		}{
+			{"/admin/effects/42/retry", "", http.StatusNotFound, "effect 42: no such effect"},
+			{"/admin/effects/3/cancel", "", http.StatusConflict, "effect 3 is delivered; cancel applies only to pending, dead or unknown effects"},
+			{"/admin/effects/6/resolve", `{"outcome": "retry"}`, http.StatusConflict, "effect 6 is cancelled; resolve applies only to unknown or dead effects"},
+			{"/admin/effects/x/retry", "", http.StatusBadRequest, `effect id "x"`},
+			{"/admin/effects/7/resolve", "", http.StatusBadRequest, `outcome "": want delivered`},
+			{"/admin/effects/7/resolve", `{"outcome": "maybe"}`, http.StatusBadRequest, `outcome "maybe"`},
+			{"/admin/effects/7/resolve", `{"outcome": "delivered", "force": true}`, http.StatusBadRequest, `unknown field "force"`},
+			{"/admin/effects/7/resolve", `{"outcome": "delivered"} {}`, http.StatusBadRequest, "want one JSON object"},
+			{"/admin/effects/7/resolve", `outcome=delivered`, http.StatusBadRequest, "body:"},
+			{"/admin/effects/7/retry", `{"outcome": "delivered"}`, http.StatusBadRequest, `unknown field "outcome"`},
+			{"/admin/effects/7/resolve", big, http.StatusRequestEntityTooLarge, "larger than 1048576 bytes"},
+			{"/admin/effects/retry-dead", big, http.StatusRequestEntityTooLarge, "larger than"},
+		} {
+			status, m := f.do(t, http.MethodPost, tc.target, tc.body)
+			wantError(t, "POST "+tc.target+" "+shorten(tc.body, 50), status, m, tc.status, tc.want)
+		}
+		if after := readEffectRecord(t, db, 7); after != before {
+			t.Errorf("effect 7 changed: %+v -> %+v", before, after)
+		}
+		for id, s := range map[int64]string{3: "delivered", 6: "cancelled"} {
+			if got := stateOf(t, db, id); got != s {
+				t.Errorf("effect %d is %s after a refused action, want %s", id, got, s)
+			}
+		}
+	})
+
+	t.Run("retry dead", func(t *testing.T) {
+		status, m := f.do(t, http.MethodPost, "/admin/effects/retry-dead", "")
+		if status != http.StatusOK || m["retried"] != 1.0 || stateOf(t, db, 7) != "pending" {
+			t.Errorf("retry-dead: %d %v, effect 7 %s; want 1 retried", status, m, stateOf(t, db, 7))
+		}
+	})
+}
+
+// TestAdminLoopbackOnly: until the API has authentication, a client that
+// is not on this host, a request addressed to another name, and a
+// cross-origin browser request are all refused, and change nothing.
+func TestAdminLoopbackOnly(t *testing.T) {
+	t.Parallel()
+	path, db := newStatesDB(t)
+	f := newAdminFixture(t, path)
+	remote := func(addr string) func(*http.Request) { return func(r *http.Request) { r.RemoteAddr = addr } }
+	header := func(k, v string) func(*http.Request) { return func(r *http.Request) { r.Header.Set(k, v) } }
+	host := func(h string) func(*http.Request) { return func(r *http.Request) { r.Host = h } }
+
+	for _, tc := range []struct {
+		name   string
+		mods   []func(*http.Request)
+		status int
+		want   string
+	}{
+		{"remote IPv4", []func(*http.Request){remote("192.0.2.7:40000")}, 403, "answers only clients on this host over loopback; 192.0.2.7 is not"},
+		{"remote IPv6", []func(*http.Request){remote("[2001:db8::1]:40000")}, 403, "2001:db8::1 is not a loopback address"},
+		{"forwarded header", []func(*http.Request){remote("192.0.2.7:40000"), header("X-Forwarded-For", "127.0.0.1"), header("X-Real-IP", "127.0.0.1")}, 403, "loopback"},
+		{"rebound name", []func(*http.Request){host("attacker.example:8080")}, 403, `not "attacker.example:8080"`},
+		{"cross-site browser", []func(*http.Request){header("Sec-Fetch-Site", "cross-site")}, 403, "cross-origin request refused"},
+		{"foreign origin", []func(*http.Request){header("Origin", "http://attacker.example")}, 403, "cross-origin request refused"},
+		{"IPv6 loopback", []func(*http.Request){remote("[::1]:40000"), host("[::1]:8080")}, 200, ""},
+		{"localhost", []func(*http.Request){host("localhost:8080")}, 200, ""},
+	} {
+		status, m := f.do(t, http.MethodPost, "/admin/effects/4/cancel", "", tc.mods...)
+		if tc.status == 200 {
+			if status != 200 || stateOf(t, db, 4) != "cancelled" {
+				t.Errorf("%s: %d %v, effect 4 %s; want it cancelled", tc.name, status, m, stateOf(t, db, 4))
+			}
+			setEffect(t, db, 4, "dead", "payments")
+			continue
+		}
+		wantError(t, tc.name, status, m, tc.status, tc.want)
+		if s := stateOf(t, db, 4); s != "dead" {
+			t.Fatalf("%s: a refused request changed effect 4 to %s", tc.name, s)
+		}
+	}
+	status, m := f.do(t, http.MethodGet, "/admin/summary", "", remote("198.51.100.1:1234"))
+	wantError(t, "GET summary from afar", status, m, http.StatusForbidden, "loopback")
+	status, m = f.do(t, http.MethodGet, "/admin/nothing", "", remote("198.51.100.1:1234"))
+	wantError(t, "GET an unknown endpoint from afar", status, m, http.StatusForbidden, "loopback")
+}
+
+// TestAdminOverTCP: the --http server's router answers /admin to a real
+// client on loopback, next to /mcp and /healthz.
+func TestAdminOverTCP(t *testing.T) {
+	t.Parallel()
+	path, _ := newStatesDB(t)
+	srv := httptest.NewServer(newAdminFixture(t, path).router)
+	t.Cleanup(srv.Close)
+	client := &http.Client{Timeout: 30 * time.Second}
+	resp, err := client.Get(srv.URL + "/admin/effects?state=unknown")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var m map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&m); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /admin/effects: %d %v %v", resp.StatusCode, m, err)
+	}
+	if ids := idsOf(t, m); !slices.Equal(ids, []float64{5}) {
+		t.Errorf("unknown effects over TCP: %v, want [5]", ids)
+	}
+	resp, err = client.Post(srv.URL+"/admin/effects/5/resolve", "application/json", strings.NewReader(`{"outcome":"retry"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("POST resolve over TCP: %d", resp.StatusCode)
+	}
+	if s := stateOf(t, openLedgerDB(t, path), 5); s != "pending" {
+		t.Errorf("effect 5 is %s after resolve retry, want pending", s)
+	}
+}
