@@ -57,6 +57,7 @@ func serveHTTP(ctx context.Context, a *app, addr string, logger *slog.Logger, st
 	srv := &http.Server{Handler: newRouter(a, logger), ReadHeaderTimeout: 10 * time.Second}
 	// Tests and scripts read the bound address (useful with port 0).
 	fmt.Fprintf(stderr, "mcp-outbox: serving MCP at http://%s/mcp\n", ln.Addr())
+	fmt.Fprintf(stderr, "mcp-outbox: operator API at http://%s/admin (loopback clients only)\n", ln.Addr())
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {

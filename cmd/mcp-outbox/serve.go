@@ -23,7 +23,9 @@ currency?}, refund {charge_id}, balance {} and call_status, with every
 side-effecting call recorded so that a retry replays instead of charging again.
 
 Serves stdio by default (for desktop MCP clients that start the server), or
-Streamable HTTP at /mcp with --http. Logs go to stderr only.
+Streamable HTTP at /mcp with --http, which also serves the operator API
+(/admin, loopback clients only; see 'mcp-outbox outbox --help') and /healthz.
+Logs go to stderr only.
 
 Delivers the outbox's effects to the destinations configured with --dest,
 starting at once with what a previous run left. On SIGTERM or SIGINT it stops
