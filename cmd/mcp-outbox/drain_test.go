@@ -1,58 +1,18 @@
 package main
 
 import (
-	"context"
-	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/modelcontextprotocol/go-sdk/mcp"
-
 	"github.com/mcp-outbox/mcp-outbox/internal/downstream"
-	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
-	"github.com/mcp-outbox/mcp-outbox/outbox"
-	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
-// ledgerWithCharges makes n committed charges in a new database through
-// the layer, so that n effects to "payments" wait in the outbox.
+// ledgerWithCharges is a database with n committed charges, so that n
+// effects to "payments" wait in the outbox.
 func ledgerWithCharges(t *testing.T, n int) string {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "ledger.db")
-	ctx := context.Background()
-	db, err := schema.Open(ctx, path, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	if err := ledger.Migrate(ctx, db); err != nil {
-		t.Fatal(err)
-	}
-	l, err := outbox.New(db, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := l.NewServer(&mcp.Implementation{Name: "t", Version: "v0"}, nil)
-	ledger.Register(l, s, nil)
-	st, ct := mcp.NewInMemoryTransports()
-	ss, err := s.Connect(ctx, st, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cs, err := mcp.NewClient(&mcp.Implementation{Name: "c", Version: "v0"}, nil).Connect(ctx, ct, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range n {
-		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "charge", Arguments: map[string]any{"amount": 100 + i},
-			Meta: mcp.Meta{"idempotencyKey": fmt.Sprint("drain-", i)}})
-		if err != nil || res.IsError {
-			t.Fatalf("charge %d: %v %v", i, err, res)
-		}
-	}
-	cs.Close()
-	ss.Wait()
+	path, _ := newEffectsDB(t, n)
 	return path
 }
 
