@@ -103,6 +103,9 @@ type Dispatcher struct {
 	names  string // JSON array of configured destination names, for SQL
 	amo    string // JSON array of the at_most_once ones
 	probed string // JSON array of the ones with a probe
+	// probeDelays is a JSON object of destination name to the wait in ms
+	// before an unknown effect is first probed.
+	probeDelays string
 	logger *slog.Logger
 	self   processID
 	owner  string // lease owner: this process and layer nonce, see processID
@@ -164,6 +167,7 @@ func NewDispatcher(db *schema.DB, opts *DispatcherOptions) (*Dispatcher, error) 
 		wake:   make(chan struct{}, 1),
 	}
 	var names, amo, probed []string
+	delays := map[string]int64{}
 	longest := time.Duration(0)
 	for _, dst := range o.Destinations {
 		if dst.Name == "" || dst.URL == nil || (dst.URL.Scheme != "http" && dst.URL.Scheme != "https") {
@@ -214,6 +218,7 @@ func NewDispatcher(db *schema.DB, opts *DispatcherOptions) (*Dispatcher, error) 
 		names = append(names, dst.Name)
 		if dst.AtMostOnce {
 			amo = append(amo, dst.Name)
+			delays[dst.Name] = d.dests[dst.Name].unknownProbeDelay().Milliseconds()
 		}
 		if dst.Probe != nil {
 			probed = append(probed, dst.Name)
@@ -225,7 +230,8 @@ func NewDispatcher(db *schema.DB, opts *DispatcherOptions) (*Dispatcher, error) 
 	nb, _ := json.Marshal(append([]string{}, names...))
 	ab, _ := json.Marshal(append([]string{}, amo...))
 	pb, _ := json.Marshal(append([]string{}, probed...))
-	d.names, d.amo, d.probed = string(nb), string(ab), string(pb)
+	dl, _ := json.Marshal(delays)
+	d.names, d.amo, d.probed, d.probeDelays = string(nb), string(ab), string(pb), string(dl)
 	d.owner = string(d.self) + "#dispatch"
 	return d, nil
 }

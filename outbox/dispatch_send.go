@@ -71,10 +71,15 @@ func (d *Dispatcher) attempt(ctx context.Context, ds *destState, e *claimedEffec
 	ctx, cancel := context.WithTimeout(ctx, ds.Timeout)
 	defer cancel()
 	var wrote atomic.Bool
-	trace := &httptrace.ClientTrace{WroteRequest: func(httptrace.WroteRequestInfo) {
-		wrote.Store(true)
-		_ = failpoint.Inject(fpDispatchAfterSend)
-	}}
+	trace := &httptrace.ClientTrace{
+		// WroteRequest fires when the request is in the connection's write
+		// buffer, possibly before it is flushed: from then on it may have
+		// left, which is the safe side for deciding "unknown".
+		WroteRequest: func(httptrace.WroteRequestInfo) { wrote.Store(true) },
+		// The failpoint needs a request that surely reached the destination
+		// and a response not yet read: the first response byte is both.
+		GotFirstResponseByte: func() { _ = failpoint.Inject(fpDispatchAfterSend) },
+	}
 	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, trace), e.method, target, bytes.NewReader(e.body))
 	if err != nil {
 		return outcome{state: "dead", err: fmt.Sprintf("build request: %v", err)}

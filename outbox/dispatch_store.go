@@ -33,7 +33,11 @@ UPDATE effects SET
     last_error = CASE WHEN send_started_at IS NOT NULL AND destination IN (SELECT value FROM json_each(?2))
                  THEN 'delivery interrupted after the request was sent; the destination cannot dedup, so it is not re-sent'
                  ELSE 'delivery interrupted (dispatcher stopped or lost its lease); will retry with the same Idempotency-Key' END,
-    lease_owner = '', lease_until = 0, next_attempt_at = ?1, updated_at = ?1
+    lease_owner = '', lease_until = 0, updated_at = ?1,
+    -- A probe waits its delay after the attempt that went unknown, as after
+    -- a timeout: the destination may still be applying the request.
+    next_attempt_at = CASE WHEN send_started_at IS NOT NULL AND destination IN (SELECT value FROM json_each(?2))
+                      THEN ?1 + coalesce(json_extract(?5, '$."' || destination || '"'), 5000) ELSE ?1 END
 WHERE state = 'in_flight' AND (lease_until <= ?1 OR lease_owner IN (SELECT value FROM json_each(?4)))
   AND destination IN (SELECT value FROM json_each(?3))`
 
@@ -87,7 +91,7 @@ func (d *Dispatcher) reclaim(ctx context.Context) error {
 		return err
 	}
 	now := d.now().UnixMilli()
-	r, err := d.db.Write.ExecContext(ctx, reclaimExpired, now, d.amo, d.names, dead)
+	r, err := d.db.Write.ExecContext(ctx, reclaimExpired, now, d.amo, d.names, dead, d.probeDelays)
 	if err != nil {
 		return fmt.Errorf("reclaim expired leases: %w", err)
 	}
