@@ -106,13 +106,18 @@ type Dispatcher struct {
 	// probeDelays is a JSON object of destination name to the wait in ms
 	// before an unknown effect is first probed.
 	probeDelays string
-	logger *slog.Logger
-	self   processID
-	owner  string // lease owner: this process and layer nonce, see processID
-	now    func() time.Time
+	logger      *slog.Logger
+	self        processID
+	owner       string // lease owner: this process and layer nonce, see processID
+	now         func() time.Time
 
-	wake     chan struct{} // Notify and finished attempts
-	inflight sync.WaitGroup
+	wake        chan struct{} // Notify and finished attempts
+	lastReclaim time.Time     // wall clock of the last reclaim; rounds run one at a time
+	inflight    sync.WaitGroup
+
+	recMu     sync.Mutex // guards recQueue and recLeader: see record
+	recQueue  []*pendingRecord
+	recLeader bool
 
 	mu        sync.Mutex
 	cancelReq context.CancelFunc // cancels requests in flight at the end of shutdown
@@ -296,8 +301,14 @@ func (d *Dispatcher) round(ctx, reqCtx context.Context) (time.Duration, error) {
 	if len(d.dests) == 0 {
 		return d.opts.PollInterval, nil
 	}
-	if err := d.reclaim(ctx); err != nil {
-		return 0, err
+	// Leases expire on the scale of the poll interval, so looking for them
+	// more often than that would only cost a query and a write per
+	// delivery.
+	if now := time.Now(); now.Sub(d.lastReclaim) >= d.opts.PollInterval {
+		if err := d.reclaim(ctx); err != nil {
+			return 0, err
+		}
+		d.lastReclaim = now
 	}
 	for _, ds := range d.dests {
 		if err := d.probeUnknown(ctx, ds); err != nil {
@@ -330,19 +341,27 @@ func (d *Dispatcher) round(ctx, reqCtx context.Context) (time.Duration, error) {
 // untilNextDue is the time until the earliest pending effect of a
 // configured destination is due, bounded by the poll interval.
 func (d *Dispatcher) untilNextDue(ctx context.Context) (time.Duration, error) {
-	var next *int64
-	if err := d.db.Read.QueryRowContext(ctx, selectNextDue, d.names, d.probed).Scan(&next); err != nil {
-		return 0, fmt.Errorf("read next due: %w", err)
-	}
+	now := d.now()
 	wait := d.opts.PollInterval
 	// Work already due but not claimed waits for a free slot or for the
-	// effect before it in its call; both wake the dispatcher.
-	if next != nil {
-		if until := time.UnixMilli(*next).Sub(d.now()); until > 0 {
-			wait = min(wait, until)
+	// effect before it in its call; both wake the dispatcher. So only
+	// future times matter here.
+	for name, ds := range d.dests {
+		states := []string{"pending"}
+		if ds.Probe != nil {
+			states = append(states, "unknown")
+		}
+		for _, state := range states {
+			var next *int64
+			if err := d.db.Read.QueryRowContext(ctx, selectNextDue, name, state, now.UnixMilli()).Scan(&next); err != nil {
+				return 0, fmt.Errorf("read next due: %w", err)
+			}
+			if next != nil {
+				wait = min(wait, time.UnixMilli(*next).Sub(now))
+			}
 		}
 	}
-	return wait, nil
+	return max(wait, time.Millisecond), nil
 }
 
 // claimedEffect is an effect this dispatcher holds a lease on.
@@ -395,9 +414,9 @@ func (d *Dispatcher) Drain(ctx context.Context, progress func(query.Counts)) (qu
 				progress(c)
 			}
 		}
-		if open == 0 {
+		if !open {
 			d.inflight.Wait()
-			if open, err = d.openEffects(ctx); err != nil || open == 0 {
+			if open, err = d.openEffects(ctx); err != nil || !open {
 				c, cerr := query.CountEffects(context.WithoutCancel(ctx), d.db.Read)
 				return c, errors.Join(err, cerr)
 			}
@@ -414,15 +433,17 @@ func (d *Dispatcher) Drain(ctx context.Context, progress func(query.Counts)) (qu
 	}
 }
 
-// openEffects counts effects of configured destinations that still need
-// delivery work.
-func (d *Dispatcher) openEffects(ctx context.Context) (int, error) {
-	var n int
-	err := d.db.Read.QueryRowContext(ctx, `
-SELECT count(*) FROM effects
-WHERE state IN ('pending', 'in_flight') AND destination IN (SELECT value FROM json_each(?1))`, d.names).Scan(&n)
-	if err != nil {
-		return 0, fmt.Errorf("count open effects: %w", err)
+// openEffects reports whether effects of configured destinations still
+// need delivery work.
+func (d *Dispatcher) openEffects(ctx context.Context) (bool, error) {
+	for name := range d.dests {
+		var open bool
+		if err := d.db.Read.QueryRowContext(ctx, selectOpen, name).Scan(&open); err != nil {
+			return false, fmt.Errorf("look for open effects: %w", err)
+		}
+		if open {
+			return true, nil
+		}
 	}
-	return n, nil
+	return false, nil
 }

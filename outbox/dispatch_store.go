@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	"time"
@@ -50,10 +51,15 @@ UPDATE effects SET state = ?1, last_status = ?2, last_error = ?3, response = ?4,
     delivered_at = ?6, lease_owner = '', lease_until = 0, send_started_at = ?7, updated_at = ?8
 WHERE id = ?9 AND lease_owner = ?10 AND state = 'in_flight'`
 
+// selectNextDue finds the next future due time of one destination and
+// state: a range scan of the effects_due index, cheap however many effects
+// wait.
 const selectNextDue = `
 SELECT min(next_attempt_at) FROM effects
-WHERE (state = 'pending' AND destination IN (SELECT value FROM json_each(?1)))
-   OR (state = 'unknown' AND destination IN (SELECT value FROM json_each(?2)))`
+WHERE destination = ?1 AND state = ?2 AND next_attempt_at > ?3`
+
+const selectOpen = `
+SELECT EXISTS (SELECT 1 FROM effects WHERE destination = ?1 AND state IN ('pending', 'in_flight'))`
 
 const selectLeaseOwners = `
 SELECT DISTINCT lease_owner FROM effects
@@ -102,8 +108,21 @@ func (d *Dispatcher) reclaim(ctx context.Context) error {
 }
 
 func (d *Dispatcher) claim(ctx context.Context, dest string, limit int) ([]*claimedEffect, error) {
+	// Relaxed: a claim lost to a power failure puts the effect back to
+	// pending, which it was; an at_most_once effect is only sent after
+	// markSent's full commit, which makes its claim durable too.
+	var out []*claimedEffect
+	err := d.db.Relaxed(ctx, func(conn *sql.Conn) error {
+		var err error
+		out, err = d.claimOn(ctx, conn, dest, limit)
+		return err
+	})
+	return out, err
+}
+
+func (d *Dispatcher) claimOn(ctx context.Context, conn *sql.Conn, dest string, limit int) ([]*claimedEffect, error) {
 	now := d.now()
-	rows, err := d.db.Write.QueryContext(ctx, claimEffects,
+	rows, err := conn.QueryContext(ctx, claimEffects,
 		d.owner, now.Add(d.opts.Lease).UnixMilli(), now.UnixMilli(), dest, limit)
 	if err != nil {
 		return nil, fmt.Errorf("claim effects: %w", err)
@@ -142,33 +161,93 @@ type outcome struct {
 // record writes an attempt's outcome if this dispatcher still holds the
 // lease. It reports false when the lease was lost: another dispatcher owns
 // the effect now, and this attempt's outcome must not count.
+//
+// Outcomes share commits: the first caller to find no commit under way
+// writes its own outcome and every outcome that arrives meanwhile in one
+// transaction, so deliveries finishing together cost one fsync, not one
+// each. No goroutine is kept for it.
 func (d *Dispatcher) record(ctx context.Context, e *claimedEffect, o outcome) (bool, error) {
-	now := d.now().UnixMilli()
-	var delivered, sent any
-	if !o.delivered.IsZero() {
-		delivered = o.delivered.UnixMilli()
+	r := &pendingRecord{e: e, o: o, done: make(chan struct{})}
+	d.recMu.Lock()
+	d.recQueue = append(d.recQueue, r)
+	if d.recLeader {
+		d.recMu.Unlock()
+		<-r.done
+		return r.ok, r.err
 	}
-	if o.keepSent {
-		sent = now
+	d.recLeader = true
+	d.recMu.Unlock()
+	for {
+		d.recMu.Lock()
+		batch := d.recQueue
+		d.recQueue = nil
+		if len(batch) == 0 {
+			d.recLeader = false
+			d.recMu.Unlock()
+			break
+		}
+		d.recMu.Unlock()
+		d.writeOutcomes(ctx, batch)
 	}
-	next := now
-	if !o.next.IsZero() {
-		next = o.next.UnixMilli()
+	<-r.done
+	return r.ok, r.err
+}
+
+// pendingRecord is an outcome waiting for a shared commit.
+type pendingRecord struct {
+	e    *claimedEffect
+	o    outcome
+	ok   bool
+	err  error
+	done chan struct{}
+}
+
+func (d *Dispatcher) writeOutcomes(ctx context.Context, batch []*pendingRecord) {
+	err := func() error {
+		tx, err := d.db.Write.BeginTx(ctx, nil)
+		if err != nil {
+			return fmt.Errorf("begin: %w", err)
+		}
+		defer tx.Rollback()
+		now := d.now().UnixMilli()
+		for _, r := range batch {
+			o := r.o
+			var delivered, sent, resp any
+			if !o.delivered.IsZero() {
+				delivered = o.delivered.UnixMilli()
+			}
+			if o.keepSent {
+				sent = now
+			}
+			next := now
+			if !o.next.IsZero() {
+				next = o.next.UnixMilli()
+			}
+			if o.response != nil {
+				resp = string(o.response)
+			}
+			res, err := tx.ExecContext(ctx, recordEffectOutcome,
+				o.state, o.status, o.err, resp, next, delivered, sent, now, r.e.id, d.owner)
+			if err != nil {
+				return fmt.Errorf("record outcome of %s: %w", r.e, err)
+			}
+			n, err := res.RowsAffected()
+			if err != nil {
+				return fmt.Errorf("record outcome of %s: %w", r.e, err)
+			}
+			r.ok = n == 1
+		}
+		if err := tx.Commit(); err != nil {
+			return fmt.Errorf("commit outcomes: %w", err)
+		}
+		return nil
+	}()
+	for _, r := range batch {
+		if err != nil {
+			r.ok, r.err = false, err
+		}
+		close(r.done)
 	}
-	var resp any
-	if o.response != nil {
-		resp = string(o.response)
-	}
-	r, err := d.db.Write.ExecContext(ctx, recordEffectOutcome,
-		o.state, o.status, o.err, resp, next, delivered, sent, now, e.id, d.owner)
-	if err != nil {
-		return false, fmt.Errorf("record outcome of %s: %w", e, err)
-	}
-	n, err := r.RowsAffected()
-	if err != nil {
-		return false, fmt.Errorf("record outcome of %s: %w", e, err)
-	}
-	return n == 1, nil
 }
 
 // markSent records, before an at_most_once request is written, that it may
