@@ -17,7 +17,9 @@
 // (see package schema):
 //
 //  1. The claim: a short transaction that finds the call's row by (principal,
-//     key). No row, or an expired one: it inserts the row in state in_flight
+//     key), committed without an fsync of its own (the outcome's full commit
+//     makes it durable; a claim lost to a power failure forgets only a call
+//     that had committed nothing). No row, or an expired one: it inserts the row in state in_flight
 //     with this attempt as owner and a lease. A completed or failed row with the
 //     same tool and arguments: the result is replayed. Other arguments: a
 //     conflict. An in_flight row whose owner is alive: the attempt waits.
@@ -42,6 +44,22 @@
 // commit, the handler was never reached because the arguments failed the
 // schema, a database error, a handler error marked [Retryable]) deletes its
 // in_flight row: the call leaves no trace and a retry runs it.
+//
+// # Effects and their delivery
+//
+// An effect row exists only for a committed call. A [Dispatcher] delivers
+// it: it leases due effects (owner-fenced: an expired owner cannot record an
+// outcome), sends each with the same Idempotency-Key on every attempt, and
+// records the outcome. Effect states:
+//
+//	pending    due at next_attempt_at (first attempt or a retry)
+//	in_flight  leased by a dispatcher; reclaimed when the lease passes or the
+//	           dispatcher's process is gone
+//	delivered  the destination answered 2xx
+//	dead       refused (4xx) or past the attempt or age limit
+//	unknown    an at_most_once destination may or may not have applied it;
+//	           never re-sent automatically; a probe or an operator decides
+//	cancelled  stopped by an operator
 //
 // # Keys
 //
