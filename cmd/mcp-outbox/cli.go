@@ -38,6 +38,7 @@ func commands() []command {
 		{"drain", "deliver every effect that is due, then exit with a summary (for deploy hooks)", runDrain},
 		{"status", "show what happened to a call, by key or by tool and arguments", runStatus},
 		{"outbox", "list, retry, cancel and resolve the outbox's effects (downstream deliveries)", runOutbox},
+		{"purge", "delete expired calls and old delivered or cancelled effects (--dry-run to count)", runPurge},
 		{"help", "show help for a command", nil},
 	}
 }

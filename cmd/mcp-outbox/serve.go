@@ -30,6 +30,8 @@ Logs go to stderr only.
 Delivers the outbox's effects to the destinations configured with --dest,
 starting at once with what a previous run left. On SIGTERM or SIGINT it stops
 taking new work, lets deliveries in flight finish (up to 10s), and exits.
+Every 10 minutes it purges expired calls and old delivered effects (see
+'mcp-outbox purge --help'); dead and unknown effects are kept.
 
 Every flag can also be set in the environment (shown in brackets); a flag wins.
 
@@ -179,6 +181,7 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 		return err
 	}
 	defer stopDispatch()
+	defer a.startReaper(ctx)()
 	if *httpAddr != "" {
 		return serveHTTP(ctx, a, *httpAddr, logger, env.stderr)
 	}
@@ -216,6 +219,24 @@ func (a *app) startDispatcher(ctx context.Context) (stop func(), err error) {
 		}
 	}()
 	return func() { cancel(); <-done }, nil
+}
+
+// startReaper purges expired calls and old delivered effects in the
+// background with the default retention, so the file does not grow without
+// bound; the returned function stops it and waits.
+func (a *app) startReaper(ctx context.Context) (stop func()) {
+	if a.layer == nil {
+		return func() {}
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := outbox.RunReaper(rctx, a.db, outbox.Retention{}, outbox.DefaultReapInterval, a.logger); err != nil {
+			a.logger.Error("reaper stopped", "error", err)
+		}
+	}()
+	return func() { cancel(); <-done }
 }
 
 // warnUnconfigured says which destinations have effects waiting but no URL

@@ -1,0 +1,74 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/mcp-outbox/mcp-outbox/outbox"
+)
+
+const purgeUsage = `Usage: mcp-outbox purge [flags]
+
+Deletes the records the outbox no longer needs, so that the database does
+not grow without bound, and prints how many:
+
+  calls              completed or failed calls whose key has expired (a
+                     retry would run them again anyway) and that completed
+                     longer than --calls-ttl ago, unless one of their effects
+                     is still pending, in flight, dead or unknown
+  delivered effects  delivered longer than --delivered-ttl ago
+  cancelled effects  cancelled longer than --cancelled-ttl ago
+
+Dead and unknown effects are never purged: resolve, retry or cancel them
+first (see 'mcp-outbox outbox --help'). The status of a purged call is
+"unknown: never seen, or its record expired".
+
+It is safe to run while serve runs: rows go in transactions of at most a
+thousand, between which tool calls proceed.`
+
+func runPurge(ctx context.Context, env *environment, args []string) error {
+	fs := newFlagSet(env, "purge", purgeUsage)
+	db := fs.String("db", env.envDefault("MCP_OUTBOX_DB", "./mcp-outbox.db"), "SQLite database `file` [MCP_OUTBOX_DB]")
+	dryRun := fs.Bool("dry-run", false, "count what would be purged, delete nothing")
+	var r outbox.Retention
+	fs.DurationVar(&r.Calls, "calls-ttl", outbox.DefaultCallRetention, "keep calls at least this long after they completed")
+	fs.DurationVar(&r.Delivered, "delivered-ttl", outbox.DefaultDeliveredRetention, "keep delivered effects this long")
+	fs.DurationVar(&r.Cancelled, "cancelled-ttl", outbox.DefaultCancelledRetention, "keep cancelled effects this long")
+	asJSON := fs.Bool("json", false, "print the counts as JSON")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return usagef("unexpected argument %q", fs.Arg(0))
+	}
+	// Zero would silently mean the library's default, not "purge at once".
+	for name, d := range map[string]time.Duration{"calls-ttl": r.Calls, "delivered-ttl": r.Delivered, "cancelled-ttl": r.Cancelled} {
+		if d <= 0 {
+			return usagef("--%s must be positive", name)
+		}
+	}
+	d, err := openExisting(ctx, *db)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	c, err := outbox.Purge(ctx, d, r, time.Now(), *dryRun)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return json.NewEncoder(env.stdout).Encode(struct {
+			outbox.PurgeCounts
+			DryRun bool `json:"dryRun"`
+		}{c, *dryRun})
+	}
+	verb := "purged"
+	if *dryRun {
+		verb = "would purge (dry run)"
+	}
+	_, err = fmt.Fprintf(env.stdout, "%s: %d calls, %d delivered effects, %d cancelled effects\n",
+		verb, c.Calls, c.DeliveredEffects, c.CancelledEffects)
+	return err
+}

@@ -1,0 +1,226 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/mcp-outbox/mcp-outbox/schema"
+)
+
+// Defaults for [Retention] fields left at zero.
+const (
+	// DefaultCallRetention matches DefaultKeyRetention, so that by default a
+	// call row lives exactly as long as its key is remembered; calls known by
+	// a short fingerprint window stay this long for operators, whose effect
+	// listings name the call's key and tool.
+	DefaultCallRetention = 24 * time.Hour
+	// DefaultDeliveredRetention keeps delivered effects, with the response
+	// the destination sent, long enough to answer "did it go out?" for a
+	// week after the fact.
+	DefaultDeliveredRetention = 7 * 24 * time.Hour
+	// DefaultCancelledRetention gives an operator a week to change their
+	// mind: a cancelled effect can be retried until it is purged.
+	DefaultCancelledRetention = 7 * 24 * time.Hour
+	// DefaultReapInterval is how often [RunReaper] purges by default.
+	DefaultReapInterval = 10 * time.Minute
+)
+
+// purgeBatch bounds the rows one purge transaction deletes, so that the
+// single writer is held for milliseconds and tool calls queue behind a
+// purge only briefly.
+const purgeBatch = 1000
+
+// Retention says how long finished records stay in the database. The zero
+// value of each field selects the default documented on it.
+//
+// What is purged, and when:
+//
+//   - A call row in state completed or failed, once its key has expired
+//     (expires_at, when a retry would run the call again anyway) and Calls
+//     has passed since it completed, and only when none of its effects is
+//     pending, in_flight, dead or unknown: an operator settling an
+//     effect can still see which call it belongs to. Retention can never
+//     make a key be forgotten earlier than the layer promises.
+//   - A delivered effect, Delivered after its delivery.
+//   - A cancelled effect, Cancelled after it was cancelled (its last update).
+//
+// Never purged: in_flight calls (an attempt owns them, and a crashed one is
+// taken over by a retry), and pending, in_flight, dead and unknown effects,
+// which still need a dispatcher or an operator.
+type Retention struct {
+	// Calls is the least time a call row is kept after its completion;
+	// zero means DefaultCallRetention.
+	Calls time.Duration
+	// Delivered is how long a delivered effect is kept; zero means
+	// DefaultDeliveredRetention.
+	Delivered time.Duration
+	// Cancelled is how long a cancelled effect is kept; zero means
+	// DefaultCancelledRetention.
+	Cancelled time.Duration
+}
+
+func (r Retention) withDefaults() (Retention, error) {
+	for _, f := range []struct {
+		d   *time.Duration
+		def time.Duration
+	}{{&r.Calls, DefaultCallRetention}, {&r.Delivered, DefaultDeliveredRetention}, {&r.Cancelled, DefaultCancelledRetention}} {
+		switch {
+		case *f.d < 0:
+			return r, fmt.Errorf("retention: negative duration %s", *f.d)
+		case *f.d == 0:
+			*f.d = f.def
+		}
+	}
+	return r, nil
+}
+
+// PurgeCounts are the rows a purge deleted, or would delete in a dry run.
+type PurgeCounts struct {
+	Calls            int64 `json:"calls"`
+	DeliveredEffects int64 `json:"deliveredEffects"`
+	CancelledEffects int64 `json:"cancelledEffects"`
+}
+
+// Effects is the number of effects of both kinds.
+func (c PurgeCounts) Effects() int64 { return c.DeliveredEffects + c.CancelledEffects }
+
+// The purge statements. Each delete takes at most ?2 rows, picked by the
+// same condition as its count, so a dry run reports what a purge would
+// delete. The calls condition leaves a call alone while any effect of it
+// still needs work or a decision; delivered and cancelled effects do not
+// hold it, and lose their call_id when it goes (ON DELETE SET NULL).
+const (
+	countDelivered  = `SELECT count(*) FROM effects WHERE state = 'delivered' AND delivered_at <= ?1`
+	deleteDelivered = `
+DELETE FROM effects WHERE id IN (
+    SELECT id FROM effects WHERE state = 'delivered' AND delivered_at <= ?1 LIMIT ?2)`
+
+	countCancelled  = `SELECT count(*) FROM effects WHERE state = 'cancelled' AND updated_at <= ?1`
+	deleteCancelled = `
+DELETE FROM effects WHERE id IN (
+    SELECT id FROM effects WHERE state = 'cancelled' AND updated_at <= ?1 LIMIT ?2)`
+
+	countCalls = `
+SELECT count(*) FROM calls c
+WHERE c.state IN ('completed', 'failed') AND c.expires_at <= ?1 AND coalesce(c.completed_at, c.created_at) <= ?3
+  AND NOT EXISTS (SELECT 1 FROM effects e
+                  WHERE e.call_id = c.id AND e.state IN ('pending', 'in_flight', 'dead', 'unknown'))`
+	deleteCalls = `
+DELETE FROM calls WHERE id IN (
+    SELECT c.id FROM calls c
+    WHERE c.state IN ('completed', 'failed') AND c.expires_at <= ?1 AND coalesce(c.completed_at, c.created_at) <= ?3
+      AND NOT EXISTS (SELECT 1 FROM effects e
+                      WHERE e.call_id = c.id AND e.state IN ('pending', 'in_flight', 'dead', 'unknown'))
+    LIMIT ?2)`
+)
+
+// Purge deletes the records r no longer keeps at time now (see [Retention])
+// and says how many. With dryRun it deletes nothing and says how many it
+// would. Rows go in transactions of at most a thousand, so a large purge
+// does not hold the writer from tool calls; if ctx ends midway, the counts
+// say what was already deleted.
+func Purge(ctx context.Context, db *schema.DB, r Retention, now time.Time, dryRun bool) (PurgeCounts, error) {
+	r, err := r.withDefaults()
+	if err != nil {
+		return PurgeCounts{}, err
+	}
+	nowMS := now.UnixMilli()
+	// Effects go first: calls are never held by delivered or cancelled
+	// effects, but deleting those first keeps the ON DELETE SET NULL of
+	// the calls' deletes from touching rows about to go anyway.
+	var c PurgeCounts
+	steps := []struct {
+		what          string
+		count, delete string
+		cutoff        int64
+		n             *int64
+	}{
+		{"delivered effects", countDelivered, deleteDelivered, nowMS - r.Delivered.Milliseconds(), &c.DeliveredEffects},
+		{"cancelled effects", countCancelled, deleteCancelled, nowMS - r.Cancelled.Milliseconds(), &c.CancelledEffects},
+		{"calls", countCalls, deleteCalls, nowMS, &c.Calls},
+	}
+	completedBefore := nowMS - r.Calls.Milliseconds()
+	for _, s := range steps {
+		if dryRun {
+			// ?2 is a delete's batch size; the counts have none.
+			if err := db.Read.QueryRowContext(ctx, s.count, s.cutoff, nil, completedBefore).Scan(s.n); err != nil {
+				return c, fmt.Errorf("count expired %s: %w", s.what, err)
+			}
+			continue
+		}
+		for {
+			n, err := purgeBatchOf(ctx, db, s.delete, s.cutoff, completedBefore)
+			*s.n += n
+			if err != nil {
+				return c, fmt.Errorf("purge expired %s: %w", s.what, err)
+			}
+			if n < purgeBatch {
+				break
+			}
+		}
+	}
+	return c, nil
+}
+
+// purgeBatchOf runs one batch delete in its own transaction. A purge lost
+// to a power failure only brings back rows the next purge deletes again,
+// so it does not pay for an fsync of its own.
+func purgeBatchOf(ctx context.Context, db *schema.DB, stmt string, cutoff, completedBefore int64) (int64, error) {
+	var n int64
+	err := db.Relaxed(ctx, func(conn *sql.Conn) error {
+		res, err := conn.ExecContext(ctx, stmt, cutoff, purgeBatch, completedBefore)
+		if err != nil {
+			return err
+		}
+		n, err = res.RowsAffected()
+		return err
+	})
+	return n, err
+}
+
+// RunReaper purges expired records (see [Purge]) at once and then every
+// interval until ctx ends, then returns. Zero interval means
+// DefaultReapInterval; nil logger discards. A failed pass is logged and
+// tried again at the next interval: the data it would delete stays
+// correct, only the file stays larger for a while.
+func RunReaper(ctx context.Context, db *schema.DB, r Retention, interval time.Duration, logger *slog.Logger) error {
+	if interval < 0 {
+		return fmt.Errorf("reaper: negative interval %s", interval)
+	}
+	if interval == 0 {
+		interval = DefaultReapInterval
+	}
+	if _, err := r.withDefaults(); err != nil {
+		return err
+	}
+	if logger == nil {
+		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	logger = logger.With("subsystem", "reaper")
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		c, err := Purge(ctx, db, r, time.Now(), false)
+		switch {
+		case err != nil && ctx.Err() != nil:
+			// Cut short by shutdown: nothing to report.
+		case err != nil:
+			logger.WarnContext(ctx, "purge expired records", "error", err,
+				"calls", c.Calls, "delivered_effects", c.DeliveredEffects, "cancelled_effects", c.CancelledEffects)
+		case c.Calls+c.Effects() > 0:
+			logger.InfoContext(ctx, "purged expired records",
+				"calls", c.Calls, "delivered_effects", c.DeliveredEffects, "cancelled_effects", c.CancelledEffects)
+		default:
+			logger.DebugContext(ctx, "nothing to purge")
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}

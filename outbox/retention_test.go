@@ -1,0 +1,261 @@
+package outbox_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/query"
+	"github.com/mcp-outbox/mcp-outbox/schema"
+)
+
+// settle puts the effects of the call with key into state, as of at: the
+// dispatcher or an operator would have written delivered_at for delivered
+// and updated_at for every change.
+func settle(t *testing.T, db *schema.DB, key, state string, at time.Time) {
+	t.Helper()
+	_, err := db.Write.Exec(`
+UPDATE effects SET state = ?1, updated_at = ?2, delivered_at = CASE WHEN ?1 = 'delivered' THEN ?2 END
+WHERE call_id = (SELECT id FROM calls WHERE key = ?3)`, state, at.UnixMilli(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func purge(t *testing.T, db *schema.DB, r outbox.Retention, now time.Time, dryRun bool) outbox.PurgeCounts {
+	t.Helper()
+	c, err := outbox.Purge(context.Background(), db, r, now, dryRun)
+	if err != nil {
+		t.Fatalf("purge (dry run %v): %v", dryRun, err)
+	}
+	return c
+}
+
+func TestPurge_RemovesOnlyWhatExpired(t *testing.T) {
+	t.Parallel()
+	start := time.Now()
+	clk := &clock{t: start}
+	b := setup(t, &outbox.Options{Now: clk.Now}, nil)
+	for i, key := range []string{"delivered-old", "delivered-young", "cancelled-old", "pending", "dead", "unknown"} {
+		callCharge(t, b.session, key, 100+i)
+	}
+	settle(t, b.db, "delivered-old", "delivered", start)
+	settle(t, b.db, "delivered-young", "delivered", start.Add(2*24*time.Hour))
+	settle(t, b.db, "cancelled-old", "cancelled", start)
+	settle(t, b.db, "dead", "dead", start)
+	settle(t, b.db, "unknown", "unknown", start)
+	clk.Add(8 * 24 * time.Hour) // every key above has expired (24 h)
+	callCharge(t, b.session, "fresh", 999)
+	settle(t, b.db, "fresh", "delivered", clk.Now())
+
+	// The call with a young delivered effect goes: the effect no longer
+	// needs its call, and keeps its own Idempotency-Key.
+	want := outbox.PurgeCounts{Calls: 3, DeliveredEffects: 1, CancelledEffects: 1}
+	if got := purge(t, b.db, outbox.Retention{}, clk.Now(), true); got != want {
+		t.Errorf("dry run: %+v, want %+v", got, want)
+	}
+	if n := count(t, b.db.Read, `SELECT count(*) FROM calls`); n != 7 {
+		t.Fatalf("dry run deleted calls: %d left of 7", n)
+	}
+	if n := count(t, b.db.Read, `SELECT count(*) FROM effects`); n != 7 {
+		t.Fatalf("dry run deleted effects: %d left of 7", n)
+	}
+	if got := purge(t, b.db, outbox.Retention{}, clk.Now(), false); got != want {
+		t.Errorf("purge: %+v, want %+v", got, want)
+	}
+
+	calls := keysOf(t, b.db, `SELECT key FROM calls ORDER BY key`)
+	if want := "[dead fresh pending unknown]"; calls != want {
+		t.Errorf("calls left: %s, want %s", calls, want)
+	}
+	effects := keysOf(t, b.db, `SELECT e.state || ':' || coalesce(c.key, '-') FROM effects e LEFT JOIN calls c ON c.id = e.call_id ORDER BY e.id`)
+	if want := "[delivered:- pending:pending dead:dead unknown:unknown delivered:fresh]"; effects != want {
+		t.Errorf("effects left (state:call key): %s, want %s", effects, want)
+	}
+	if got := purge(t, b.db, outbox.Retention{}, clk.Now(), false); got != (outbox.PurgeCounts{}) {
+		t.Errorf("second purge: %+v, want nothing", got)
+	}
+
+	// Years later, what still needs a dispatcher or an operator is there.
+	clk.Add(10 * 365 * 24 * time.Hour)
+	if got := purge(t, b.db, outbox.Retention{}, clk.Now(), false); got != (outbox.PurgeCounts{Calls: 1, DeliveredEffects: 2}) {
+		t.Errorf("purge years later: %+v, want the fresh call and both delivered effects", got)
+	}
+	effects = keysOf(t, b.db, `SELECT e.state || ':' || coalesce(c.key, '-') FROM effects e LEFT JOIN calls c ON c.id = e.call_id ORDER BY e.id`)
+	if want := "[pending:pending dead:dead unknown:unknown]"; effects != want {
+		t.Errorf("effects left years later: %s, want %s", effects, want)
+	}
+}
+
+func keysOf(t *testing.T, db *schema.DB, q string) string {
+	t.Helper()
+	rows, err := db.Read.Query(q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, s)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprint(out)
+}
+
+func TestPurge_PurgedKeyIsUnknownAndRunsAgain(t *testing.T) {
+	t.Parallel()
+	clk := &clock{t: time.Now()}
+	b := setup(t, &outbox.Options{Now: clk.Now}, nil)
+	callCharge(t, b.session, "old", 100)
+	settle(t, b.db, "old", "delivered", clk.Now())
+	clk.Add(8 * 24 * time.Hour)
+	if got := purge(t, b.db, outbox.Retention{}, clk.Now(), false); got.Calls != 1 {
+		t.Fatalf("purge: %+v, want the call", got)
+	}
+	if st := status(t, b.session, map[string]any{"key": "old"}); st.State != query.Unknown {
+		t.Errorf("status of a purged call: %+v, want unknown", st)
+	}
+	if res := callCharge(t, b.session, "old", 100); callMeta(res)["replayed"] != false {
+		t.Errorf("retry of a purged call was replayed: %v", res.Meta)
+	}
+	if got := charges(t, b); got != 2 {
+		t.Errorf("%d charges, want 2: the retry runs again", got)
+	}
+}
+
+// A call known by a short fingerprint window stays until Calls after its
+// completion, but purging can never outlast its key's record either way.
+func TestPurge_CallRetention(t *testing.T) {
+	t.Parallel()
+	clk := &clock{t: time.Now()}
+	b := setup(t, &outbox.Options{Now: clk.Now, FingerprintWindow: time.Minute}, nil)
+	callCharge(t, b.session, "", 100)    // fingerprint: forgotten after a minute
+	callCharge(t, b.session, "keyed", 7) // explicit key: after 24 hours
+	if _, err := b.db.Write.Exec(`UPDATE effects SET state = 'delivered', delivered_at = ?1, updated_at = ?1`, clk.Now().UnixMilli()); err != nil {
+		t.Fatal(err)
+	}
+	r := outbox.Retention{Calls: time.Hour}
+	clk.Add(30 * time.Minute)
+	if got := purge(t, b.db, r, clk.Now(), false); got.Calls != 0 {
+		t.Errorf("purge within Calls: %+v, want no calls", got)
+	}
+	clk.Add(time.Hour)
+	if got := purge(t, b.db, r, clk.Now(), false); got.Calls != 1 {
+		t.Errorf("purge after Calls: %+v, want the fingerprinted call only", got)
+	}
+	clk.Add(23 * time.Hour)
+	if got := purge(t, b.db, r, clk.Now(), false); got.Calls != 1 {
+		t.Errorf("purge after the key's retention: %+v, want the keyed call", got)
+	}
+}
+
+// More rows than one batch holds are all purged, over several transactions.
+func TestPurge_ManyBatches(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	now := time.Now()
+	aged := now.Add(-8 * 24 * time.Hour).UnixMilli()
+	_, err := db.Write.Exec(`
+WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 2500)
+INSERT INTO effects (seq, destination, method, path, idempotency_key, state, next_attempt_at, created_at, updated_at, delivered_at)
+SELECT 1, 'payments', 'POST', '/v1/charges', 'batch-' || i, 'delivered', ?1, ?1, ?1, ?1 FROM n`, aged)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := purge(t, db, outbox.Retention{}, now, false); got.DeliveredEffects != 2500 {
+		t.Errorf("purged %+v, want 2500 delivered effects", got)
+	}
+	if n := count(t, db.Read, `SELECT count(*) FROM effects`); n != 0 {
+		t.Errorf("%d effects left", n)
+	}
+}
+
+func TestPurge_RejectsNegative(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	if _, err := outbox.Purge(context.Background(), db, outbox.Retention{Delivered: -time.Hour}, time.Now(), true); err == nil {
+		t.Error("negative retention accepted")
+	}
+}
+
+// Under steady load with purging, the file stops growing: purged pages go
+// to the freelist and the next round's rows reuse them.
+func TestPurge_SteadyLoadDoesNotGrowTheFile(t *testing.T) {
+	t.Parallel()
+	clk := &clock{t: time.Now()}
+	b := setup(t, &outbox.Options{Now: clk.Now}, nil)
+	const rounds, perRound = 5, 200
+	pages := make([]int, rounds+1)
+	for round := 1; round <= rounds; round++ {
+		for i := range perRound {
+			callCharge(t, b.session, fmt.Sprintf("load-%d-%d", round, i), 100+i)
+		}
+		if _, err := b.db.Write.Exec(`UPDATE effects SET state = 'delivered', delivered_at = ?1, updated_at = ?1 WHERE state = 'pending'`,
+			clk.Now().UnixMilli()); err != nil {
+			t.Fatal(err)
+		}
+		// The ledger's own rows are the application's to keep or not;
+		// dropping them leaves the outbox's tables as what the file holds.
+		if _, err := b.db.Write.Exec(`DELETE FROM charges`); err != nil {
+			t.Fatal(err)
+		}
+		clk.Add(outbox.DefaultDeliveredRetention + time.Hour)
+		got := purge(t, b.db, outbox.Retention{}, clk.Now(), false)
+		if got != (outbox.PurgeCounts{Calls: perRound, DeliveredEffects: perRound}) {
+			t.Fatalf("round %d: purged %+v, want %d calls and effects", round, got, perRound)
+		}
+		pages[round] = count(t, b.db.Write, `PRAGMA page_count`)
+	}
+	const slack = 2
+	if pages[rounds] > pages[2]+slack {
+		t.Errorf("page count by round %v: grows without bound (round %d has %d, round 2 had %d)",
+			pages[1:], rounds, pages[rounds], pages[2])
+	}
+	t.Logf("page count by round: %v", pages[1:])
+}
+
+// logRecords is a slog handler that hands each record to a test.
+type logRecords chan slog.Record
+
+func (h logRecords) Enabled(context.Context, slog.Level) bool { return true }
+func (h logRecords) Handle(_ context.Context, r slog.Record) error {
+	h <- r.Clone()
+	return nil
+}
+func (h logRecords) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h logRecords) WithGroup(string) slog.Handler      { return h }
+
+func TestRunReaper_PurgesAtOnceAndStopsWithContext(t *testing.T) {
+	t.Parallel()
+	// The calls are made eight days ago by the layer's clock, so that the
+	// reaper, on the real clock, finds them expired.
+	clk := &clock{t: time.Now().Add(-8 * 24 * time.Hour)}
+	b := setup(t, &outbox.Options{Now: clk.Now}, nil)
+	callCharge(t, b.session, "reaped", 100)
+	settle(t, b.db, "reaped", "delivered", clk.Now())
+
+	logs := make(logRecords, 8)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- outbox.RunReaper(ctx, b.db, outbox.Retention{}, time.Hour, slog.New(logs)) }()
+	r := <-logs
+	if r.Message != "purged expired records" {
+		t.Errorf("first reaper log: %q, want the purge", r.Message)
+	}
+	if n := count(t, b.db.Read, `SELECT count(*) FROM calls`) + count(t, b.db.Read, `SELECT count(*) FROM effects`); n != 0 {
+		t.Errorf("%d rows left after the reaper's first pass", n)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("reaper returned %v", err)
+	}
+}
