@@ -45,12 +45,19 @@ const purgeBatch = 1000
 //     pending, in_flight, dead or unknown: an operator settling an
 //     effect can still see which call it belongs to. Retention can never
 //     make a key be forgotten earlier than the layer promises.
+//
 //   - A delivered effect, Delivered after its delivery.
+//
 //   - A cancelled effect, Cancelled after it was cancelled (its last update).
 //
-// Never purged: in_flight calls (an attempt owns them, and a crashed one is
-// taken over by a retry), and pending, in_flight, dead and unknown effects,
-// which still need a dispatcher or an operator.
+//   - An in_flight call whose lease passed more than Calls ago: a claim
+//     left by an attempt that died and was never retried. It committed
+//     nothing (effects are only written with an outcome), and should the
+//     attempt still be running somewhere, the fence refuses its commit once
+//     the row is gone.
+//
+// Never purged: pending, in_flight, dead and unknown effects, which still
+// need a dispatcher or an operator.
 type Retention struct {
 	// Calls is the least time a call row is kept after its completion;
 	// zero means DefaultCallRetention.
@@ -106,13 +113,15 @@ DELETE FROM effects WHERE id IN (
 
 	countCalls = `
 SELECT count(*) FROM calls c
-WHERE c.state IN ('completed', 'failed') AND c.expires_at <= ?1 AND coalesce(c.completed_at, c.created_at) <= ?3
+WHERE ((c.state IN ('completed', 'failed') AND c.expires_at <= ?1 AND coalesce(c.completed_at, c.created_at) <= ?3)
+       OR (c.state = 'in_flight' AND c.lease_until <= ?3))
   AND NOT EXISTS (SELECT 1 FROM effects e
                   WHERE e.call_id = c.id AND e.state IN ('pending', 'in_flight', 'dead', 'unknown'))`
 	deleteCalls = `
 DELETE FROM calls WHERE id IN (
     SELECT c.id FROM calls c
-    WHERE c.state IN ('completed', 'failed') AND c.expires_at <= ?1 AND coalesce(c.completed_at, c.created_at) <= ?3
+    WHERE ((c.state IN ('completed', 'failed') AND c.expires_at <= ?1 AND coalesce(c.completed_at, c.created_at) <= ?3)
+           OR (c.state = 'in_flight' AND c.lease_until <= ?3))
       AND NOT EXISTS (SELECT 1 FROM effects e
                       WHERE e.call_id = c.id AND e.state IN ('pending', 'in_flight', 'dead', 'unknown'))
     LIMIT ?2)`

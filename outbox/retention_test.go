@@ -259,3 +259,27 @@ func TestRunReaper_PurgesAtOnceAndStopsWithContext(t *testing.T) {
 		t.Errorf("reaper returned %v", err)
 	}
 }
+
+// A claim left by an attempt that died and whose call was never retried is
+// purged once its lease is long past; a live claim is not.
+func TestPurge_AbandonedClaims(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil, nil)
+	now := time.Now()
+	for _, c := range []struct {
+		key   string
+		lease time.Time
+	}{{"abandoned", now.Add(-48 * time.Hour)}, {"running", now.Add(time.Minute)}} {
+		if _, err := b.db.Write.Exec(`INSERT INTO calls (uid, principal, key, key_source, tool, args_hash, state, owner, lease_until, created_at, expires_at)
+			VALUES (?, 'local', ?, 'meta', 'charge', '', 'in_flight', 'elsewhere/1/1/ab#1', ?, ?, ?)`,
+			"call_"+c.key, c.key, c.lease.UnixMilli(), c.lease.UnixMilli(), now.Add(time.Hour).UnixMilli()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := purge(t, b.db, outbox.Retention{}, now, false); got.Calls != 1 {
+		t.Fatalf("purged %+v, want the abandoned claim only", got)
+	}
+	if n := count(t, b.db.Read, `SELECT count(*) FROM calls WHERE key = 'running'`); n != 1 {
+		t.Error("a live claim was purged")
+	}
+}
