@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/mcp-outbox/mcp-outbox/query"
@@ -112,6 +113,7 @@ type Dispatcher struct {
 	now         func() time.Time
 
 	wake        chan struct{} // Notify and finished attempts
+	running     atomic.Bool   // Run is looping
 	lastReclaim time.Time     // wall clock of the last reclaim; rounds run one at a time
 	inflight    sync.WaitGroup
 
@@ -241,6 +243,9 @@ func NewDispatcher(db *schema.DB, opts *DispatcherOptions) (*Dispatcher, error) 
 	return d, nil
 }
 
+// Running reports whether Run is delivering (for readiness checks).
+func (d *Dispatcher) Running() bool { return d.running.Load() }
+
 // Notify tells the dispatcher that new effects were committed. It never
 // blocks. Layer.OnEnqueue(d.Notify) connects a layer to its dispatcher.
 func (d *Dispatcher) Notify() {
@@ -255,6 +260,8 @@ func (d *Dispatcher) Notify() {
 // attempts in flight finish for up to ShutdownTimeout, then cancels the rest
 // and releases what it holds.
 func (d *Dispatcher) Run(ctx context.Context) error {
+	d.running.Store(true)
+	defer d.running.Store(false)
 	reqCtx, cancelReq := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelReq()
 	d.mu.Lock()

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -44,6 +45,7 @@ func newRouter(a *app, logger *slog.Logger) http.Handler {
 	r.Use(middleware.Recoverer)
 	r.Handle("/mcp", mcpHandler(a.server, logger))
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+	r.Get("/readyz", a.readyz)
 	r.Mount("/admin", adminRouter(a.db, logger))
 	return r
 }
@@ -71,4 +73,25 @@ func serveHTTP(ctx context.Context, a *app, addr string, logger *slog.Logger, st
 		return fmt.Errorf("shut down http: %w", err)
 	}
 	return nil
+}
+
+// readyz answers 200 when the server can do its work: the database takes
+// writes and has this binary's schema, and the dispatcher is delivering.
+// Otherwise 503, with what failed, so a load balancer stops sending calls.
+func (a *app) readyz(w http.ResponseWriter, r *http.Request) {
+	checks := map[string]string{"database": "ok", "dispatcher": "ok"}
+	ready := true
+	ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+	defer cancel()
+	if err := a.db.CheckReady(ctx); err != nil {
+		checks["database"], ready = err.Error(), false
+	}
+	if a.layer != nil && (a.dispatcher == nil || !a.dispatcher.Running()) {
+		checks["dispatcher"], ready = "not running", false
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if !ready {
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}
+	_ = json.NewEncoder(w).Encode(map[string]any{"ready": ready, "checks": checks})
 }

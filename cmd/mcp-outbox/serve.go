@@ -24,7 +24,8 @@ side-effecting call recorded so that a retry replays instead of charging again.
 
 Serves stdio by default (for desktop MCP clients that start the server), or
 Streamable HTTP at /mcp with --http, which also serves the operator API
-(/admin, loopback clients only; see 'mcp-outbox outbox --help') and /healthz.
+(/admin, loopback clients only; see 'mcp-outbox outbox --help'), /healthz
+and /readyz (database writable and current, dispatcher running).
 Logs go to stderr only.
 
 Delivers the outbox's effects to the destinations configured with --dest,
@@ -53,11 +54,12 @@ type appConfig struct {
 
 // app is a running example server: database, layer and MCP server.
 type app struct {
-	db     *schema.DB
-	layer  *outbox.Layer // nil when bare
-	server *mcp.Server
-	dests  []outbox.Destination
-	logger *slog.Logger
+	db         *schema.DB
+	layer      *outbox.Layer // nil when bare
+	server     *mcp.Server
+	dests      []outbox.Destination
+	logger     *slog.Logger
+	dispatcher *outbox.Dispatcher // set by startDispatcher; nil when bare
 }
 
 func (cfg *appConfig) flags(env *environment, fs *flag.FlagSet) error {
@@ -210,6 +212,7 @@ func (a *app) startDispatcher(ctx context.Context) (stop func(), err error) {
 		return nil, usageError{err}
 	}
 	a.layer.OnEnqueue(d.Notify)
+	a.dispatcher = d
 	dctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
