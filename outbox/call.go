@@ -40,6 +40,9 @@ type attempt struct {
 
 	completedAt int64 // unix ms of the recorded outcome
 
+	outcome string // the calls_total outcome, set where it is decided
+	waited  bool   // a replay after waiting for another attempt is a join, not a retry
+
 	done chan struct{} // closed when the attempt leaves Layer.local
 }
 
@@ -78,11 +81,14 @@ func (l *Layer) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 }
 
 func (l *Layer) call(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest, method string, next mcp.MethodHandler) (mcp.Result, error) {
+	start := time.Now()
 	id, err := identify(req, t, t.window > 0)
 	if err != nil {
+		l.opts.Metrics.call(t.name, outcomeNotRecorded, time.Since(start))
 		return toolError(codeInvalidKey, "%v; nothing was executed.", err), nil
 	}
 	a := &attempt{layer: l, tool: t, id: id, uid: randomUID()}
+	defer func() { l.opts.Metrics.call(t.name, a.outcome, time.Since(start)) }()
 	if a.recorded() {
 		a.owner = l.newOwner()
 		if res := l.acquire(ctx, a); res != nil {
@@ -90,6 +96,7 @@ func (l *Layer) call(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest,
 		}
 		defer l.leave(a)
 		if err := failpoint.Inject(failpoint.CallAfterClaim); err != nil {
+			a.outcome = outcomeNotRecorded
 			a.abandon(ctx)
 			return toolError(codeNotRecorded, "%v; nothing was executed.", err), nil
 		}
@@ -108,6 +115,7 @@ func (l *Layer) acquire(ctx context.Context, a *attempt) *mcp.CallToolResult {
 		l.mu.Lock()
 		if other := l.local[lk]; other != nil {
 			l.mu.Unlock()
+			a.waited = true
 			if res := waitFor(ctx, other.done, deadline, a); res != nil {
 				return res
 			}
@@ -119,6 +127,7 @@ func (l *Layer) acquire(ctx context.Context, a *attempt) *mcp.CallToolResult {
 
 		c, err := l.claim(ctx, a)
 		if err != nil {
+			a.outcome = outcomeNotRecorded
 			l.leave(a)
 			if ctx.Err() != nil {
 				return toolError(codeNotRecorded, "call cancelled while waiting for the database; nothing was executed.")
@@ -130,12 +139,18 @@ func (l *Layer) acquire(ctx context.Context, a *attempt) *mcp.CallToolResult {
 		case claimed:
 			return nil
 		case finished:
+			a.outcome = outcomeReplayed
+			if a.waited {
+				a.outcome = outcomeJoined
+			}
 			l.leave(a)
 			return replay(c.row, a.id)
 		case conflict:
+			a.outcome = outcomeConflict
 			l.leave(a)
 			return conflictError(c.row, a)
 		case busy:
+			a.waited = true
 			l.leave(a)
 			// Another process owns the call: it cannot signal us, so poll.
 			t := time.NewTimer(poll)
@@ -153,6 +168,7 @@ func (l *Layer) acquire(ctx context.Context, a *attempt) *mcp.CallToolResult {
 func waitFor[T any](ctx context.Context, ch <-chan T, deadline time.Time, a *attempt) *mcp.CallToolResult {
 	wait := time.Until(deadline)
 	if wait <= 0 {
+		a.outcome = outcomeInProgress
 		return inProgressError(a)
 	}
 	t := time.NewTimer(wait)
@@ -161,8 +177,10 @@ func waitFor[T any](ctx context.Context, ch <-chan T, deadline time.Time, a *att
 	case <-ch:
 		return nil
 	case <-ctx.Done():
+		a.outcome = outcomeNotRecorded
 		return toolError(codeNotRecorded, "call cancelled while waiting for the original attempt of key %q; nothing was executed.", a.id.key)
 	case <-t.C:
+		a.outcome = outcomeInProgress
 		return inProgressError(a)
 	}
 }
@@ -205,6 +223,7 @@ func (a *attempt) finish(ctx context.Context, res mcp.Result, err error) (mcp.Re
 		reason = "retryable error"
 	}
 	if reason != "" {
+		a.outcome = outcomeNotRecorded
 		a.layer.logger.DebugContext(ctx, "call not recorded", "tool", a.tool.name, "reason", reason)
 		a.abandon(ctx)
 		return res, err
@@ -215,6 +234,12 @@ func (a *attempt) finish(ctx context.Context, res mcp.Result, err error) (mcp.Re
 			a.layer.logger.ErrorContext(ctx, "commit call", "tool", a.tool.name, "error", err)
 		}
 		return a.notCommitted(err), nil
+	}
+	// Committed: a failpoint below may still lose the answer, but the
+	// outcome is the recorded one.
+	a.outcome = outcomeExecuted
+	if cr.IsError {
+		a.outcome = outcomeFailed
 	}
 	if a.effects > 0 {
 		a.layer.mu.Lock()
@@ -241,9 +266,11 @@ func (a *attempt) finish(ctx context.Context, res mcp.Result, err error) (mcp.Re
 // so the caller is sent to the status tool rather than told to retry.
 func (a *attempt) notCommitted(err error) *mcp.CallToolResult {
 	if errors.Is(err, ErrOwnershipLost) {
+		a.outcome = outcomeInProgress
 		return toolError(codeInProgress, "%v; this attempt recorded nothing. Ask the %s tool for the outcome of key %q.",
 			ErrOwnershipLost, StatusToolName, a.id.key)
 	}
+	a.outcome = outcomeNotRecorded
 	return toolError(codeNotRecorded, "the call did not commit (%v); nothing of it was recorded, a retry will run it.", err)
 }
 
@@ -295,7 +322,12 @@ func (a *attempt) commit(ctx context.Context, cr *mcp.CallToolResult) error {
 	if err := failpoint.Inject(failpoint.CallBeforeCommit); err != nil {
 		return err
 	}
-	return a.closeTx(true)
+	if err := a.closeTx(true); err != nil {
+		return err
+	}
+	// One call per commit today; the histogram is there for group commit.
+	a.layer.opts.Metrics.commit(commitCalls, 1)
+	return nil
 }
 
 const recordOutcome = `

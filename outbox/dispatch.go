@@ -92,6 +92,9 @@ type DispatcherOptions struct {
 	// Transport carries the requests; nil means a clone of
 	// http.DefaultTransport.
 	Transport http.RoundTripper
+	// Metrics, if not nil, count deliveries and their outcomes (see
+	// [NewMetrics]); the same value can serve a layer too.
+	Metrics *Metrics
 }
 
 // A Dispatcher delivers committed effects to their destinations. Every

@@ -36,7 +36,7 @@ func (d *Dispatcher) deliver(ctx context.Context, ds *destState, e *claimedEffec
 	_ = failpoint.Inject(fpDispatchAfterClaim)
 	now := d.now()
 	if age := now.Sub(time.UnixMilli(e.createdAt)); age > ds.MaxAge {
-		d.finish(ctx, e, outcome{state: "dead", err: fmt.Sprintf("gave up: effect is %s old, the limit is %s", age.Round(time.Second), ds.MaxAge)})
+		d.finish(ctx, ds, e, outcome{state: "dead", err: fmt.Sprintf("gave up: effect is %s old, the limit is %s", age.Round(time.Second), ds.MaxAge)})
 		return
 	}
 	if ds.AtMostOnce {
@@ -46,11 +46,13 @@ func (d *Dispatcher) deliver(ctx context.Context, ds *destState, e *claimedEffec
 			return // the lease passes to whoever reclaims it
 		}
 	}
+	start := time.Now()
 	o := d.attempt(ctx, ds, e)
-	d.finish(ctx, e, o)
+	d.opts.Metrics.deliveryTime(ds.Name, time.Since(start))
+	d.finish(ctx, ds, e, o)
 }
 
-func (d *Dispatcher) finish(ctx context.Context, e *claimedEffect, o outcome) {
+func (d *Dispatcher) finish(ctx context.Context, ds *destState, e *claimedEffect, o outcome) {
 	ok, err := d.record(context.WithoutCancel(ctx), e, o)
 	switch {
 	case err != nil:
@@ -58,6 +60,9 @@ func (d *Dispatcher) finish(ctx context.Context, e *claimedEffect, o outcome) {
 	case !ok:
 		d.logger.WarnContext(ctx, "lease lost before the outcome was recorded; another dispatcher owns the effect", "effect", e.id)
 	default:
+		// Counted only once recorded, so the counters agree with the
+		// database: an outcome whose lease was lost is another's to count.
+		d.opts.Metrics.delivery(ds.Name, o, e.attempts)
 		d.logger.DebugContext(ctx, "delivery attempt", "effect", e.id, "attempt", e.attempts, "state", o.state, "status", o.status, "error", o.err)
 	}
 }

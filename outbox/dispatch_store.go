@@ -240,6 +240,7 @@ func (d *Dispatcher) writeOutcomes(ctx context.Context, batch []*pendingRecord) 
 		if err := tx.Commit(); err != nil {
 			return fmt.Errorf("commit outcomes: %w", err)
 		}
+		d.opts.Metrics.commit(commitDeliveries, len(batch))
 		return nil
 	}()
 	for _, r := range batch {

@@ -69,6 +69,8 @@ type Options struct {
 	RecordIdempotent bool
 	// Now is the clock; nil means time.Now. Tests inject one.
 	Now func() time.Time
+	// Metrics, if not nil, count calls and their outcomes (see [NewMetrics]).
+	Metrics *Metrics
 }
 
 // A Layer is the idempotent execution layer of one MCP server on one

@@ -38,10 +38,10 @@ const maxAdminBody = 1 << 20
 //
 // Errors are {"error": "..."}: 400 bad input, 403 refused, 404 no such
 // effect, 409 not in a state the action applies to, 413 body too large.
-func adminRouter(db *schema.DB, logger *slog.Logger) http.Handler {
+func adminRouter(db *schema.DB, logger *slog.Logger, ac *authConfig) http.Handler {
 	h := &adminHandler{db: db, logger: logger}
 	r := chi.NewRouter()
-	r.Use(adminGuard)
+	r.Use(adminGuard(ac))
 	r.NotFound(func(w http.ResponseWriter, _ *http.Request) {
 		writeAdminJSON(w, http.StatusNotFound, adminErrorBody{"no such admin endpoint"})
 	})
@@ -69,24 +69,40 @@ type adminErrorBody struct {
 
 var adminCSRF = http.NewCrossOriginProtection()
 
-// adminGuard stands in for authentication until the API has some (an admin
-// token is planned): only a client on this host may use it. That alone
-// would still let any web page the operator visits reach it through the
-// browser, so it also refuses cross-origin browser requests and requests
-// addressed to any name but localhost or a loopback address (DNS
-// rebinding points an attacker's name at 127.0.0.1). A reverse proxy on
-// this host would make every client look local: /admin must not be proxied
-// until the token exists.
-func adminGuard(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if err := checkAdminClient(r); err != nil {
-			writeAdminJSON(w, http.StatusForbidden, adminErrorBody{err.Error()})
-			return
-		}
-		next.ServeHTTP(w, r)
-	})
+// adminGuard admits a request that carries the admin token, when one is
+// configured, from any address. Without a token only a client on this host
+// may use the API. That alone would still let any web page the operator
+// visits reach it through the browser, so it also refuses requests
+// addressed to any name but localhost or a loopback address (DNS rebinding
+// points an attacker's name at 127.0.0.1); a page cannot know the token, so
+// with one the Host check would only get in a remote operator's way.
+// Cross-origin browser requests are refused either way. A reverse proxy on
+// this host would make every client look local: without a token, /admin
+// must not be proxied.
+func adminGuard(ac *authConfig) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if ac != nil && ac.adminHash != nil {
+				if !ac.checkAdminToken(r) {
+					w.Header().Set("WWW-Authenticate", `Bearer realm="mcp-outbox admin"`)
+					writeAdminJSON(w, http.StatusUnauthorized, adminErrorBody{"the admin API requires 'Authorization: Bearer' with the admin token"})
+					return
+				}
+			} else if err := checkAdminClient(r); err != nil {
+				writeAdminJSON(w, http.StatusForbidden, adminErrorBody{err.Error()})
+				return
+			}
+			if err := adminCSRF.Check(r); err != nil {
+				writeAdminJSON(w, http.StatusForbidden, adminErrorBody{fmt.Sprintf("cross-origin request refused: %v", err)})
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
 }
 
+// checkAdminClient is the rule without an admin token: a loopback peer,
+// addressing the server by a loopback name.
 func checkAdminClient(r *http.Request) error {
 	// RemoteAddr is the TCP peer. Nothing may replace it with a header such
 	// as X-Forwarded-For (chi's middleware.RealIP would): any client could
@@ -96,13 +112,10 @@ func checkAdminClient(r *http.Request) error {
 		host = r.RemoteAddr
 	}
 	if ip, err := netip.ParseAddr(host); err != nil || !ip.Unmap().IsLoopback() {
-		return fmt.Errorf("the admin API has no authentication yet, so it answers only clients on this host over loopback; %s is not a loopback address", host)
+		return fmt.Errorf("without an admin token (--admin-token-sha256) the admin API answers only clients on this host over loopback; %s is not a loopback address", host)
 	}
 	if !isLoopbackHost(r.Host) {
 		return fmt.Errorf("the admin API answers only requests addressed to localhost or a loopback address, not %q", r.Host)
-	}
-	if err := adminCSRF.Check(r); err != nil {
-		return fmt.Errorf("cross-origin request refused: %w", err)
 	}
 	return nil
 }
@@ -221,7 +234,7 @@ func (h *adminHandler) action(a effectAction) http.HandlerFunc {
 			h.fail(w, r, err)
 			return
 		}
-		// The API has no user to blame yet; the log is its audit trail.
+		// The admin token names no user; the log is the audit trail.
 		h.logger.Info("admin action", "action", a.name, "outcome", body.Outcome, "effect", id,
 			"from", res.PreviousState, "to", res.Effect.State, "remote", r.RemoteAddr)
 		if res.Warning != "" {

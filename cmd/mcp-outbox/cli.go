@@ -39,6 +39,7 @@ func commands() []command {
 		{"status", "show what happened to a call, by key or by tool and arguments", runStatus},
 		{"outbox", "list, retry, cancel and resolve the outbox's effects (downstream deliveries)", runOutbox},
 		{"purge", "delete expired calls and old delivered or cancelled effects (--dry-run to count)", runPurge},
+		{"token", "make a bearer token for serve --http (new PRINCIPAL), or hash one (hash)", runToken},
 		{"help", "show help for a command", nil},
 	}
 }

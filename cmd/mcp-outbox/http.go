@@ -43,10 +43,15 @@ func mcpHandler(s *mcp.Server, logger *slog.Logger) http.Handler {
 func newRouter(a *app, logger *slog.Logger) http.Handler {
 	r := chi.NewRouter()
 	r.Use(middleware.Recoverer)
-	r.Handle("/mcp", mcpHandler(a.server, logger))
+	r.Handle("/mcp", a.auth.protectMCP(mcpHandler(a.server, logger)))
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
 	r.Get("/readyz", a.readyz)
-	r.Mount("/admin", adminRouter(a.db, logger))
+	r.Mount("/admin", adminRouter(a.db, logger, a.auth))
+	if a.metricsHandler != nil {
+		// Metrics name tools and destinations: the admin rule guards them
+		// (the admin token when configured, else clients on this host).
+		r.With(adminGuard(a.auth)).Method(http.MethodGet, "/metrics", a.metricsHandler)
+	}
 	return r
 }
 
@@ -59,7 +64,15 @@ func serveHTTP(ctx context.Context, a *app, addr string, logger *slog.Logger, st
 	srv := &http.Server{Handler: newRouter(a, logger), ReadHeaderTimeout: 10 * time.Second}
 	// Tests and scripts read the bound address (useful with port 0).
 	fmt.Fprintf(stderr, "mcp-outbox: serving MCP at http://%s/mcp\n", ln.Addr())
-	fmt.Fprintf(stderr, "mcp-outbox: operator API at http://%s/admin (loopback clients only)\n", ln.Addr())
+	mcpAuth, adminAuth := "no authentication", "loopback clients only"
+	if a.auth.enabled() {
+		mcpAuth = fmt.Sprintf("bearer tokens of %d principals", a.auth.principals())
+	}
+	if a.auth != nil && a.auth.adminHash != nil {
+		adminAuth = "admin token required"
+	}
+	fmt.Fprintf(stderr, "mcp-outbox: MCP authentication: %s\n", mcpAuth)
+	fmt.Fprintf(stderr, "mcp-outbox: operator API at http://%s/admin (%s)\n", ln.Addr(), adminAuth)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 )
@@ -70,5 +71,32 @@ func TestReadyz(t *testing.T) {
 	stop()
 	if code, body := get(); code != http.StatusServiceUnavailable {
 		t.Errorf("dispatcher stopped: %d %v, want 503", code, body)
+	}
+}
+
+// serve's router serves the metrics, under the admin rule.
+func TestMetricsEndpoint(t *testing.T) {
+	t.Parallel()
+	env := testEnv(nil, nil, io.Discard, io.Discard)
+	a, err := openApp(context.Background(), env, &appConfig{db: filepath.Join(t.TempDir(), "m.db"), durability: "full", logLevel: "error"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	router := newRouter(a, a.logger)
+
+	req := httptest.NewRequest(http.MethodGet, "/metrics", nil)
+	fromLoopback(req)
+	rec := httptest.NewRecorder()
+	router.ServeHTTP(rec, req)
+	if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), "go_goroutines ") {
+		t.Fatalf("GET /metrics from loopback: %d %.200q", rec.Code, rec.Body.String())
+	}
+	remote := httptest.NewRequest(http.MethodGet, "/metrics", nil)
+	remote.RemoteAddr = "192.0.2.7:40000"
+	rec = httptest.NewRecorder()
+	router.ServeHTTP(rec, remote)
+	if rec.Code != http.StatusForbidden {
+		t.Errorf("GET /metrics from another host without an admin token: %d, want 403", rec.Code)
 	}
 }

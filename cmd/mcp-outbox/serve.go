@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -24,8 +25,9 @@ side-effecting call recorded so that a retry replays instead of charging again.
 
 Serves stdio by default (for desktop MCP clients that start the server), or
 Streamable HTTP at /mcp with --http, which also serves the operator API
-(/admin, loopback clients only; see 'mcp-outbox outbox --help'), /healthz
-and /readyz (database writable and current, dispatcher running).
+(/admin: loopback clients only, or anyone with the admin token; see
+'mcp-outbox outbox --help'), /healthz and /readyz (database writable and
+current, dispatcher running). See Authentication below.
 Logs go to stderr only.
 
 Delivers the outbox's effects to the destinations configured with --dest,
@@ -36,7 +38,7 @@ Every 10 minutes it purges expired calls and old delivered effects (see
 
 Every flag can also be set in the environment (shown in brackets); a flag wins.
 
-` + destHelp
+` + destHelp + "\n" + authHelp
 
 // appConfig is what serve (and demo) need to build the example server.
 type appConfig struct {
@@ -60,6 +62,10 @@ type app struct {
 	dests      []outbox.Destination
 	logger     *slog.Logger
 	dispatcher *outbox.Dispatcher // set by startDispatcher; nil when bare
+	auth       *authConfig        // nil authenticates nothing (stdio, tests)
+
+	metrics        *outbox.Metrics // nil records nothing
+	metricsHandler http.Handler    // GET /metrics; nil when not built
 }
 
 func (cfg *appConfig) flags(env *environment, fs *flag.FlagSet) error {
@@ -128,6 +134,7 @@ func openApp(ctx context.Context, env *environment, cfg *appConfig) (*app, error
 	}
 	impl := &mcp.Implementation{Name: "mcp-outbox-ledger", Title: "mcp-outbox example payments ledger", Version: version}
 	a := &app{db: db, dests: dests, logger: logger}
+	a.metricsHandler, a.metrics = metricsHandler(db)
 	lopts := &ledger.Options{Delay: cfg.demoDelay}
 	if cfg.bare {
 		a.server = mcp.NewServer(impl, &mcp.ServerOptions{Logger: logger.With("subsystem", "mcp")})
@@ -138,7 +145,7 @@ func openApp(ctx context.Context, env *environment, cfg *appConfig) (*app, error
 	if window == 0 {
 		window = outbox.FingerprintOff
 	}
-	a.layer, err = outbox.New(db, &outbox.Options{Logger: logger, FingerprintWindow: window, InFlightWait: cfg.inFlightWait, Lease: cfg.lease})
+	a.layer, err = outbox.New(db, &outbox.Options{Logger: logger, FingerprintWindow: window, InFlightWait: cfg.inFlightWait, Lease: cfg.lease, Metrics: a.metrics})
 	if err != nil {
 		db.Close()
 		return nil, err
@@ -159,7 +166,10 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 	if err := cfg.flags(env, fs); err != nil {
 		return err
 	}
-	httpAddr := fs.String("http", env.envDefault("MCP_OUTBOX_HTTP", ""), "serve Streamable HTTP at `ADDR` (e.g. 127.0.0.1:8080) instead of stdio [MCP_OUTBOX_HTTP]")
+	httpAddr := fs.String("http", env.envDefault("MCP_OUTBOX_HTTP", ""),
+		"serve Streamable HTTP at `ADDR` (e.g. 127.0.0.1:8080) instead of stdio; a non-loopback ADDR needs --tokens [MCP_OUTBOX_HTTP]")
+	var ac authConfig
+	ac.flags(env, fs)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -171,12 +181,19 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 		if _, _, err := net.SplitHostPort(*httpAddr); err != nil {
 			return usagef("--http %q: want HOST:PORT (%v)", *httpAddr, err)
 		}
+		if err := ac.load(env, *httpAddr); err != nil {
+			return err
+		}
+		if ac.insecureNoAuth {
+			warnInsecure(env.stderr, *httpAddr)
+		}
 	}
 	a, err := openApp(ctx, env, &cfg)
 	if err != nil {
 		return err
 	}
 	defer a.Close()
+	a.auth = &ac
 	logger := a.logger
 	stopDispatch, err := a.startDispatcher(ctx)
 	if err != nil {
@@ -207,7 +224,7 @@ func (a *app) startDispatcher(ctx context.Context) (stop func(), err error) {
 		return func() {}, nil
 	}
 	warnUnconfigured(ctx, a)
-	d, err := outbox.NewDispatcher(a.db, &outbox.DispatcherOptions{Destinations: a.dests, Logger: a.logger})
+	d, err := outbox.NewDispatcher(a.db, &outbox.DispatcherOptions{Destinations: a.dests, Logger: a.logger, Metrics: a.metrics})
 	if err != nil {
 		return nil, usageError{err}
 	}

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+)
+
+const tokenUsage = `Usage: mcp-outbox token new PRINCIPAL
+       mcp-outbox token hash
+
+'token new' prints a new random token (32 bytes, base64url) on stdout and its
+tokens-file line on stderr. 'token hash' reads a token on stdin and prints its
+SHA-256 in hex.
+
+Makes bearer tokens for 'mcp-outbox serve --http --tokens FILE'. The file
+holds only hashes, so it reveals no token:
+
+  mcp-outbox token new alice 2>>tokens >alice.token
+
+gives alice the token in alice.token and appends 'alice SHA256HEX' to the
+file. The hash of the admin token is what --admin-token-sha256 wants:
+
+  mcp-outbox token hash <admin.token
+`
+
+// maxTokenInput bounds what 'token hash' reads: a bearer token is a header
+// value, far below this.
+const maxTokenInput = 64 << 10
+
+func runToken(_ context.Context, env *environment, args []string) error {
+	if len(args) > 0 && isHelpFlag(args[0]) {
+		fmt.Fprint(env.stdout, tokenUsage)
+		return flag.ErrHelp
+	}
+	if len(args) == 0 {
+		return usagef("want 'token new PRINCIPAL' or 'token hash'")
+	}
+	sub, rest := args[0], args[1:]
+	if len(rest) > 0 && isHelpFlag(rest[0]) {
+		fmt.Fprint(env.stdout, tokenUsage)
+		return flag.ErrHelp
+	}
+	switch sub {
+	case "new":
+		if len(rest) != 1 {
+			return usagef("token new: want one PRINCIPAL")
+		}
+		return newToken(env, rest[0])
+	case "hash":
+		if len(rest) != 0 {
+			return usagef("token hash: reads the token on stdin, takes no arguments (an argument would end up in the shell's history)")
+		}
+		return hashToken(env)
+	}
+	return usagef("unknown token command %q: want new or hash", sub)
+}
+
+func newToken(env *environment, principal string) error {
+	if !principalPattern.MatchString(principal) {
+		return usagef("principal %q: want 1 to 128 letters, digits and ._@:- starting with a letter or digit", principal)
+	}
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return fmt.Errorf("read random bytes: %w", err)
+	}
+	token := base64.RawURLEncoding.EncodeToString(b)
+	sum := sha256.Sum256([]byte(token))
+	fmt.Fprintln(env.stdout, token)
+	fmt.Fprintf(env.stderr, "%s %s\n", principal, hex.EncodeToString(sum[:]))
+	return nil
+}
+
+func hashToken(env *environment) error {
+	b, err := io.ReadAll(io.LimitReader(env.stdin, maxTokenInput+1))
+	if err != nil {
+		return fmt.Errorf("read token: %w", err)
+	}
+	if len(b) > maxTokenInput {
+		return fmt.Errorf("read token: more than %d bytes on stdin", maxTokenInput)
+	}
+	// The trailing newline of `echo` or a file is not part of the token, and
+	// no token can contain white space: the Authorization header would
+	// split it.
+	token := strings.TrimSpace(string(b))
+	if token == "" {
+		return usagef("token hash: no token on stdin")
+	}
+	if strings.ContainsAny(token, " \t\r\n") {
+		return usagef("token hash: the token contains white space, which an Authorization header cannot carry")
+	}
+	sum := sha256.Sum256([]byte(token))
+	fmt.Fprintln(env.stdout, hex.EncodeToString(sum[:]))
+	return nil
+}

@@ -1,0 +1,213 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/mcp-outbox/mcp-outbox/schema"
+)
+
+// Outcomes of a call, the outcome label of mcp_outbox_calls_total.
+const (
+	outcomeExecuted    = "executed"     // the handler ran and its result committed
+	outcomeReplayed    = "replayed"     // a retry of a finished call got the recorded result
+	outcomeJoined      = "joined"       // a duplicate waited for the running original and got its result
+	outcomeConflict    = "conflict"     // the key named another call; nothing ran
+	outcomeInProgress  = "in_progress"  // the original was still running (or took the call over)
+	outcomeNotRecorded = "not_recorded" // nothing committed; a retry runs the call
+	outcomeFailed      = "failed"       // the handler's tool error committed as the outcome
+)
+
+// Metrics are the Prometheus metrics of layers and dispatchers. Create them
+// once per registry with [NewMetrics] and pass them in [Options] and
+// [DispatcherOptions]. A nil *Metrics records nothing, so the library needs
+// no Prometheus setup.
+type Metrics struct {
+	calls            *prometheus.CounterVec
+	callDuration     *prometheus.HistogramVec
+	commitBatch      *prometheus.HistogramVec
+	deliveries       *prometheus.CounterVec
+	deliveryDuration *prometheus.HistogramVec
+	deliveryAttempts *prometheus.HistogramVec
+}
+
+// NewMetrics creates the metrics and registers them with reg (when reg is
+// not nil). It panics if they are already registered there, as
+// prometheus.MustRegister does.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		calls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mcp_outbox_calls_total",
+			Help: "Tool calls through the layer, by tool and outcome (executed, replayed, joined, conflict, in_progress, not_recorded, failed).",
+		}, []string{"tool", "outcome"}),
+		callDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "mcp_outbox_call_duration_seconds",
+			Help:    "Time from a tool call's arrival at the layer to its answer, waits for an original attempt included.",
+			Buckets: prometheus.DefBuckets,
+		}, []string{"tool"}),
+		commitBatch: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "mcp_outbox_commit_batch_size",
+			Help: "Outcomes written per commit: kind=calls for recorded call outcomes, kind=deliveries for the dispatcher's delivery outcomes.",
+			// Batches are bounded by delivery concurrency in practice.
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128},
+		}, []string{"kind"}),
+		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "mcp_outbox_deliveries_total",
+			Help: "Recorded delivery attempt outcomes, by destination and result (delivered, retry, dead, unknown).",
+		}, []string{"destination", "result"}),
+		deliveryDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "mcp_outbox_delivery_duration_seconds",
+			Help:    "Duration of one delivery attempt's HTTP exchange, by destination.",
+			Buckets: prometheus.DefBuckets,
+		}, []string{"destination"}),
+		deliveryAttempts: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "mcp_outbox_delivery_attempts",
+			Help: "Attempts an effect took until it was delivered, by destination.",
+			// Up to DefaultMaxAttempts.
+			Buckets: []float64{1, 2, 3, 5, 8, 13, 25},
+		}, []string{"destination"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.calls, m.callDuration, m.commitBatch, m.deliveries, m.deliveryDuration, m.deliveryAttempts)
+	}
+	return m
+}
+
+// Values of the kind label of mcp_outbox_commit_batch_size.
+const (
+	commitCalls      = "calls"
+	commitDeliveries = "deliveries"
+)
+
+func (m *Metrics) call(tool, outcome string, d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.calls.WithLabelValues(tool, outcome).Inc()
+	m.callDuration.WithLabelValues(tool).Observe(d.Seconds())
+}
+
+func (m *Metrics) commit(kind string, n int) {
+	if m == nil {
+		return
+	}
+	m.commitBatch.WithLabelValues(kind).Observe(float64(n))
+}
+
+func (m *Metrics) deliveryTime(dest string, d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.deliveryDuration.WithLabelValues(dest).Observe(d.Seconds())
+}
+
+func (m *Metrics) delivery(dest string, o outcome, attempts int) {
+	if m == nil {
+		return
+	}
+	// The dispatcher records a retry as the effect going back to pending.
+	result := o.state
+	if result == "pending" {
+		result = "retry"
+	}
+	m.deliveries.WithLabelValues(dest, result).Inc()
+	if o.state == "delivered" {
+		m.deliveryAttempts.WithLabelValues(dest).Observe(float64(attempts))
+	}
+}
+
+// effectStates are the states the depth gauge reports, zero included, so a
+// state that empties reads 0 instead of vanishing from the scrape.
+var effectStates = []string{"pending", "in_flight", "delivered", "dead", "unknown", "cancelled"}
+
+// depthCollector reads the outbox's depth from the database at each scrape:
+// every process sharing the file sees the same numbers, and effects written
+// or resolved by another process (an operator's CLI, a second server) count.
+type depthCollector struct {
+	db              *schema.DB
+	now             func() time.Time
+	effects, oldest *prometheus.Desc
+}
+
+// NewDepthCollector returns a collector of the effects in db by state and
+// destination (mcp_outbox_effects) and of the age of each destination's
+// oldest effect still awaiting delivery, pending or in flight
+// (mcp_outbox_oldest_pending_age_seconds). It queries db on every scrape.
+func NewDepthCollector(db *schema.DB) prometheus.Collector {
+	return &depthCollector{
+		db:  db,
+		now: time.Now,
+		effects: prometheus.NewDesc("mcp_outbox_effects",
+			"Effects in the database by state and destination.", []string{"state", "destination"}, nil),
+		oldest: prometheus.NewDesc("mcp_outbox_oldest_pending_age_seconds",
+			"Age of the oldest effect of a destination that is pending or in flight; 0 when none is.", []string{"destination"}, nil),
+	}
+}
+
+func (c *depthCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.effects
+	ch <- c.oldest
+}
+
+// selectDepth counts in one pass; the oldest column only looks at effects
+// still awaiting delivery.
+const selectDepth = `
+SELECT destination, state, count(*), min(created_at)
+FROM effects GROUP BY destination, state`
+
+func (c *depthCollector) Collect(ch chan<- prometheus.Metric) {
+	// A scrape must not hang on a locked or slow database.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	counts, oldest, err := c.read(ctx)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.effects, err)
+		return
+	}
+	now := c.now().UnixMilli()
+	for dest, byState := range counts {
+		for _, state := range effectStates {
+			ch <- prometheus.MustNewConstMetric(c.effects, prometheus.GaugeValue, float64(byState[state]), state, dest)
+		}
+		age := 0.0
+		if at, ok := oldest[dest]; ok {
+			age = max(0, float64(now-at)/1000)
+		}
+		ch <- prometheus.MustNewConstMetric(c.oldest, prometheus.GaugeValue, age, dest)
+	}
+}
+
+func (c *depthCollector) read(ctx context.Context) (map[string]map[string]int64, map[string]int64, error) {
+	rows, err := c.db.Read.QueryContext(ctx, selectDepth)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read outbox depth: %w", err)
+	}
+	defer rows.Close()
+	counts := map[string]map[string]int64{}
+	oldest := map[string]int64{}
+	for rows.Next() {
+		var (
+			dest, state string
+			n, first    int64
+		)
+		if err := rows.Scan(&dest, &state, &n, &first); err != nil {
+			return nil, nil, fmt.Errorf("read outbox depth: %w", err)
+		}
+		if counts[dest] == nil {
+			counts[dest] = map[string]int64{}
+		}
+		counts[dest][state] = n
+		if state == "pending" || state == "in_flight" {
+			if at, ok := oldest[dest]; !ok || first < at {
+				oldest[dest] = first
+			}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, nil, fmt.Errorf("read outbox depth: %w", err)
+	}
+	return counts, oldest, nil
+}

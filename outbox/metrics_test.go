@@ -1,0 +1,259 @@
+package outbox_test
+
+import (
+	"context"
+	"net/http"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/downstream"
+	"github.com/mcp-outbox/mcp-outbox/outbox"
+)
+
+// histogram returns the sample count and sum of the histogram series of
+// name whose labels include want; it fails the test if there is none.
+func histogram(t *testing.T, g prometheus.Gatherer, name string, want map[string]string) (uint64, float64) {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			for k, v := range want {
+				if !hasLabel(m, k, v) {
+					continue next
+				}
+			}
+			return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
+		}
+	}
+	t.Fatalf("no %s series with labels %v", name, want)
+	return 0, 0
+}
+
+func hasLabel(m *dto.Metric, name, value string) bool {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name && l.GetValue() == value {
+			return true
+		}
+	}
+	return false
+}
+
+// waitingOnOriginal counts goroutines parked in the layer's wait for
+// another attempt of their key. The wait has no other observable sign, and
+// a duplicate must be in it before the original finishes to be a join
+// rather than a replay.
+func waitingOnOriginal() int {
+	buf := make([]byte, 1<<16)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return strings.Count(string(buf[:n]), "/outbox.waitFor[")
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+}
+
+func expectMetrics(t *testing.T, reg prometheus.Gatherer, want string, names ...string) {
+	t.Helper()
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), names...); err != nil {
+		t.Error(err)
+	}
+}
+
+// Not parallel: waitingOnOriginal looks at every goroutine of the test
+// binary, and parallel tests wait for the sequential ones to end.
+func TestMetrics_CallOutcomes(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := outbox.NewMetrics(reg)
+	b := setup(t, &outbox.Options{Metrics: m}, nil)
+
+	if res := callCharge(t, b.session, "k1", 100); res.IsError {
+		t.Fatal(text(res))
+	}
+	if res := callCharge(t, b.session, "k1", 100); callMeta(res)["replayed"] != true {
+		t.Fatalf("second call with k1 not replayed: %s", text(res))
+	}
+	if res := callCharge(t, b.session, "k1", 200); errorCode(res) != "key_conflict" {
+		t.Fatalf("k1 with another amount: %s", text(res))
+	}
+	if res := call(t, b.session, "refund", "r1", map[string]any{"charge_id": 42}); !res.IsError {
+		t.Fatalf("refund of a missing charge succeeded: %s", text(res))
+	}
+	if res := call(t, b.session, "charge", "bad", map[string]any{"amount": "abc"}); !res.IsError {
+		t.Fatalf("charge with a string amount succeeded: %s", text(res))
+	}
+
+	// A duplicate that arrives while the original runs waits and joins it.
+	g := addGate(b.layer, b.server)
+	orig := make(chan error, 1)
+	go func() {
+		_, err := callErr(context.Background(), b.session, "gate", "g1", map[string]any{"n": 1})
+		orig <- err
+	}()
+	<-g.started
+	dup := make(chan *mcp.CallToolResult, 1)
+	go func() {
+		res, err := callErr(context.Background(), connect(t, b.server), "gate", "g1", map[string]any{"n": 1})
+		if err != nil {
+			t.Error(err)
+		}
+		dup <- res
+	}()
+	waitFor(t, func() bool { return waitingOnOriginal() == 1 })
+	close(g.release)
+	if err := <-orig; err != nil {
+		t.Fatal(err)
+	}
+	if res := <-dup; res == nil || callMeta(res)["replayed"] != true {
+		t.Fatalf("duplicate of a running call: %v", res)
+	}
+
+	// One whose wait runs out gets in_progress. Same metrics, another layer.
+	b2 := setup(t, &outbox.Options{Metrics: m, InFlightWait: time.Millisecond}, nil)
+	g2 := addGate(b2.layer, b2.server)
+	orig2 := make(chan error, 1)
+	go func() {
+		_, err := callErr(context.Background(), b2.session, "gate", "g2", map[string]any{"n": 2})
+		orig2 <- err
+	}()
+	<-g2.started
+	if res := call(t, connect(t, b2.server), "gate", "g2", map[string]any{"n": 2}); errorCode(res) != "in_progress" {
+		t.Fatalf("duplicate past its wait: %s", text(res))
+	}
+	close(g2.release)
+	if err := <-orig2; err != nil {
+		t.Fatal(err)
+	}
+
+	expectMetrics(t, reg, `
+# HELP mcp_outbox_calls_total Tool calls through the layer, by tool and outcome (executed, replayed, joined, conflict, in_progress, not_recorded, failed).
+# TYPE mcp_outbox_calls_total counter
+mcp_outbox_calls_total{outcome="conflict",tool="charge"} 1
+mcp_outbox_calls_total{outcome="executed",tool="charge"} 1
+mcp_outbox_calls_total{outcome="not_recorded",tool="charge"} 1
+mcp_outbox_calls_total{outcome="replayed",tool="charge"} 1
+mcp_outbox_calls_total{outcome="failed",tool="refund"} 1
+mcp_outbox_calls_total{outcome="executed",tool="gate"} 2
+mcp_outbox_calls_total{outcome="joined",tool="gate"} 1
+mcp_outbox_calls_total{outcome="in_progress",tool="gate"} 1
+`, "mcp_outbox_calls_total")
+
+	// Every call is timed, whatever its outcome.
+	for tool, want := range map[string]uint64{"charge": 4, "refund": 1, "gate": 4} {
+		if n, _ := histogram(t, reg, "mcp_outbox_call_duration_seconds", map[string]string{"tool": tool}); n != want {
+			t.Errorf("call_duration_seconds{tool=%q} count = %d, want %d", tool, n, want)
+		}
+	}
+	// Commits that recorded an outcome: k1, r1 (failed), g1, g2.
+	if n, sum := histogram(t, reg, "mcp_outbox_commit_batch_size", map[string]string{"kind": "calls"}); n != 4 || sum != 4 {
+		t.Errorf("commit_batch_size{kind=calls} count, sum = %d, %v, want 4, 4", n, sum)
+	}
+}
+
+func TestMetrics_Delivery(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	m := outbox.NewMetrics(reg)
+	s := newDispatchSetup(t, 2, nil)
+	depth := prometheus.NewPedanticRegistry()
+	depth.MustRegister(outbox.NewDepthCollector(s.db))
+	s.fake.FailNext(1, downstream.Status(http.StatusServiceUnavailable))
+	d := s.dispatcher(t, outbox.Destination{}, &outbox.DispatcherOptions{Metrics: m, BackoffBase: time.Second})
+
+	round(t, d) // one 503, one delivered
+	expectMetrics(t, depth, `
+# HELP mcp_outbox_effects Effects in the database by state and destination.
+# TYPE mcp_outbox_effects gauge
+mcp_outbox_effects{destination="payments",state="cancelled"} 0
+mcp_outbox_effects{destination="payments",state="dead"} 0
+mcp_outbox_effects{destination="payments",state="delivered"} 1
+mcp_outbox_effects{destination="payments",state="in_flight"} 0
+mcp_outbox_effects{destination="payments",state="pending"} 1
+mcp_outbox_effects{destination="payments",state="unknown"} 0
+`, "mcp_outbox_effects")
+
+	s.clk.Add(time.Second) // the retry is due after 750ms
+	round(t, d)
+
+	expectMetrics(t, reg, `
+# HELP mcp_outbox_deliveries_total Recorded delivery attempt outcomes, by destination and result (delivered, retry, dead, unknown).
+# TYPE mcp_outbox_deliveries_total counter
+mcp_outbox_deliveries_total{destination="payments",result="delivered"} 2
+mcp_outbox_deliveries_total{destination="payments",result="retry"} 1
+`, "mcp_outbox_deliveries_total")
+	expectMetrics(t, depth, `
+# HELP mcp_outbox_effects Effects in the database by state and destination.
+# TYPE mcp_outbox_effects gauge
+mcp_outbox_effects{destination="payments",state="cancelled"} 0
+mcp_outbox_effects{destination="payments",state="dead"} 0
+mcp_outbox_effects{destination="payments",state="delivered"} 2
+mcp_outbox_effects{destination="payments",state="in_flight"} 0
+mcp_outbox_effects{destination="payments",state="pending"} 0
+mcp_outbox_effects{destination="payments",state="unknown"} 0
+# HELP mcp_outbox_oldest_pending_age_seconds Age of the oldest effect of a destination that is pending or in flight; 0 when none is.
+# TYPE mcp_outbox_oldest_pending_age_seconds gauge
+mcp_outbox_oldest_pending_age_seconds{destination="payments"} 0
+`, "mcp_outbox_effects", "mcp_outbox_oldest_pending_age_seconds")
+
+	dest := map[string]string{"destination": "payments"}
+	if n, _ := histogram(t, reg, "mcp_outbox_delivery_duration_seconds", dest); n != 3 {
+		t.Errorf("delivery_duration_seconds count = %d, want 3 attempts", n)
+	}
+	// Delivered at the first attempt and at the second.
+	if n, sum := histogram(t, reg, "mcp_outbox_delivery_attempts", dest); n != 2 || sum != 3 {
+		t.Errorf("delivery_attempts count, sum = %d, %v, want 2, 3", n, sum)
+	}
+	// Outcomes finishing together may share a commit; all three are written.
+	if n, sum := histogram(t, reg, "mcp_outbox_commit_batch_size", map[string]string{"kind": "deliveries"}); n < 2 || sum != 3 {
+		t.Errorf("commit_batch_size{kind=deliveries} count, sum = %d, %v, want 2 or 3, 3", n, sum)
+	}
+}
+
+// The age is measured from the effect's created_at, so it shows however
+// long the effect has been waiting, across restarts and other processes.
+func TestMetrics_OldestPendingAge(t *testing.T) {
+	t.Parallel()
+	s := newDispatchSetup(t, 1, nil)
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(outbox.NewDepthCollector(s.db))
+	if _, err := s.db.Write.Exec(`UPDATE effects SET created_at = created_at - 90000`); err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "mcp_outbox_oldest_pending_age_seconds" {
+			if age := mf.GetMetric()[0].GetGauge().GetValue(); age < 90 || age > 3600 {
+				t.Errorf("oldest pending age = %vs, want about 90s", age)
+			}
+			return
+		}
+	}
+	t.Fatal("no mcp_outbox_oldest_pending_age_seconds")
+}
+
+// A nil *Metrics is a valid Options.Metrics (the dispatch tests run without one).
+func TestMetrics_Nil(t *testing.T) {
+	t.Parallel()
+	var m *outbox.Metrics
+	b := setup(t, &outbox.Options{Metrics: m}, nil)
+	if res := callCharge(t, b.session, "n1", 1); res.IsError {
+		t.Fatal(text(res))
+	}
+}
