@@ -84,11 +84,18 @@ func (l *Layer) call(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest,
 	start := time.Now()
 	id, err := identify(req, t, t.window > 0)
 	if err != nil {
-		l.opts.Metrics.call(t.name, outcomeNotRecorded, time.Since(start))
+		// The key was unusable, so the event carries no hash of it.
+		d := time.Since(start)
+		l.opts.Metrics.call(t.name, outcomeNotRecorded, d)
+		l.logCall(ctx, &attempt{tool: t, id: callIdentity{principal: id.principal}, outcome: outcomeNotRecorded}, req, d)
 		return toolError(codeInvalidKey, "%v; nothing was executed.", err), nil
 	}
 	a := &attempt{layer: l, tool: t, id: id, uid: randomUID()}
-	defer func() { l.opts.Metrics.call(t.name, a.outcome, time.Since(start)) }()
+	defer func() {
+		d := time.Since(start)
+		l.opts.Metrics.call(t.name, a.outcome, d)
+		l.logCall(ctx, a, req, d)
+	}()
 	if a.recorded() {
 		a.owner = l.newOwner()
 		if res := l.acquire(ctx, a); res != nil {

@@ -95,6 +95,10 @@ type DispatcherOptions struct {
 	// Metrics, if not nil, count deliveries and their outcomes (see
 	// [NewMetrics]); the same value can serve a layer too.
 	Metrics *Metrics
+	// LogSensitive adds each effect's raw Idempotency-Key to its "delivery"
+	// log events. For debugging only: the key lets anyone who reads the log
+	// send a request the destination takes for the effect.
+	LogSensitive bool
 }
 
 // A Dispatcher delivers committed effects to their destinations. Every
@@ -387,7 +391,9 @@ type claimedEffect struct {
 	createdAt int64
 }
 
-func (e *claimedEffect) String() string { return fmt.Sprintf("effect %d (%s)", e.id, e.key) }
+// String names the effect by id only: errors that carry it end up in logs,
+// which must not hold Idempotency-Keys.
+func (e *claimedEffect) String() string { return fmt.Sprintf("effect %d", e.id) }
 
 // joinURL appends an effect's path (which may carry a query) to a base URL.
 func joinURL(base *url.URL, path string) (string, error) {

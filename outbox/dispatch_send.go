@@ -36,7 +36,7 @@ func (d *Dispatcher) deliver(ctx context.Context, ds *destState, e *claimedEffec
 	_ = failpoint.Inject(fpDispatchAfterClaim)
 	now := d.now()
 	if age := now.Sub(time.UnixMilli(e.createdAt)); age > ds.MaxAge {
-		d.finish(ctx, ds, e, outcome{state: "dead", err: fmt.Sprintf("gave up: effect is %s old, the limit is %s", age.Round(time.Second), ds.MaxAge)})
+		d.finish(ctx, ds, e, outcome{state: "dead", err: fmt.Sprintf("gave up: effect is %s old, the limit is %s", age.Round(time.Second), ds.MaxAge)}, 0)
 		return
 	}
 	if ds.AtMostOnce {
@@ -48,11 +48,14 @@ func (d *Dispatcher) deliver(ctx context.Context, ds *destState, e *claimedEffec
 	}
 	start := time.Now()
 	o := d.attempt(ctx, ds, e)
-	d.opts.Metrics.deliveryTime(ds.Name, time.Since(start))
-	d.finish(ctx, ds, e, o)
+	took := time.Since(start)
+	d.opts.Metrics.deliveryTime(ds.Name, took)
+	d.finish(ctx, ds, e, o, took)
 }
 
-func (d *Dispatcher) finish(ctx context.Context, ds *destState, e *claimedEffect, o outcome) {
+// finish records o; took is the attempt's HTTP exchange, zero when the
+// effect was given up without one.
+func (d *Dispatcher) finish(ctx context.Context, ds *destState, e *claimedEffect, o outcome, took time.Duration) {
 	ok, err := d.record(context.WithoutCancel(ctx), e, o)
 	switch {
 	case err != nil:
@@ -63,7 +66,7 @@ func (d *Dispatcher) finish(ctx context.Context, ds *destState, e *claimedEffect
 		// Counted only once recorded, so the counters agree with the
 		// database: an outcome whose lease was lost is another's to count.
 		d.opts.Metrics.delivery(ds.Name, o, e.attempts)
-		d.logger.DebugContext(ctx, "delivery attempt", "effect", e.id, "attempt", e.attempts, "state", o.state, "status", o.status, "error", o.err)
+		d.logDelivery(ctx, ds, e, o, took)
 	}
 }
 

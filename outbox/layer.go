@@ -71,6 +71,10 @@ type Options struct {
 	Now func() time.Time
 	// Metrics, if not nil, count calls and their outcomes (see [NewMetrics]).
 	Metrics *Metrics
+	// LogSensitive adds each call's raw idempotency key and arguments to its
+	// "call" log event. For debugging only: keys let anyone who reads the log
+	// replay a call, and arguments may hold personal or payment data.
+	LogSensitive bool
 }
 
 // A Layer is the idempotent execution layer of one MCP server on one

@@ -108,12 +108,7 @@ func (m *Metrics) delivery(dest string, o outcome, attempts int) {
 	if m == nil {
 		return
 	}
-	// The dispatcher records a retry as the effect going back to pending.
-	result := o.state
-	if result == "pending" {
-		result = "retry"
-	}
-	m.deliveries.WithLabelValues(dest, result).Inc()
+	m.deliveries.WithLabelValues(dest, deliveryResult(o)).Inc()
 	if o.state == "delivered" {
 		m.deliveryAttempts.WithLabelValues(dest).Observe(float64(attempts))
 	}

@@ -38,6 +38,7 @@ type toolInfo struct {
 	readOnly    bool // read-only transaction, never recorded
 	keyArgument bool // input schema declares idempotency_key
 	window      time.Duration
+	annotations toolAnnotations
 }
 
 // AddTool registers a side-effecting tool on s, which must have the layer
@@ -52,7 +53,7 @@ func AddTool[In, Out any](l *Layer, s *mcp.Server, t *mcp.Tool, h HandlerFor[In,
 	if opts != nil {
 		o = *opts
 	}
-	info := &toolInfo{name: t.Name, record: true, window: l.opts.FingerprintWindow}
+	info := &toolInfo{name: t.Name, record: true, window: l.opts.FingerprintWindow, annotations: annotationsOf(t.Annotations)}
 	if o.FingerprintWindow != 0 {
 		info.window = o.FingerprintWindow
 	}

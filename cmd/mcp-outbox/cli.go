@@ -190,12 +190,20 @@ func (env *environment) envPrefixed(prefix string) []string {
 }
 
 // newLogger logs to stderr only: on stdio, stdout is the MCP transport.
-func newLogger(w io.Writer, level string) (*slog.Logger, error) {
+// An empty format is text, so configurations built in code need not say.
+func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(level)); err != nil {
 		return nil, usagef("log level %q: want debug, info, warn or error", level)
 	}
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l})), nil
+	opts := &slog.HandlerOptions{Level: l}
+	switch format {
+	case "text", "":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, usagef("log format %q: want text or json", format)
 }
 
 // multiFlag collects a repeated flag.

@@ -154,6 +154,8 @@ func TestCLIBadServeConfig(t *testing.T) {
 		{"lease env", nil, map[string]string{"MCP_OUTBOX_LEASE": "soon"}, `MCP_OUTBOX_LEASE="soon"`},
 		{"window env", nil, map[string]string{"MCP_OUTBOX_FINGERPRINT_WINDOW": "5 minutes"}, `MCP_OUTBOX_FINGERPRINT_WINDOW="5 minutes"`},
 		{"log level", []string{"--log-level", "loud"}, nil, `log level "loud"`},
+		{"log format", []string{"--log-format", "bogus"}, nil, `log format "bogus": want text or json`},
+		{"log format env", nil, map[string]string{"MCP_OUTBOX_LOG_FORMAT": "xml"}, `log format "xml"`},
 		{"http address", []string{"--http", "nonsense"}, nil, `--http "nonsense": want HOST:PORT`},
 		{"argument", []string{"extra"}, nil, `unexpected argument "extra"`},
 	} {

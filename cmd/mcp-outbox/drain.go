@@ -61,7 +61,7 @@ func runDrain(ctx context.Context, env *environment, args []string) error {
 	if len(destinations) == 0 {
 		return usagef("no destinations: give --dest NAME=URL or MCP_OUTBOX_DEST_<NAME>=URL")
 	}
-	logger, err := newLogger(env.stderr, *logLevel)
+	logger, err := newLogger(env.stderr, *logLevel, "text")
 	if err != nil {
 		return err
 	}

@@ -51,6 +51,8 @@ type appConfig struct {
 	lease        time.Duration
 	bare         bool
 	logLevel     string
+	logFormat    string
+	logSensitive bool
 	logger       *slog.Logger
 }
 
@@ -63,6 +65,8 @@ type app struct {
 	logger     *slog.Logger
 	dispatcher *outbox.Dispatcher // set by startDispatcher; nil when bare
 	auth       *authConfig        // nil authenticates nothing (stdio, tests)
+	// logSensitive puts raw keys and arguments in the events (--log-sensitive).
+	logSensitive bool
 
 	metrics        *outbox.Metrics // nil records nothing
 	metricsHandler http.Handler    // GET /metrics; nil when not built
@@ -98,6 +102,9 @@ func (cfg *appConfig) flags(env *environment, fs *flag.FlagSet) error {
 		"how long a running call's claim keeps other processes on the same database from taking it over; 0 means the default [MCP_OUTBOX_LEASE]")
 	fs.BoolVar(&cfg.bare, "bare", false, "run the ledger WITHOUT the outbox layer: every retry charges again (for demonstrations)")
 	fs.StringVar(&cfg.logLevel, "log-level", env.envDefault("MCP_OUTBOX_LOG_LEVEL", "info"), "debug, info, warn or error [MCP_OUTBOX_LOG_LEVEL]")
+	fs.StringVar(&cfg.logFormat, "log-format", env.envDefault("MCP_OUTBOX_LOG_FORMAT", "text"), "text or json [MCP_OUTBOX_LOG_FORMAT]")
+	fs.BoolVar(&cfg.logSensitive, "log-sensitive", false,
+		"DEBUGGING ONLY: put raw idempotency keys and tool arguments in the call and delivery events; anyone who can read the logs can then replay calls")
 	return nil
 }
 
@@ -120,7 +127,7 @@ func openApp(ctx context.Context, env *environment, cfg *appConfig) (*app, error
 	}
 	logger := cfg.logger
 	if logger == nil {
-		if logger, err = newLogger(env.stderr, cfg.logLevel); err != nil {
+		if logger, err = newLogger(env.stderr, cfg.logLevel, cfg.logFormat); err != nil {
 			return nil, err
 		}
 	}
@@ -133,7 +140,7 @@ func openApp(ctx context.Context, env *environment, cfg *appConfig) (*app, error
 		return nil, err
 	}
 	impl := &mcp.Implementation{Name: "mcp-outbox-ledger", Title: "mcp-outbox example payments ledger", Version: version}
-	a := &app{db: db, dests: dests, logger: logger}
+	a := &app{db: db, dests: dests, logger: logger, logSensitive: cfg.logSensitive}
 	a.metricsHandler, a.metrics = metricsHandler(db)
 	lopts := &ledger.Options{Delay: cfg.demoDelay}
 	if cfg.bare {
@@ -145,7 +152,7 @@ func openApp(ctx context.Context, env *environment, cfg *appConfig) (*app, error
 	if window == 0 {
 		window = outbox.FingerprintOff
 	}
-	a.layer, err = outbox.New(db, &outbox.Options{Logger: logger, FingerprintWindow: window, InFlightWait: cfg.inFlightWait, Lease: cfg.lease, Metrics: a.metrics})
+	a.layer, err = outbox.New(db, &outbox.Options{Logger: logger, FingerprintWindow: window, InFlightWait: cfg.inFlightWait, Lease: cfg.lease, Metrics: a.metrics, LogSensitive: cfg.logSensitive})
 	if err != nil {
 		db.Close()
 		return nil, err
@@ -224,7 +231,7 @@ func (a *app) startDispatcher(ctx context.Context) (stop func(), err error) {
 		return func() {}, nil
 	}
 	warnUnconfigured(ctx, a)
-	d, err := outbox.NewDispatcher(a.db, &outbox.DispatcherOptions{Destinations: a.dests, Logger: a.logger, Metrics: a.metrics})
+	d, err := outbox.NewDispatcher(a.db, &outbox.DispatcherOptions{Destinations: a.dests, Logger: a.logger, Metrics: a.metrics, LogSensitive: a.logSensitive})
 	if err != nil {
 		return nil, usageError{err}
 	}

@@ -1,0 +1,122 @@
+package outbox
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"log/slog"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// Events: one log record per call (msg "call") and one per recorded delivery
+// attempt (msg "delivery"). Keys name calls and principals name users, so
+// both appear only as hash prefixes: enough to correlate records with each
+// other and with a key the operator already holds, useless for replaying a
+// call or learning who made it. Arguments and results never appear unless
+// Options.LogSensitive (or DispatcherOptions.LogSensitive) asks for them.
+
+// hashLen is the hex length of a logged hash: 48 bits tell apart the keys
+// alive at one time without giving an attacker a full digest to match.
+const hashLen = 12
+
+func hashPrefix(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])[:hashLen]
+}
+
+// keyHash scopes the hash by principal, as keys are scoped: alice's and
+// bob's "k1" are two calls and log as two hashes.
+func keyHash(principal, key string) string { return hashPrefix(principal + "\x00" + key) }
+
+// principalLabel keeps the unauthenticated principal readable: it names no
+// one, and "local" in a log says at once that auth was off.
+func principalLabel(p string) string {
+	if p == LocalPrincipal {
+		return p
+	}
+	return hashPrefix(p)
+}
+
+func durationMS(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// logCall writes the call event of a, whose outcome is final.
+func (l *Layer) logCall(ctx context.Context, a *attempt, req *mcp.CallToolRequest, d time.Duration) {
+	attrs := []slog.Attr{
+		slog.String("tool", a.tool.name),
+		slog.String("outcome", a.outcome),
+		slog.String("key_source", string(a.id.source)),
+	}
+	if a.id.key != "" {
+		attrs = append(attrs, slog.String("key", keyHash(a.id.principal, a.id.key)))
+	}
+	ann := a.tool.annotations
+	attrs = append(attrs,
+		slog.String("principal", principalLabel(a.id.principal)),
+		slog.Group("annotations",
+			slog.Bool("read_only", ann.readOnly),
+			slog.Bool("idempotent", ann.idempotent),
+			slog.Bool("destructive", ann.destructive)),
+		slog.Float64("duration_ms", durationMS(d)),
+	)
+	if l.opts.LogSensitive {
+		attrs = append(attrs, slog.String("raw_key", a.id.key))
+		if req != nil && req.Params != nil {
+			attrs = append(attrs, slog.String("arguments", string(req.Params.Arguments)))
+		}
+	}
+	l.logger.LogAttrs(ctx, slog.LevelInfo, "call", attrs...)
+}
+
+// toolAnnotations are a tool's hints as they apply, the spec's defaults
+// filled in, so the event says what the layer assumed rather than what the
+// tool happened to spell out.
+type toolAnnotations struct {
+	readOnly, idempotent, destructive bool
+}
+
+func annotationsOf(a *mcp.ToolAnnotations) toolAnnotations {
+	if a == nil {
+		// The spec's defaults: not read-only, not idempotent, destructive.
+		return toolAnnotations{destructive: true}
+	}
+	ta := toolAnnotations{readOnly: a.ReadOnlyHint, idempotent: a.IdempotentHint, destructive: !a.ReadOnlyHint}
+	if a.DestructiveHint != nil && !a.ReadOnlyHint {
+		ta.destructive = *a.DestructiveHint
+	}
+	return ta
+}
+
+// deliveryResult names a recorded delivery outcome: the dispatcher stores a
+// retry as the effect going back to pending.
+func deliveryResult(o outcome) string {
+	if o.state == "pending" {
+		return "retry"
+	}
+	return o.state
+}
+
+// logDelivery writes the delivery event of one recorded attempt of e.
+func (d *Dispatcher) logDelivery(ctx context.Context, ds *destState, e *claimedEffect, o outcome, took time.Duration) {
+	result := deliveryResult(o)
+	level := slog.LevelInfo
+	if result == "dead" || result == "unknown" {
+		// Neither resolves on its own: an operator has to look.
+		level = slog.LevelWarn
+	}
+	attrs := []slog.Attr{
+		slog.String("destination", ds.Name),
+		slog.Int64("effect", e.id),
+		slog.Int("attempt", e.attempts),
+		slog.String("result", result),
+		slog.Int("status", o.status),
+		slog.Float64("duration_ms", durationMS(took)),
+		slog.String("error", o.err),
+		slog.String("key_hash", hashPrefix(e.key)),
+	}
+	if d.opts.LogSensitive {
+		attrs = append(attrs, slog.String("raw_key", e.key))
+	}
+	d.logger.LogAttrs(ctx, level, "delivery", attrs...)
+}

@@ -1,0 +1,184 @@
+package outbox_test
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/downstream"
+	"github.com/mcp-outbox/mcp-outbox/outbox"
+)
+
+// logBuffer collects JSON log records; deliveries log from their own
+// goroutines, hence the lock.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func (b *logBuffer) logger() *slog.Logger {
+	return slog.New(slog.NewJSONHandler(b, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+// records returns the records whose msg is msg, decoded.
+func (b *logBuffer) records(t *testing.T, msg string) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	for _, line := range strings.Split(strings.TrimSpace(b.String()), "\n") {
+		if line == "" {
+			continue
+		}
+		var r map[string]any
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		if r["msg"] == msg {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// scrubbed is the log with the fields that vary from run to run removed:
+// a timestamp or a duration could contain "4242" by chance.
+func (b *logBuffer) scrubbed(t *testing.T) string {
+	t.Helper()
+	var s strings.Builder
+	for _, line := range strings.Split(strings.TrimSpace(b.String()), "\n") {
+		var r map[string]any
+		if err := json.Unmarshal([]byte(line), &r); err != nil {
+			t.Fatalf("log line %q: %v", line, err)
+		}
+		delete(r, slog.TimeKey)
+		delete(r, "duration_ms")
+		enc, _ := json.Marshal(r)
+		s.Write(enc)
+		s.WriteByte('\n')
+	}
+	return s.String()
+}
+
+func sha12(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])[:12]
+}
+
+const secretKey = "secret-key-123"
+
+// runScript makes a charge, its replay, a conflicting reuse of its key and a
+// read-only call, and returns the layer's log.
+func runScript(t *testing.T, sensitive bool) *logBuffer {
+	t.Helper()
+	logs := &logBuffer{}
+	b := setup(t, &outbox.Options{Logger: logs.logger(), LogSensitive: sensitive}, nil)
+	if res := callCharge(t, b.session, secretKey, 4242); res.IsError {
+		t.Fatal(text(res))
+	}
+	if res := callCharge(t, b.session, secretKey, 4242); res.IsError {
+		t.Fatal(text(res))
+	}
+	if res := callCharge(t, b.session, secretKey, 17); !res.IsError {
+		t.Fatal("reusing the key with other arguments did not conflict")
+	}
+	if res := call(t, b.session, "balance", "", map[string]any{}); res.IsError {
+		t.Fatal(text(res))
+	}
+	return logs
+}
+
+func TestEvents_Calls(t *testing.T) {
+	t.Parallel()
+	logs := runScript(t, false)
+	calls := logs.records(t, "call")
+	want := []struct{ tool, outcome string }{
+		{"charge", "executed"}, {"charge", "replayed"}, {"charge", "conflict"}, {"balance", "executed"},
+	}
+	if len(calls) != len(want) {
+		t.Fatalf("%d call events, want %d:\n%s", len(calls), len(want), logs)
+	}
+	for i, w := range want {
+		c := calls[i]
+		if c["tool"] != w.tool || c["outcome"] != w.outcome || c["level"] != "INFO" || c["principal"] != "local" {
+			t.Errorf("call event %d = %v, want tool %s, outcome %s, level INFO, principal local", i, c, w.tool, w.outcome)
+		}
+		if _, ok := c["duration_ms"].(float64); !ok {
+			t.Errorf("call event %d has no duration_ms: %v", i, c)
+		}
+		ann, _ := c["annotations"].(map[string]any)
+		readOnly := w.tool == "balance"
+		if ann["read_only"] != readOnly || ann["destructive"] != !readOnly || ann["idempotent"] != false {
+			t.Errorf("call event %d annotations = %v", i, ann)
+		}
+	}
+	for i, c := range calls[:3] {
+		if c["key"] != sha12("local\x00"+secretKey) || c["key_source"] != "meta" {
+			t.Errorf("call event %d: key %v from %v, want the hash prefix of the scoped key from meta", i, c["key"], c["key_source"])
+		}
+	}
+	if out := logs.scrubbed(t); strings.Contains(out, secretKey) || strings.Contains(out, "4242") {
+		t.Errorf("the log leaks the key or the arguments:\n%s", out)
+	}
+}
+
+func TestEvents_CallsSensitive(t *testing.T) {
+	t.Parallel()
+	logs := runScript(t, true)
+	first := logs.records(t, "call")[0]
+	if first["raw_key"] != secretKey || !strings.Contains(first["arguments"].(string), "4242") {
+		t.Errorf("with LogSensitive the first call event is %v, want its raw key and arguments", first)
+	}
+}
+
+func TestEvents_Delivery(t *testing.T) {
+	t.Parallel()
+	for _, sensitive := range []bool{false, true} {
+		s := newDispatchSetup(t, 1, nil)
+		s.fake.FailNext(1, downstream.Status(503))
+		logs := &logBuffer{}
+		d := s.dispatcher(t, outbox.Destination{}, &outbox.DispatcherOptions{Logger: logs.logger(), LogSensitive: sensitive})
+		round(t, d)
+		s.clk.Add(time.Minute)
+		round(t, d)
+
+		key := effect(t, s.db.Read, 1).key
+		events := logs.records(t, "delivery")
+		want := []struct {
+			result string
+			status float64
+		}{{"retry", 503}, {"delivered", 200}}
+		if len(events) != len(want) {
+			t.Fatalf("sensitive=%v: %d delivery events, want %d:\n%s", sensitive, len(events), len(want), logs)
+		}
+		for i, w := range want {
+			e := events[i]
+			if e["destination"] != "payments" || e["effect"] != 1.0 || e["attempt"] != float64(i+1) ||
+				e["result"] != w.result || e["status"] != w.status || e["key_hash"] != sha12(key) {
+				t.Errorf("sensitive=%v: delivery event %d = %v, want attempt %d, %s, status %v", sensitive, i, e, i+1, w.result, w.status)
+			}
+		}
+		if events[0]["error"] != "HTTP 503" {
+			t.Errorf("retry event's error = %v, want the recorded last error", events[0]["error"])
+		}
+		if leaked := strings.Contains(logs.String(), key); leaked != sensitive {
+			t.Errorf("sensitive=%v: raw Idempotency-Key in the log = %v:\n%s", sensitive, leaked, logs)
+		}
+	}
+}
