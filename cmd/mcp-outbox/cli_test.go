@@ -149,6 +149,8 @@ func TestCLIBadServeConfig(t *testing.T) {
 		{"negative window", []string{"--fingerprint-window", "-1s"}, nil, "--fingerprint-window -1s: must not be negative"},
 		{"negative wait", []string{"--in-flight-wait", "-5s"}, nil, "--in-flight-wait -5s: must not be negative"},
 		{"negative delay", []string{"--demo-delay", "-1ms"}, nil, "--demo-delay -1ms: must not be negative"},
+		{"negative calls ttl", []string{"--calls-ttl", "-1h"}, nil, "--calls-ttl -1h0m0s: must not be negative"},
+		{"bad delivered ttl env", nil, map[string]string{"MCP_OUTBOX_DELIVERED_TTL": "weekly"}, "MCP_OUTBOX_DELIVERED_TTL"},
 		{"negative lease", []string{"--lease", "-2s"}, nil, "--lease -2s: must not be negative"},
 		{"lease not a duration", []string{"--lease", "soon"}, nil, `invalid value "soon" for flag -lease`},
 		{"lease env", nil, map[string]string{"MCP_OUTBOX_LEASE": "soon"}, `MCP_OUTBOX_LEASE="soon"`},

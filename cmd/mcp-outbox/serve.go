@@ -49,6 +49,7 @@ type appConfig struct {
 	fingerprint  time.Duration
 	inFlightWait time.Duration
 	lease        time.Duration
+	retention    outbox.Retention
 	bare         bool
 	logLevel     string
 	logFormat    string
@@ -68,8 +69,9 @@ type app struct {
 	// logSensitive puts raw keys and arguments in the events (--log-sensitive).
 	logSensitive bool
 
-	metrics        *outbox.Metrics // nil records nothing
-	metricsHandler http.Handler    // GET /metrics; nil when not built
+	retention      outbox.Retention // what the reaper keeps
+	metrics        *outbox.Metrics  // nil records nothing
+	metricsHandler http.Handler     // GET /metrics; nil when not built
 }
 
 func (cfg *appConfig) flags(env *environment, fs *flag.FlagSet) error {
@@ -100,6 +102,23 @@ func (cfg *appConfig) flags(env *environment, fs *flag.FlagSet) error {
 	}
 	fs.DurationVar(&cfg.lease, "lease", lease,
 		"how long a running call's claim keeps other processes on the same database from taking it over; 0 means the default [MCP_OUTBOX_LEASE]")
+	for _, ttl := range []struct {
+		d         *time.Duration
+		flag, env string
+		def       time.Duration
+		usage     string
+	}{
+		{&cfg.retention.Calls, "calls-ttl", "MCP_OUTBOX_CALLS_TTL", outbox.DefaultCallRetention,
+			"how long a call's key is remembered (a retry within it replays) and its record kept"},
+		{&cfg.retention.Delivered, "delivered-ttl", "MCP_OUTBOX_DELIVERED_TTL", outbox.DefaultDeliveredRetention,
+			"how long delivered effects are kept before the reaper purges them"},
+	} {
+		v, err := env.envDuration(ttl.env, ttl.def)
+		if err != nil {
+			return err
+		}
+		fs.DurationVar(ttl.d, ttl.flag, v, ttl.usage+" ["+ttl.env+"]")
+	}
 	fs.BoolVar(&cfg.bare, "bare", false, "run the ledger WITHOUT the outbox layer: every retry charges again (for demonstrations)")
 	fs.StringVar(&cfg.logLevel, "log-level", env.envDefault("MCP_OUTBOX_LOG_LEVEL", "info"), "debug, info, warn or error [MCP_OUTBOX_LOG_LEVEL]")
 	fs.StringVar(&cfg.logFormat, "log-format", env.envDefault("MCP_OUTBOX_LOG_FORMAT", "text"), "text or json [MCP_OUTBOX_LOG_FORMAT]")
@@ -120,7 +139,8 @@ func openApp(ctx context.Context, env *environment, cfg *appConfig) (*app, error
 	for _, d := range []struct {
 		flag string
 		v    time.Duration
-	}{{"fingerprint-window", cfg.fingerprint}, {"in-flight-wait", cfg.inFlightWait}, {"demo-delay", cfg.demoDelay}, {"lease", cfg.lease}} {
+	}{{"fingerprint-window", cfg.fingerprint}, {"in-flight-wait", cfg.inFlightWait}, {"demo-delay", cfg.demoDelay}, {"lease", cfg.lease},
+		{"calls-ttl", cfg.retention.Calls}, {"delivered-ttl", cfg.retention.Delivered}} {
 		if d.v < 0 {
 			return nil, usagef("--%s %v: must not be negative", d.flag, d.v)
 		}
@@ -152,7 +172,7 @@ func openApp(ctx context.Context, env *environment, cfg *appConfig) (*app, error
 	if window == 0 {
 		window = outbox.FingerprintOff
 	}
-	a.layer, err = outbox.New(db, &outbox.Options{Logger: logger, FingerprintWindow: window, InFlightWait: cfg.inFlightWait, Lease: cfg.lease, Metrics: a.metrics, LogSensitive: cfg.logSensitive})
+	a.layer, err = outbox.New(db, &outbox.Options{Logger: logger, FingerprintWindow: window, InFlightWait: cfg.inFlightWait, Lease: cfg.lease, KeyRetention: cfg.retention.Calls, Metrics: a.metrics, LogSensitive: cfg.logSensitive})
 	if err != nil {
 		db.Close()
 		return nil, err
@@ -259,7 +279,7 @@ func (a *app) startReaper(ctx context.Context) (stop func()) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		if err := outbox.RunReaper(rctx, a.db, outbox.Retention{}, outbox.DefaultReapInterval, a.logger); err != nil {
+		if err := outbox.RunReaper(rctx, a.db, a.retention, outbox.DefaultReapInterval, a.logger); err != nil {
 			a.logger.Error("reaper stopped", "error", err)
 		}
 	}()

@@ -1,0 +1,70 @@
+package main
+
+import (
+	"context"
+	"io"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/outbox"
+)
+
+// --calls-ttl reaches the layer: past it, a key names a new call.
+func TestServeCallsTTL(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	env := testEnv(nil, nil, io.Discard, io.Discard)
+	cfg := &appConfig{db: filepath.Join(t.TempDir(), "ttl.db"), durability: "full", logLevel: "error"}
+	cfg.retention.Calls = 50 * time.Millisecond
+	a, err := openApp(ctx, env, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	st, ct := mcp.NewInMemoryTransports()
+	ss, err := a.server.Connect(ctx, st, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ss.Close()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "c", Version: "v0"}, nil).Connect(ctx, ct, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	charge := func() map[string]any {
+		t.Helper()
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "charge", Arguments: map[string]any{"amount": 5},
+			Meta: mcp.Meta{"idempotencyKey": "ttl-key"}})
+		if err != nil || res.IsError {
+			t.Fatalf("charge: %v %v", err, res)
+		}
+		m, _ := res.Meta[outbox.MetaKeyCall].(map[string]any)
+		return m
+	}
+	first := charge()
+	if again := charge(); again["replayed"] != true {
+		t.Fatalf("within the TTL: %v, want a replay", again)
+	}
+	for deadline := time.Now().Add(10 * time.Second); time.Since(completedAt(t, first)) < 100*time.Millisecond; {
+		if time.Now().After(deadline) {
+			t.Fatal("clock did not advance")
+		}
+		time.Sleep(10 * time.Millisecond) // waiting out the TTL itself, not a result
+	}
+	if later := charge(); later["replayed"] != false {
+		t.Errorf("past the TTL: %v, want a new call", later)
+	}
+}
+
+func completedAt(t *testing.T, meta map[string]any) time.Time {
+	t.Helper()
+	at, err := time.Parse(time.RFC3339Nano, meta["completedAt"].(string))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return at
+}
