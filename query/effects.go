@@ -57,25 +57,16 @@ func CountEffects(ctx context.Context, db *sql.DB) (Counts, error) {
 	return c, rows.Err()
 }
 
-// EffectRow is one effect as operators see it.
+// EffectRow is one effect as operators see it: the call-independent
+// delivery state of Effect, with the effect's id, its call and its times.
 type EffectRow struct {
-	ID             int64      `json:"id"`
-	CallKey        string     `json:"callKey,omitempty"`
-	Tool           string     `json:"tool,omitempty"`
-	Seq            int        `json:"seq"`
-	Destination    string     `json:"destination"`
-	Method         string     `json:"method"`
-	Path           string     `json:"path"`
-	IdempotencyKey string     `json:"idempotencyKey"`
-	State          string     `json:"state"`
-	Attempts       int        `json:"attempts"`
-	LastStatus     int        `json:"lastStatus,omitempty"`
-	LastError      string     `json:"lastError,omitempty"`
-	Response       string     `json:"response,omitempty"`
-	CreatedAt      time.Time  `json:"createdAt"`
-	UpdatedAt      time.Time  `json:"updatedAt"`
-	NextAttemptAt  *time.Time `json:"nextAttemptAt,omitempty"`
-	DeliveredAt    *time.Time `json:"deliveredAt,omitempty"`
+	ID      int64  `json:"id"`
+	CallKey string `json:"callKey,omitempty"`
+	Tool    string `json:"tool,omitempty"`
+	Effect
+	Response  string    `json:"response,omitempty"`
+	CreatedAt time.Time `json:"createdAt"`
+	UpdatedAt time.Time `json:"updatedAt"`
 }
 
 // EffectFilter selects effects; zero fields select everything.
