@@ -80,7 +80,7 @@ func TestKeys_PrincipalsAreIsolated(t *testing.T) {
 		t.Fatal(text(res))
 	}
 	st := call(t, alice, outbox.StatusToolName, "", map[string]any{"key": "other"})
-	if !strings.Contains(text(st), `"state":"unknown"`) {
+	if !strings.Contains(text(st), `"state":"not_found"`) {
 		t.Errorf("alice sees bob's call: %s", text(st))
 	}
 	st = call(t, bob, outbox.StatusToolName, "", map[string]any{"key": "other"})
@@ -303,7 +303,7 @@ func TestKeys_RetentionExpiry(t *testing.T) {
 	first := callCharge(t, b.session, "k", 100)
 	clk.Add(time.Hour + time.Second)
 	st := call(t, b.session, outbox.StatusToolName, "", map[string]any{"key": "k"})
-	if !strings.Contains(text(st), `"state":"unknown"`) || !strings.Contains(text(st), "expired") {
+	if !strings.Contains(text(st), `"state":"not_found"`) || !strings.Contains(text(st), "expired") {
 		t.Fatalf("status after retention: %s", text(st))
 	}
 	second := callCharge(t, b.session, "k", 100)

@@ -257,3 +257,24 @@ func TestMetrics_Nil(t *testing.T) {
 		t.Fatal(text(res))
 	}
 }
+
+// Calls in state unknown are counted from the database at each scrape,
+// whoever made them unknown; 0 is reported, not left out.
+func TestMetrics_UnknownCalls(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(outbox.NewDepthCollector(db))
+	const head = `
+# HELP mcp_outbox_calls_unknown Calls in state unknown: forwarded, their outcome lost; each waits for an operator (mcp-outbox outbox resolve-call).
+# TYPE mcp_outbox_calls_unknown gauge
+`
+	expectMetrics(t, reg, head+"mcp_outbox_calls_unknown 0\n", "mcp_outbox_calls_unknown")
+	for i, state := range []string{"unknown", "unknown", "completed", "in_flight"} {
+		if _, err := db.Write.Exec(`INSERT INTO calls (uid, principal, key, key_source, tool, args_hash, state, created_at, expires_at, on_lost)
+			VALUES (?1, 'local', ?1, 'meta', 'charge', '', ?2, 1, 2, 'unknown')`, "call-"+string(rune('a'+i)), state); err != nil {
+			t.Fatal(err)
+		}
+	}
+	expectMetrics(t, reg, head+"mcp_outbox_calls_unknown 2\n", "mcp_outbox_calls_unknown")
+}

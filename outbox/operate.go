@@ -5,7 +5,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -96,4 +99,86 @@ func changeEffect(ctx context.Context, db *schema.DB, id int64, stmt string, arg
 		return fmt.Errorf("read effect %d: %w", id, err)
 	}
 	return fmt.Errorf("effect %d is %s: %w", id, state, ErrEffectState)
+}
+
+// Errors of ResolveCall.
+var (
+	ErrNoCall         = errors.New("no such call")
+	ErrCallNotUnknown = errors.New("only a call in state unknown can be resolved")
+	ErrCallOutcome    = errors.New("outcome must be completed, failed or rerun")
+)
+
+// Outcomes an operator can resolve an unknown call to.
+const (
+	// ResolveCompleted: the call ran and its work is done. It becomes
+	// completed; a retry replays the operator's note as its result.
+	ResolveCompleted = "completed"
+	// ResolveFailed: the call ran and failed, or must not run: it becomes
+	// failed; a retry replays the operator's note as a tool error.
+	ResolveFailed = "failed"
+	// ResolveRerun: the call did not run. Its row is deleted, so that the
+	// next retry with its key runs it.
+	ResolveRerun = "rerun"
+)
+
+// ResolvedPrefix starts the text of the result an operator's resolution
+// records.
+const ResolvedPrefix = "[resolved by an operator]"
+
+// The statements of ResolveCall. Each applies only to a call in state
+// unknown, so a resolution cannot race an attempt: nothing claims an
+// unknown call. A call resolved as completed or failed keeps its key for
+// the window it was made with, counted again from the resolution, so that
+// the client's retries after the operator's decision replay it instead of
+// running it again.
+const (
+	resolveCallOutcome = `
+UPDATE calls SET state = ?1, result = ?2, completed_at = ?3, owner = '', lease_until = 0,
+    expires_at = max(expires_at, ?3 + max(expires_at - created_at, 0))
+WHERE principal = ?4 AND key = ?5 AND state = 'unknown'`
+	resolveCallRerun = `DELETE FROM calls WHERE principal = ?1 AND key = ?2 AND state = 'unknown'`
+)
+
+// ResolveCall settles a call in state unknown (forwarded to a tool server
+// whose work is outside the call's transaction, its outcome lost) by what
+// an operator found out there: completed or failed records that outcome,
+// with a result whose text is ResolvedPrefix and note, which retries
+// replay; rerun deletes the call, so that the next retry runs it. The
+// call's effects, if any, are not touched.
+func ResolveCall(ctx context.Context, db *schema.DB, principal, key, outcome, note string) error {
+	now := time.Now().UnixMilli()
+	var (
+		r   sql.Result
+		err error
+	)
+	switch outcome {
+	case ResolveCompleted, ResolveFailed:
+		res, eerr := encodeResult(&mcp.CallToolResult{
+			Content: []mcp.Content{&mcp.TextContent{Text: strings.TrimSpace(ResolvedPrefix + " " + note)}},
+			IsError: outcome == ResolveFailed,
+		})
+		if eerr != nil {
+			return eerr
+		}
+		r, err = db.Write.ExecContext(ctx, resolveCallOutcome, outcome, res, now, principal, key)
+	case ResolveRerun:
+		r, err = db.Write.ExecContext(ctx, resolveCallRerun, principal, key)
+	default:
+		return fmt.Errorf("outcome %q: %w", outcome, ErrCallOutcome)
+	}
+	if err != nil {
+		return fmt.Errorf("resolve call %q of %s: %w", key, principal, err)
+	}
+	if n, _ := r.RowsAffected(); n == 1 {
+		return nil
+	}
+	var state string
+	err = db.Read.QueryRowContext(ctx, `SELECT state FROM calls WHERE principal = ? AND key = ?`, principal, key).Scan(&state)
+	if errors.Is(err, sql.ErrNoRows) {
+		return fmt.Errorf("call %q of %s: %w", key, principal, ErrNoCall)
+	}
+	if err != nil {
+		return fmt.Errorf("read call %q of %s: %w", key, principal, err)
+	}
+	return fmt.Errorf("call %q of %s is %s: %w", key, principal, state, ErrCallNotUnknown)
 }

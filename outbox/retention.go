@@ -56,8 +56,16 @@ const purgeBatch = 1000
 //     attempt still be running somewhere, the fence refuses its commit once
 //     the row is gone.
 //
-// Never purged: pending, in_flight, dead and unknown effects, which still
-// need a dispatcher or an operator.
+// Not purged but settled: an in_flight call whose lease passed more than
+// Calls ago and whose claim says on_lost = 'unknown' (it was forwarded to a
+// process whose work is outside the call's transaction, such as a tool
+// server behind mcp-outbox proxy) may have run there. Deleting it would let
+// a retry run it again, so it becomes state unknown instead, owned by
+// nobody, for an operator to settle ([ResolveCall]).
+//
+// Never purged: calls in state unknown, which wait for an operator, and
+// pending, in_flight, dead and unknown effects, which still need a
+// dispatcher or an operator.
 type Retention struct {
 	// Calls is the least time a call row is kept after its completion;
 	// zero means DefaultCallRetention.
@@ -85,11 +93,15 @@ func (r Retention) withDefaults() (Retention, error) {
 	return r, nil
 }
 
-// PurgeCounts are the rows a purge deleted, or would delete in a dry run.
+// PurgeCounts are the rows a purge deleted, or would delete in a dry run,
+// and the abandoned claims it turned into unknown calls (or would).
 type PurgeCounts struct {
 	Calls            int64 `json:"calls"`
 	DeliveredEffects int64 `json:"deliveredEffects"`
 	CancelledEffects int64 `json:"cancelledEffects"`
+	// UnknownCalls are abandoned claims of forwarded calls that became
+	// state unknown instead of being deleted; nothing was deleted of them.
+	UnknownCalls int64 `json:"unknownCalls"`
 }
 
 // Effects is the number of effects of both kinds.
@@ -111,17 +123,27 @@ DELETE FROM effects WHERE id IN (
 DELETE FROM effects WHERE id IN (
     SELECT id FROM effects WHERE state = 'cancelled' AND updated_at <= ?1 LIMIT ?2)`
 
+	// An abandoned claim of a forwarded call (on_lost = 'unknown') is not
+	// deleted: it becomes unknown, owned by nobody. It leaves the in_flight
+	// state, so each batch finds the next ones.
+	countLost = `SELECT count(*) FROM calls WHERE state = 'in_flight' AND on_lost = 'unknown' AND lease_until <= ?3`
+	markLost  = `
+UPDATE calls SET state = 'unknown', owner = '', lease_until = 0 WHERE id IN (
+    SELECT id FROM calls WHERE state = 'in_flight' AND on_lost = 'unknown' AND lease_until <= ?3 LIMIT ?2)`
+
+	// Calls in state unknown are never deleted: only an operator settles
+	// them.
 	countCalls = `
 SELECT count(*) FROM calls c
 WHERE ((c.state IN ('completed', 'failed') AND c.expires_at <= ?1 AND coalesce(c.completed_at, c.created_at) <= ?3)
-       OR (c.state = 'in_flight' AND c.lease_until <= ?3))
+       OR (c.state = 'in_flight' AND c.on_lost = 'rerun' AND c.lease_until <= ?3))
   AND NOT EXISTS (SELECT 1 FROM effects e
                   WHERE e.call_id = c.id AND e.state IN ('pending', 'in_flight', 'dead', 'unknown'))`
 	deleteCalls = `
 DELETE FROM calls WHERE id IN (
     SELECT c.id FROM calls c
     WHERE ((c.state IN ('completed', 'failed') AND c.expires_at <= ?1 AND coalesce(c.completed_at, c.created_at) <= ?3)
-           OR (c.state = 'in_flight' AND c.lease_until <= ?3))
+           OR (c.state = 'in_flight' AND c.on_lost = 'rerun' AND c.lease_until <= ?3))
       AND NOT EXISTS (SELECT 1 FROM effects e
                       WHERE e.call_id = c.id AND e.state IN ('pending', 'in_flight', 'dead', 'unknown'))
     LIMIT ?2)`
@@ -148,16 +170,17 @@ func Purge(ctx context.Context, db *schema.DB, r Retention, now time.Time, dryRu
 		cutoff        int64
 		n             *int64
 	}{
-		{"delivered effects", countDelivered, deleteDelivered, nowMS - r.Delivered.Milliseconds(), &c.DeliveredEffects},
-		{"cancelled effects", countCancelled, deleteCancelled, nowMS - r.Cancelled.Milliseconds(), &c.CancelledEffects},
-		{"calls", countCalls, deleteCalls, nowMS, &c.Calls},
+		{"expired delivered effects", countDelivered, deleteDelivered, nowMS - r.Delivered.Milliseconds(), &c.DeliveredEffects},
+		{"expired cancelled effects", countCancelled, deleteCancelled, nowMS - r.Cancelled.Milliseconds(), &c.CancelledEffects},
+		{"abandoned claims of forwarded calls (marking them unknown)", countLost, markLost, nowMS, &c.UnknownCalls},
+		{"expired calls", countCalls, deleteCalls, nowMS, &c.Calls},
 	}
 	completedBefore := nowMS - r.Calls.Milliseconds()
 	for _, s := range steps {
 		if dryRun {
 			// ?2 is a delete's batch size; the counts have none.
 			if err := db.Read.QueryRowContext(ctx, s.count, s.cutoff, nil, completedBefore).Scan(s.n); err != nil {
-				return c, fmt.Errorf("count expired %s: %w", s.what, err)
+				return c, fmt.Errorf("count %s: %w", s.what, err)
 			}
 			continue
 		}
@@ -165,7 +188,7 @@ func Purge(ctx context.Context, db *schema.DB, r Retention, now time.Time, dryRu
 			n, err := purgeBatchOf(ctx, db, s.delete, s.cutoff, completedBefore)
 			*s.n += n
 			if err != nil {
-				return c, fmt.Errorf("purge expired %s: %w", s.what, err)
+				return c, fmt.Errorf("purge %s: %w", s.what, err)
 			}
 			if n < purgeBatch {
 				break
@@ -219,7 +242,12 @@ func RunReaper(ctx context.Context, db *schema.DB, r Retention, interval time.Du
 			// Cut short by shutdown: nothing to report.
 		case err != nil:
 			logger.WarnContext(ctx, "purge expired records", "error", err,
-				"calls", c.Calls, "delivered_effects", c.DeliveredEffects, "cancelled_effects", c.CancelledEffects)
+				"calls", c.Calls, "delivered_effects", c.DeliveredEffects, "cancelled_effects", c.CancelledEffects,
+				"unknown_calls", c.UnknownCalls)
+		case c.UnknownCalls > 0:
+			logger.WarnContext(ctx, "abandoned forwarded calls are now unknown: an operator must settle them (mcp-outbox outbox calls)",
+				"unknown_calls", c.UnknownCalls, "calls", c.Calls, "delivered_effects", c.DeliveredEffects,
+				"cancelled_effects", c.CancelledEffects)
 		case c.Calls+c.Effects() > 0:
 			logger.InfoContext(ctx, "purged expired records",
 				"calls", c.Calls, "delivered_effects", c.DeliveredEffects, "cancelled_effects", c.CancelledEffects)

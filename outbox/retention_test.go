@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -111,7 +112,7 @@ func keysOf(t *testing.T, db *schema.DB, q string) string {
 	return fmt.Sprint(out)
 }
 
-func TestPurge_PurgedKeyIsUnknownAndRunsAgain(t *testing.T) {
+func TestPurge_PurgedKeyIsNotFoundAndRunsAgain(t *testing.T) {
 	t.Parallel()
 	clk := &clock{t: time.Now()}
 	b := setup(t, &outbox.Options{Now: clk.Now}, nil)
@@ -121,8 +122,8 @@ func TestPurge_PurgedKeyIsUnknownAndRunsAgain(t *testing.T) {
 	if got := purge(t, b.db, outbox.Retention{}, clk.Now(), false); got.Calls != 1 {
 		t.Fatalf("purge: %+v, want the call", got)
 	}
-	if st := status(t, b.session, map[string]any{"key": "old"}); st.State != query.Unknown {
-		t.Errorf("status of a purged call: %+v, want unknown", st)
+	if st := status(t, b.session, map[string]any{"key": "old"}); st.State != query.NotFound {
+		t.Errorf("status of a purged call: %+v, want not_found", st)
 	}
 	if res := callCharge(t, b.session, "old", 100); callMeta(res)["replayed"] != false {
 		t.Errorf("retry of a purged call was replayed: %v", res.Meta)
@@ -281,5 +282,75 @@ func TestPurge_AbandonedClaims(t *testing.T) {
 	}
 	if n := count(t, b.db.Read, `SELECT count(*) FROM calls WHERE key = 'running'`); n != 1 {
 		t.Error("a live claim was purged")
+	}
+}
+
+// A claim of a call forwarded to a process whose work is outside the call's
+// transaction (on_lost = 'unknown') may have run there: once abandoned it
+// becomes an unknown call, owned by nobody, not a deleted row a retry would
+// run again. Unknown calls are never purged.
+func TestPurge_AbandonedForwardedClaimsBecomeUnknown(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil, nil)
+	now := time.Now()
+	long := now.Add(-48 * time.Hour)
+	for _, c := range []struct {
+		key, state, onLost string
+		lease, expires     time.Time
+	}{
+		{"lost-forwarded", "in_flight", "unknown", long, now.Add(-time.Hour)},
+		{"running-forwarded", "in_flight", "unknown", now.Add(time.Minute), now.Add(time.Hour)},
+		{"recent-forwarded", "in_flight", "unknown", now.Add(-time.Hour), now.Add(time.Hour)}, // within the grace
+		{"lost-local", "in_flight", "rerun", long, now.Add(-time.Hour)},
+		{"settled-unknown", "unknown", "unknown", time.UnixMilli(0), long},
+	} {
+		owner := "elsewhere/1/1/ab#1"
+		if c.state == "unknown" {
+			owner = ""
+		}
+		if _, err := b.db.Write.Exec(`INSERT INTO calls (uid, principal, key, key_source, tool, args_hash, state, owner, lease_until, created_at, expires_at, on_lost)
+			VALUES (?, 'local', ?, 'meta', 'charge', '', ?, ?, ?, ?, ?, ?)`,
+			"call_"+c.key, c.key, c.state, owner, c.lease.UnixMilli(), long.UnixMilli(), c.expires.UnixMilli(), c.onLost); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rows := func() string {
+		return keysOf(t, b.db, `SELECT key || ':' || state || ':' || owner || ':' || (lease_until > 0) FROM calls ORDER BY id`)
+	}
+	before := rows()
+	want := outbox.PurgeCounts{Calls: 1, UnknownCalls: 1}
+	if got := purge(t, b.db, outbox.Retention{}, now, true); got != want {
+		t.Errorf("dry run: %+v, want %+v", got, want)
+	}
+	if after := rows(); after != before {
+		t.Errorf("dry run changed calls: %s -> %s", before, after)
+	}
+	if got := purge(t, b.db, outbox.Retention{}, now, false); got != want {
+		t.Errorf("purge: %+v, want %+v", got, want)
+	}
+	wantRows := "[lost-forwarded:unknown::0 running-forwarded:in_flight:elsewhere/1/1/ab#1:1 " +
+		"recent-forwarded:in_flight:elsewhere/1/1/ab#1:1 settled-unknown:unknown::0]"
+	if got := rows(); got != wantRows {
+		t.Errorf("calls after purge (key:state:owner:leased): %s, want %s", got, wantRows)
+	}
+	// Its key has expired, but an unknown call is reported as such: a retry
+	// would not run it.
+	st, err := query.Lookup(context.Background(), b.db.Read, "local", "lost-forwarded", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.State != query.OutcomeUnknown || !strings.Contains(st.Message, "resolve-call") {
+		t.Errorf("status of the abandoned forwarded call: %+v, want unknown", st)
+	}
+	if got := purge(t, b.db, outbox.Retention{}, now, false); got != (outbox.PurgeCounts{}) {
+		t.Errorf("second purge: %+v, want nothing", got)
+	}
+
+	// Years later every forwarded claim is unknown, and all are still there.
+	if got := purge(t, b.db, outbox.Retention{}, now.Add(10*365*24*time.Hour), false); got != (outbox.PurgeCounts{UnknownCalls: 2}) {
+		t.Errorf("purge years later: %+v, want the two live claims marked unknown", got)
+	}
+	if got := keysOf(t, b.db, `SELECT key || ':' || state FROM calls ORDER BY id`); got != "[lost-forwarded:unknown running-forwarded:unknown recent-forwarded:unknown settled-unknown:unknown]" {
+		t.Errorf("calls years later: %s", got)
 	}
 }

@@ -30,8 +30,8 @@ func TestStatus_States(t *testing.T) {
 	b := setup(t, nil, nil)
 	g := addGate(b.layer, b.server)
 
-	if st := status(t, b.session, map[string]any{"key": "never"}); st.State != query.Unknown {
-		t.Errorf("unknown key: state %s", st.State)
+	if st := status(t, b.session, map[string]any{"key": "never"}); st.State != query.NotFound {
+		t.Errorf("key never used: state %s", st.State)
 	}
 
 	done := make(chan struct{})

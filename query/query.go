@@ -19,15 +19,21 @@ import (
 type State string
 
 const (
-	// Unknown: no call with this key within retention. It was never seen,
+	// NotFound: no call with this key within retention. It was never seen,
 	// or its record expired; a retry would run it.
-	Unknown State = "unknown"
+	NotFound State = "not_found"
 	// InFlight: an attempt has claimed the call and not committed an outcome.
 	InFlight State = "in_flight"
 	// Completed: the call's writes, effects and result are committed.
 	Completed State = "completed"
 	// Failed: the tool returned an error; nothing of its work was kept.
 	Failed State = "failed"
+	// OutcomeUnknown: the call was forwarded to a process whose work is
+	// outside the call's transaction (a tool server behind mcp-outbox
+	// proxy) and its outcome was lost. It may or may not have run. It is
+	// never run again automatically: a retry gets an "outcome unknown"
+	// error until an operator settles it.
+	OutcomeUnknown State = "unknown"
 )
 
 // Status is the answer for one key.
@@ -71,7 +77,7 @@ SELECT seq, destination, method, path, idempotency_key, state, attempts, last_st
 FROM effects WHERE call_id = ? ORDER BY seq`
 
 // Lookup reports the status of principal's call with key at time now. A
-// principal sees only its own calls: another principal's key is unknown.
+// principal sees only its own calls: another principal's key is not found.
 func Lookup(ctx context.Context, db *sql.DB, principal, key string, now time.Time) (*Status, error) {
 	if err := callkey.Validate(key); err != nil {
 		return nil, err
@@ -86,9 +92,12 @@ func Lookup(ctx context.Context, db *sql.DB, principal, key string, now time.Tim
 	)
 	err := db.QueryRowContext(ctx, selectCall, principal, key).Scan(
 		&id, &st.CallID, &source, &tl, &state, &st.Attempts, &result, &created, &completed, &expires)
-	if errors.Is(err, sql.ErrNoRows) || (err == nil && State(state) != InFlight && expires <= now.UnixMilli()) {
-		return &Status{Key: key, State: Unknown, Effects: []Effect{},
-			Message: "No call with this key within the retention window: it was never seen, or its record expired. A retry would run it."}, nil
+	// An in_flight or unknown call is reported whatever its expiry: the
+	// first is running, the second waits for an operator, and a retry of
+	// neither would run it.
+	if errors.Is(err, sql.ErrNoRows) || (err == nil && State(state) != InFlight && State(state) != OutcomeUnknown && expires <= now.UnixMilli()) {
+		return &Status{Key: key, State: NotFound, Effects: []Effect{},
+			Message: "No call with this key within the retention window: it expired or was never seen. A retry would run it."}, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("look up call: %w", err)
@@ -168,6 +177,10 @@ func message(st *Status) string {
 		return m
 	case Failed:
 		return "The tool returned an error; nothing of its work was kept. A retry with the same key replays the error."
+	case OutcomeUnknown:
+		return "The call was forwarded to the tool server but its outcome was lost: it may or may not have run. " +
+			"It will not run again automatically; a retry with the same key gets an \"outcome unknown\" error. " +
+			"An operator settles it with `mcp-outbox outbox resolve-call`."
 	}
 	return ""
 }

@@ -27,5 +27,10 @@
 // recorded in schema_migrations. A set with a gap or a duplicate version is
 // refused. Migrating runs inside one IMMEDIATE transaction that re-reads the
 // applied versions after taking the write lock, so two processes opening the
-// same new file at once apply each migration exactly once.
+// same new file at once apply each migration exactly once. Foreign key
+// enforcement is off while migrations run, so that a migration can rebuild a
+// table by SQLite's documented procedure without firing the ON DELETE actions
+// of the tables that refer to it; PRAGMA foreign_key_check must then find no
+// violation before the transaction commits, and enforcement is back on
+// before the connection serves anything else.
 package schema

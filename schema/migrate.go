@@ -2,13 +2,17 @@ package schema
 
 import (
 	"context"
+	"database/sql"
+	"database/sql/driver"
 	"embed"
+	"errors"
 	"fmt"
 	"io/fs"
 	"path"
 	"regexp"
 	"sort"
 	"strconv"
+	"strings"
 )
 
 //go:embed migrations/*.up.sql
@@ -78,12 +82,42 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 // same set in another process waits for the lock, then finds them applied.
 // A database that has a version this binary does not know is refused, so an
 // old binary never runs against a newer schema.
-func (db *DB) Migrate(ctx context.Context, set string, fsys fs.FS) error {
+//
+// Foreign key enforcement is off while migrations run, as SQLite's
+// procedure for rebuilding a table requires (with it on, dropping a table
+// would first delete its rows and fire the ON DELETE actions of the tables
+// that refer to it). Before committing, PRAGMA foreign_key_check must find
+// no violation, or nothing is applied. Enforcement is back on when Migrate
+// returns. The pragma has no effect inside a transaction, so Migrate holds
+// the writer connection from before its transaction begins until after it
+// ends.
+func (db *DB) Migrate(ctx context.Context, set string, fsys fs.FS) (err error) {
 	ms, err := ReadMigrations(fsys)
 	if err != nil {
 		return fmt.Errorf("migrate %s: %w", set, err)
 	}
-	tx, err := db.Write.BeginTx(ctx, nil)
+	conn, err := db.Write.Conn(ctx)
+	if err != nil {
+		return fmt.Errorf("migrate %s: take writer connection: %w", set, err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, "PRAGMA foreign_keys = OFF"); err != nil {
+		return fmt.Errorf("migrate %s: turn foreign keys off: %w", set, err)
+	}
+	defer func() {
+		// Restored even when ctx has ended: every later transaction on this
+		// connection relies on it. A connection that cannot be restored is
+		// discarded, and the pool opens a new one with foreign keys on.
+		if _, rerr := conn.ExecContext(context.WithoutCancel(ctx), "PRAGMA foreign_keys = ON"); rerr != nil {
+			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+			err = errors.Join(err, fmt.Errorf("migrate %s: turn foreign keys back on: %w", set, rerr))
+		}
+	}()
+	return migrate(ctx, conn, set, ms)
+}
+
+func migrate(ctx context.Context, conn *sql.Conn, set string, ms []Migration) error {
+	tx, err := conn.BeginTx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("migrate %s: begin: %w", set, err)
 	}
@@ -111,8 +145,47 @@ func (db *DB) Migrate(ctx context.Context, set string, fsys fs.FS) error {
 			return fmt.Errorf("migrate %s: record %s: %w", set, m.Name, err)
 		}
 	}
+	if applied < len(ms) {
+		if err := checkForeignKeys(ctx, tx); err != nil {
+			return fmt.Errorf("migrate %s: %w", set, err)
+		}
+	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("migrate %s: commit: %w", set, err)
+	}
+	return nil
+}
+
+// checkForeignKeys fails if any row refers to a row that does not exist,
+// naming the first few.
+func checkForeignKeys(ctx context.Context, tx *sql.Tx) error {
+	rows, err := tx.QueryContext(ctx, "PRAGMA foreign_key_check")
+	if err != nil {
+		return fmt.Errorf("check foreign keys: %w", err)
+	}
+	defer rows.Close()
+	var (
+		bad []string
+		n   int
+	)
+	for rows.Next() {
+		var (
+			table, parent string
+			rowid         sql.NullInt64
+			fkid          int64
+		)
+		if err := rows.Scan(&table, &rowid, &parent, &fkid); err != nil {
+			return fmt.Errorf("check foreign keys: %w", err)
+		}
+		if n++; len(bad) < 5 {
+			bad = append(bad, fmt.Sprintf("%s row %d refers to a missing row of %s", table, rowid.Int64, parent))
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("check foreign keys: %w", err)
+	}
+	if n > 0 {
+		return fmt.Errorf("foreign key check found %d violations, nothing applied: %s", n, strings.Join(bad, "; "))
 	}
 	return nil
 }

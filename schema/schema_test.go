@@ -3,6 +3,8 @@ package schema_test
 import (
 	"context"
 	"database/sql"
+	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -185,10 +187,253 @@ func TestCheckReady(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A schema behind this binary is not ready.
-	if _, err := db.Write.Exec(`DELETE FROM schema_migrations WHERE set_name = 'outbox' AND version = 2`); err != nil {
+	ms, err := schema.ReadMigrations(os.DirFS("migrations"))
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := db.CheckReady(ctx); err == nil || !strings.Contains(err.Error(), "version 1") {
+	if _, err := db.Write.Exec(`DELETE FROM schema_migrations WHERE set_name = 'outbox' AND version = ?`, len(ms)); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.CheckReady(ctx); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("version %d", len(ms)-1)) {
 		t.Errorf("old schema: err = %v", err)
+	}
+}
+
+// openAtVersion2 makes a database file with the outbox schema as version 2
+// left it, the way a binary from before migration 3 did, and returns a
+// handle on it that applies no migrations.
+func openAtVersion2(t *testing.T, path string) *schema.DB {
+	t.Helper()
+	v2 := fstest.MapFS{}
+	for _, name := range []string{"001_outbox.up.sql", "002_readiness.up.sql"} {
+		b, err := os.ReadFile(filepath.Join("migrations", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		v2[name] = &fstest.MapFile{Data: b}
+	}
+	dsn := "file:" + path + "?_pragma=busy_timeout(5000)&_pragma=foreign_keys(1)&_txlock=immediate"
+	w, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.SetMaxOpenConns(1)
+	r, err := sql.Open("sqlite", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db := &schema.DB{Write: w, Read: r, Path: path}
+	t.Cleanup(func() { db.Close() })
+	if err := db.Migrate(context.Background(), schema.OutboxSet, v2); err != nil {
+		t.Fatal(err)
+	}
+	if v, _ := db.Version(context.Background(), schema.OutboxSet); v != 2 {
+		t.Fatalf("version %d, want 2", v)
+	}
+	return db
+}
+
+// dump renders the rows a query returns, one line each, for comparing a
+// table before and after a migration.
+func dump(t *testing.T, db *sql.DB, q string) string {
+	t.Helper()
+	rows, err := db.Query(q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	cols, _ := rows.Columns()
+	var b strings.Builder
+	for rows.Next() {
+		vals := make([]any, len(cols))
+		ptrs := make([]any, len(cols))
+		for i := range vals {
+			ptrs[i] = &vals[i]
+		}
+		if err := rows.Scan(ptrs...); err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintln(&b, vals...)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
+}
+
+const (
+	callColumns   = `id, uid, principal, key, key_source, tool, args_hash, state, owner, lease_until, attempts, result, created_at, completed_at, expires_at`
+	effectColumns = `id, call_id, seq, destination, method, path, headers, body, idempotency_key, state, attempts, next_attempt_at, lease_owner, lease_until, send_started_at, last_error, last_status, response, created_at, updated_at, delivered_at`
+)
+
+// Migration 3 rebuilds calls. Every call keeps its id and every effect its
+// call_id (dropping the old table with foreign keys enforced would have
+// set them all to NULL), the id sequence continues past purged calls,
+// the constraints and the index are there, and foreign keys are enforced
+// again afterwards. Several processes upgrading at once apply it once.
+func TestMigrate3_RebuildsCallsKeepingRows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "v2.db")
+	old := openAtVersion2(t, path)
+	for i, st := range []string{"completed", "failed", "in_flight", "completed", "completed"} {
+		var result, completed any
+		if st != "in_flight" {
+			result, completed = fmt.Sprintf(`{"content":[{"type":"text","text":"call %d"}]}`, i+1), 2000+i
+		}
+		if _, err := old.Write.Exec(`
+INSERT INTO calls (uid, principal, key, key_source, tool, args_hash, state, owner, lease_until, attempts, result, created_at, completed_at, expires_at)
+VALUES (?, 'local', ?, 'meta', 'charge', 'hash', ?, ?, ?, ?, ?, ?, ?, ?)`,
+			fmt.Sprintf("call_%d", i+1), fmt.Sprintf("key-%d", i+1), st, map[bool]string{true: "owner/1"}[st == "in_flight"],
+			3000+i, 1+i%2, result, 1000+i, completed, 90000+i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Effects of calls 1, 2 and 4, and one whose call was purged.
+	for i, callID := range []any{1, 1, 2, 4, nil} {
+		if _, err := old.Write.Exec(`
+INSERT INTO effects (call_id, seq, destination, method, path, body, idempotency_key, state, next_attempt_at, created_at, updated_at)
+VALUES (?, ?, 'payments', 'POST', '/v1/charges', x'7b7d', ?, 'pending', 5000, 4000, 4000)`,
+			callID, i+1, fmt.Sprintf("idem-%d", i+1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The newest call is purged: its id must not be handed out again.
+	if _, err := old.Write.Exec(`DELETE FROM calls WHERE id = 5`); err != nil {
+		t.Fatal(err)
+	}
+	callsBefore := dump(t, old.Read, `SELECT `+callColumns+` FROM calls ORDER BY id`)
+	effectsBefore := dump(t, old.Read, `SELECT `+effectColumns+` FROM effects ORDER BY id`)
+	old.Close()
+
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for range 4 {
+		wg.Go(func() {
+			db, err := schema.Open(ctx, path, nil)
+			if err == nil {
+				err = db.Close()
+			}
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	db := open(t, path, nil)
+	if v, _ := db.Version(ctx, schema.OutboxSet); v != 3 {
+		t.Errorf("version %d, want 3", v)
+	}
+	if n := countOf(t, db, `SELECT count(*) FROM schema_migrations WHERE set_name = 'outbox' AND version = 3`); n != 1 {
+		t.Errorf("migration 3 recorded %d times", n)
+	}
+	if got := dump(t, db.Read, `SELECT `+callColumns+` FROM calls ORDER BY id`); got != callsBefore {
+		t.Errorf("calls changed:\n%s\nwant\n%s", got, callsBefore)
+	}
+	if got := dump(t, db.Read, `SELECT `+effectColumns+` FROM effects ORDER BY id`); got != effectsBefore {
+		t.Errorf("effects changed:\n%s\nwant\n%s", got, effectsBefore)
+	}
+	if n := countOf(t, db, `SELECT count(*) FROM effects WHERE call_id IS NOT NULL`); n != 4 {
+		t.Errorf("%d effects have a call, want 4", n)
+	}
+	if got := dump(t, db.Read, `SELECT DISTINCT on_lost FROM calls`); got != "rerun\n" {
+		t.Errorf("on_lost of the existing calls: %q, want rerun", got)
+	}
+	if got := pragma(t, db, "foreign_keys"); got != "1" {
+		t.Errorf("foreign_keys = %s after migrating, want 1", got)
+	}
+	if got := dump(t, db.Read, `SELECT name FROM sqlite_master WHERE tbl_name = 'calls' AND type = 'index' AND sql IS NOT NULL ORDER BY name`); got != "calls_expiry\ncalls_unknown\n" {
+		t.Errorf("indexes on calls: %q, want calls_expiry and calls_unknown", got)
+	}
+	if got := dump(t, db.Read, `SELECT name FROM sqlite_master WHERE name LIKE 'calls_new%'`); got != "" {
+		t.Errorf("left behind: %q", got)
+	}
+
+	insert := func(uid, key, state, onLost string) (int64, error) {
+		res, err := db.Write.Exec(`
+INSERT INTO calls (uid, principal, key, key_source, tool, args_hash, state, created_at, expires_at, on_lost)
+VALUES (?, 'local', ?, 'meta', 'charge', 'hash', ?, 1, 2, ?)`, uid, key, state, onLost)
+		if err != nil {
+			return 0, err
+		}
+		return res.LastInsertId()
+	}
+	id, err := insert("call_new", "key-new", "unknown", "unknown")
+	if err != nil {
+		t.Fatalf("a call in state unknown: %v", err)
+	}
+	if id != 6 {
+		t.Errorf("new call id %d, want 6: the sequence must continue past the purged call 5", id)
+	}
+	for _, tc := range []struct{ what, uid, key, state, onLost, want string }{
+		{"bad on_lost", "call_x", "key-x", "in_flight", "retry", "CHECK constraint failed"},
+		{"bad state", "call_y", "key-y", "lost", "rerun", "CHECK constraint failed"},
+		{"same principal and key", "call_z", "key-1", "in_flight", "rerun", "UNIQUE constraint failed"},
+		{"same uid", "call_1", "key-z", "in_flight", "rerun", "UNIQUE constraint failed"},
+	} {
+		if _, err := insert(tc.uid, tc.key, tc.state, tc.onLost); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: err = %v, want %s", tc.what, err, tc.want)
+		}
+	}
+
+	// The foreign key refers to the new table and is enforced.
+	if _, err := db.Write.Exec(`
+INSERT INTO effects (call_id, seq, destination, method, path, idempotency_key, next_attempt_at, created_at, updated_at)
+VALUES (999, 1, 'payments', 'POST', '/', 'idem-orphan', 1, 1, 1)`); err == nil || !strings.Contains(err.Error(), "FOREIGN KEY") {
+		t.Errorf("an effect of a missing call: err = %v, want a foreign key error", err)
+	}
+	if _, err := db.Write.Exec(`DELETE FROM calls WHERE id = 1`); err != nil {
+		t.Fatal(err)
+	}
+	if n := countOf(t, db, `SELECT count(*) FROM effects WHERE call_id IS NULL`); n != 3 {
+		t.Errorf("%d effects without a call after deleting call 1, want 3 (ON DELETE SET NULL)", n)
+	}
+}
+
+func countOf(t *testing.T, db *schema.DB, q string) int {
+	t.Helper()
+	var n int
+	if err := db.Read.QueryRow(q).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// A batch that leaves a row referring to a missing one is refused whole,
+// and foreign keys are enforced again afterwards.
+func TestMigrate_ForeignKeyCheck(t *testing.T) {
+	t.Parallel()
+	db := open(t, filepath.Join(t.TempDir(), "fk.db"), nil)
+	ctx := context.Background()
+	bad := fstest.MapFS{
+		"001_parent.up.sql": {Data: []byte(`CREATE TABLE parent (id INTEGER PRIMARY KEY)`)},
+		"002_child.up.sql": {Data: []byte(`CREATE TABLE child (parent_id INTEGER REFERENCES parent (id));
+INSERT INTO child VALUES (7)`)},
+	}
+	err := db.Migrate(ctx, "fk", bad)
+	if err == nil || !strings.Contains(err.Error(), "child row 1 refers to a missing row of parent") {
+		t.Fatalf("err = %v, want a foreign key violation naming the row", err)
+	}
+	if n := countOf(t, db, `SELECT count(*) FROM sqlite_master WHERE name IN ('parent', 'child')`); n != 0 {
+		t.Errorf("a refused batch left %d tables behind", n)
+	}
+	if v, _ := db.Version(ctx, "fk"); v != 0 {
+		t.Errorf("version %d after a refused batch, want 0", v)
+	}
+	if got := pragma(t, db, "foreign_keys"); got != "1" {
+		t.Errorf("foreign_keys = %s after a failed migration, want 1", got)
+	}
+	// The same tables without the orphan apply.
+	bad["002_child.up.sql"] = &fstest.MapFile{Data: []byte(`CREATE TABLE child (parent_id INTEGER REFERENCES parent (id))`)}
+	if err := db.Migrate(ctx, "fk", bad); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Write.Exec(`INSERT INTO child VALUES (7)`); err == nil {
+		t.Error("foreign keys not enforced after migrating")
 	}
 }

@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -28,16 +30,20 @@ const maxAdminBody = 1 << 20
 // adminRouter is the operator API that serve mounts at /admin: the same
 // actions and validation as `mcp-outbox outbox` (operate.go), in JSON.
 //
-//	GET  /summary                     counts by state
+//	GET  /summary                     counts by state, and unknown calls
 //	GET  /effects?state=&dest=&limit= effects, newest first
 //	GET  /effects/{id}                one effect
 //	POST /effects/{id}/retry          (no body, or {})
 //	POST /effects/{id}/cancel         (no body, or {})
 //	POST /effects/{id}/resolve        {"outcome": "delivered" | "retry"}
 //	POST /effects/retry-dead          (no body, or {})
+//	GET  /calls/unknown?limit=        calls in state unknown, oldest first
+//	POST /calls/resolve               {"principal": P (default local), "key": K,
+//	                                   "outcome": "completed" | "failed" | "rerun", "note": TEXT}
 //
 // Errors are {"error": "..."}: 400 bad input, 403 refused, 404 no such
-// effect, 409 not in a state the action applies to, 413 body too large.
+// effect or call, 409 not in a state the action applies to, 413 body too
+// large.
 func adminRouter(db *schema.DB, logger *slog.Logger, ac *authConfig) http.Handler {
 	h := &adminHandler{db: db, logger: logger}
 	r := chi.NewRouter()
@@ -55,6 +61,8 @@ func adminRouter(db *schema.DB, logger *slog.Logger, ac *authConfig) http.Handle
 	for _, a := range effectActions {
 		r.Post("/effects/{id}/"+a.name, h.action(a))
 	}
+	r.Get("/calls/unknown", h.unknownCalls)
+	r.Post("/calls/resolve", h.resolveCall)
 	return r
 }
 
@@ -244,6 +252,71 @@ func (h *adminHandler) action(a effectAction) http.HandlerFunc {
 	}
 }
 
+func (h *adminHandler) unknownCalls(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	for k, v := range q {
+		if k != "limit" {
+			h.fail(w, r, badInputf("unknown parameter %q (want limit)", k))
+			return
+		}
+		if len(v) > 1 {
+			h.fail(w, r, badInputf("parameter %q given %d times", k, len(v)))
+			return
+		}
+	}
+	limit := defaultListLimit
+	if s := q.Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > maxListLimit {
+			h.fail(w, r, badInputf("limit %q: want a number from 1 to %d", s, maxListLimit))
+			return
+		}
+		limit = n
+	}
+	calls, err := query.ListUnknownCalls(r.Context(), h.db.Read, limit)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeAdminJSON(w, http.StatusOK, struct {
+		Calls []query.UnknownCall `json:"calls"`
+	}{calls})
+}
+
+func (h *adminHandler) resolveCall(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Principal string `json:"principal"`
+		Key       string `json:"key"`
+		Outcome   string `json:"outcome"`
+		Note      string `json:"note"`
+	}
+	if err := readAdminBody(w, r, &body); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if body.Principal == "" {
+		body.Principal = outbox.LocalPrincipal
+	}
+	res, err := resolveUnknownCall(r.Context(), h.db, body.Principal, body.Key, body.Outcome, body.Note)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	// The admin token names no user; the log is the audit trail. The key
+	// is logged as the call log writes it: hashed, never raw.
+	h.logger.Info("admin action", "action", "resolve-call", "outcome", res.Outcome, "key", logKeyHash(res.Principal, res.Key),
+		"tool", res.Tool, "from", res.PreviousState, "to", res.State, "remote", r.RemoteAddr)
+	writeAdminJSON(w, http.StatusOK, res)
+}
+
+// logKeyHash is the key attribute of the outbox's call log (outbox/events.go):
+// the first 12 hex digits of SHA-256 over principal, NUL, key, so that an
+// admin action can be matched to the call's records without logging the key.
+func logKeyHash(principal, key string) string {
+	sum := sha256.Sum256([]byte(principal + "\x00" + key))
+	return hex.EncodeToString(sum[:])[:12]
+}
+
 // readAdminBody decodes an optional JSON body into v, strictly: an unknown
 // field is more likely a mistake (an outcome sent to /retry) than
 // something to ignore.
@@ -277,9 +350,9 @@ func (h *adminHandler) fail(w http.ResponseWriter, r *http.Request, err error) {
 		status = http.StatusRequestEntityTooLarge
 	case errors.As(err, new(badInput)):
 		status = http.StatusBadRequest
-	case errors.Is(err, outbox.ErrNoEffect):
+	case errors.Is(err, outbox.ErrNoEffect), errors.Is(err, outbox.ErrNoCall):
 		status = http.StatusNotFound
-	case errors.Is(err, outbox.ErrEffectState), errors.Is(err, outbox.ErrNotResolvable):
+	case errors.Is(err, outbox.ErrEffectState), errors.Is(err, outbox.ErrNotResolvable), errors.Is(err, outbox.ErrCallNotUnknown):
 		status = http.StatusConflict
 	default:
 		h.logger.Error("admin request failed", "method", r.Method, "path", r.URL.Path, "error", err)

@@ -114,7 +114,7 @@ func TestAdminReads(t *testing.T) {
 	f := newAdminFixture(t, path)
 
 	status, m := f.do(t, http.MethodGet, "/admin/summary", "")
-	want := map[string]any{"pending": 1.0, "in_flight": 1.0, "delivered": 1.0, "dead": 2.0, "unknown": 1.0, "cancelled": 1.0, "total": 7.0}
+	want := map[string]any{"pending": 1.0, "in_flight": 1.0, "delivered": 1.0, "dead": 2.0, "unknown": 1.0, "cancelled": 1.0, "total": 7.0, "unknownCalls": 0.0}
 	if status != http.StatusOK || fmt.Sprint(m) != fmt.Sprint(want) {
 		t.Errorf("summary: %d %v, want %v", status, m, want)
 	}
@@ -315,4 +315,92 @@ func TestAdminOverTCP(t *testing.T) {
 	if s := stateOf(t, openLedgerDB(t, path), 5); s != "pending" {
 		t.Errorf("effect 5 is %s after resolve retry, want pending", s)
 	}
+}
+
+func TestAdminUnknownCalls(t *testing.T) {
+	t.Parallel()
+	path, db := newEffectsDB(t, 1) // call operate-1 is completed
+	f := newAdminFixture(t, path)
+	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC).UnixMilli()
+	addUnknownCall(t, db, "local", "lost-2", base+2000)
+	addUnknownCall(t, db, "local", "lost-1", base+1000)
+	addUnknownCall(t, db, "user:alice", "lost-1", base+3000)
+
+	keys := func(m map[string]any) []string {
+		t.Helper()
+		rows, ok := m["calls"].([]any)
+		if !ok {
+			t.Fatalf("no calls array in %v", m)
+		}
+		var out []string
+		for _, r := range rows {
+			c := r.(map[string]any)
+			out = append(out, c["principal"].(string)+"/"+c["key"].(string))
+		}
+		return out
+	}
+	status, m := f.do(t, http.MethodGet, "/admin/calls/unknown", "")
+	if got := keys(m); status != http.StatusOK || !slices.Equal(got, []string{"local/lost-1", "local/lost-2", "user:alice/lost-1"}) {
+		t.Errorf("GET /admin/calls/unknown: %d %v, want the three oldest first", status, got)
+	}
+	row := m["calls"].([]any)[0].(map[string]any)
+	if row["tool"] != "charge" || row["attempts"] != 2.0 || row["createdAt"] != "2026-12-01T10:00:01Z" || row["callId"] != "call_local_lost-1" {
+		t.Errorf("first unknown call: %v", row)
+	}
+	if status, m := f.do(t, http.MethodGet, "/admin/calls/unknown?limit=1", ""); status != http.StatusOK || len(keys(m)) != 1 {
+		t.Errorf("limit=1: %d %v", status, m)
+	}
+	if status, m := f.do(t, http.MethodGet, "/admin/summary", ""); status != http.StatusOK || m["unknownCalls"] != 3.0 {
+		t.Errorf("summary: %d %v, want 3 unknown calls", status, m)
+	}
+
+	t.Run("refusals change nothing", func(t *testing.T) {
+		for _, tc := range []struct {
+			method, target, body string
+			status               int
+			want                 string
+		}{
+			{"GET", "/admin/calls/unknown?limit=0", "", http.StatusBadRequest, `limit "0"`},
+			{"GET", "/admin/calls/unknown?state=dead", "", http.StatusBadRequest, `unknown parameter "state"`},
+			{"POST", "/admin/calls/resolve", `{"key": "nobody", "outcome": "rerun"}`, http.StatusNotFound, `call "nobody" of local: no such call`},
+			{"POST", "/admin/calls/resolve", `{"principal": "user:bob", "key": "lost-1", "outcome": "rerun"}`, http.StatusNotFound, "no such call"},
+			{"POST", "/admin/calls/resolve", `{"key": "operate-1", "outcome": "failed"}`, http.StatusConflict, `call "operate-1" of local is completed`},
+			{"POST", "/admin/calls/resolve", `{"key": "lost-1", "outcome": "maybe"}`, http.StatusBadRequest, `outcome "maybe": want completed, failed or rerun`},
+			{"POST", "/admin/calls/resolve", `{"key": "lost-1"}`, http.StatusBadRequest, `outcome ""`},
+			{"POST", "/admin/calls/resolve", "", http.StatusBadRequest, "key: invalid idempotency key: empty"},
+			{"POST", "/admin/calls/resolve", `{"key": "lost-1", "outcome": "rerun", "force": true}`, http.StatusBadRequest, `unknown field "force"`},
+			{"POST", "/admin/calls/resolve", `{"key": "lost-1", "outcome": "completed", "note": "` + strings.Repeat("n", 1001) + `"}`, http.StatusBadRequest, "note: 1001 bytes"},
+			{"GET", "/admin/calls/resolve", "", http.StatusMethodNotAllowed, "method GET not allowed"},
+		} {
+			status, m := f.do(t, tc.method, tc.target, tc.body)
+			wantError(t, tc.method+" "+tc.target+" "+shorten(tc.body, 50), status, m, tc.status, tc.want)
+		}
+		if n := countRows(t, db, `SELECT count(*) FROM calls WHERE state = 'unknown'`); n != 3 {
+			t.Errorf("%d unknown calls after refusals, want 3", n)
+		}
+	})
+
+	t.Run("resolve", func(t *testing.T) {
+		status, m := f.do(t, http.MethodPost, "/admin/calls/resolve", `{"key": "lost-1", "outcome": "completed", "note": "found it"}`)
+		want := map[string]any{"principal": "local", "key": "lost-1", "tool": "charge", "callId": "call_local_lost-1",
+			"outcome": "completed", "previousState": "unknown", "state": "completed"}
+		if status != http.StatusOK || fmt.Sprint(m) != fmt.Sprint(want) {
+			t.Errorf("resolve completed: %d %v, want %v", status, m, want)
+		}
+		if s, res := callStateOf(t, db, "local", "lost-1"); s != "completed" || !strings.Contains(res, `"[resolved by an operator] found it"`) {
+			t.Errorf("lost-1: %s %s", s, res)
+		}
+		status, m = f.do(t, http.MethodPost, "/admin/calls/resolve", `{"principal": "user:alice", "key": "lost-1", "outcome": "rerun"}`)
+		if status != http.StatusOK || m["state"] != "not_found" || m["previousState"] != "unknown" {
+			t.Errorf("resolve rerun: %d %v", status, m)
+		}
+		if s, _ := callStateOf(t, db, "user:alice", "lost-1"); s != "" {
+			t.Errorf("alice's lost-1 resolved as rerun is still there: %s", s)
+		}
+		status, m = f.do(t, http.MethodPost, "/admin/calls/resolve", `{"key": "lost-1", "outcome": "failed"}`)
+		wantError(t, "resolving twice", status, m, http.StatusConflict, "is completed")
+		if status, m := f.do(t, http.MethodGet, "/admin/calls/unknown", ""); status != http.StatusOK || !slices.Equal(keys(m), []string{"local/lost-2"}) {
+			t.Errorf("unknown calls left: %d %v", status, m)
+		}
+	})
 }

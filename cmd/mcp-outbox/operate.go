@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -14,12 +15,13 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
-// This file holds the operator actions on effects twice over: as
+// This file holds the operator actions on effects and unknown calls twice over: as
 // `mcp-outbox outbox` and as the shared pieces (validation, the action
 // table, error kinds) that admin.go serves over HTTP, so that the command
 // line and the API accept and refuse exactly the same things.
@@ -224,10 +226,13 @@ func readEffect(ctx context.Context, db *schema.DB, id int64) (*query.EffectRow,
 	return &rows[0], nil
 }
 
-// effectSummary is the count of effects by state, with the total.
+// effectSummary is the count of effects by state, with the total, and
+// the number of calls in state unknown: the other thing that waits for an
+// operator.
 type effectSummary struct {
 	query.Counts
-	Total int `json:"total"`
+	Total        int `json:"total"`
+	UnknownCalls int `json:"unknownCalls"`
 }
 
 func summarizeEffects(ctx context.Context, db *schema.DB) (effectSummary, error) {
@@ -235,7 +240,104 @@ func summarizeEffects(ctx context.Context, db *schema.DB) (effectSummary, error)
 	if err != nil {
 		return effectSummary{}, err
 	}
-	return effectSummary{Counts: c, Total: c.Total()}, nil
+	n, err := query.CountUnknownCalls(ctx, db.Read)
+	if err != nil {
+		return effectSummary{}, err
+	}
+	return effectSummary{Counts: c, Total: c.Total(), UnknownCalls: n}, nil
+}
+
+// Unknown calls: a call forwarded to a tool server whose work is outside
+// the call's transaction (mcp-outbox proxy), whose outcome was lost. It may
+// or may not have run; an operator finds out and settles it.
+
+// callOutcomes are the outcomes an operator can resolve an unknown call to,
+// and what each means. Validation and help text both come from this list.
+var callOutcomes = []struct{ name, meaning string }{
+	{outbox.ResolveCompleted, "it ran and its work is done: record it as completed; a retry\nreplays the note as its result"},
+	{outbox.ResolveFailed, "it ran and failed, or must not run: record it as failed; a retry\nreplays the note as a tool error"},
+	{outbox.ResolveRerun, "it did not run: forget it, so that the next retry with its key\nruns it"},
+}
+
+func callOutcomeNames() []string {
+	names := make([]string, len(callOutcomes))
+	for i, o := range callOutcomes {
+		names[i] = o.name
+	}
+	return names
+}
+
+func callOutcomesHelp() string {
+	var b strings.Builder
+	for _, o := range callOutcomes {
+		lines := strings.Split(o.meaning, "\n")
+		fmt.Fprintf(&b, "  %-10s %s\n", o.name, lines[0])
+		for _, l := range lines[1:] {
+			fmt.Fprintf(&b, "  %-10s %s\n", "", l)
+		}
+	}
+	return b.String()
+}
+
+// maxNoteBytes bounds an operator's note: it becomes the text of the
+// call's recorded result, which every retry replays to the client.
+const maxNoteBytes = 1000
+
+// callResolution is what resolving an unknown call did, for the command
+// line and the API.
+type callResolution struct {
+	Principal     string      `json:"principal"`
+	Key           string      `json:"key"`
+	Tool          string      `json:"tool"`
+	CallID        string      `json:"callId"`
+	Outcome       string      `json:"outcome"`
+	PreviousState query.State `json:"previousState"`
+	// State is the call's state now: completed, failed, or not_found for
+	// rerun (the call is forgotten; the next retry runs it).
+	State query.State `json:"state"`
+}
+
+// checkResolveCall validates a resolution before anything is opened.
+func checkResolveCall(principal, key, outcome, note string) error {
+	if principal == "" {
+		return badInputf("principal: empty")
+	}
+	if err := callkey.Validate(key); err != nil {
+		return badInputf("key: %v", err)
+	}
+	if !slices.Contains(callOutcomeNames(), outcome) {
+		return badInputf("outcome %q: want %s", outcome, orList(callOutcomeNames()))
+	}
+	if len(note) > maxNoteBytes {
+		return badInputf("note: %d bytes, the limit is %d", len(note), maxNoteBytes)
+	}
+	return nil
+}
+
+// resolveUnknownCall validates and settles principal's unknown call with key.
+func resolveUnknownCall(ctx context.Context, db *schema.DB, principal, key, outcome, note string) (*callResolution, error) {
+	if err := checkResolveCall(principal, key, outcome, note); err != nil {
+		return nil, err
+	}
+	res := &callResolution{Principal: principal, Key: key, Outcome: outcome, PreviousState: query.OutcomeUnknown}
+	// For the report only: ResolveCall's own statement applies only to an
+	// unknown call, and says what the call is if it is not one.
+	err := db.Read.QueryRowContext(ctx, `SELECT tool, uid FROM calls WHERE principal = ? AND key = ?`, principal, key).
+		Scan(&res.Tool, &res.CallID)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("read call %q of %s: %w", key, principal, err)
+	}
+	if err := outbox.ResolveCall(ctx, db, principal, key, outcome, note); err != nil {
+		if errors.Is(err, outbox.ErrCallOutcome) {
+			return nil, badInput{err}
+		}
+		return nil, err
+	}
+	res.State = query.State(outcome)
+	if outcome == outbox.ResolveRerun {
+		res.State = query.NotFound
+	}
+	return res, nil
 }
 
 func orList(items []string) string {
@@ -255,12 +357,14 @@ var outboxUsage = `Usage: mcp-outbox outbox <subcommand> [flags] [arguments]
 Inspects and repairs the delivery of outbox effects: the downstream HTTP
 requests that committed calls enqueued and the dispatcher in 'serve' delivers.
 Works on the database file while serve runs; a running dispatcher picks up
-what an action made pending within its poll interval (1s).
+what an action made pending within its poll interval (1s). Also settles calls
+in state unknown (see below).
 
 Subcommands:
   list [--state S] [--dest NAME] [--limit N] [--json]
                            effects, newest first
-  summary [--json]         how many effects are in each state
+  summary [--json]         how many effects are in each state, and how many
+                           calls are unknown
   retry ID                 send an effect again: dead, unknown, pending or
                            cancelled becomes pending, due now, with a fresh
                            attempt budget and the same Idempotency-Key
@@ -270,6 +374,10 @@ Subcommands:
                            destination has: it becomes delivered, not sent again
   resolve ID retry         settle an unknown or dead effect that you found the
                            destination does not have: it is sent again
+  calls [--limit N] [--json]
+                           calls in state unknown, the oldest first
+  resolve-call --key K [--principal P] --outcome completed|failed|rerun [--note TEXT]
+                           settle an unknown call by what you found out
 
 Effect states:
 ` + statesHelp() + `
@@ -282,9 +390,18 @@ The effects of one call are delivered in order: an effect waits while an
 earlier one of its call is not delivered or cancelled. Cancelling a stuck
 effect lets the ones after it go.
 
+A call is unknown when mcp-outbox proxy forwarded it to a tool server that
+keeps its work outside the outbox's transaction, and the outcome was lost (a
+process died after forwarding). It may or may not have run. It never runs
+again by itself: a retry with its key gets an "outcome unknown" error until
+you check the tool server's own records and settle it with resolve-call:
+` + callOutcomesHelp() + `
+Unknown calls are never purged.
+
 Every subcommand takes --db FILE (default $MCP_OUTBOX_DB, else ./mcp-outbox.db)
 and refuses a file that does not exist. Exit status: 0 done, 1 failed (no
-such effect, or not in a state the action applies to), 2 bad arguments.
+such effect or call, or not in a state the action applies to), 2 bad
+arguments.
 Run 'mcp-outbox outbox <subcommand> --help' for its flags.`
 
 type outboxSub struct {
@@ -306,8 +423,9 @@ States (--state):
 ` + statesHelp(), runOutboxList},
 		{"summary", `Usage: mcp-outbox outbox summary [--json] [--db FILE]
 
-Counts effects in each state. pending and in_flight still need delivery work;
-dead and unknown need an operator (see 'mcp-outbox outbox --help').`, runOutboxSummary},
+Counts effects in each state, and the calls in state unknown. pending and
+in_flight effects still need delivery work; dead and unknown effects, and
+unknown calls, need an operator (see 'mcp-outbox outbox --help').`, runOutboxSummary},
 		{"retry", `Usage: mcp-outbox outbox retry [--db FILE] ID
        mcp-outbox outbox retry [--db FILE] --dead
 
@@ -334,12 +452,29 @@ Settles an unknown or dead effect by what you found out at its destination:
   delivered  the destination has applied it: mark it delivered, never send it
   retry      the destination does not have it: make it pending and send it
              again (with the same Idempotency-Key)`, runOutboxResolve},
+		{"calls", `Usage: mcp-outbox outbox calls [--limit N] [--json] [--db FILE]
+
+Lists the calls in state unknown, the oldest first: principal, key, tool,
+claims made, when the call was first made (UTC) and its call id. Each was
+forwarded to a tool server that keeps its work outside the outbox's
+transaction, and its outcome was lost: it may or may not have run, and it
+never runs again by itself. Settle each with resolve-call. --json prints
+every field of each row.`, runOutboxCalls},
+		{"resolve-call", `Usage: mcp-outbox outbox resolve-call --key K [--principal P] --outcome OUTCOME [--note TEXT] [--db FILE]
+
+Settles a call in state unknown by what you found out in the tool server's
+own records. OUTCOME is one of:
+` + callOutcomesHelp() + `
+The note (at most 1000 bytes) is recorded after "[resolved by an operator]"
+as the text of the call's result, which retries replay to the client: say
+what you found. The principal is "local" unless given: calls over stdio and
+unauthenticated HTTP belong to it. Only an unknown call can be resolved.`, runOutboxResolveCall},
 	}
 }
 
 func runOutbox(ctx context.Context, env *environment, args []string) error {
 	if len(args) == 0 {
-		return usagef("give a subcommand: list, summary, retry, cancel or resolve")
+		return usagef("give a subcommand: list, summary, retry, cancel, resolve, calls or resolve-call")
 	}
 	name := args[0]
 	if isHelpFlag(name) || (name == "help" && len(args) == 1) {
@@ -354,7 +489,7 @@ func runOutbox(ctx context.Context, env *environment, args []string) error {
 			return s.run(ctx, env, s, args[1:])
 		}
 	}
-	return usagef("unknown subcommand %q (want list, summary, retry, cancel or resolve)", name)
+	return usagef("unknown subcommand %q (want list, summary, retry, cancel, resolve, calls or resolve-call)", name)
 }
 
 // subFlags is the flag set of a subcommand, with the --db every one takes.
@@ -516,6 +651,10 @@ func runOutboxSummary(ctx context.Context, env *environment, s outboxSub, args [
 	if c.Dead+c.Unknown > 0 {
 		fmt.Fprintf(env.stdout, "%d dead and %d unknown effects need an operator: mcp-outbox outbox list --state dead|unknown\n", c.Dead, c.Unknown)
 	}
+	fmt.Fprintf(env.stdout, "unknown calls: %d\n", sum.UnknownCalls)
+	if sum.UnknownCalls > 0 {
+		fmt.Fprintf(env.stdout, "%d unknown calls need an operator: mcp-outbox outbox calls\n", sum.UnknownCalls)
+	}
 	return nil
 }
 
@@ -598,6 +737,85 @@ func runEffectAction(ctx context.Context, env *environment, dbPath, name, idArg,
 		fmt.Fprintf(env.stderr, "warning: %s\n", res.Warning)
 	}
 	return nil
+}
+
+func runOutboxCalls(ctx context.Context, env *environment, s outboxSub, args []string) error {
+	fs, dbPath := subFlags(env, s)
+	limit := fs.Int("limit", defaultListLimit, fmt.Sprintf("at most `N` calls, the oldest (1 to %d)", maxListLimit))
+	asJSON := fs.Bool("json", false, "print the rows as JSON")
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usagef("calls: unexpected argument %q", pos[0])
+	}
+	if *limit < 1 || *limit > maxListLimit {
+		return usagef("limit %d: want 1 to %d", *limit, maxListLimit)
+	}
+	db, err := openExisting(ctx, *dbPath)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	rows, err := query.ListUnknownCalls(ctx, db.Read, *limit)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return writeJSON(env.stdout, rows)
+	}
+	if len(rows) == 0 {
+		_, err := fmt.Fprintln(env.stdout, "no unknown calls")
+		return err
+	}
+	// Keys are shown whole (at most 255 bytes), for resolve-call to take;
+	// shorten only blanks control characters, which a valid key has none of.
+	tw := tabwriter.NewWriter(env.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "PRINCIPAL\tKEY\tTOOL\tATTEMPTS\tCREATED (UTC)\tCALL ID")
+	for _, c := range rows {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", shorten(c.Principal, 60), shorten(c.Key, callkey.MaxKeyBytes),
+			shorten(c.Tool, 40), c.Attempts, tableTime(c.CreatedAt), c.CallID)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(env.stdout, "Settle each with: mcp-outbox outbox resolve-call --key KEY [--principal P] --outcome completed|failed|rerun --note TEXT")
+	return err
+}
+
+func runOutboxResolveCall(ctx context.Context, env *environment, s outboxSub, args []string) error {
+	fs, dbPath := subFlags(env, s)
+	key := fs.String("key", "", "the idempotency `key` of the call")
+	principal := fs.String("principal", outbox.LocalPrincipal, "whose call it is")
+	outcome := fs.String("outcome", "", "what you found out: "+strings.Join(callOutcomeNames(), ", "))
+	note := fs.String("note", "", "what you found, recorded in the call's result (at most 1000 bytes)")
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usagef("resolve-call: unexpected argument %q (give the key with --key)", pos[0])
+	}
+	if err := checkResolveCall(*principal, *key, *outcome, *note); err != nil {
+		return cliError(err)
+	}
+	db, err := openExisting(ctx, *dbPath)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	res, err := resolveUnknownCall(ctx, db, *principal, *key, *outcome, *note)
+	if err != nil {
+		return cliError(err)
+	}
+	what := "now " + string(res.State)
+	if res.Outcome == outbox.ResolveRerun {
+		what = "forgotten: the next retry with its key runs it"
+	}
+	_, err = fmt.Fprintf(env.stdout, "call %q of %s (%s, %s): was unknown, %s\n",
+		shorten(res.Key, callkey.MaxKeyBytes), shorten(res.Principal, 60), shorten(res.Tool, 40), res.CallID, what)
+	return err
 }
 
 func writeJSON(w io.Writer, v any) error {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -332,7 +333,8 @@ func TestOutboxCLIActions(t *testing.T) {
 func TestOutboxCLIMissingDatabase(t *testing.T) {
 	t.Parallel()
 	missing := filepath.Join(t.TempDir(), "typo.db")
-	for _, args := range [][]string{{"list"}, {"summary"}, {"retry", "1"}, {"retry", "--dead"}, {"cancel", "1"}, {"resolve", "1", "delivered"}} {
+	for _, args := range [][]string{{"list"}, {"summary"}, {"retry", "1"}, {"retry", "--dead"}, {"cancel", "1"}, {"resolve", "1", "delivered"},
+		{"calls"}, {"resolve-call", "--key", "k", "--outcome", "rerun"}} {
 		r := runCLI(t, map[string]string{"MCP_OUTBOX_DB": missing}, append([]string{"outbox"}, args...)...)
 		if r.code != 1 || !strings.Contains(r.stderr, missing+" does not exist") {
 			t.Errorf("outbox %v: exit %d, stderr %q; want exit 1 saying the file does not exist", args, r.code, r.stderr)
@@ -442,13 +444,14 @@ func TestOutboxCLISummary(t *testing.T) {
 	if r.code != 0 || json.Unmarshal([]byte(r.stdout), &got) != nil {
 		t.Fatalf("summary --json: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
-	want := map[string]int{"pending": 1, "in_flight": 1, "delivered": 1, "dead": 2, "unknown": 1, "cancelled": 1, "total": 7}
+	want := map[string]int{"pending": 1, "in_flight": 1, "delivered": 1, "dead": 2, "unknown": 1, "cancelled": 1, "total": 7, "unknownCalls": 0}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("summary %v, want %v", got, want)
 	}
 	r = runCLI(t, nil, "outbox", "summary", "--db", path)
 	words := strings.Join(strings.Fields(r.stdout), " ")
-	for _, want := range []string{"pending 1 in_flight 1 delivered 1 dead 2 unknown 1 cancelled 1 total 7", "2 dead and 1 unknown effects need an operator"} {
+	for _, want := range []string{"pending 1 in_flight 1 delivered 1 dead 2 unknown 1 cancelled 1 total 7", "2 dead and 1 unknown effects need an operator",
+		"unknown calls: 0"} {
 		if r.code != 0 || !strings.Contains(words, want) {
 			t.Errorf("summary: exit %d, stdout %q; want %q", r.code, r.stdout, want)
 		}
@@ -461,7 +464,8 @@ func TestOutboxCLIHelp(t *testing.T) {
 	if r.code != 0 {
 		t.Fatalf("outbox --help: exit %d", r.code)
 	}
-	for _, want := range append(slices.Clone(allStates), "sends its request again", "at_most_once", "retry --dead", "resolve ID delivered") {
+	for _, want := range append(slices.Clone(allStates), "sends its request again", "at_most_once", "retry --dead", "resolve ID delivered",
+		"resolve-call --key K", "outcome unknown", "completed", "rerun") {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("outbox --help does not mention %q", want)
 		}
@@ -477,4 +481,151 @@ func TestOutboxCLIHelp(t *testing.T) {
 	if r := runCLI(t, nil, "outbox", "retry", "--help"); !strings.Contains(r.stdout, "SENDS IT AGAIN") {
 		t.Errorf("retry --help does not say that an unknown effect is sent again:\n%s", r.stdout)
 	}
+}
+
+// addUnknownCall writes a call in state unknown, as a proxy leaves one
+// whose outcome was lost, created at the given unix ms.
+func addUnknownCall(t *testing.T, db *sql.DB, principal, key string, created int64) {
+	t.Helper()
+	_, err := db.Exec(`
+INSERT INTO calls (uid, principal, key, key_source, tool, args_hash, state, attempts, created_at, expires_at, on_lost)
+VALUES (?, ?, ?, 'meta', 'charge', 'hash', 'unknown', 2, ?, ?, 'unknown')`,
+		"call_"+principal+"_"+key, principal, key, created, created+24*3600*1000)
+	if err != nil {
+		t.Fatalf("add unknown call %s: %v", key, err)
+	}
+}
+
+// callStateOf is what the tests check of a call on disk; state is "" when
+// there is no such call.
+func callStateOf(t *testing.T, db *sql.DB, principal, key string) (state, result string) {
+	t.Helper()
+	var res sql.NullString
+	err := db.QueryRow(`SELECT state, result FROM calls WHERE principal = ? AND key = ?`, principal, key).Scan(&state, &res)
+	if errors.Is(err, sql.ErrNoRows) {
+		return "", ""
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return state, res.String
+}
+
+func TestOutboxCLIUnknownCalls(t *testing.T) {
+	t.Parallel()
+	path, db := newEffectsDB(t, 1) // call operate-1 is completed
+	vars := map[string]string{"MCP_OUTBOX_DB": path}
+	if r := runCLI(t, vars, "outbox", "calls"); r.code != 0 || r.stdout != "no unknown calls\n" {
+		t.Errorf("calls with none: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC).UnixMilli()
+	addUnknownCall(t, db, "local", "lost-2", base+2000)
+	addUnknownCall(t, db, "local", "lost-1", base+1000)
+	addUnknownCall(t, db, "user:alice", "lost-1", base+3000)
+	addUnknownCall(t, db, "local", "lost-3", base+4000)
+
+	t.Run("list", func(t *testing.T) {
+		r := runCLI(t, vars, "outbox", "calls")
+		if r.code != 0 {
+			t.Fatalf("calls: exit %d, stderr %q", r.code, r.stderr)
+		}
+		lines := strings.Split(strings.TrimRight(r.stdout, "\n"), "\n")
+		if len(lines) != 6 || !strings.HasPrefix(lines[0], "PRINCIPAL") || !strings.Contains(lines[5], "resolve-call --key KEY") {
+			t.Fatalf("calls: want a header, four rows and a hint:\n%s", r.stdout)
+		}
+		for i, want := range [][]string{
+			{"local", "lost-1", "charge", "2", "2026-12-01", "10:00:01", "call_local_lost-1"},
+			{"local", "lost-2"},
+			{"user:alice", "lost-1"},
+			{"local", "lost-3"},
+		} {
+			if got := strings.Fields(lines[i+1]); !slices.Equal(got[:len(want)], want) {
+				t.Errorf("row %d: %v, want %v (oldest first)", i+1, got, want)
+			}
+		}
+		r = runCLI(t, vars, "outbox", "calls", "--json", "--limit", "1")
+		var rows []map[string]any
+		if err := json.Unmarshal([]byte(r.stdout), &rows); err != nil || r.code != 0 {
+			t.Fatalf("calls --json: exit %d, %v\n%s", r.code, err, r.stdout)
+		}
+		if len(rows) != 1 || rows[0]["principal"] != "local" || rows[0]["key"] != "lost-1" || rows[0]["tool"] != "charge" ||
+			rows[0]["attempts"] != 2.0 || rows[0]["createdAt"] != "2026-12-01T10:00:01Z" || rows[0]["callId"] != "call_local_lost-1" {
+			t.Errorf("calls --json --limit 1: %s", r.stdout)
+		}
+	})
+
+	t.Run("summary", func(t *testing.T) {
+		r := runCLI(t, vars, "outbox", "summary")
+		if r.code != 0 || !strings.Contains(r.stdout, "unknown calls: 4\n") || !strings.Contains(r.stdout, "4 unknown calls need an operator: mcp-outbox outbox calls") {
+			t.Errorf("summary: exit %d, stdout %q", r.code, r.stdout)
+		}
+		r = runCLI(t, vars, "outbox", "summary", "--json")
+		var got map[string]int
+		if err := json.Unmarshal([]byte(r.stdout), &got); err != nil || got["unknownCalls"] != 4 {
+			t.Errorf("summary --json: %v, %s", err, r.stdout)
+		}
+	})
+
+	t.Run("refusals change nothing", func(t *testing.T) {
+		for _, tc := range []struct {
+			args []string
+			code int
+			want string
+		}{
+			{[]string{"--key", "nobody", "--outcome", "rerun"}, 1, `call "nobody" of local: no such call`},
+			{[]string{"--key", "lost-3", "--principal", "user:bob", "--outcome", "rerun"}, 1, `call "lost-3" of user:bob: no such call`},
+			{[]string{"--key", "operate-1", "--outcome", "rerun"}, 1, `call "operate-1" of local is completed: only a call in state unknown can be resolved`},
+			{[]string{"--key", "lost-1", "--outcome", "maybe"}, 2, `outcome "maybe": want completed, failed or rerun`},
+			{[]string{"--key", "lost-1"}, 2, `outcome "": want completed`},
+			{[]string{"--outcome", "rerun"}, 2, "key: invalid idempotency key: empty"},
+			{[]string{"--key", "lost-1", "--outcome", "completed", "--note", strings.Repeat("n", 1001)}, 2, "note: 1001 bytes, the limit is 1000"},
+			{[]string{"--key", "lost-1", "--principal", "", "--outcome", "rerun"}, 2, "principal: empty"},
+			{[]string{"lost-1", "--outcome", "rerun"}, 2, `unexpected argument "lost-1"`},
+		} {
+			r := runCLI(t, vars, append([]string{"outbox", "resolve-call"}, tc.args...)...)
+			if r.code != tc.code || !strings.Contains(r.stderr, tc.want) {
+				t.Errorf("resolve-call %v: exit %d, stderr %q; want exit %d and %q", tc.args, r.code, r.stderr, tc.code, tc.want)
+			}
+		}
+		if n := countRows(t, db, `SELECT count(*) FROM calls WHERE state = 'unknown'`); n != 4 {
+			t.Errorf("%d unknown calls after refusals, want 4", n)
+		}
+		if s, _ := callStateOf(t, db, "local", "operate-1"); s != "completed" {
+			t.Errorf("operate-1 is %s", s)
+		}
+	})
+
+	t.Run("resolve", func(t *testing.T) {
+		r := runCLI(t, nil, "outbox", "resolve-call", "--db", path, "--key", "lost-1", "--outcome", "completed", "--note", "charge ch_1 is at the processor")
+		if r.code != 0 || r.stdout != `call "lost-1" of local (charge, call_local_lost-1): was unknown, now completed`+"\n" {
+			t.Fatalf("resolve-call completed: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+		}
+		if s, res := callStateOf(t, db, "local", "lost-1"); s != "completed" ||
+			res != `{"content":[{"type":"text","text":"[resolved by an operator] charge ch_1 is at the processor"}]}` {
+			t.Errorf("lost-1: %s %s", s, res)
+		}
+		r = runCLI(t, vars, "outbox", "resolve-call", "--key", "lost-1", "--principal", "user:alice", "--outcome", "failed")
+		if r.code != 0 || !strings.Contains(r.stdout, "now failed") {
+			t.Fatalf("resolve-call failed: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+		}
+		if s, res := callStateOf(t, db, "user:alice", "lost-1"); s != "failed" ||
+			res != `{"content":[{"type":"text","text":"[resolved by an operator]"}],"isError":true}` {
+			t.Errorf("alice's lost-1: %s %s", s, res)
+		}
+		r = runCLI(t, vars, "outbox", "resolve-call", "--key", "lost-2", "--outcome", "rerun")
+		if r.code != 0 || !strings.Contains(r.stdout, "was unknown, forgotten: the next retry with its key runs it") {
+			t.Fatalf("resolve-call rerun: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+		}
+		if s, _ := callStateOf(t, db, "local", "lost-2"); s != "" {
+			t.Errorf("lost-2 resolved as rerun is still there: %s", s)
+		}
+		// Resolved once; a second resolution is refused.
+		r = runCLI(t, vars, "outbox", "resolve-call", "--key", "lost-1", "--outcome", "rerun")
+		if r.code != 1 || !strings.Contains(r.stderr, "is completed") {
+			t.Errorf("resolving twice: exit %d, stderr %q", r.code, r.stderr)
+		}
+		if r := runCLI(t, vars, "outbox", "calls", "--json"); !strings.Contains(r.stdout, `"key": "lost-3"`) || strings.Count(r.stdout, `"key"`) != 1 {
+			t.Errorf("unknown calls left: %s, want lost-3 only", r.stdout)
+		}
+	})
 }

@@ -22,8 +22,12 @@ not grow without bound, and prints how many:
   cancelled effects  cancelled longer than --cancelled-ttl ago
 
 Dead and unknown effects are never purged: resolve, retry or cancel them
-first (see 'mcp-outbox outbox --help'). The status of a purged call is
-"unknown: never seen, or its record expired".
+first (see 'mcp-outbox outbox --help'). Calls in state unknown are never
+purged either: settle them with 'mcp-outbox outbox resolve-call'. A claim
+abandoned long ago (lease past by more than --calls-ttl) is deleted, so a
+retry runs the call; if the call had been forwarded to a tool server that
+keeps its work outside the call's transaction, it becomes unknown instead.
+The status of a purged call is "not_found: expired or never seen".
 
 It is safe to run while serve runs: rows go in transactions of at most a
 thousand, between which tool calls proceed.`
@@ -70,5 +74,13 @@ func runPurge(ctx context.Context, env *environment, args []string) error {
 	}
 	_, err = fmt.Fprintf(env.stdout, "%s: %d calls, %d delivered effects, %d cancelled effects\n",
 		verb, c.Calls, c.DeliveredEffects, c.CancelledEffects)
+	if err == nil && c.UnknownCalls > 0 {
+		verb = "became"
+		if *dryRun {
+			verb = "would become"
+		}
+		_, err = fmt.Fprintf(env.stdout, "%d abandoned forwarded calls %s unknown: settle them with 'mcp-outbox outbox resolve-call' (see 'mcp-outbox outbox calls')\n",
+			c.UnknownCalls, verb)
+	}
 	return err
 }

@@ -12,9 +12,12 @@ import (
 const statusUsage = `Usage: mcp-outbox status [flags] KEY
        mcp-outbox status [flags] --tool NAME --args JSON
 
-Shows what happened to a call: unknown (never seen within retention, or
-expired), in_flight, completed (with the recorded result) or failed, and the
-delivery state of each of its effects. Prints JSON.
+Shows what happened to a call: not_found (expired, or never seen within
+retention: a retry runs it), in_flight, completed (with the recorded result),
+failed, or unknown (it was forwarded to a tool server and its outcome was
+lost: it may or may not have run, it never runs again by itself, and an
+operator settles it with 'mcp-outbox outbox resolve-call'), and the delivery
+state of each of its effects. Prints JSON.
 
 A call made without an idempotency key is found by its tool and exact
 arguments. Keys are per principal: calls over stdio and unauthenticated HTTP
