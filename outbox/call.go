@@ -81,6 +81,16 @@ func (l *Layer) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 }
 
 func (l *Layer) call(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest, method string, next mcp.MethodHandler) (mcp.Result, error) {
+	return l.run(ctx, t, req, func(ctx context.Context, a *attempt) (mcp.Result, error) {
+		res, err := next(context.WithValue(ctx, attemptKey{}, a), method, req)
+		return a.finish(ctx, res, err)
+	})
+}
+
+// run identifies and claims a call, then has exec carry it out and decide
+// its outcome. An answer decided before exec (a replay, a conflict, a bad
+// key) is returned without running it.
+func (l *Layer) run(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest, exec func(context.Context, *attempt) (mcp.Result, error)) (mcp.Result, error) {
 	start := time.Now()
 	// A tool that is never recorded needs no key: skip canonicalising and
 	// hashing its arguments on every call.
@@ -113,8 +123,7 @@ func (l *Layer) call(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest,
 			return toolError(codeNotRecorded, "%v; nothing was executed.", err), nil
 		}
 	}
-	res, err := next(context.WithValue(ctx, attemptKey{}, a), method, req)
-	return a.finish(ctx, res, err)
+	return exec(ctx, a)
 }
 
 // acquire claims the call for a, or returns the result to answer instead:
@@ -161,6 +170,10 @@ func (l *Layer) acquire(ctx context.Context, a *attempt) *mcp.CallToolResult {
 			a.outcome = outcomeConflict
 			l.leave(a)
 			return conflictError(c.row, a)
+		case lost:
+			a.outcome = outcomeUnknown
+			l.leave(a)
+			return unknownError(c.row, a)
 		case busy:
 			a.waited = true
 			l.leave(a)

@@ -14,6 +14,17 @@ const (
 	finished                  // the call has an outcome: replay it
 	conflict                  // the key was used with another tool or other arguments
 	busy                      // another live attempt owns the call
+	lost                      // the call's outcome is unknown: it is not run again
+)
+
+// What an abandoned in_flight claim means, in calls.on_lost.
+const (
+	// onLostRerun: the call's work commits with its outcome, so a claim
+	// without an outcome committed nothing, and the next attempt runs it.
+	onLostRerun = "rerun"
+	// onLostUnknown: the call was handed to a process whose work commits
+	// outside the call's transaction; it may have run, so it becomes unknown.
+	onLostUnknown = "unknown"
 )
 
 // callRow is what a claim reads of an existing call.
@@ -29,6 +40,7 @@ type callRow struct {
 	createdAt   int64
 	completedAt sql.NullInt64
 	expiresAt   int64
+	onLost      string
 }
 
 type claimResult struct {
@@ -37,22 +49,38 @@ type claimResult struct {
 }
 
 const selectCallForClaim = `
-SELECT id, uid, tool, args_hash, state, owner, lease_until, result, created_at, completed_at, expires_at
+SELECT id, uid, tool, args_hash, state, owner, lease_until, result, created_at, completed_at, expires_at, on_lost
 FROM calls WHERE principal = ? AND key = ?`
 
 const insertCall = `
-INSERT INTO calls (uid, principal, key, key_source, tool, args_hash, state, owner, lease_until, created_at, expires_at)
-VALUES (?, ?, ?, ?, ?, ?, 'in_flight', ?, ?, ?, ?)`
+INSERT INTO calls (uid, principal, key, key_source, tool, args_hash, state, owner, lease_until, created_at, expires_at, on_lost)
+VALUES (?, ?, ?, ?, ?, ?, 'in_flight', ?, ?, ?, ?, ?)`
 
 const takeOverCall = `
 UPDATE calls SET owner = ?, lease_until = ?, attempts = attempts + 1
+WHERE id = ? AND state = 'in_flight' AND owner = ?`
+
+const markUnknown = `
+UPDATE calls SET state = 'unknown', completed_at = ?, owner = '', lease_until = 0
 WHERE id = ? AND state = 'in_flight' AND owner = ?`
 
 // claim runs the claim transaction described in the package doc. It
 // commits without an fsync of its own (schema.DB.Relaxed): the outcome's
 // full commit makes the claim durable with it, and a claim lost to a power
 // failure only forgets a call that had not committed anything.
+//
+// A claim whose call may run outside the call's transaction (on_lost
+// 'unknown') is the only record that the call may have happened, so it
+// commits with a full fsync before the call is handed on.
 func (l *Layer) claim(ctx context.Context, a *attempt) (res claimResult, err error) {
+	if a.tool.onLostPolicy() == onLostUnknown {
+		conn, err := l.db.Write.Conn(ctx)
+		if err != nil {
+			return claimResult{}, fmt.Errorf("take writer connection: %w", err)
+		}
+		defer conn.Close()
+		return l.claimOn(ctx, conn, a)
+	}
 	err = l.db.Relaxed(ctx, func(conn *sql.Conn) error {
 		res, err = l.claimOn(ctx, conn, a)
 		return err
@@ -71,13 +99,14 @@ func (l *Layer) claimOn(ctx context.Context, conn *sql.Conn, a *attempt) (claimR
 	var r callRow
 	err = tx.QueryRowContext(ctx, selectCallForClaim, a.id.principal, a.id.key).Scan(
 		&r.id, &r.uid, &r.tool, &r.argsHash, &r.state, &r.owner, &r.leaseUntil,
-		&r.result, &r.createdAt, &r.completedAt, &r.expiresAt)
+		&r.result, &r.createdAt, &r.completedAt, &r.expiresAt, &r.onLost)
 	found := err == nil
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return claimResult{}, fmt.Errorf("read call: %w", err)
 	}
 
-	if found && r.state != "in_flight" && r.expiresAt <= now {
+	// An unknown outcome never expires: only an operator settles it.
+	if found && r.state != "in_flight" && r.state != "unknown" && r.expiresAt <= now {
 		// The key's record expired: the key is free to name a new call. The
 		// old call's effects keep their own Idempotency-Keys.
 		if _, err := tx.ExecContext(ctx, `DELETE FROM calls WHERE id = ?`, r.id); err != nil {
@@ -88,7 +117,8 @@ func (l *Layer) claimOn(ctx context.Context, conn *sql.Conn, a *attempt) (claimR
 
 	if !found {
 		res, err := tx.ExecContext(ctx, insertCall, a.uid, a.id.principal, a.id.key, string(a.id.source),
-			a.tool.name, a.id.argsHash, a.owner, now+l.opts.Lease.Milliseconds(), now, now+a.retention().Milliseconds())
+			a.tool.name, a.id.argsHash, a.owner, now+l.opts.Lease.Milliseconds(), now, now+a.retention().Milliseconds(),
+			a.tool.onLostPolicy())
 		if err != nil {
 			return claimResult{}, fmt.Errorf("insert call: %w", err)
 		}
@@ -105,6 +135,9 @@ func (l *Layer) claimOn(ctx context.Context, conn *sql.Conn, a *attempt) (claimR
 	if r.tool != a.tool.name || r.argsHash != a.id.argsHash {
 		return claimResult{kind: conflict, row: r}, nil
 	}
+	if r.state == "unknown" {
+		return claimResult{kind: lost, row: r}, nil
+	}
 	if r.state != "in_flight" {
 		return claimResult{kind: finished, row: r}, nil
 	}
@@ -119,6 +152,19 @@ func (l *Layer) claimOn(ctx context.Context, conn *sql.Conn, a *attempt) (claimR
 		if r.leaseUntil > now {
 			return claimResult{kind: busy, row: r}, nil
 		}
+	}
+	if r.onLost == onLostUnknown {
+		// The abandoned attempt handed the call to a process whose work
+		// commits on its own: it may have run. Never run it again.
+		if _, err := tx.ExecContext(ctx, markUnknown, now, r.id, r.owner); err != nil {
+			return claimResult{}, fmt.Errorf("mark call unknown: %w", err)
+		}
+		if err := tx.Commit(); err != nil {
+			return claimResult{}, fmt.Errorf("commit unknown: %w", err)
+		}
+		l.logger.WarnContext(ctx, "outcome of an abandoned call is unknown", "tool", a.tool.name, "previous_owner", r.owner)
+		r.state, r.completedAt = "unknown", sql.NullInt64{Int64: now, Valid: true}
+		return claimResult{kind: lost, row: r}, nil
 	}
 	if _, err := tx.ExecContext(ctx, takeOverCall, a.owner, now+l.opts.Lease.Milliseconds(), r.id, r.owner); err != nil {
 		return claimResult{}, fmt.Errorf("take over call: %w", err)

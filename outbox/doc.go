@@ -39,6 +39,16 @@
 //	completed  the handler's writes, its effects and the result are committed.
 //	failed     the handler returned a tool error; its writes were rolled back,
 //	           the error is recorded and replayed.
+//	unknown    a forwarded call (see [RemoteTool]) whose answer was lost: it
+//	           may or may not have run, so it never runs again by itself; a
+//	           retry gets an outcome_unknown error until an operator settles
+//	           it ([ResolveCall]). It never expires.
+//
+// A claim records what its abandonment means (calls.on_lost): 'rerun' for
+// the layer's own tools, whose work commits with the outcome, so a claim
+// without an outcome committed nothing; 'unknown' for calls forwarded to a
+// process that does not record its outcome in the call's transaction, which
+// is why such a claim commits with an fsync before the call is forwarded.
 //
 // An attempt that ends without an outcome (the client cancelled before the
 // commit, the handler was never reached because the arguments failed the

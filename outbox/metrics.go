@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -19,6 +20,7 @@ const (
 	outcomeInProgress  = "in_progress"  // the original was still running (or took the call over)
 	outcomeNotRecorded = "not_recorded" // nothing committed; a retry runs the call
 	outcomeFailed      = "failed"       // the handler's tool error committed as the outcome
+	outcomeUnknown     = "unknown"      // the call's outcome was lost; it is not run again
 )
 
 // Metrics are the Prometheus metrics of layers and dispatchers. Create them
@@ -122,15 +124,17 @@ var effectStates = []string{"pending", "in_flight", "delivered", "dead", "unknow
 // every process sharing the file sees the same numbers, and effects written
 // or resolved by another process (an operator's CLI, a second server) count.
 type depthCollector struct {
-	db              *schema.DB
-	now             func() time.Time
-	effects, oldest *prometheus.Desc
+	db                            *schema.DB
+	now                           func() time.Time
+	effects, oldest, unknownCalls *prometheus.Desc
 }
 
 // NewDepthCollector returns a collector of the effects in db by state and
-// destination (mcp_outbox_effects) and of the age of each destination's
+// destination (mcp_outbox_effects), of the age of each destination's
 // oldest effect still awaiting delivery, pending or in flight
-// (mcp_outbox_oldest_pending_age_seconds). It queries db on every scrape.
+// (mcp_outbox_oldest_pending_age_seconds), and of the calls in state
+// unknown, which wait for an operator (mcp_outbox_calls_unknown). It
+// queries db on every scrape.
 func NewDepthCollector(db *schema.DB) prometheus.Collector {
 	return &depthCollector{
 		db:  db,
@@ -139,12 +143,15 @@ func NewDepthCollector(db *schema.DB) prometheus.Collector {
 			"Effects in the database by state and destination.", []string{"state", "destination"}, nil),
 		oldest: prometheus.NewDesc("mcp_outbox_oldest_pending_age_seconds",
 			"Age of the oldest effect of a destination that is pending or in flight; 0 when none is.", []string{"destination"}, nil),
+		unknownCalls: prometheus.NewDesc("mcp_outbox_calls_unknown",
+			"Calls in state unknown: forwarded, their outcome lost; each waits for an operator (mcp-outbox outbox resolve-call).", nil, nil),
 	}
 }
 
 func (c *depthCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.effects
 	ch <- c.oldest
+	ch <- c.unknownCalls
 }
 
 // selectDepth counts in one pass; the oldest column only looks at effects
@@ -157,6 +164,12 @@ func (c *depthCollector) Collect(ch chan<- prometheus.Metric) {
 	// A scrape must not hang on a locked or slow database.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	unknown, err := query.CountUnknownCalls(ctx, c.db.Read)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.unknownCalls, err)
+	} else {
+		ch <- prometheus.MustNewConstMetric(c.unknownCalls, prometheus.GaugeValue, float64(unknown))
+	}
 	counts, oldest, err := c.read(ctx)
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(c.effects, err)

@@ -19,10 +19,11 @@ const MetaKeyError = "io.github.mcp-outbox/error"
 
 // Codes under MetaKeyError.
 const (
-	codeInvalidKey  = "invalid_key"  // the key is unusable; nothing ran
-	codeConflict    = "key_conflict" // the key named another call (HTTP 422 in the IETF draft)
-	codeInProgress  = "in_progress"  // the original is still running (HTTP 409)
-	codeNotRecorded = "not_recorded" // nothing committed; a retry runs the call
+	codeInvalidKey  = "invalid_key"     // the key is unusable; nothing ran
+	codeConflict    = "key_conflict"    // the key named another call (HTTP 422 in the IETF draft)
+	codeInProgress  = "in_progress"     // the original is still running (HTTP 409)
+	codeNotRecorded = "not_recorded"    // nothing committed; a retry runs the call
+	codeUnknown     = "outcome_unknown" // the call may have run; it never runs again by itself
 )
 
 // encodeResult stores a result in a protocol-neutral form: content,
@@ -40,12 +41,11 @@ func encodeResult(cr *mcp.CallToolResult) (string, error) {
 	return string(b), nil
 }
 
-// replay rebuilds a recorded result. Each replay is a new object: the SDK
-// writes into a returned result's _meta.
+// replay rebuilds a recorded result, marked as a replay.
 func replay(r callRow, id callIdentity) *mcp.CallToolResult {
-	var res mcp.CallToolResult
-	if err := json.Unmarshal([]byte(r.result.String), &res); err != nil {
-		return toolError(codeNotRecorded, "the recorded result of key %q cannot be read (%v); the call is recorded as %s.", id.key, err, r.state)
+	res, err := decodeRecorded(r)
+	if err != nil {
+		return unreadableResult(r, id, err)
 	}
 	when := time.UnixMilli(r.completedAt.Int64).UTC().Format(time.RFC3339Nano)
 	var which string
@@ -61,8 +61,22 @@ func replay(r callRow, id callIdentity) *mcp.CallToolResult {
 		note += " To make a separate new call, send a new idempotency key."
 	}
 	res.Content = append(res.Content, &mcp.TextContent{Text: note})
-	setCallMeta(&res, id, r.uid, r.state, true, r.createdAt, r.completedAt.Int64)
-	return &res
+	setCallMeta(res, id, r.uid, r.state, true, r.createdAt, r.completedAt.Int64)
+	return res
+}
+
+// decodeRecorded rebuilds the result stored with a call. Each call returns
+// a new object: the SDK writes into a returned result's _meta.
+func decodeRecorded(r callRow) (*mcp.CallToolResult, error) {
+	var res mcp.CallToolResult
+	if err := json.Unmarshal([]byte(r.result.String), &res); err != nil {
+		return nil, err
+	}
+	return &res, nil
+}
+
+func unreadableResult(r callRow, id callIdentity, err error) *mcp.CallToolResult {
+	return toolError(codeNotRecorded, "the recorded result of key %q cannot be read (%v); the call is recorded as %s.", id.key, err, r.state)
 }
 
 func setCallMeta(cr *mcp.CallToolResult, id callIdentity, uid, state string, replayed bool, created, completed int64) {
@@ -102,4 +116,12 @@ func inProgressError(a *attempt) *mcp.CallToolResult {
 	return toolError(codeInProgress,
 		"the call with idempotency key %q is still in progress in another attempt; nothing was executed. Ask the %s tool for its outcome, or retry later.",
 		a.id.key, StatusToolName)
+}
+
+func unknownError(r callRow, a *attempt) *mcp.CallToolResult {
+	return toolError(codeUnknown,
+		"the outcome of the call with idempotency key %q is unknown: it was handed to the tool server at %s and its answer was lost. "+
+			"It may or may not have run, so it is not run again. Ask the %s tool for its state; an operator settles it "+
+			"(mcp-outbox outbox resolve-call). Use a new key only for a deliberately new call.",
+		a.id.key, time.UnixMilli(r.createdAt).UTC().Format(time.RFC3339), StatusToolName)
 }

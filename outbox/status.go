@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -23,35 +24,74 @@ type StatusInput struct {
 }
 
 func (l *Layer) addStatusTool(s *mcp.Server) {
+	mcp.AddTool(s, StatusTool(), func(ctx context.Context, req *mcp.CallToolRequest, in StatusInput) (*mcp.CallToolResult, *query.Status, error) {
+		st, err := l.lookupStatus(ctx, principalOf(req), in)
+		return nil, st, err
+	})
+}
+
+// StatusTool is the status tool's definition, as tools/list shows it.
+func StatusTool() *mcp.Tool {
 	t := &mcp.Tool{
 		Name:  StatusToolName,
 		Title: "What happened to a tool call",
 		Description: "Reports what happened to an earlier tool call whose response was lost or unclear: " +
-			"unknown (never seen, or expired: a retry runs it), in_flight, completed (with the recorded result) " +
-			"or failed, and the delivery state of each downstream effect. Give the idempotency key the call used, " +
+			"not_found (expired or never seen: a retry runs it), in_flight, completed (with the recorded result), " +
+			"failed, or unknown (forwarded, but its outcome was lost: it may or may not have run, it will not run again " +
+			"by itself, and an operator settles it), and the delivery state of each downstream effect. " +
+			"Give the idempotency key the call used, " +
 			"or, for a call made without a key, the tool name and the same arguments.",
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, IdempotentHint: true},
 	}
 	t.InputSchema, t.OutputSchema = statusSchemas()
-	mcp.AddTool(s, t, func(ctx context.Context, req *mcp.CallToolRequest, in StatusInput) (*mcp.CallToolResult, *query.Status, error) {
-		principal := principalOf(req)
-		var (
-			st  *query.Status
-			err error
-		)
-		switch {
-		case in.Key != "" && in.Tool == "":
-			st, err = query.Lookup(ctx, l.db.Read, principal, in.Key, l.now())
-		case in.Key == "" && in.Tool != "":
-			st, err = query.LookupArgs(ctx, l.db.Read, principal, in.Tool, in.Arguments, l.now())
-		default:
-			err = errors.New("give either key, or tool with arguments")
+	return t
+}
+
+// CallStatus answers a call of the status tool that reaches the layer
+// without a go-sdk server, as in the proxy: arguments are checked the way
+// [mcp.AddTool] would, and the status is both the structured content and,
+// as JSON, the text content.
+func (l *Layer) CallStatus(ctx context.Context, req *mcp.CallToolRequest) *mcp.CallToolResult {
+	var in StatusInput
+	dec := json.NewDecoder(bytes.NewReader(req.Params.Arguments))
+	dec.DisallowUnknownFields()
+	if len(req.Params.Arguments) > 0 {
+		if err := dec.Decode(&in); err != nil {
+			return statusError(fmt.Errorf("invalid arguments: %w", err))
 		}
-		if err != nil {
-			return nil, nil, fmt.Errorf("%s: %w", StatusToolName, err)
-		}
-		return nil, st, nil
-	})
+	}
+	st, err := l.lookupStatus(ctx, principalOf(req), in)
+	if err != nil {
+		return statusError(err)
+	}
+	text, err := json.Marshal(st)
+	if err != nil {
+		return statusError(err)
+	}
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(text)}}, StructuredContent: st}
+}
+
+func statusError(err error) *mcp.CallToolResult {
+	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: err.Error()}}}
+}
+
+func (l *Layer) lookupStatus(ctx context.Context, principal string, in StatusInput) (*query.Status, error) {
+	var (
+		st  *query.Status
+		err error
+	)
+	switch {
+	case in.Key != "" && in.Tool == "":
+		st, err = query.Lookup(ctx, l.db.Read, principal, in.Key, l.now())
+	case in.Key == "" && in.Tool != "":
+		st, err = query.LookupArgs(ctx, l.db.Read, principal, in.Tool, in.Arguments, l.now())
+	default:
+		err = errors.New("give either key, or tool with arguments")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", StatusToolName, err)
+	}
+	return st, nil
 }
 
 // statusSchemas derives the status tool's schemas. json.RawMessage is a

@@ -39,6 +39,16 @@ type toolInfo struct {
 	keyArgument bool // input schema declares idempotency_key
 	window      time.Duration
 	annotations toolAnnotations
+	// onLost is what an abandoned claim of this tool means (calls.on_lost);
+	// "" means onLostRerun.
+	onLost string
+}
+
+func (t *toolInfo) onLostPolicy() string {
+	if t.onLost == "" {
+		return onLostRerun
+	}
+	return t.onLost
 }
 
 // AddTool registers a side-effecting tool on s, which must have the layer

@@ -17,6 +17,10 @@
 //	call.after_claim    the key is claimed (in_flight committed), handler not run
 //	call.before_commit  the handler ran; its transaction is not committed
 //	call.after_commit   the outcome is committed; the response is not written
+//
+// On the proxy's path (package internal/proxy):
+//
+//	proxy.after_forward  the tools/call was written to the upstream; its answer not read
 package failpoint
 
 // Names of the failpoints on the call path.
@@ -25,6 +29,10 @@ const (
 	CallBeforeCommit = "call.before_commit"
 	CallAfterCommit  = "call.after_commit"
 )
+
+// ProxyAfterForward is the failpoint between forwarding a call to the
+// upstream and reading its answer.
+const ProxyAfterForward = "proxy.after_forward"
 
 // EnvVar is the environment variable a failpoints build reads.
 const EnvVar = "MCP_OUTBOX_FAILPOINTS"

@@ -1,0 +1,725 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/failpoint"
+	"github.com/mcp-outbox/mcp-outbox/outbox"
+)
+
+// JSON-RPC error codes the proxy answers with.
+const (
+	codeInvalidParams = -32602
+	codeInternal      = -32603
+)
+
+// errUpstreamGone is the fate of a request the upstream took with it when
+// it died or its connection broke.
+var errUpstreamGone = errors.New("the tool server went away before answering")
+
+// session is one client connection and the upstream connection behind it.
+type session struct {
+	p      *Proxy
+	ctx    context.Context
+	client mcp.Connection
+
+	// out carries messages to the upstream in the order the client sent
+	// them (initialize, then initialized, then the rest); one writer sends
+	// them once the upstream is up.
+	out chan *outgoing
+
+	writeMu sync.Mutex // serializes writes to the client
+
+	mu          sync.Mutex
+	up          mcp.Connection // nil while the upstream is down
+	gen         int            // counts upstream connections
+	ready       chan struct{}  // closed while up is usable
+	nextID      int64
+	pending     map[int64]*pending    // requests sent to the upstream, by the proxy's id
+	forwarded   map[jsonrpc.ID]int64  // the proxy's ids of the client's forwarded requests
+	calls       map[jsonrpc.ID]func() // cancels of the tool calls the layer runs
+	initParams  json.RawMessage       // the client's initialize, replayed to a restarted upstream
+	initialized bool                  // the client sent notifications/initialized
+}
+
+// pending is a request the upstream has not answered yet.
+type pending struct {
+	id  int64
+	gen int
+	// Either reply, for a waiter in the proxy (closed without a value when
+	// the upstream goes away), or clientID, for a client's request whose
+	// answer is passed back (through rewrite, when set).
+	reply    chan *jsonrpc.Response
+	clientID jsonrpc.ID
+	rewrite  func(json.RawMessage) (json.RawMessage, error)
+}
+
+// outgoing is a message queued for the upstream.
+type outgoing struct {
+	msg jsonrpc.Message
+	p   *pending // for requests expecting an answer
+
+	mu        sync.Mutex
+	sent      chan struct{} // closed once the message was written, or will never be
+	err       error         // why it was not written
+	abandoned bool          // the sender gave up before it was written
+}
+
+func newOutgoing(msg jsonrpc.Message, p *pending) *outgoing {
+	return &outgoing{msg: msg, p: p, sent: make(chan struct{})}
+}
+
+// settle records that o was written (err nil) or never will be.
+func (o *outgoing) settle(err error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	select {
+	case <-o.sent:
+		return
+	default:
+	}
+	o.err = err
+	close(o.sent)
+}
+
+// abandon withdraws o if it was not written yet, and reports whether it was.
+func (o *outgoing) abandon() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	select {
+	case <-o.sent:
+		return o.err != nil
+	default:
+	}
+	o.abandoned = true
+	o.err = errors.New("abandoned")
+	close(o.sent)
+	return true
+}
+
+// Serve proxies client until it closes or ctx ends, connecting (and, after
+// a failure, reconnecting) to the upstream on its own.
+func (p *Proxy) Serve(ctx context.Context, client mcp.Connection) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s := &session{
+		p: p, ctx: ctx, client: client,
+		out:       make(chan *outgoing, 256),
+		ready:     make(chan struct{}),
+		pending:   map[int64]*pending{},
+		forwarded: map[jsonrpc.ID]int64{},
+		calls:     map[jsonrpc.ID]func(){},
+	}
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); s.supervise() }()
+	go func() { defer wg.Done(); s.writeUpstream() }()
+	err := s.readClient()
+	cancel()
+	client.Close()
+	s.mu.Lock()
+	if s.up != nil {
+		s.up.Close()
+	}
+	s.mu.Unlock()
+	wg.Wait()
+	if errors.Is(err, io.EOF) || ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// readClient dispatches the client's messages until its connection ends.
+func (s *session) readClient() error {
+	for {
+		msg, err := s.client.Read(s.ctx)
+		if err != nil {
+			return err
+		}
+		switch m := msg.(type) {
+		case *jsonrpc.Request:
+			if m.IsCall() {
+				s.onClientCall(m)
+			} else {
+				s.onClientNotification(m)
+			}
+		case *jsonrpc.Response:
+			// An answer to a request of the upstream (sampling, roots,
+			// elicitation): the ids are the upstream's own.
+			s.queue(newOutgoing(m, nil))
+		}
+	}
+}
+
+func (s *session) onClientCall(m *jsonrpc.Request) {
+	switch m.Method {
+	case "initialize":
+		s.mu.Lock()
+		s.initParams = m.Params
+		s.mu.Unlock()
+		s.forward(m, s.rewriteInitialize)
+	case "tools/list":
+		s.forward(m, s.rewriteToolsList)
+	case "tools/call":
+		var params mcp.CallToolParamsRaw
+		if err := json.Unmarshal(m.Params, &params); err != nil || params.Name == "" {
+			s.replyError(m.ID, codeInvalidParams, "invalid tools/call params: a name and JSON arguments are required")
+			return
+		}
+		ctx, cancel := context.WithCancel(s.ctx)
+		s.mu.Lock()
+		s.calls[m.ID] = cancel
+		s.mu.Unlock()
+		go func() {
+			defer func() {
+				s.mu.Lock()
+				delete(s.calls, m.ID)
+				s.mu.Unlock()
+				cancel()
+			}()
+			s.callTool(ctx, m, &params)
+		}()
+	default:
+		s.forward(m, nil)
+	}
+}
+
+func (s *session) onClientNotification(m *jsonrpc.Request) {
+	switch m.Method {
+	case "notifications/initialized":
+		s.mu.Lock()
+		s.initialized = true
+		s.mu.Unlock()
+	case "notifications/cancelled":
+		var c struct {
+			RequestID any `json:"requestId"`
+		}
+		_ = json.Unmarshal(m.Params, &c)
+		id, err := jsonrpc.MakeID(c.RequestID)
+		if err != nil {
+			return
+		}
+		s.mu.Lock()
+		cancel, isCall := s.calls[id]
+		upID, isForwarded := s.forwarded[id]
+		s.mu.Unlock()
+		switch {
+		case isCall:
+			// The layer's forward passes the cancellation on itself, with
+			// the id it used upstream.
+			cancel()
+			return
+		case isForwarded:
+			m = cancelNotification(upID, m.Params)
+		default:
+			return // answered already, or never seen
+		}
+	}
+	s.queue(newOutgoing(m, nil))
+}
+
+// cancelNotification is notifications/cancelled for the proxy's id, with the
+// client's reason.
+func cancelNotification(upID int64, clientParams json.RawMessage) *jsonrpc.Request {
+	var params map[string]json.RawMessage
+	if json.Unmarshal(clientParams, &params) != nil || params == nil {
+		params = map[string]json.RawMessage{}
+	}
+	params["requestId"], _ = json.Marshal(upID)
+	b, _ := json.Marshal(params)
+	return &jsonrpc.Request{Method: "notifications/cancelled", Params: b}
+}
+
+// forward sends a client's request to the upstream under a proxy id; its
+// answer goes back to the client through rewrite.
+func (s *session) forward(m *jsonrpc.Request, rewrite func(json.RawMessage) (json.RawMessage, error)) {
+	p := &pending{clientID: m.ID, rewrite: rewrite}
+	s.mu.Lock()
+	s.nextID++
+	p.id = s.nextID
+	s.forwarded[m.ID] = p.id
+	s.mu.Unlock()
+	up := &jsonrpc.Request{ID: mustID(p.id), Method: m.Method, Params: m.Params}
+	s.queue(newOutgoing(up, p))
+}
+
+func mustID(n int64) jsonrpc.ID {
+	id, err := jsonrpc.MakeID(float64(n)) // MakeID takes JSON's number type
+	if err != nil {
+		panic(err)
+	}
+	return id
+}
+
+// queue hands o to the upstream writer.
+func (s *session) queue(o *outgoing) {
+	select {
+	case s.out <- o:
+	case <-s.ctx.Done():
+		o.settle(s.ctx.Err())
+	}
+}
+
+// writeUpstream writes queued messages in order, each once the upstream is
+// up. A request is registered as pending under the connection it is
+// written to, so that the connection's end fails exactly the requests it
+// took with it.
+func (s *session) writeUpstream() {
+	for {
+		var o *outgoing
+		select {
+		case o = <-s.out:
+		case <-s.ctx.Done():
+			return
+		}
+		for {
+			up, gen, err := s.waitUp()
+			if err != nil {
+				o.settle(err)
+				return
+			}
+			o.mu.Lock()
+			if o.abandoned {
+				o.mu.Unlock()
+				break
+			}
+			if o.p != nil {
+				s.mu.Lock()
+				o.p.gen = gen
+				s.pending[o.p.id] = o.p
+				s.mu.Unlock()
+			}
+			err = up.Write(s.ctx, o.msg)
+			o.mu.Unlock()
+			if err != nil {
+				s.writeFailed(o, err)
+			}
+			o.settle(nil)
+			break
+		}
+	}
+}
+
+// writeFailed settles a message the upstream connection refused. The
+// request may still have reached the upstream (an HTTP request can fail
+// after the server read it), so it counts as sent and its answer as lost.
+// A connection that is really gone ends its reader too, and the
+// supervisor starts over.
+func (s *session) writeFailed(o *outgoing, err error) {
+	s.p.logger.Warn("write to upstream", "error", err)
+	if o.p == nil {
+		return
+	}
+	s.mu.Lock()
+	_, stillPending := s.pending[o.p.id]
+	delete(s.pending, o.p.id)
+	if o.p.reply == nil {
+		delete(s.forwarded, o.p.clientID)
+	}
+	s.mu.Unlock()
+	if !stillPending {
+		return // answered or failed already
+	}
+	if o.p.reply != nil {
+		close(o.p.reply)
+		return
+	}
+	s.replyError(o.p.clientID, codeInternal, fmt.Sprintf("the tool server did not take the request: %v", err))
+}
+
+// waitUp returns the upstream connection once it is usable.
+func (s *session) waitUp() (mcp.Connection, int, error) {
+	for {
+		s.mu.Lock()
+		up, gen, ready := s.up, s.gen, s.ready
+		s.mu.Unlock()
+		select {
+		case <-ready:
+			if up != nil {
+				return up, gen, nil
+			}
+		case <-s.ctx.Done():
+			return nil, 0, s.ctx.Err()
+		}
+	}
+}
+
+// supervise connects to the upstream, re-initializes it when the client
+// already initialized, reads from it until the connection ends, and starts
+// over after a backoff.
+func (s *session) supervise() {
+	backoff := s.p.opts.MinBackoff
+	for s.ctx.Err() == nil {
+		started := time.Now()
+		conn, err := s.p.opts.Upstream.Dial(s.ctx)
+		if err != nil {
+			s.p.logger.Error("start upstream", "upstream", s.p.opts.Upstream.String(), "error", err, "retry_in", backoff)
+		} else {
+			s.mu.Lock()
+			s.gen++
+			gen := s.gen
+			s.up = conn
+			s.mu.Unlock()
+			done := make(chan struct{})
+			go func() { defer close(done); s.readUpstream(conn, gen) }()
+			if err := s.reinitialize(conn, gen); err != nil {
+				s.p.logger.Error("initialize restarted upstream", "error", err)
+				conn.Close()
+			} else {
+				s.mu.Lock()
+				if s.gen == gen && s.up == conn {
+					close(s.ready)
+				}
+				s.mu.Unlock()
+			}
+			<-done
+			s.markDown(gen)
+			if s.ctx.Err() != nil {
+				return
+			}
+			if time.Since(started) > time.Minute {
+				backoff = s.p.opts.MinBackoff
+			}
+			s.p.logger.Warn("upstream ended; restarting", "upstream", s.p.opts.Upstream.String(), "retry_in", backoff)
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-t.C:
+		case <-s.ctx.Done():
+			t.Stop()
+			return
+		}
+		backoff = min(2*backoff, s.p.opts.MaxBackoff)
+	}
+}
+
+// reinitialize replays the client's initialize to a new upstream, so that
+// the client's session goes on over it. Before the client initialized there
+// is nothing to replay: its own initialize goes through.
+func (s *session) reinitialize(conn mcp.Connection, gen int) error {
+	s.mu.Lock()
+	params, initialized := s.initParams, s.initialized
+	s.mu.Unlock()
+	if params == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, s.p.opts.InitTimeout)
+	defer cancel()
+	p := s.newWaiter(gen)
+	defer s.dropPending(p)
+	if err := conn.Write(ctx, &jsonrpc.Request{ID: mustID(p.id), Method: "initialize", Params: params}); err != nil {
+		return err
+	}
+	select {
+	case resp, ok := <-p.reply:
+		if !ok {
+			return errUpstreamGone
+		}
+		if resp.Error != nil {
+			return resp.Error
+		}
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if initialized {
+		return conn.Write(ctx, &jsonrpc.Request{Method: "notifications/initialized", Params: json.RawMessage(`{}`)})
+	}
+	return nil
+}
+
+func (s *session) newWaiter(gen int) *pending {
+	p := &pending{reply: make(chan *jsonrpc.Response, 1), gen: gen}
+	s.mu.Lock()
+	s.nextID++
+	p.id = s.nextID
+	if gen != 0 {
+		s.pending[p.id] = p
+	}
+	s.mu.Unlock()
+	return p
+}
+
+func (s *session) dropPending(p *pending) {
+	s.mu.Lock()
+	delete(s.pending, p.id)
+	s.mu.Unlock()
+}
+
+// markDown retires upstream connection gen: the requests it took fail.
+func (s *session) markDown(gen int) {
+	s.mu.Lock()
+	if s.gen != gen || s.up == nil {
+		s.mu.Unlock()
+		return
+	}
+	s.up.Close()
+	s.up = nil
+	select {
+	case <-s.ready:
+		s.ready = make(chan struct{})
+	default:
+	}
+	var lost []*pending
+	for id, p := range s.pending {
+		if p.gen == gen {
+			lost = append(lost, p)
+			delete(s.pending, id)
+			if p.reply == nil {
+				delete(s.forwarded, p.clientID)
+			}
+		}
+	}
+	s.mu.Unlock()
+	for _, p := range lost {
+		if p.reply != nil {
+			close(p.reply)
+		} else {
+			s.replyError(p.clientID, codeInternal, errUpstreamGone.Error()+"; the proxy restarts it, retry the request")
+		}
+	}
+}
+
+// readUpstream passes the upstream's messages on until its connection ends.
+func (s *session) readUpstream(conn mcp.Connection, gen int) {
+	for {
+		msg, err := conn.Read(s.ctx)
+		if err != nil {
+			if s.ctx.Err() == nil {
+				s.p.logger.Warn("upstream connection ended", "error", err)
+			}
+			return
+		}
+		switch m := msg.(type) {
+		case *jsonrpc.Response:
+			s.onUpstreamResponse(m)
+		case *jsonrpc.Request:
+			// Notifications (progress, logging, list changes) and the
+			// upstream's requests to the client pass through as they are.
+			s.writeClient(m)
+		}
+	}
+}
+
+func (s *session) onUpstreamResponse(m *jsonrpc.Response) {
+	n, ok := m.ID.Raw().(int64)
+	s.mu.Lock()
+	p := s.pending[n]
+	if ok && p != nil {
+		delete(s.pending, n)
+		if p.reply == nil {
+			delete(s.forwarded, p.clientID)
+		}
+	}
+	s.mu.Unlock()
+	if !ok || p == nil {
+		s.p.logger.Warn("answer from upstream to no pending request", "id", m.ID.Raw())
+		return
+	}
+	if p.reply != nil {
+		p.reply <- m
+		return
+	}
+	resp := &jsonrpc.Response{ID: p.clientID, Result: m.Result, Error: m.Error}
+	if m.Error == nil && p.rewrite != nil {
+		r, err := p.rewrite(m.Result)
+		if err != nil {
+			s.p.logger.Warn("pass upstream answer unchanged", "error", err)
+		} else {
+			resp.Result = r
+		}
+	}
+	s.writeClient(resp)
+}
+
+func (s *session) writeClient(m jsonrpc.Message) {
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	if err := s.client.Write(s.ctx, m); err != nil && s.ctx.Err() == nil {
+		s.p.logger.Warn("write to client", "error", err)
+	}
+}
+
+func (s *session) replyError(id jsonrpc.ID, code int64, msg string) {
+	s.writeClient(&jsonrpc.Response{ID: id, Error: &jsonrpc.Error{Code: code, Message: msg}})
+}
+
+func (s *session) replyResult(id jsonrpc.ID, res *mcp.CallToolResult) {
+	b, err := json.Marshal(res)
+	if err != nil {
+		s.replyError(id, codeInternal, fmt.Sprintf("encode result: %v", err))
+		return
+	}
+	s.writeClient(&jsonrpc.Response{ID: id, Result: b})
+}
+
+// callTool runs a client's tools/call: the status tool here, every other
+// tool through the layer and on to the upstream.
+func (s *session) callTool(ctx context.Context, m *jsonrpc.Request, params *mcp.CallToolParamsRaw) {
+	extra, _ := m.Extra.(*mcp.RequestExtra)
+	req := &mcp.CallToolRequest{Params: params, Extra: extra}
+	if params.Name == outbox.StatusToolName {
+		s.replyResult(m.ID, s.p.opts.Layer.CallStatus(ctx, req))
+		return
+	}
+	res, err := s.p.remoteTool(params.Name).Call(ctx, req, func(ctx context.Context, claim *outbox.Claim) (*mcp.CallToolResult, error) {
+		return s.forwardCall(ctx, m.Params, claim)
+	})
+	if ctx.Err() != nil && s.ctx.Err() == nil {
+		return // cancelled by the client, which expects no answer
+	}
+	var wire *jsonrpc.Error
+	switch {
+	case errors.As(err, &wire):
+		s.writeClient(&jsonrpc.Response{ID: m.ID, Error: wire})
+	case err != nil:
+		s.replyError(m.ID, codeInternal, err.Error())
+	default:
+		s.replyResult(m.ID, res)
+	}
+}
+
+// forwardCall sends a tools/call to the upstream, with the claim in _meta,
+// and waits for its answer. See [outbox.Forward] for what its errors mean.
+func (s *session) forwardCall(ctx context.Context, clientParams json.RawMessage, claim *outbox.Claim) (*mcp.CallToolResult, error) {
+	params, err := withClaim(clientParams, claim)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", outbox.ErrNotForwarded, err)
+	}
+	p := s.newWaiter(0)
+	o := newOutgoing(&jsonrpc.Request{ID: mustID(p.id), Method: "tools/call", Params: params}, p)
+	s.queue(o)
+	select {
+	case <-o.sent:
+	case <-ctx.Done():
+		if o.abandon() {
+			return nil, fmt.Errorf("%w: %v", outbox.ErrNotForwarded, ctx.Err())
+		}
+	}
+	if o.err != nil {
+		return nil, fmt.Errorf("%w: %v", outbox.ErrNotForwarded, o.err)
+	}
+	if err := failpoint.Inject(failpoint.ProxyAfterForward); err != nil {
+		return nil, err
+	}
+	select {
+	case resp, ok := <-p.reply:
+		if !ok {
+			return nil, errUpstreamGone
+		}
+		if resp.Error != nil {
+			var wire *jsonrpc.Error
+			if errors.As(resp.Error, &wire) {
+				return nil, wire
+			}
+			return nil, resp.Error
+		}
+		var res mcp.CallToolResult
+		if err := json.Unmarshal(resp.Result, &res); err != nil {
+			return nil, fmt.Errorf("the tool server's answer is not a tool result: %v", err)
+		}
+		return &res, nil
+	case <-ctx.Done():
+		s.dropPending(p)
+		s.queue(newOutgoing(cancelNotification(p.id, json.RawMessage(`{"reason":"cancelled by the client"}`)), nil))
+		return nil, ctx.Err()
+	}
+}
+
+// withClaim adds the claim to params._meta, keeping everything else of the
+// client's params as it was.
+func withClaim(clientParams json.RawMessage, claim *outbox.Claim) (json.RawMessage, error) {
+	if claim == nil {
+		return clientParams, nil
+	}
+	var params map[string]json.RawMessage
+	if err := json.Unmarshal(clientParams, &params); err != nil {
+		return nil, err
+	}
+	meta := map[string]json.RawMessage{}
+	if raw, ok := params["_meta"]; ok && string(raw) != "null" {
+		if err := json.Unmarshal(raw, &meta); err != nil {
+			return nil, fmt.Errorf("_meta: %w", err)
+		}
+	}
+	var err error
+	if meta[outbox.MetaKeyClaim], err = json.Marshal(claim); err != nil {
+		return nil, err
+	}
+	if params["_meta"], err = json.Marshal(meta); err != nil {
+		return nil, err
+	}
+	return json.Marshal(params)
+}
+
+// rewriteInitialize advertises the layer, and tools (the status tool is
+// one even when the upstream has none).
+func (s *session) rewriteInitialize(result json.RawMessage) (json.RawMessage, error) {
+	var r map[string]any
+	if err := json.Unmarshal(result, &r); err != nil {
+		return nil, err
+	}
+	caps, _ := r["capabilities"].(map[string]any)
+	if caps == nil {
+		caps = map[string]any{}
+	}
+	if _, ok := caps["tools"].(map[string]any); !ok {
+		caps["tools"] = map[string]any{}
+	}
+	exp, _ := caps["experimental"].(map[string]any)
+	if exp == nil {
+		exp = map[string]any{}
+	}
+	exp[outbox.CapabilityName] = s.p.opts.Layer.Capability()
+	caps["experimental"] = exp
+	r["capabilities"] = caps
+	return json.Marshal(r)
+}
+
+// rewriteToolsList learns the tools' annotations and appends the status
+// tool to the last page.
+func (s *session) rewriteToolsList(result json.RawMessage) (json.RawMessage, error) {
+	var r map[string]json.RawMessage
+	if err := json.Unmarshal(result, &r); err != nil {
+		return nil, err
+	}
+	var tools []json.RawMessage
+	if raw, ok := r["tools"]; ok {
+		if err := json.Unmarshal(raw, &tools); err != nil {
+			return nil, fmt.Errorf("tools: %w", err)
+		}
+	}
+	defs := make([]*mcp.Tool, 0, len(tools))
+	for _, raw := range tools {
+		var t mcp.Tool
+		if json.Unmarshal(raw, &t) == nil {
+			defs = append(defs, &t)
+		}
+	}
+	s.p.learnTools(defs)
+	var cursor string
+	if raw, ok := r["nextCursor"]; ok {
+		_ = json.Unmarshal(raw, &cursor)
+	}
+	if cursor == "" {
+		status, err := json.Marshal(outbox.StatusTool())
+		if err != nil {
+			return nil, err
+		}
+		tools = append(tools, status)
+	}
+	b, err := json.Marshal(tools)
+	if err != nil {
+		return nil, err
+	}
+	r["tools"] = b
+	return json.Marshal(r)
+}

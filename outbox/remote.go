@@ -1,0 +1,244 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// Remote tools run in another process: the tool server behind
+// `mcp-outbox proxy`. The layer claims the call as it does for its own
+// tools, then a [Forward] function hands the call on, with a [Claim] in
+// params._meta under [MetaKeyClaim]. What happens when the answer is lost
+// depends on the upstream:
+//
+//   - A cooperating upstream records the call's outcome itself, in the
+//     transaction of its own work and effects, fenced by the claim's owner
+//     (schema/README.md). Its commit is the call's commit, so a call whose
+//     answer was lost either committed (the row says so, and that is the
+//     answer) or did not (the claim is released, and a retry runs it).
+//   - Any other upstream does its work outside the call's transaction. The
+//     layer records the answer it gets; when the answer is lost the call may
+//     or may not have run, so it becomes unknown and is never run again by
+//     itself. Its claim is marked (calls.on_lost) before it is handed on, so
+//     a process finding it abandoned after a crash knows the same.
+
+// MetaKeyClaim is the params._meta entry a forwarded call carries.
+const MetaKeyClaim = "io.github.mcp-outbox/claim"
+
+// Claim names the claimed call row a cooperating upstream records into.
+type Claim struct {
+	Key    string `json:"key"`    // the call's idempotency key
+	CallID string `json:"callId"` // calls.uid; effect n's Idempotency-Key is CallID-n
+	RowID  int64  `json:"rowId"`  // calls.id; effects.call_id
+	Owner  string `json:"owner"`  // calls.owner: the fence of the upstream's update
+}
+
+// ErrNotForwarded marks an error of a [Forward] function that sent nothing:
+// the call certainly did not run.
+var ErrNotForwarded = errors.New("outbox: call not forwarded")
+
+// Forward hands a call to the upstream and returns its answer. claim is nil
+// for a call the layer does not record. An error wrapping [ErrNotForwarded]
+// means nothing was sent; a *jsonrpc.Error is the upstream's protocol error
+// (taken to mean the tool did not run: unknown tool, invalid params); any
+// other error means the answer was lost.
+type Forward func(ctx context.Context, claim *Claim) (*mcp.CallToolResult, error)
+
+// RemoteOptions configure [Layer.RemoteTool].
+type RemoteOptions struct {
+	// Cooperating says the upstream records each claimed call's outcome
+	// itself, following schema/README.md.
+	Cooperating bool
+	// FingerprintWindow overrides the layer's window for this tool, as
+	// [ToolOptions.FingerprintWindow] does.
+	FingerprintWindow time.Duration
+}
+
+// A RemoteTool is a tool of the upstream, as the layer treats it.
+type RemoteTool struct {
+	layer       *Layer
+	info        *toolInfo
+	cooperating bool
+}
+
+// RemoteTool describes an upstream tool from its definition (as tools/list
+// gave it; nil for a tool the upstream has not listed). Its annotations
+// decide, as for [AddTool], whether calls are recorded: readOnlyHint and
+// idempotentHint tools pass through unrecorded, everything else is
+// recorded, the spec's default (destructive) included.
+func (l *Layer) RemoteTool(name string, t *mcp.Tool, opts RemoteOptions) *RemoteTool {
+	info := &toolInfo{name: name, record: true, window: l.opts.FingerprintWindow}
+	if t != nil {
+		info.annotations = annotationsOf(t.Annotations)
+		if a := t.Annotations; a != nil && (a.ReadOnlyHint || (a.IdempotentHint && !l.opts.RecordIdempotent)) {
+			info.record = false
+		}
+		if declared, err := declaresKeyArgument[map[string]any](t); err == nil {
+			info.keyArgument = declared
+		}
+	} else {
+		info.annotations = annotationsOf(nil)
+	}
+	if opts.FingerprintWindow != 0 {
+		info.window = opts.FingerprintWindow
+	}
+	if !opts.Cooperating {
+		info.onLost = onLostUnknown
+	}
+	return &RemoteTool{layer: l, info: info, cooperating: opts.Cooperating}
+}
+
+// Call runs one tools/call of the tool through the layer, with fwd in place
+// of a handler: a retry of a recorded call is replayed, a duplicate waits
+// for the original, and the answer is recorded as the call's outcome. The
+// returned error is a protocol error to send back as such.
+func (r *RemoteTool) Call(ctx context.Context, req *mcp.CallToolRequest, fwd Forward) (*mcp.CallToolResult, error) {
+	res, err := r.layer.run(ctx, r.info, req, func(ctx context.Context, a *attempt) (mcp.Result, error) {
+		if !a.recorded() {
+			res, err := fwd(ctx, nil)
+			a.outcome = outcomeExecuted
+			if err != nil {
+				a.outcome = outcomeNotRecorded
+			}
+			return res, err
+		}
+		claim := &Claim{Key: a.id.key, CallID: a.uid, RowID: a.callID, Owner: a.owner}
+		res, err := fwd(ctx, claim)
+		return r.finish(ctx, a, res, err)
+	})
+	cr, _ := res.(*mcp.CallToolResult)
+	return cr, err
+}
+
+func (r *RemoteTool) finish(ctx context.Context, a *attempt, res *mcp.CallToolResult, err error) (mcp.Result, error) {
+	var wire *jsonrpc.Error
+	switch {
+	case errors.As(err, &wire), errors.Is(err, ErrNotForwarded):
+		// The tool did not run: the upstream refused the request, or it
+		// never left. A cooperating upstream cannot have committed either.
+		a.outcome = outcomeNotRecorded
+		a.abandon(ctx)
+		if wire != nil {
+			return nil, wire
+		}
+		return toolError(codeNotRecorded, "the tool server is not available (%v); nothing was executed, a retry will run the call.", err), nil
+	case err == nil && res == nil:
+		err = errors.New("empty answer")
+	}
+
+	if r.cooperating {
+		// The upstream's own commit may be the call's outcome, whether or
+		// not its answer arrived.
+		row, rerr := a.readRow(background(ctx))
+		switch {
+		case rerr != nil:
+			a.layer.logger.ErrorContext(ctx, "read forwarded call", "tool", a.tool.name, "error", rerr)
+		case row.state == "completed" || row.state == "failed":
+			a.outcome = outcomeExecuted
+			if row.state == "failed" {
+				a.outcome = outcomeFailed
+			}
+			if res == nil {
+				// Answer lost after the upstream's commit: the record is the answer.
+				res = recorded(row, a.id)
+			}
+			setCallMeta(res, a.id, a.uid, row.state, false, row.createdAt, row.completedAt.Int64)
+			r.notifyEnqueued()
+			return res, nil
+		case row.state != "in_flight" || row.owner != a.owner:
+			a.outcome = outcomeInProgress
+			return a.notCommitted(ErrOwnershipLost), nil
+		}
+		if err != nil {
+			// Nothing committed. Releasing the claim also fences the
+			// upstream: should it still try to commit, its update no longer
+			// matches the owner, and it rolls back.
+			a.outcome = outcomeNotRecorded
+			a.abandon(ctx)
+			return toolError(codeNotRecorded, "the tool server's answer was lost (%v) and it recorded nothing; nothing of the call committed, a retry will run it.", err), nil
+		}
+		// The upstream answered without recording: record its answer, as
+		// for an upstream that does not cooperate.
+	}
+
+	if err != nil {
+		a.markUnknown(ctx)
+		a.outcome = outcomeUnknown
+		return toolError(codeUnknown,
+			"the tool server's answer was lost (%v). The call may or may not have run, so it is recorded as unknown and will not run again. "+
+				"Ask the %s tool for its state; an operator settles it (mcp-outbox outbox resolve-call).", err, StatusToolName), nil
+	}
+	if res.InputRequests != nil || isRetryable(res.GetError()) {
+		a.outcome = outcomeNotRecorded
+		a.abandon(ctx)
+		return res, nil
+	}
+	if cerr := a.commit(background(ctx), res); cerr != nil {
+		// The upstream ran the call, but its outcome is not recorded.
+		a.layer.logger.ErrorContext(ctx, "record forwarded call", "tool", a.tool.name, "error", cerr)
+		if !errors.Is(cerr, ErrOwnershipLost) {
+			a.markUnknown(ctx)
+		}
+		a.outcome = outcomeUnknown
+		return toolError(codeUnknown, "the tool server answered, but its answer could not be recorded (%v); the call is unknown. Ask the %s tool for its state.",
+			cerr, StatusToolName), nil
+	}
+	a.outcome = outcomeExecuted
+	if res.IsError {
+		a.outcome = outcomeFailed
+	}
+	setCallMeta(res, a.id, a.uid, stateOf(res), false, a.createdAt, a.completedAt)
+	return res, nil
+}
+
+func (r *RemoteTool) notifyEnqueued() {
+	r.layer.mu.Lock()
+	notify := r.layer.notify
+	r.layer.mu.Unlock()
+	if notify != nil {
+		notify()
+	}
+}
+
+// readRow reads the attempt's call row as it is now.
+func (a *attempt) readRow(ctx context.Context) (callRow, error) {
+	r := callRow{id: a.callID}
+	err := a.layer.db.Read.QueryRowContext(ctx,
+		`SELECT uid, tool, args_hash, state, owner, lease_until, result, created_at, completed_at, expires_at, on_lost
+		 FROM calls WHERE id = ?`, a.callID).Scan(
+		&r.uid, &r.tool, &r.argsHash, &r.state, &r.owner, &r.leaseUntil,
+		&r.result, &r.createdAt, &r.completedAt, &r.expiresAt, &r.onLost)
+	if errors.Is(err, sql.ErrNoRows) {
+		return callRow{}, nil
+	}
+	if err != nil {
+		return callRow{}, fmt.Errorf("read call: %w", err)
+	}
+	return r, nil
+}
+
+// markUnknown records that the attempt's call may or may not have run.
+func (a *attempt) markUnknown(ctx context.Context) {
+	_, err := a.layer.db.Write.ExecContext(background(ctx), markUnknown, a.layer.nowMS(), a.callID, a.owner)
+	if err != nil {
+		// The claim stays in_flight with on_lost 'unknown': whoever finds
+		// it abandoned marks it then.
+		a.layer.logger.ErrorContext(ctx, "mark call unknown", "tool", a.tool.name, "error", err)
+	}
+}
+
+// recorded is a call's recorded result, answered as its own outcome (not a
+// replay) when the answer of the attempt that recorded it was lost.
+func recorded(r callRow, id callIdentity) *mcp.CallToolResult {
+	res, err := decodeRecorded(r)
+	if err != nil {
+		return unreadableResult(r, id, err)
+	}
+	return res
+}
