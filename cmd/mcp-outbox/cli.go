@@ -35,6 +35,7 @@ func commands() []command {
 	return []command{
 		{"demo", "reproduce the four duplicate-call scenarios, without and with the layer", runDemo},
 		{"serve", "run the example payments ledger as an MCP server (stdio or Streamable HTTP)", runServe},
+		{"proxy", "put the outbox in front of an MCP tool server in any language (sidecar)", runProxy},
 		{"drain", "deliver every effect that is due, then exit with a summary (for deploy hooks)", runDrain},
 		{"status", "show what happened to a call, by key or by tool and arguments", runStatus},
 		{"outbox", "list, retry, cancel and resolve the outbox's effects (downstream deliveries)", runOutbox},

@@ -40,7 +40,8 @@ Every flag can also be set in the environment (shown in brackets); a flag wins.
 
 ` + destHelp + "\n" + authHelp
 
-// appConfig is what serve (and demo) need to build the example server.
+// appConfig is what serve, demo and proxy need to open the database and
+// the layer (and serve and demo, the example ledger).
 type appConfig struct {
 	db           string
 	durability   string
@@ -72,6 +73,8 @@ type app struct {
 	retention      outbox.Retention // what the reaper keeps
 	metrics        *outbox.Metrics  // nil records nothing
 	metricsHandler http.Handler     // GET /metrics; nil when not built
+	// mcpHTTP serves /mcp instead of server (the proxy's sessions).
+	mcpHTTP http.Handler
 }
 
 func (cfg *appConfig) flags(env *environment, fs *flag.FlagSet) error {
@@ -79,11 +82,6 @@ func (cfg *appConfig) flags(env *environment, fs *flag.FlagSet) error {
 	fs.StringVar(&cfg.durability, "durability", env.envDefault("MCP_OUTBOX_DURABILITY", "full"),
 		"full: a commit survives power loss; normal: survives a process crash, not a power loss, ~10x faster commits [MCP_OUTBOX_DURABILITY]")
 	fs.Var((*multiFlag)(&cfg.dests), "dest", "destination `NAME=URL[;SETTING=VALUE...]` for effects, repeatable; see below [MCP_OUTBOX_DEST_<NAME>=URL]")
-	delay, err := env.envDuration("MCP_OUTBOX_DEMO_DELAY", 0)
-	if err != nil {
-		return err
-	}
-	fs.DurationVar(&cfg.demoDelay, "demo-delay", delay, "simulated processing time inside charge, to reproduce client timeouts [MCP_OUTBOX_DEMO_DELAY]")
 	window, err := env.envDuration("MCP_OUTBOX_FINGERPRINT_WINDOW", outbox.DefaultFingerprintWindow)
 	if err != nil {
 		return err
@@ -119,7 +117,6 @@ func (cfg *appConfig) flags(env *environment, fs *flag.FlagSet) error {
 		}
 		fs.DurationVar(ttl.d, ttl.flag, v, ttl.usage+" ["+ttl.env+"]")
 	}
-	fs.BoolVar(&cfg.bare, "bare", false, "run the ledger WITHOUT the outbox layer: every retry charges again (for demonstrations)")
 	fs.StringVar(&cfg.logLevel, "log-level", env.envDefault("MCP_OUTBOX_LOG_LEVEL", "info"), "debug, info, warn or error [MCP_OUTBOX_LOG_LEVEL]")
 	fs.StringVar(&cfg.logFormat, "log-format", env.envDefault("MCP_OUTBOX_LOG_FORMAT", "text"), "text or json [MCP_OUTBOX_LOG_FORMAT]")
 	fs.BoolVar(&cfg.logSensitive, "log-sensitive", false,
@@ -127,7 +124,20 @@ func (cfg *appConfig) flags(env *environment, fs *flag.FlagSet) error {
 	return nil
 }
 
-func openApp(ctx context.Context, env *environment, cfg *appConfig) (*app, error) {
+// ledgerFlags are the flags of the example ledger, which the proxy has not.
+func (cfg *appConfig) ledgerFlags(env *environment, fs *flag.FlagSet) error {
+	delay, err := env.envDuration("MCP_OUTBOX_DEMO_DELAY", 0)
+	if err != nil {
+		return err
+	}
+	fs.DurationVar(&cfg.demoDelay, "demo-delay", delay, "simulated processing time inside charge, to reproduce client timeouts [MCP_OUTBOX_DEMO_DELAY]")
+	fs.BoolVar(&cfg.bare, "bare", false, "run the ledger WITHOUT the outbox layer: every retry charges again (for demonstrations)")
+	return nil
+}
+
+// openStore opens what every server command needs: the database, the
+// destinations, the logger, the metrics and (unless bare) the layer.
+func openStore(ctx context.Context, env *environment, cfg *appConfig) (*app, error) {
 	dur, err := schema.ParseDurability(cfg.durability)
 	if err != nil {
 		return nil, usageError{err}
@@ -155,17 +165,9 @@ func openApp(ctx context.Context, env *environment, cfg *appConfig) (*app, error
 	if err != nil {
 		return nil, err
 	}
-	if err := ledger.Migrate(ctx, db); err != nil {
-		db.Close()
-		return nil, err
-	}
-	impl := &mcp.Implementation{Name: "mcp-outbox-ledger", Title: "mcp-outbox example payments ledger", Version: version}
-	a := &app{db: db, dests: dests, logger: logger, logSensitive: cfg.logSensitive}
+	a := &app{db: db, dests: dests, logger: logger, logSensitive: cfg.logSensitive, retention: cfg.retention}
 	a.metricsHandler, a.metrics = metricsHandler(db)
-	lopts := &ledger.Options{Delay: cfg.demoDelay}
 	if cfg.bare {
-		a.server = mcp.NewServer(impl, &mcp.ServerOptions{Logger: logger.With("subsystem", "mcp")})
-		ledger.RegisterBare(db, a.server, lopts)
 		return a, nil
 	}
 	window := cfg.fingerprint
@@ -177,7 +179,28 @@ func openApp(ctx context.Context, env *environment, cfg *appConfig) (*app, error
 		db.Close()
 		return nil, err
 	}
-	a.server = a.layer.NewServer(impl, &mcp.ServerOptions{Logger: logger.With("subsystem", "mcp")})
+	return a, nil
+}
+
+// openApp opens the example ledger server.
+func openApp(ctx context.Context, env *environment, cfg *appConfig) (*app, error) {
+	a, err := openStore(ctx, env, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if err := ledger.Migrate(ctx, a.db); err != nil {
+		a.db.Close()
+		return nil, err
+	}
+	impl := &mcp.Implementation{Name: "mcp-outbox-ledger", Title: "mcp-outbox example payments ledger", Version: version}
+	sopts := &mcp.ServerOptions{Logger: a.logger.With("subsystem", "mcp")}
+	lopts := &ledger.Options{Delay: cfg.demoDelay}
+	if a.layer == nil {
+		a.server = mcp.NewServer(impl, sopts)
+		ledger.RegisterBare(a.db, a.server, lopts)
+		return a, nil
+	}
+	a.server = a.layer.NewServer(impl, sopts)
 	ledger.Register(a.layer, a.server, lopts)
 	return a, nil
 }
@@ -191,6 +214,9 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 	fs := newFlagSet(env, "serve", serveUsage)
 	var cfg appConfig
 	if err := cfg.flags(env, fs); err != nil {
+		return err
+	}
+	if err := cfg.ledgerFlags(env, fs); err != nil {
 		return err
 	}
 	httpAddr := fs.String("http", env.envDefault("MCP_OUTBOX_HTTP", ""),

@@ -1,0 +1,119 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/proxy"
+	"github.com/mcp-outbox/mcp-outbox/outbox"
+)
+
+const proxyUsage = `Usage: mcp-outbox proxy [flags] -- COMMAND [ARGS...]
+       mcp-outbox proxy [flags] --upstream URL
+
+Runs in front of an existing MCP tool server (the upstream), in any language,
+and gives its tool calls the outbox's guarantees: a retried call is replayed
+instead of run again, a duplicate waits for the original, and the call_status
+tool answers "what happened to my call?". Everything else (resources, prompts,
+notifications, progress, cancellation) passes through unchanged.
+
+The upstream is a command speaking MCP on stdio (restarted with backoff if it
+dies, its stderr passed through prefixed with "[upstream] "), or a Streamable
+HTTP endpoint (--upstream). The proxy serves stdio, or Streamable HTTP at /mcp
+with --http (one upstream session, and for a command one process, per client
+session).
+
+Calls are recorded in the SQLite file --db, which the upstream may share:
+  --cooperating  the upstream records each call's outcome, its own rows and its
+                 outbox effects in one transaction of its own, following
+                 schema/README.md; the proxy's dispatcher delivers the effects.
+                 Exactly once, whichever process crashes when.
+  (default)      the proxy records the upstream's answers. When an answer is
+                 lost (either process died after forwarding), the call may have
+                 run: it becomes "unknown", a retry gets an "outcome unknown"
+                 error naming call_status, and an operator settles it
+                 ('mcp-outbox outbox resolve-call').
+Tools annotated readOnlyHint or idempotentHint pass through unrecorded.
+
+Every flag can also be set in the environment (shown in brackets); a flag wins.
+
+` + destHelp + "\n" + authHelp
+
+func runProxy(ctx context.Context, env *environment, args []string) error {
+	fs := newFlagSet(env, "proxy", proxyUsage)
+	var cfg appConfig
+	if err := cfg.flags(env, fs); err != nil {
+		return err
+	}
+	upstreamURL := fs.String("upstream", env.envDefault("MCP_OUTBOX_UPSTREAM", ""),
+		"the upstream's Streamable HTTP endpoint `URL`, instead of a command after -- [MCP_OUTBOX_UPSTREAM]")
+	cooperating := fs.Bool("cooperating", env.envDefault("MCP_OUTBOX_COOPERATING", "") == "1",
+		"the upstream records its calls' outcomes itself (schema/README.md) [MCP_OUTBOX_COOPERATING=1]")
+	httpAddr := fs.String("http", env.envDefault("MCP_OUTBOX_HTTP", ""),
+		"serve Streamable HTTP at `ADDR` (e.g. 127.0.0.1:8080) instead of stdio; a non-loopback ADDR needs --tokens [MCP_OUTBOX_HTTP]")
+	var ac authConfig
+	ac.flags(env, fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	var upstream proxy.Dialer
+	switch {
+	case *upstreamURL != "" && fs.NArg() > 0:
+		return usagef("give the upstream either as --upstream URL or as a command after --, not both")
+	case *upstreamURL != "":
+		u, err := url.Parse(*upstreamURL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return usagef("--upstream %q: want an http:// or https:// URL", *upstreamURL)
+		}
+		upstream = &proxy.HTTP{URL: *upstreamURL}
+	case fs.NArg() > 0:
+		upstream = &proxy.Command{Path: fs.Arg(0), Args: fs.Args()[1:], Stderr: env.stderr, Prefix: "[upstream] "}
+	default:
+		return usagef("no upstream: give a command after -- (mcp-outbox proxy -- python server.py) or --upstream URL")
+	}
+	if *httpAddr != "" {
+		if _, _, err := net.SplitHostPort(*httpAddr); err != nil {
+			return usagef("--http %q: want HOST:PORT (%v)", *httpAddr, err)
+		}
+		if err := ac.load(env, *httpAddr); err != nil {
+			return err
+		}
+		if ac.insecureNoAuth {
+			warnInsecure(env.stderr, *httpAddr)
+		}
+	}
+
+	a, err := openStore(ctx, env, &cfg)
+	if err != nil {
+		return err
+	}
+	defer a.Close()
+	a.auth = &ac
+	p, err := proxy.New(proxy.Options{Layer: a.layer, Upstream: upstream, Cooperating: *cooperating, Logger: a.logger})
+	if err != nil {
+		return err
+	}
+	stopDispatch, err := a.startDispatcher(ctx)
+	if err != nil {
+		return err
+	}
+	defer stopDispatch()
+	defer a.startReaper(ctx)()
+
+	a.logger.Info("proxying MCP", "upstream", upstream.String(), "cooperating", *cooperating, "db", cfg.db)
+	if *httpAddr != "" {
+		a.mcpHTTP = p.HTTPHandler(ctx)
+		return serveHTTP(ctx, a, *httpAddr, a.logger, env.stderr)
+	}
+	conn, err := outbox.WrapTransport(&lineTransport{in: env.stdin, out: env.stdout, logger: a.logger}).Connect(ctx)
+	if err != nil {
+		return err
+	}
+	if err := p.Serve(ctx, conn); err != nil && err != io.EOF && ctx.Err() == nil {
+		return fmt.Errorf("proxy stdio: %w", err)
+	}
+	return nil
+}
