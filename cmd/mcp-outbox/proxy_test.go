@@ -405,3 +405,31 @@ func startProxyHTTP(t *testing.T, cmd *exec.Cmd) string {
 		return ""
 	}
 }
+
+// TestProxyUsage: a proxy without a usable upstream refuses to start, says
+// why, and creates no database file.
+func TestProxyUsage(t *testing.T) {
+	dir := t.TempDir()
+	db := filepath.Join(dir, "never.db")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"proxy", "--db", db}, "no upstream"},
+		{[]string{"proxy", "--db", db, "--upstream", "http://127.0.0.1:1/mcp", "--", "node", "x.mjs"}, "not both"},
+		{[]string{"proxy", "--db", db, "--upstream", "ftp://example/mcp"}, "want an http:// or https:// URL"},
+		{[]string{"proxy", "--db", db, "--http", "nope", "--", "node", "x.mjs"}, "want HOST:PORT"},
+	} {
+		out := runCLI(t, nil, tc.args...)
+		if out.code != 2 || !strings.Contains(out.stderr, tc.want) {
+			t.Errorf("%v: exit %d, stderr %q; want exit 2 saying %q", tc.args, out.code, out.stderr, tc.want)
+		}
+	}
+	if _, err := os.Stat(db); !os.IsNotExist(err) {
+		t.Errorf("a refused proxy created %s (%v)", db, err)
+	}
+	help := runCLI(t, nil, "proxy", "--help")
+	if help.code != 0 || !strings.Contains(help.stdout, "--cooperating") || !strings.Contains(help.stdout, "schema/README.md") {
+		t.Errorf("proxy --help: exit %d, %q", help.code, help.stdout)
+	}
+}
