@@ -29,7 +29,9 @@ const authHelp = `Authentication (with --http):
   by principal. Without tokens, --http must be a loopback address, unless
   --insecure-no-auth is given.
   --admin-token-sha256 makes /admin require 'Authorization: Bearer TOKEN'
-  from any address; without it /admin answers loopback clients only.
+  from any address; without it /admin answers loopback clients only. The
+  operator page at / follows the same rule; a browser logs in at /login
+  with the admin token and gets a session cookie instead of the header.
 `
 
 // principalPattern keeps principals to what the token file and
@@ -249,6 +251,12 @@ func (c *authConfig) checkAdminToken(r *http.Request) bool {
 	if !ok || !strings.EqualFold(scheme, "bearer") {
 		return false
 	}
+	return c.isAdminToken(token)
+}
+
+// isAdminToken reports whether token is the admin token, for the bearer
+// header and the operator page's login form alike.
+func (c *authConfig) isAdminToken(token string) bool {
 	sum := sha256.Sum256([]byte(strings.TrimSpace(token)))
 	return subtle.ConstantTimeCompare(sum[:], c.adminHash) == 1
 }

@@ -167,7 +167,7 @@ func TestAuthMCP(t *testing.T) {
 	}
 
 	mustSucceed(t, alice, chargeCall("alice-only", 500))
-	if st := callStatus(t, bob, "alice-only"); st["state"] != "unknown" {
+	if st := callStatus(t, bob, "alice-only"); st["state"] != "not_found" {
 		t.Errorf("bob sees alice's call: %v", st)
 	}
 	if st := callStatus(t, alice, "alice-only"); st["state"] != "completed" {

@@ -227,10 +227,10 @@ func TestCLIStatus(t *testing.T) {
 		return st
 	}
 
-	t.Run("unknown key", func(t *testing.T) {
+	t.Run("key never used", func(t *testing.T) {
 		st := lookup(t, nil, "--db", dbPath, "never-used")
-		if st["state"] != "unknown" || st["key"] != "never-used" || !strings.Contains(st["message"].(string), "never seen") {
-			t.Errorf("status of an unknown key: %v", st)
+		if st["state"] != "not_found" || st["key"] != "never-used" || !strings.Contains(st["message"].(string), "never seen") {
+			t.Errorf("status of a key never used: %v", st)
 		}
 	})
 
@@ -267,14 +267,14 @@ func TestCLIStatus(t *testing.T) {
 			t.Errorf("status by arguments: %v, want the keyless call %v", st, callMetaOf(keyless))
 		}
 		other := lookup(t, nil, "--db", dbPath, "--tool", "charge", "--args", `{"amount": 78, "currency": "usd"}`)
-		if other["state"] != "unknown" {
-			t.Errorf("status with other arguments: %v, want unknown", other)
+		if other["state"] != "not_found" {
+			t.Errorf("status with other arguments: %v, want not_found", other)
 		}
 	})
 
 	t.Run("another principal", func(t *testing.T) {
 		st := lookup(t, nil, "--db", dbPath, "--principal", "user:mallory", "status-1")
-		if st["state"] != "unknown" {
+		if st["state"] != "not_found" {
 			t.Errorf("another principal sees the call: %v", st)
 		}
 	})

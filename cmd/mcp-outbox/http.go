@@ -43,10 +43,15 @@ func mcpHandler(s *mcp.Server, logger *slog.Logger) http.Handler {
 func newRouter(a *app, logger *slog.Logger) http.Handler {
 	r := chi.NewRouter()
 	r.Use(middleware.Recoverer)
-	r.Handle("/mcp", a.auth.protectMCP(mcpHandler(a.server, logger)))
+	mcpH := a.mcpHTTP
+	if mcpH == nil {
+		mcpH = mcpHandler(a.server, logger)
+	}
+	r.Handle("/mcp", a.auth.protectMCP(mcpH))
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
 	r.Get("/readyz", a.readyz)
 	r.Mount("/admin", adminRouter(a.db, logger, a.auth))
+	mountPage(r, a.db, logger, a.auth)
 	if a.metricsHandler != nil {
 		// Metrics name tools and destinations: the admin rule guards them
 		// (the admin token when configured, else clients on this host).
@@ -73,6 +78,7 @@ func serveHTTP(ctx context.Context, a *app, addr string, logger *slog.Logger, st
 	}
 	fmt.Fprintf(stderr, "mcp-outbox: MCP authentication: %s\n", mcpAuth)
 	fmt.Fprintf(stderr, "mcp-outbox: operator API at http://%s/admin (%s)\n", ln.Addr(), adminAuth)
+	fmt.Fprintf(stderr, "mcp-outbox: operator page at http://%s/ (%s)\n", ln.Addr(), adminAuth)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
