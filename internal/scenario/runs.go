@@ -1,6 +1,7 @@
 package scenario
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -14,15 +15,13 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 )
 
-// chargeArgs are the arguments of the logical charge, the same on every
-// attempt: that is what makes a retry recognisable without a key.
-var chargeArgs = map[string]any{"amount": 4200, "currency": "usd"}
-
 // call sends one tools/call for the logical charge and describes what came
 // back. It does not record the attempt, so that it can run in a goroutine.
 func (r *run) call(ctx context.Context, cs *mcp.ClientSession, timeout time.Duration) Attempt {
 	// A new params value per attempt: the SDK may add to it while sending.
-	params := &mcp.CallToolParams{Name: "charge", Arguments: chargeArgs}
+	// The arguments are the same on every attempt: that is what makes a
+	// retry recognisable without a key.
+	params := &mcp.CallToolParams{Name: "charge", Arguments: r.cfg.Server.ChargeArgs}
 	if r.mode == LayerKey {
 		params.Meta = mcp.Meta{outbox.MetaKeyIdempotency: r.key}
 	}
@@ -45,13 +44,15 @@ func (r *run) call(ctx context.Context, cs *mcp.ClientSession, timeout time.Dura
 		a.ToolError = textOf(res)
 		a.What = "tool error: " + a.ToolError
 	default:
-		var out struct {
-			ChargeID int64 `json:"charge_id"`
-		}
+		var out map[string]any
 		if b, err := json.Marshal(res.StructuredContent); err == nil {
-			_ = json.Unmarshal(b, &out)
+			d := json.NewDecoder(bytes.NewReader(b))
+			d.UseNumber()
+			_ = d.Decode(&out)
 		}
-		a.ChargeID = out.ChargeID
+		if n, ok := out[r.cfg.Server.ChargeIDField].(json.Number); ok {
+			a.ChargeID, _ = n.Int64()
+		}
 		if m, ok := res.Meta[outbox.MetaKeyCall].(map[string]any); ok {
 			a.Replayed, _ = m["replayed"].(bool)
 		}
@@ -174,7 +175,12 @@ func (r *run) timeoutHTTP(ctx context.Context, version string) error {
 	}
 	defer cs.Close()
 	got := cs.InitializeResult().ProtocolVersion
-	if want := version; (want == "") != (got >= statelessVersion) {
+	if version == "" && r.cfg.Server.SessionsOnly && got != "" && got < statelessVersion {
+		// The client asked for its default, stateless, protocol, and the
+		// server, which serves sessions only, negotiated one with a
+		// session: the run goes on over that session, like scenario 3a.
+		r.logf("the server serves sessions only: the client's default protocol became %s", got)
+	} else if want := version; (want == "") != (got >= statelessVersion) {
 		if want == "" {
 			want = statelessVersion + " or later"
 		}

@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"time"
@@ -133,7 +134,43 @@ type Config struct {
 	ServerLog io.Writer
 	// Logf receives a line per step of a run; nil discards them.
 	Logf func(format string, args ...any)
+	// Server describes the server to run; the zero value is
+	// `Binary serve`, the demo's.
+	Server Server
 }
+
+// Server describes the tool server the scenarios drive, when it is not
+// `mcp-outbox serve` (say, `mcp-outbox proxy` in front of another server).
+// Every field left at zero keeps serve's behaviour.
+type Server struct {
+	// Command returns an unstarted server process for the run's SQLite
+	// file db in mode, whose charge takes delay (zero: no delay). It speaks
+	// MCP on stdio, or, when http is set, serves Streamable HTTP on a free
+	// loopback port and prints "serving MCP at URL" on stderr. Its Stderr
+	// is set by the run. It must be the server itself, not a shell, so that
+	// the crash scenario's SIGKILL reaches it. nil: `Binary serve`.
+	Command func(db string, mode Mode, delay time.Duration, http bool) (*exec.Cmd, error)
+	// Prepare runs once per run, on the path of the run's fresh database,
+	// before the first server starts; nil does nothing.
+	Prepare func(ctx context.Context, db string) error
+	// ChargeArgs are the arguments of tool "charge", the same on every
+	// attempt; nil: {"amount": 4200, "currency": "usd"}.
+	ChargeArgs map[string]any
+	// ChargeIDField names the charge's id in the structured content of
+	// charge's answer; "": "charge_id".
+	ChargeIDField string
+	// CountCharges is the query that counts the charges made, one row per
+	// actual charge; "": SELECT count(*) FROM charges.
+	CountCharges string
+	// SessionsOnly says the server serves Streamable HTTP with sessions
+	// only (protocol 2025-11-25 at most). Scenario 3b's client still asks
+	// for its default, the stateless 2026-07-28, and then goes on over the
+	// session the server negotiates, instead of failing the run.
+	SessionsOnly bool
+}
+
+// defaultChargeArgs are serve's charge arguments.
+var defaultChargeArgs = map[string]any{"amount": 4200, "currency": "usd"}
 
 // Defaults for Config fields left at zero. The margin between them is what
 // makes the first attempt time out while the charge is in progress.
@@ -175,6 +212,15 @@ func (cfg Config) withDefaults() (Config, error) {
 	}
 	if cfg.ServerLog == nil {
 		cfg.ServerLog = io.Discard
+	}
+	if cfg.Server.ChargeArgs == nil {
+		cfg.Server.ChargeArgs = defaultChargeArgs
+	}
+	if cfg.Server.ChargeIDField == "" {
+		cfg.Server.ChargeIDField = "charge_id"
+	}
+	if cfg.Server.CountCharges == "" {
+		cfg.Server.CountCharges = `SELECT count(*) FROM charges`
 	}
 	return cfg, nil
 }
@@ -246,6 +292,11 @@ func Run(ctx context.Context, cfg Config, id ID, mode Mode) (Result, error) {
 	}
 	r := &run{cfg: cfg, mode: mode, db: filepath.Join(dir, "ledger.db"), key: newKey(id)}
 	r.logf("%s/%s: database %s", id, mode, r.db)
+	if cfg.Server.Prepare != nil {
+		if err := cfg.Server.Prepare(ctx, r.db); err != nil {
+			return Result{}, fmt.Errorf("%s/%s: prepare database: %w", id, mode, err)
+		}
+	}
 	start := time.Now()
 	res := Result{Scenario: id, Mode: mode, LogicalCalls: sc.LogicalCalls, DB: r.db}
 	switch id {
@@ -267,7 +318,7 @@ func Run(ctx context.Context, cfg Config, id ID, mode Mode) (Result, error) {
 		return res, fmt.Errorf("%s/%s: %w", id, mode, err)
 	}
 	// Every server process has exited by now, so the count is final.
-	if res.Charges, err = countCharges(ctx, r.db); err != nil {
+	if res.Charges, err = countCharges(ctx, r.db, cfg.Server.CountCharges); err != nil {
 		return res, fmt.Errorf("%s/%s: %w", id, mode, err)
 	}
 	r.logf("%s/%s: %d tools/call, %d charges", id, mode, res.Calls, res.Charges)

@@ -30,6 +30,19 @@ func (r *run) serveArgs(delay time.Duration, extra ...string) []string {
 	return append(args, extra...)
 }
 
+// command returns an unstarted server process for this run: on stdio, or
+// serving Streamable HTTP when http is set.
+func (r *run) command(delay time.Duration, http bool) (*exec.Cmd, error) {
+	if r.cfg.Server.Command != nil {
+		return r.cfg.Server.Command(r.db, r.mode, delay, http)
+	}
+	var extra []string
+	if http {
+		extra = []string{"--http", "127.0.0.1:0"}
+	}
+	return exec.Command(r.cfg.Binary, r.serveArgs(delay, extra...)...), nil
+}
+
 func newClient() *mcp.Client {
 	return mcp.NewClient(&mcp.Implementation{Name: "mcp-outbox-scenario", Version: "v0"}, nil)
 }
@@ -38,7 +51,10 @@ func newClient() *mcp.Client {
 // The server is the child itself (no shell in between), so that a SIGKILL
 // reaches it; closing the session closes its stdin and reaps it.
 func (r *run) connectStdio(ctx context.Context, delay time.Duration) (*mcp.ClientSession, *exec.Cmd, error) {
-	cmd := exec.Command(r.cfg.Binary, r.serveArgs(delay)...)
+	cmd, err := r.command(delay, false)
+	if err != nil {
+		return nil, nil, fmt.Errorf("start stdio server: %w", err)
+	}
 	cmd.Stderr = r.cfg.ServerLog
 	ctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
@@ -65,7 +81,10 @@ type httpServer struct {
 // startHTTP starts a server on Streamable HTTP at a free port and returns
 // once it has printed its address.
 func (r *run) startHTTP(ctx context.Context, delay time.Duration) (*httpServer, error) {
-	cmd := exec.Command(r.cfg.Binary, r.serveArgs(delay, "--http", "127.0.0.1:0")...)
+	cmd, err := r.command(delay, true)
+	if err != nil {
+		return nil, fmt.Errorf("start http server: %w", err)
+	}
 	urls := make(chan string, 1)
 	cmd.Stderr = &lineWriter{out: r.cfg.ServerLog, line: func(line string) {
 		if _, u, ok := strings.Cut(line, "serving MCP at "); ok {
@@ -152,15 +171,16 @@ func openDB(path string) (*sql.DB, error) {
 	return db, nil
 }
 
-// countCharges counts the ledger's charges: one row is one actual charge.
-func countCharges(ctx context.Context, path string) (int, error) {
+// countCharges counts the charges with query, which counts one row per
+// actual charge.
+func countCharges(ctx context.Context, path, query string) (int, error) {
 	db, err := openDB(path)
 	if err != nil {
 		return 0, err
 	}
 	defer db.Close()
 	var n int
-	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM charges`).Scan(&n); err != nil {
+	if err := db.QueryRowContext(ctx, query).Scan(&n); err != nil {
 		return 0, fmt.Errorf("count charges: %w", err)
 	}
 	return n, nil

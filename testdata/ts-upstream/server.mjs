@@ -19,6 +19,12 @@
 //                                           process before answering.
 //   UPSTREAM_CRASH_BEFORE_COMMIT_ONCE_FILE  the same, in the handler before the
 //                                           charge's transaction begins.
+//   UPSTREAM_CHARGE_DELAY_MS                make charge (and slow_charge after its own
+//                                           wait) wait this many milliseconds before its
+//                                           transaction, to simulate slow work. The wait
+//                                           does not end when the call is cancelled: the
+//                                           charge then still tries to commit, and the
+//                                           fence decides. Default 0.
 //   UPSTREAM_HTTP_PORT                      serve Streamable HTTP (stateful sessions)
 //                                           on 127.0.0.1:PORT at /mcp instead of
 //                                           stdio; 0 picks a free port.
@@ -29,6 +35,7 @@
 import { randomBytes, randomUUID } from 'node:crypto';
 import { existsSync, unlinkSync } from 'node:fs';
 import { createServer } from 'node:http';
+import { setTimeout as delay } from 'node:timers/promises';
 
 import Database from 'better-sqlite3';
 import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
@@ -58,6 +65,11 @@ const cooperate = cooperateEnv === '1';
 const crashAfterCommitFile = process.env.UPSTREAM_CRASH_ONCE_FILE || '';
 const crashBeforeCommitFile = process.env.UPSTREAM_CRASH_BEFORE_COMMIT_ONCE_FILE || '';
 const httpPort = process.env.UPSTREAM_HTTP_PORT;
+const chargeDelayEnv = process.env.UPSTREAM_CHARGE_DELAY_MS || '0';
+const chargeDelayMs = Number(chargeDelayEnv);
+if (!Number.isInteger(chargeDelayMs) || chargeDelayMs < 0) {
+  fail(`UPSTREAM_CHARGE_DELAY_MS=${JSON.stringify(chargeDelayEnv)}: want a number of milliseconds`);
+}
 
 // --- database ---------------------------------------------------------------
 
@@ -235,8 +247,12 @@ function crashOnce(file, when) {
   }
 }
 
-function charge(extra, customer, amountCents) {
+async function charge(extra, customer, amountCents) {
   crashOnce(crashBeforeCommitFile, 'before the commit of a charge');
+  if (chargeDelayMs > 0) {
+    // Slow work (UPSTREAM_CHARGE_DELAY_MS), deliberately deaf to cancellation.
+    await delay(chargeDelayMs);
+  }
   const result = runCall(extra, (callId, now) => {
     if (amountCents <= 0 || amountCents > MAX_AMOUNT_CENTS) {
       throw new ToolFailure('amount out of range');
