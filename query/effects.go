@@ -39,22 +39,27 @@ func CountEffects(ctx context.Context, db *sql.DB) (Counts, error) {
 		if err := rows.Scan(&state, &n); err != nil {
 			return Counts{}, fmt.Errorf("count effects: %w", err)
 		}
-		switch state {
-		case "pending":
-			c.Pending = n
-		case "in_flight":
-			c.InFlight = n
-		case "delivered":
-			c.Delivered = n
-		case "dead":
-			c.Dead = n
-		case "unknown":
-			c.Unknown = n
-		case "cancelled":
-			c.Cancelled = n
-		}
+		c.set(state, n)
 	}
 	return c, rows.Err()
+}
+
+// set records n effects in state.
+func (c *Counts) set(state string, n int) {
+	switch state {
+	case "pending":
+		c.Pending = n
+	case "in_flight":
+		c.InFlight = n
+	case "delivered":
+		c.Delivered = n
+	case "dead":
+		c.Dead = n
+	case "unknown":
+		c.Unknown = n
+	case "cancelled":
+		c.Cancelled = n
+	}
 }
 
 // EffectRow is one effect as operators see it: the call-independent

@@ -36,21 +36,7 @@ func CountEffectsByDestination(ctx context.Context, db *sql.DB) ([]DestinationCo
 		if len(out) == 0 || out[len(out)-1].Destination != dest {
 			out = append(out, DestinationCounts{Destination: dest})
 		}
-		c := &out[len(out)-1].Counts
-		switch state {
-		case "pending":
-			c.Pending = n
-		case "in_flight":
-			c.InFlight = n
-		case "delivered":
-			c.Delivered = n
-		case "dead":
-			c.Dead = n
-		case "unknown":
-			c.Unknown = n
-		case "cancelled":
-			c.Cancelled = n
-		}
+		out[len(out)-1].Counts.set(state, n)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("count effects by destination: %w", err)

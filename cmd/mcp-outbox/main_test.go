@@ -70,6 +70,15 @@ func startHTTP(t *testing.T, binary, dbPath string, env []string, args ...string
 	t.Helper()
 	cmd := exec.Command(binary, append([]string{"serve", "--db", dbPath, "--http", "127.0.0.1:0", "--log-level", "warn"}, args...)...)
 	cmd.Env = append(os.Environ(), env...)
+	return startHTTPCommand(t, cmd), cmd
+}
+
+// startHTTPCommand starts a command that serves MCP over HTTP (serve or
+// proxy with --http) and returns the /mcp URL it prints on stderr. The
+// process is killed at cleanup.
+func startHTTPCommand(t *testing.T, cmd *exec.Cmd) string {
+	t.Helper()
+	cmd.Stderr = nil
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -91,10 +100,10 @@ func startHTTP(t *testing.T, binary, dbPath string, env []string, args ...string
 	}()
 	select {
 	case u := <-urls:
-		return u, cmd
+		return u
 	case <-time.After(30 * time.Second):
-		t.Fatal("serve --http did not report its address")
-		return "", nil
+		t.Fatalf("%s did not report its address", filepath.Base(cmd.Path))
+		return ""
 	}
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/url"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/proxy"
@@ -74,16 +73,8 @@ func runProxy(ctx context.Context, env *environment, args []string) error {
 	default:
 		return usagef("no upstream: give a command after -- (mcp-outbox proxy -- python server.py) or --upstream URL")
 	}
-	if *httpAddr != "" {
-		if _, _, err := net.SplitHostPort(*httpAddr); err != nil {
-			return usagef("--http %q: want HOST:PORT (%v)", *httpAddr, err)
-		}
-		if err := ac.load(env, *httpAddr); err != nil {
-			return err
-		}
-		if ac.insecureNoAuth {
-			warnInsecure(env.stderr, *httpAddr)
-		}
+	if err := ac.prepareHTTP(env, *httpAddr); err != nil {
+		return err
 	}
 
 	a, err := openStore(ctx, env, &cfg)

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"database/sql"
 	"os"
@@ -333,7 +332,7 @@ func TestProxyHTTP(t *testing.T) {
 	t.Run("serve", func(t *testing.T) {
 		f := newProxyFixture(t)
 		cmd := f.proxyCommand(t, bin, nil, "--cooperating", "--http", "127.0.0.1:0")
-		url := startProxyHTTP(t, cmd)
+		url := startHTTPCommand(t, cmd)
 		// The TypeScript upstream speaks up to 2025-11-25; the proxy passes
 		// its negotiation through.
 		cs := connectHTTP(t, url, "2025-11-25", nil)
@@ -372,38 +371,6 @@ func TestProxyHTTP(t *testing.T) {
 		}
 		waitEffects(t, f.db, 1, 30*time.Second, "delivered")
 	})
-}
-
-// startProxyHTTP starts a proxy command that has --http 127.0.0.1:0 and
-// returns its /mcp URL.
-func startProxyHTTP(t *testing.T, cmd *exec.Cmd) string {
-	t.Helper()
-	cmd.Stderr = nil
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	urls := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			t.Log(sc.Text())
-			if _, u, ok := strings.Cut(sc.Text(), "serving MCP at "); ok {
-				urls <- u
-			}
-		}
-	}()
-	select {
-	case u := <-urls:
-		return u
-	case <-time.After(30 * time.Second):
-		t.Fatal("proxy --http did not report its address")
-		return ""
-	}
 }
 
 // TestProxyUsage: a proxy without a usable upstream refuses to start, says

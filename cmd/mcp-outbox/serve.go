@@ -229,17 +229,8 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 	if fs.NArg() > 0 {
 		return usagef("unexpected argument %q", fs.Arg(0))
 	}
-	if *httpAddr != "" {
-		// Checked before the database is opened, so that a typo creates no file.
-		if _, _, err := net.SplitHostPort(*httpAddr); err != nil {
-			return usagef("--http %q: want HOST:PORT (%v)", *httpAddr, err)
-		}
-		if err := ac.load(env, *httpAddr); err != nil {
-			return err
-		}
-		if ac.insecureNoAuth {
-			warnInsecure(env.stderr, *httpAddr)
-		}
+	if err := ac.prepareHTTP(env, *httpAddr); err != nil {
+		return err
 	}
 	a, err := openApp(ctx, env, &cfg)
 	if err != nil {
@@ -264,6 +255,25 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 	}
 	if err != nil {
 		return fmt.Errorf("serve stdio: %w", err)
+	}
+	return nil
+}
+
+// prepareHTTP checks --http and loads the authentication it needs; a
+// no-op without --http. It runs before the database is opened, so that a
+// typo creates no file.
+func (ac *authConfig) prepareHTTP(env *environment, addr string) error {
+	if addr == "" {
+		return nil
+	}
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		return usagef("--http %q: want HOST:PORT (%v)", addr, err)
+	}
+	if err := ac.load(env, addr); err != nil {
+		return err
+	}
+	if ac.insecureNoAuth {
+		warnInsecure(env.stderr, addr)
 	}
 	return nil
 }
