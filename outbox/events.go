@@ -26,9 +26,11 @@ func hashPrefix(s string) string {
 	return hex.EncodeToString(sum[:])[:hashLen]
 }
 
-// keyHash scopes the hash by principal, as keys are scoped: alice's and
-// bob's "k1" are two calls and log as two hashes.
-func keyHash(principal, key string) string { return hashPrefix(principal + "\x00" + key) }
+// KeyHash is how logs and operator views name a call's key without showing
+// it: the first 12 hex digits of SHA-256 over principal, NUL, key. It is
+// scoped by principal, as keys are: alice's and bob's "k1" are two calls and
+// show as two hashes.
+func KeyHash(principal, key string) string { return hashPrefix(principal + "\x00" + key) }
 
 // principalLabel keeps the unauthenticated principal readable: it names no
 // one, and "local" in a log says at once that auth was off.
@@ -49,7 +51,7 @@ func (l *Layer) logCall(ctx context.Context, a *attempt, req *mcp.CallToolReques
 		slog.String("key_source", string(a.id.source)),
 	}
 	if a.id.key != "" {
-		attrs = append(attrs, slog.String("key", keyHash(a.id.principal, a.id.key)))
+		attrs = append(attrs, slog.String("key", KeyHash(a.id.principal, a.id.key)))
 	}
 	ann := a.tool.annotations
 	attrs = append(attrs,

@@ -2,8 +2,6 @@ package main
 
 import (
 	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -304,17 +302,9 @@ func (h *adminHandler) resolveCall(w http.ResponseWriter, r *http.Request) {
 	}
 	// The admin token names no user; the log is the audit trail. The key
 	// is logged as the call log writes it: hashed, never raw.
-	h.logger.Info("admin action", "action", "resolve-call", "outcome", res.Outcome, "key", logKeyHash(res.Principal, res.Key),
+	h.logger.Info("admin action", "action", "resolve-call", "outcome", res.Outcome, "key", outbox.KeyHash(res.Principal, res.Key),
 		"tool", res.Tool, "from", res.PreviousState, "to", res.State, "remote", r.RemoteAddr)
 	writeAdminJSON(w, http.StatusOK, res)
-}
-
-// logKeyHash is the key attribute of the outbox's call log (outbox/events.go):
-// the first 12 hex digits of SHA-256 over principal, NUL, key, so that an
-// admin action can be matched to the call's records without logging the key.
-func logKeyHash(principal, key string) string {
-	sum := sha256.Sum256([]byte(principal + "\x00" + key))
-	return hex.EncodeToString(sum[:])[:12]
 }
 
 // readAdminBody decodes an optional JSON body into v, strictly: an unknown

@@ -595,16 +595,12 @@ func (p *pageHandler) render(w http.ResponseWriter, status int, name string, dat
 	w.Write(b.Bytes())
 }
 
-// pageKeyHash is how the logs name a call (outbox/events.go keyHash): the
-// first 12 hex digits of SHA-256 over principal, NUL, key. The page shows
-// keys only this way, so that it can be matched with the logs without
-// showing anyone a key they could replay a call with.
+// pageKeyHash is how the logs name a call; a call without a key has none.
 func pageKeyHash(principal, key string) string {
 	if key == "" {
 		return ""
 	}
-	sum := sha256.Sum256([]byte(principal + "\x00" + key))
-	return hex.EncodeToString(sum[:])[:12]
+	return outbox.KeyHash(principal, key)
 }
 
 // chartWindow is a span the delivery chart can show.
