@@ -7,6 +7,9 @@ TS_CLIENT := testdata/ts-client
 # npm ci writes this hidden lockfile; when it is missing or older than
 # package-lock.json, node_modules is missing or stale.
 TS_CLIENT_INSTALLED := $(TS_CLIENT)/node_modules/.package-lock.json
+# The upstream tool server the proxy tests run (TypeScript SDK + better-sqlite3).
+TS_UPSTREAM := testdata/ts-upstream
+TS_UPSTREAM_INSTALLED := $(TS_UPSTREAM)/node_modules/.package-lock.json
 
 .PHONY: help
 help: ## Show this list of targets
@@ -20,8 +23,12 @@ $(TS_CLIENT_INSTALLED): $(TS_CLIENT)/package-lock.json $(TS_CLIENT)/package.json
 	cd $(TS_CLIENT) && npm ci --no-audit --no-fund
 	@touch $@
 
+$(TS_UPSTREAM_INSTALLED): $(TS_UPSTREAM)/package-lock.json $(TS_UPSTREAM)/package.json
+	cd $(TS_UPSTREAM) && npm ci --no-audit --no-fund
+	@touch $@
+
 .PHONY: test
-test: $(TS_CLIENT_INSTALLED) ## Run all tests with the race detector, including the TypeScript SDK interop test
+test: $(TS_CLIENT_INSTALLED) $(TS_UPSTREAM_INSTALLED) ## Run all tests with the race detector, including the TypeScript SDK interop test
 	MCP_OUTBOX_REQUIRE_INTEROP=1 go test -race -count=1 ./...
 
 .PHONY: test/short
@@ -37,7 +44,12 @@ lint: ## Check formatting (gofmt), go vet and staticcheck
 	go run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
 
 .PHONY: bench
-bench: ## Run the benchmarks
+bench: ## Measure the performance targets against their baselines and print a table (ARGS=--json for JSON, ARGS=--help)
+	@# Not echoed: with --json, stdout is the report alone.
+	@go run ./cmd/outbox-bench $(ARGS)
+
+.PHONY: bench/go
+bench/go: ## Run the go test benchmarks of the hot paths (compare runs with benchstat)
 	go test -run '^$$' -bench . -benchmem ./...
 
 .PHONY: demo
@@ -45,6 +57,6 @@ demo: ## Reproduce the duplicate-call scenarios, without and with the layer
 	go run ./cmd/mcp-outbox demo
 
 .PHONY: clean
-clean: ## Remove bin/, local databases and the interop client's node_modules
-	rm -rf bin $(TS_CLIENT)/node_modules
+clean: ## Remove bin/, local databases and the TypeScript test programs' node_modules
+	rm -rf bin $(TS_CLIENT)/node_modules $(TS_UPSTREAM)/node_modules
 	rm -f mcp-outbox.db mcp-outbox.db-wal mcp-outbox.db-shm

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	mrand "math/rand/v2"
 	"net/http"
@@ -123,10 +122,13 @@ type Dispatcher struct {
 	running     atomic.Bool   // Run is looping
 	lastReclaim time.Time     // wall clock of the last reclaim; rounds run one at a time
 	inflight    sync.WaitGroup
+	active      atomic.Int64 // attempts started and not yet recorded (inflight also counts the outcomes' writer)
+	stopping    atomic.Bool  // Run or Drain is ending: claim nothing more
+	stmts       atomic.Pointer[dispatchStmts]
 
-	recMu     sync.Mutex // guards recQueue and recLeader: see record
-	recQueue  []*pendingRecord
-	recLeader bool
+	recMu    sync.Mutex // guards recQueue and writing: see record
+	recQueue []*pendingRecord
+	writing  bool
 
 	mu        sync.Mutex
 	cancelReq context.CancelFunc // cancels requests in flight at the end of shutdown
@@ -136,6 +138,14 @@ type destState struct {
 	Destination
 	client *http.Client
 	slots  chan struct{} // one token per attempt in flight
+
+	mu sync.Mutex // guards queue and exchange
+	// queue holds effects claimed ahead of a free slot (see fill and
+	// commitOutcomes), in claim order.
+	queue []*claimedEffect
+	// exchange is the moving average of attempts' HTTP exchanges; zero
+	// until the first.
+	exchange time.Duration
 }
 
 // NewDispatcher returns a dispatcher for the destinations in opts.
@@ -172,7 +182,9 @@ func NewDispatcher(db *schema.DB, opts *DispatcherOptions) (*Dispatcher, error) 
 	}
 	logger := o.Logger
 	if logger == nil {
-		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		// Disabled, not merely discarded: delivery events are then not
+		// even built (report asks the logger first).
+		logger = slog.New(slog.DiscardHandler)
 	}
 	d := &Dispatcher{
 		db: db, opts: o, dests: map[string]*destState{}, now: o.Now,
@@ -269,6 +281,7 @@ func (d *Dispatcher) Notify() {
 func (d *Dispatcher) Run(ctx context.Context) error {
 	d.running.Store(true)
 	defer d.running.Store(false)
+	d.stopping.Store(false)
 	reqCtx, cancelReq := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelReq()
 	d.mu.Lock()
@@ -294,6 +307,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 }
 
 func (d *Dispatcher) shutdown(ctx context.Context, cancelReq context.CancelFunc) error {
+	defer d.closeStatements()
+	d.stopping.Store(true)
+	d.releaseQueued(ctx)
 	done := make(chan struct{})
 	go func() { d.inflight.Wait(); close(done) }()
 	t := time.NewTimer(d.opts.ShutdownTimeout)
@@ -305,77 +321,8 @@ func (d *Dispatcher) shutdown(ctx context.Context, cancelReq context.CancelFunc)
 		cancelReq()
 		<-done
 	}
+	d.releaseQueued(ctx) // claimed by outcomes' commits under way at the stop
 	return nil
-}
-
-// round reclaims expired leases, claims what is due for every destination
-// with free slots, starts the attempts, and says how long to wait before the
-// next round if nothing wakes the dispatcher.
-func (d *Dispatcher) round(ctx, reqCtx context.Context) (time.Duration, error) {
-	if len(d.dests) == 0 {
-		return d.opts.PollInterval, nil
-	}
-	// Leases expire on the scale of the poll interval, so looking for them
-	// more often than that would only cost a query and a write per
-	// delivery.
-	if now := time.Now(); now.Sub(d.lastReclaim) >= d.opts.PollInterval {
-		if err := d.reclaim(ctx); err != nil {
-			return 0, err
-		}
-		d.lastReclaim = now
-	}
-	for _, ds := range d.dests {
-		if err := d.probeUnknown(ctx, ds); err != nil {
-			return 0, err
-		}
-		free := cap(ds.slots) - len(ds.slots)
-		if free == 0 {
-			continue
-		}
-		claimed, err := d.claim(ctx, ds.Name, free)
-		if err != nil {
-			return 0, err
-		}
-		for _, e := range claimed {
-			ds.slots <- struct{}{}
-			d.inflight.Add(1)
-			go func() {
-				defer func() {
-					<-ds.slots
-					d.inflight.Done()
-					d.Notify() // a slot is free; more may be due
-				}()
-				d.deliver(reqCtx, ds, e)
-			}()
-		}
-	}
-	return d.untilNextDue(ctx)
-}
-
-// untilNextDue is the time until the earliest pending effect of a
-// configured destination is due, bounded by the poll interval.
-func (d *Dispatcher) untilNextDue(ctx context.Context) (time.Duration, error) {
-	now := d.now()
-	wait := d.opts.PollInterval
-	// Work already due but not claimed waits for a free slot or for the
-	// effect before it in its call; both wake the dispatcher. So only
-	// future times matter here.
-	for name, ds := range d.dests {
-		states := []string{"pending"}
-		if ds.Probe != nil {
-			states = append(states, "unknown")
-		}
-		for _, state := range states {
-			var next *int64
-			if err := d.db.Read.QueryRowContext(ctx, selectNextDue, name, state, now.UnixMilli()).Scan(&next); err != nil {
-				return 0, fmt.Errorf("read next due: %w", err)
-			}
-			if next != nil {
-				wait = min(wait, time.UnixMilli(*next).Sub(now))
-			}
-		}
-	}
-	return max(wait, time.Millisecond), nil
 }
 
 // claimedEffect is an effect this dispatcher holds a lease on.
@@ -389,6 +336,9 @@ type claimedEffect struct {
 	key       string
 	attempts  int
 	createdAt int64
+	// leaseUntil is when the claim's lease passes, by this dispatcher's
+	// clock: a queued effect too close to it is released, not attempted.
+	leaseUntil time.Time
 }
 
 // String names the effect by id only: errors that carry it end up in logs,
@@ -413,7 +363,9 @@ func joinURL(base *url.URL, path string) (string, error) {
 // Effects left dead or unknown are reported, not waited for. progress, if
 // not nil, is called after every round with the current counts.
 func (d *Dispatcher) Drain(ctx context.Context, progress func(query.Counts)) (query.Counts, error) {
-	defer d.inflight.Wait()
+	d.stopping.Store(false)
+	defer d.closeStatements()
+	defer d.settle(ctx)
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
@@ -440,7 +392,7 @@ func (d *Dispatcher) Drain(ctx context.Context, progress func(query.Counts)) (qu
 		timer.Reset(next)
 		select {
 		case <-ctx.Done():
-			d.inflight.Wait()
+			d.settle(ctx)
 			c, err := query.CountEffects(context.WithoutCancel(ctx), d.db.Read)
 			return c, errors.Join(ctx.Err(), err)
 		case <-d.wake:
@@ -449,12 +401,29 @@ func (d *Dispatcher) Drain(ctx context.Context, progress func(query.Counts)) (qu
 	}
 }
 
+// settle stops claiming, releases the queued claims, and waits for the
+// attempts in flight and their outcomes' commits, releasing what those
+// commits claimed meanwhile.
+func (d *Dispatcher) settle(ctx context.Context) {
+	d.stopping.Store(true)
+	d.releaseQueued(ctx)
+	d.inflight.Wait()
+	d.releaseQueued(ctx)
+}
+
 // openEffects reports whether effects of configured destinations still
 // need delivery work.
 func (d *Dispatcher) openEffects(ctx context.Context) (bool, error) {
+	if d.busy() {
+		return true, nil // this dispatcher's own work is open; no need to ask
+	}
+	st, err := d.statements(ctx)
+	if err != nil {
+		return false, err
+	}
 	for name := range d.dests {
 		var open bool
-		if err := d.db.Read.QueryRowContext(ctx, selectOpen, name).Scan(&open); err != nil {
+		if err := st.open.QueryRowContext(ctx, name).Scan(&open); err != nil {
 			return false, fmt.Errorf("look for open effects: %w", err)
 		}
 		if open {

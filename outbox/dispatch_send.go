@@ -31,43 +31,37 @@ func FormatIdempotencyKey(key string) string {
 	return strconv.Quote(key) // keys are printable ASCII or UTF-8 without controls
 }
 
-// deliver makes one attempt of e and records its outcome.
-func (d *Dispatcher) deliver(ctx context.Context, ds *destState, e *claimedEffect) {
+// deliver makes one attempt of e, has its outcome recorded, and returns
+// the effect its slot serves next (see next); nil when the slot is free.
+func (d *Dispatcher) deliver(ctx context.Context, ds *destState, e *claimedEffect) *claimedEffect {
 	_ = failpoint.Inject(fpDispatchAfterClaim)
 	now := d.now()
 	if age := now.Sub(time.UnixMilli(e.createdAt)); age > ds.MaxAge {
-		d.finish(ctx, ds, e, outcome{state: "dead", err: fmt.Sprintf("gave up: effect is %s old, the limit is %s", age.Round(time.Second), ds.MaxAge)}, 0)
-		return
+		return d.finish(ctx, ds, e, outcome{state: "dead", err: fmt.Sprintf("gave up: effect is %s old, the limit is %s", age.Round(time.Second), ds.MaxAge)}, 0)
 	}
 	if ds.AtMostOnce {
 		ok, err := d.markSent(ctx, e)
 		if err != nil || !ok {
 			d.logger.WarnContext(ctx, "not sending: lease lost or database error", "effect", e.id, "error", err)
-			return // the lease passes to whoever reclaims it
+			d.done() // the lease passes to whoever reclaims it
+			return d.next(ds)
 		}
 	}
 	start := time.Now()
 	o := d.attempt(ctx, ds, e)
 	took := time.Since(start)
+	ds.exchanged(took)
 	d.opts.Metrics.deliveryTime(ds.Name, took)
-	d.finish(ctx, ds, e, o, took)
+	return d.finish(ctx, ds, e, o, took)
 }
 
-// finish records o; took is the attempt's HTTP exchange, zero when the
-// effect was given up without one.
-func (d *Dispatcher) finish(ctx context.Context, ds *destState, e *claimedEffect, o outcome, took time.Duration) {
-	ok, err := d.record(context.WithoutCancel(ctx), e, o)
-	switch {
-	case err != nil:
-		d.logger.ErrorContext(ctx, "record delivery outcome", "effect", e.id, "error", err)
-	case !ok:
-		d.logger.WarnContext(ctx, "lease lost before the outcome was recorded; another dispatcher owns the effect", "effect", e.id)
-	default:
-		// Counted only once recorded, so the counters agree with the
-		// database: an outcome whose lease was lost is another's to count.
-		d.opts.Metrics.delivery(ds.Name, o, e.attempts)
-		d.logDelivery(ctx, ds, e, o, took)
-	}
+// finish queues o for recording, which the slot's next attempt need not
+// wait for, and returns the slot's next effect. took is the attempt's HTTP
+// exchange, zero when the effect was given up without one.
+func (d *Dispatcher) finish(ctx context.Context, ds *destState, e *claimedEffect, o outcome, took time.Duration) *claimedEffect {
+	next := d.next(ds)
+	d.record(ctx, ds, e, o, took)
+	return next
 }
 
 // attempt sends e once and classifies what happened.

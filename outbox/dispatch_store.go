@@ -5,12 +5,16 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
-	"time"
 )
 
 // Effects of one call are delivered in order: an effect is due only when
 // every earlier effect of its call is delivered or cancelled. Effects
 // without a call (unrecorded tools) have no order to keep.
+//
+// "LIMIT ?5 + 0", not "LIMIT ?5": SQLite plans with the value bound to a
+// plain LIMIT parameter, so binding another one expires the prepared
+// statement and the next run compiles it again, which doubled the cost of
+// a claim. An expression is evaluated at run time instead.
 const claimEffects = `
 UPDATE effects SET state = 'in_flight', lease_owner = ?1, lease_until = ?2, attempts = attempts + 1, updated_at = ?3
 WHERE id IN (
@@ -20,7 +24,7 @@ WHERE id IN (
           SELECT 1 FROM effects p
           WHERE p.call_id = e.call_id AND p.seq < e.seq AND p.state NOT IN ('delivered', 'cancelled')))
     ORDER BY e.next_attempt_at, e.id
-    LIMIT ?5)
+    LIMIT ?5 + 0)
 RETURNING id, seq, method, path, headers, body, idempotency_key, attempts, created_at`
 
 // reclaimExpired returns effects whose dispatcher stopped holding them
@@ -42,6 +46,11 @@ UPDATE effects SET
 WHERE state = 'in_flight' AND (lease_until <= ?1 OR lease_owner IN (SELECT value FROM json_each(?4)))
   AND destination IN (SELECT value FROM json_each(?3))`
 
+// releaseClaimed undoes claims of effects never attempted (see release).
+const releaseClaimed = `
+UPDATE effects SET state = 'pending', lease_owner = '', lease_until = 0, attempts = attempts - 1, updated_at = ?1
+WHERE id IN (SELECT value FROM json_each(?2)) AND lease_owner = ?3 AND state = 'in_flight'`
+
 const markSending = `
 UPDATE effects SET send_started_at = ?1, updated_at = ?1
 WHERE id = ?2 AND lease_owner = ?3 AND state = 'in_flight'`
@@ -50,6 +59,61 @@ const recordEffectOutcome = `
 UPDATE effects SET state = ?1, last_status = ?2, last_error = ?3, response = ?4, next_attempt_at = ?5,
     delivered_at = ?6, lease_owner = '', lease_until = 0, send_started_at = ?7, updated_at = ?8
 WHERE id = ?9 AND lease_owner = ?10 AND state = 'in_flight'`
+
+// dispatchStmts are the writes of the delivery path, prepared once on the
+// writer connection and reused: parsing the claim statement cost more than
+// running it, and was the largest item of a delivery's CPU profile.
+type dispatchStmts struct {
+	claim, record, markSent, release *sql.Stmt // on the writer
+	nextDue, open                    *sql.Stmt // on the read pool
+}
+
+// statements returns the prepared statements, preparing them on first use.
+// Rounds run one at a time, and the delivery goroutines only start after
+// the round that prepared them.
+func (d *Dispatcher) statements(ctx context.Context) (*dispatchStmts, error) {
+	if st := d.stmts.Load(); st != nil {
+		return st, nil
+	}
+	st := &dispatchStmts{}
+	for _, p := range []struct {
+		to    **sql.Stmt
+		db    *sql.DB
+		query string
+	}{
+		{&st.claim, d.db.Write, claimEffects},
+		{&st.record, d.db.Write, recordEffectOutcome},
+		{&st.markSent, d.db.Write, markSending},
+		{&st.release, d.db.Write, releaseClaimed},
+		{&st.nextDue, d.db.Read, selectNextDue},
+		{&st.open, d.db.Read, selectOpen},
+	} {
+		s, err := p.db.PrepareContext(ctx, p.query)
+		if err != nil {
+			st.close()
+			return nil, fmt.Errorf("prepare dispatch statements: %w", err)
+		}
+		*p.to = s
+	}
+	d.stmts.Store(st)
+	return st, nil
+}
+
+// closeStatements frees the prepared statements once nothing uses them: at
+// the end of Run or Drain, after every attempt finished.
+func (d *Dispatcher) closeStatements() {
+	if st := d.stmts.Swap(nil); st != nil {
+		st.close()
+	}
+}
+
+func (st *dispatchStmts) close() {
+	for _, s := range []*sql.Stmt{st.claim, st.record, st.markSent, st.release, st.nextDue, st.open} {
+		if s != nil {
+			s.Close()
+		}
+	}
+}
 
 // selectNextDue finds the next future due time of one destination and
 // state: a range scan of the effects_due index, cheap however many effects
@@ -107,30 +171,45 @@ func (d *Dispatcher) reclaim(ctx context.Context) error {
 	return nil
 }
 
-func (d *Dispatcher) claim(ctx context.Context, dest string, limit int) ([]*claimedEffect, error) {
+// claim leases up to limit due effects of dest in one statement.
+func (d *Dispatcher) claim(ctx context.Context, st *dispatchStmts, dest string, limit int) ([]*claimedEffect, error) {
 	// Relaxed: a claim lost to a power failure puts the effect back to
 	// pending, which it was; an at_most_once effect is only sent after
 	// markSent's full commit, which makes its claim durable too.
 	var out []*claimedEffect
 	err := d.db.Relaxed(ctx, func(conn *sql.Conn) error {
-		var err error
-		out, err = d.claimOn(ctx, conn, dest, limit)
-		return err
+		// A transaction only to reach the statement prepared on this very
+		// connection: a *sql.Conn cannot run a *sql.Stmt otherwise.
+		tx, err := conn.BeginTx(ctx, nil)
+		if err != nil {
+			return fmt.Errorf("claim effects: begin: %w", err)
+		}
+		defer tx.Rollback()
+		if out, err = d.claimIn(ctx, tx.StmtContext(ctx, st.claim), dest, limit); err != nil {
+			return err
+		}
+		if err := tx.Commit(); err != nil {
+			return fmt.Errorf("claim effects: commit: %w", err)
+		}
+		return nil
 	})
-	return out, err
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
-func (d *Dispatcher) claimOn(ctx context.Context, conn *sql.Conn, dest string, limit int) ([]*claimedEffect, error) {
+func (d *Dispatcher) claimIn(ctx context.Context, stmt *sql.Stmt, dest string, limit int) ([]*claimedEffect, error) {
 	now := d.now()
-	rows, err := conn.QueryContext(ctx, claimEffects,
-		d.owner, now.Add(d.opts.Lease).UnixMilli(), now.UnixMilli(), dest, limit)
+	leaseUntil := now.Add(d.opts.Lease)
+	rows, err := stmt.QueryContext(ctx, d.owner, leaseUntil.UnixMilli(), now.UnixMilli(), dest, limit)
 	if err != nil {
 		return nil, fmt.Errorf("claim effects: %w", err)
 	}
 	defer rows.Close()
 	var out []*claimedEffect
 	for rows.Next() {
-		e := &claimedEffect{}
+		e := &claimedEffect{leaseUntil: leaseUntil}
 		var headers string
 		if err := rows.Scan(&e.id, &e.seq, &e.method, &e.path, &headers, &e.body, &e.key,
 			&e.attempts, &e.createdAt); err != nil {
@@ -147,115 +226,28 @@ func (d *Dispatcher) claimOn(ctx context.Context, conn *sql.Conn, dest string, l
 	return out, nil
 }
 
-// outcome is the result of one attempt, as recorded.
-type outcome struct {
-	state     string // delivered, pending (retry), dead, unknown
-	status    int
-	err       string
-	response  []byte
-	next      time.Time
-	delivered time.Time
-	keepSent  bool // unknown keeps send_started_at: the request may have left
-}
-
-// record writes an attempt's outcome if this dispatcher still holds the
-// lease. It reports false when the lease was lost: another dispatcher owns
-// the effect now, and this attempt's outcome must not count.
-//
-// Outcomes share commits: the first caller to find no commit under way
-// writes its own outcome and every outcome that arrives meanwhile in one
-// transaction, so deliveries finishing together cost one fsync, not one
-// each. No goroutine is kept for it.
-func (d *Dispatcher) record(ctx context.Context, e *claimedEffect, o outcome) (bool, error) {
-	r := &pendingRecord{e: e, o: o, done: make(chan struct{})}
-	d.recMu.Lock()
-	d.recQueue = append(d.recQueue, r)
-	if d.recLeader {
-		d.recMu.Unlock()
-		<-r.done
-		return r.ok, r.err
-	}
-	d.recLeader = true
-	d.recMu.Unlock()
-	for {
-		d.recMu.Lock()
-		batch := d.recQueue
-		d.recQueue = nil
-		if len(batch) == 0 {
-			d.recLeader = false
-			d.recMu.Unlock()
-			break
-		}
-		d.recMu.Unlock()
-		d.writeOutcomes(ctx, batch)
-	}
-	<-r.done
-	return r.ok, r.err
-}
-
-// pendingRecord is an outcome waiting for a shared commit.
-type pendingRecord struct {
-	e    *claimedEffect
-	o    outcome
-	ok   bool
-	err  error
-	done chan struct{}
-}
-
-func (d *Dispatcher) writeOutcomes(ctx context.Context, batch []*pendingRecord) {
-	err := func() error {
-		tx, err := d.db.Write.BeginTx(ctx, nil)
-		if err != nil {
-			return fmt.Errorf("begin: %w", err)
-		}
-		defer tx.Rollback()
-		now := d.now().UnixMilli()
-		for _, r := range batch {
-			o := r.o
-			var delivered, sent, resp any
-			if !o.delivered.IsZero() {
-				delivered = o.delivered.UnixMilli()
-			}
-			if o.keepSent {
-				sent = now
-			}
-			next := now
-			if !o.next.IsZero() {
-				next = o.next.UnixMilli()
-			}
-			if o.response != nil {
-				resp = string(o.response)
-			}
-			res, err := tx.ExecContext(ctx, recordEffectOutcome,
-				o.state, o.status, o.err, resp, next, delivered, sent, now, r.e.id, d.owner)
-			if err != nil {
-				return fmt.Errorf("record outcome of %s: %w", r.e, err)
-			}
-			n, err := res.RowsAffected()
-			if err != nil {
-				return fmt.Errorf("record outcome of %s: %w", r.e, err)
-			}
-			r.ok = n == 1
-		}
-		if err := tx.Commit(); err != nil {
-			return fmt.Errorf("commit outcomes: %w", err)
-		}
-		d.opts.Metrics.commit(commitDeliveries, len(batch))
+// release gives back claimed effects that were never attempted: pending
+// again, at once, and the claim not counted as an attempt.
+func (d *Dispatcher) release(ctx context.Context, st *dispatchStmts, effects []*claimedEffect) error {
+	if len(effects) == 0 {
 		return nil
-	}()
-	for _, r := range batch {
-		if err != nil {
-			r.ok, r.err = false, err
-		}
-		close(r.done)
 	}
+	ids := make([]int64, len(effects))
+	for i, e := range effects {
+		ids[i] = e.id
+	}
+	b, _ := json.Marshal(ids)
+	if _, err := st.release.ExecContext(ctx, d.now().UnixMilli(), string(b), d.owner); err != nil {
+		return fmt.Errorf("release %d claimed effects: %w", len(effects), err)
+	}
+	return nil
 }
 
 // markSent records, before an at_most_once request is written, that it may
 // have left; a crash after this point makes the effect unknown, not
 // pending. It reports false when the lease was lost.
 func (d *Dispatcher) markSent(ctx context.Context, e *claimedEffect) (bool, error) {
-	r, err := d.db.Write.ExecContext(ctx, markSending, d.now().UnixMilli(), e.id, d.owner)
+	r, err := d.stmts.Load().markSent.ExecContext(ctx, d.now().UnixMilli(), e.id, d.owner)
 	if err != nil {
 		return false, fmt.Errorf("mark %s sending: %w", e, err)
 	}

@@ -1,0 +1,131 @@
+package outbox_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/downstream"
+	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/schema"
+)
+
+// Tests of the claim queue: a destination claims effects ahead of its free
+// slots, a slot goes from one attempt to the next queued effect, and
+// outcomes commit in groups that also claim the next effects.
+
+// insertEffects writes n pending effects to destination "payments", due
+// at once, each under key "q-<i>".
+func insertEffects(t *testing.T, db *schema.DB, n int) {
+	t.Helper()
+	tx, err := db.Write.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	for i := range n {
+		if _, err := tx.Exec(`
+INSERT INTO effects (seq, destination, method, path, headers, body, idempotency_key, next_attempt_at, created_at, updated_at)
+VALUES (1, 'payments', 'POST', '/v1/charges', '{"Content-Type":"application/json"}', ?, ?, 0, ?, ?)`,
+			fmt.Sprintf(`{"charge_id":%d,"amount":100}`, i+1), fmt.Sprint("q-", i), time.Now().UnixMilli(), time.Now().UnixMilli()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Many more effects than slots: each goes out once, with one attempt, and
+// none is left claimed.
+func TestDispatchQueue_DeliversEachOnce(t *testing.T) {
+	t.Parallel()
+	const n = 60
+	s := newDispatchSetup(t, 0, nil)
+	insertEffects(t, s.db, n)
+	d := s.dispatcher(t, outbox.Destination{Concurrency: 2}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := d.Drain(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Delivered != n || c.Open() != 0 {
+		t.Fatalf("counts after drain = %+v, want %d delivered", c, n)
+	}
+	if got := count(t, s.db.Read, `SELECT count(*) FROM effects WHERE attempts != 1 OR lease_owner != ''`); got != 0 {
+		t.Errorf("%d effects with attempts other than 1 or a lease left", got)
+	}
+	if got, keys := len(s.fake.Requests()), len(s.fake.Keys()); got != n || keys != n || len(s.fake.Applied()) != n {
+		t.Errorf("the fake got %d requests under %d keys and applied %d, want %d of each", got, keys, len(s.fake.Applied()), n)
+	}
+}
+
+// A queued claim whose lease would pass during its attempt is given back,
+// not sent, and its claim is not counted as an attempt; a later claim
+// delivers it.
+func TestDispatchQueue_ReleasesStaleClaim(t *testing.T) {
+	t.Parallel()
+	s := newDispatchSetup(t, 2, nil)
+	release := make(chan struct{})
+	s.fake.FailNext(1, downstream.Hold(release))
+	d := s.dispatcher(t, outbox.Destination{Concurrency: 1, Timeout: 10 * time.Second},
+		&outbox.DispatcherOptions{Lease: time.Minute})
+
+	done := make(chan error, 1)
+	go func() { done <- d.RoundForTest(context.Background()) }()
+	if err := s.fake.WaitRequests(context.Background(), 1); err != nil {
+		t.Fatal(err)
+	}
+	// The first effect is being sent, the second waits in the queue.
+	if e := effect(t, s.db.Read, 2); e.state != "in_flight" || e.attempts != 1 {
+		t.Fatalf("second effect while the first is sent: %+v, want claimed", e)
+	}
+	s.clk.Add(55 * time.Second) // 5s of the lease left, less than a timeout
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	round(t, d) // finds the queued claim stale
+	if e := effect(t, s.db.Read, 2); e.state != "pending" || e.attempts != 0 {
+		t.Fatalf("stale claim: %+v, want pending again with no attempt counted", e)
+	}
+	if got := s.fake.Count(effect(t, s.db.Read, 2).key); got != 0 {
+		t.Fatalf("the stale claim was sent %d times", got)
+	}
+	round(t, d)
+	if e := effect(t, s.db.Read, 2); e.state != "delivered" || e.attempts != 1 {
+		t.Fatalf("after a new claim: %+v, want delivered at the first attempt", e)
+	}
+}
+
+// On shutdown, effects claimed but not yet attempted go back to pending at
+// once, with no attempt counted, so the next dispatcher need not wait for
+// their leases.
+func TestDispatchQueue_ShutdownReleasesQueued(t *testing.T) {
+	t.Parallel()
+	s := newDispatchSetup(t, 3, nil)
+	s.fake.FailNext(1, downstream.Hang())
+	d := s.dispatcher(t, outbox.Destination{Concurrency: 1, Timeout: time.Hour},
+		&outbox.DispatcherOptions{ShutdownTimeout: 50 * time.Millisecond, Now: time.Now})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- d.Run(ctx) }()
+	if err := s.fake.WaitRequests(context.Background(), 1); err != nil {
+		t.Fatal(err)
+	}
+	if got := count(t, s.db.Read, `SELECT count(*) FROM effects WHERE state = 'in_flight'`); got < 2 {
+		t.Fatalf("%d effects claimed while the first hangs, want it and a queued one", got)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := count(t, s.db.Read, `SELECT count(*) FROM effects WHERE state != 'pending' OR lease_owner != ''`); got != 0 {
+		t.Errorf("%d effects not pending after shutdown", got)
+	}
+	if got := count(t, s.db.Read, `SELECT sum(attempts) FROM effects`); got != 1 {
+		t.Errorf("attempts = %d, want 1: only the hanging request was made", got)
+	}
+}
