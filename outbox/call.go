@@ -32,11 +32,12 @@ type attempt struct {
 	uid       string
 	createdAt int64
 
-	reached bool // the tool handler was called (arguments passed the schema)
-	conn    *sql.Conn
-	tx      *sql.Tx
-	txErr   error // the database failed under the handler
-	effects int   // effects enqueued so far
+	reached  bool      // the tool handler was called (arguments passed the schema)
+	unit     *unit     // the call's turn in the writer's transaction
+	readConn *sql.Conn // a read-only tool's connection
+	tx       *sql.Tx   // where the handler's statements run: the unit's or the read transaction
+	txErr    error     // the database failed under the handler
+	effects  int       // effects enqueued so far
 
 	completedAt int64 // unix ms of the recorded outcome
 
@@ -347,49 +348,62 @@ func (a *attempt) commit(ctx context.Context, cr *mcp.CallToolResult) error {
 	if err := failpoint.Inject(failpoint.CallBeforeCommit); err != nil {
 		return err
 	}
-	if err := a.closeTx(true); err != nil {
-		return err
-	}
-	// One call per commit today; the histogram is there for group commit.
-	a.layer.opts.Metrics.commit(commitCalls, 1)
-	return nil
+	return a.closeTx(true)
 }
 
 const recordOutcome = `
 UPDATE calls SET state = ?, result = ?, completed_at = ?, expires_at = ?, owner = '', lease_until = 0
 WHERE id = ? AND owner = ? AND state = 'in_flight'`
 
+// closeTx ends the handler's transaction. Committing a unit waits until
+// the batch it joined is durable (or failed), so no call answers before its
+// outcome is on disk.
 func (a *attempt) closeTx(commit bool) error {
-	var err error
-	if commit {
-		err = a.tx.Commit()
-	} else {
-		_ = a.tx.Rollback()
+	if a.readConn != nil {
+		_ = a.tx.Rollback() // a read-only tool has nothing to commit
+		a.readConn.Close()
+		a.tx, a.readConn = nil, nil
+		return nil
 	}
-	a.conn.Close()
-	a.tx, a.conn = nil, nil
-	if err != nil {
-		return fmt.Errorf("commit: %w", err)
+	b := a.unit.leave(commit)
+	a.tx, a.unit = nil, nil
+	if commit {
+		return b.wait()
 	}
 	return nil
 }
 
 // abandon rolls back the handler's work and deletes the attempt's claim, so
 // the call leaves no trace and a retry runs it.
+//
+// The release needs no durability of its own, like the claim: a release lost
+// to a crash or a power failure leaves a claim of an attempt that no longer
+// runs, which the next attempt takes over.
 func (a *attempt) abandon(ctx context.Context) {
-	if a.tx != nil {
-		a.closeTx(false)
-	}
 	if !a.recorded() || a.callID == 0 {
+		if a.tx != nil {
+			a.closeTx(false)
+		}
 		return
 	}
-	// Relaxed like the claim: a release lost to a power failure leaves a
-	// claim of a process that no longer runs, which the next attempt takes over.
-	err := a.layer.db.Relaxed(background(ctx), func(conn *sql.Conn) error {
-		_, err := conn.ExecContext(background(ctx),
+	if a.readConn != nil {
+		a.closeTx(false)
+	}
+	u := a.unit
+	a.unit, a.tx = nil, nil
+	var err error
+	if u != nil {
+		err = u.undo()
+	} else {
+		u, err = a.layer.group.enter(background(ctx), false)
+	}
+	if err == nil {
+		_, err = u.tx().ExecContext(background(ctx),
 			`DELETE FROM calls WHERE id = ? AND owner = ? AND state = 'in_flight'`, a.callID, a.owner)
-		return err
-	})
+	}
+	if u != nil {
+		u.leave(err == nil)
+	}
 	if err != nil {
 		// The row stays in_flight under an owner that is not running:
 		// the next attempt sees that and takes it over.

@@ -64,40 +64,41 @@ const markUnknown = `
 UPDATE calls SET state = 'unknown', completed_at = ?, owner = '', lease_until = 0
 WHERE id = ? AND state = 'in_flight' AND owner = ?`
 
-// claim runs the claim transaction described in the package doc. It
-// commits without an fsync of its own (schema.DB.Relaxed): the outcome's
-// full commit makes the claim durable with it, and a claim lost to a power
-// failure only forgets a call that had not committed anything.
+// claim runs the claim described in the package doc, as a unit of the
+// writer's group commit. It does not wait for an fsync of its own: the
+// outcome's full commit makes the claim durable with it, and a claim lost to
+// a crash or a power failure only forgets a call that had not committed
+// anything (its attempt then fails the fence).
 //
-// A claim whose call may run outside the call's transaction (on_lost
-// 'unknown') is the only record that the call may have happened, so it
-// commits with a full fsync before the call is handed on.
-func (l *Layer) claim(ctx context.Context, a *attempt) (res claimResult, err error) {
-	if a.tool.onLostPolicy() == onLostUnknown {
-		conn, err := l.db.Write.Conn(ctx)
-		if err != nil {
-			return claimResult{}, fmt.Errorf("take writer connection: %w", err)
-		}
-		defer conn.Close()
-		return l.claimOn(ctx, conn, a)
+// Two kinds of claim wait for their commit before the call goes on: a claim
+// whose call may run outside the call's transaction (on_lost 'unknown') is
+// the only record that the call may have happened, so it commits with a full
+// fsync; and a claim another process reads (a cooperating upstream checks it
+// as its fence) must be committed before the call is forwarded.
+func (l *Layer) claim(ctx context.Context, a *attempt) (claimResult, error) {
+	durable := a.tool.onLostPolicy() == onLostUnknown
+	u, err := l.group.enter(ctx, durable)
+	if err != nil {
+		return claimResult{}, err
 	}
-	err = l.db.Relaxed(ctx, func(conn *sql.Conn) error {
-		res, err = l.claimOn(ctx, conn, a)
-		return err
-	})
-	return res, err
+	res, err := l.claimIn(ctx, u.tx(), a)
+	b := u.leave(err == nil)
+	if err == nil && (durable || a.tool.sharedClaim) {
+		err = b.wait()
+	}
+	if err != nil {
+		return claimResult{}, err
+	}
+	return res, nil
 }
 
-func (l *Layer) claimOn(ctx context.Context, conn *sql.Conn, a *attempt) (claimResult, error) {
-	tx, err := conn.BeginTx(ctx, nil)
-	if err != nil {
-		return claimResult{}, fmt.Errorf("begin claim: %w", err)
-	}
-	defer tx.Rollback()
-
+// claimIn reads and writes the call's row in tx, a unit's transaction whose
+// statements are not interrupted by ctx.
+func (l *Layer) claimIn(ctx context.Context, tx *sql.Tx, a *attempt) (claimResult, error) {
+	ctx = background(ctx)
 	now := l.nowMS()
 	var r callRow
-	err = tx.QueryRowContext(ctx, selectCallForClaim, a.id.principal, a.id.key).Scan(
+	err := tx.QueryRowContext(ctx, selectCallForClaim, a.id.principal, a.id.key).Scan(
 		&r.id, &r.uid, &r.tool, &r.argsHash, &r.state, &r.owner, &r.leaseUntil,
 		&r.result, &r.createdAt, &r.completedAt, &r.expiresAt, &r.onLost)
 	found := err == nil
@@ -126,9 +127,6 @@ func (l *Layer) claimOn(ctx context.Context, conn *sql.Conn, a *attempt) (claimR
 			return claimResult{}, fmt.Errorf("insert call: %w", err)
 		}
 		a.createdAt = now
-		if err := tx.Commit(); err != nil {
-			return claimResult{}, fmt.Errorf("commit claim: %w", err)
-		}
 		return claimResult{kind: claimed}, nil
 	}
 
@@ -159,18 +157,12 @@ func (l *Layer) claimOn(ctx context.Context, conn *sql.Conn, a *attempt) (claimR
 		if _, err := tx.ExecContext(ctx, markUnknown, now, r.id, r.owner); err != nil {
 			return claimResult{}, fmt.Errorf("mark call unknown: %w", err)
 		}
-		if err := tx.Commit(); err != nil {
-			return claimResult{}, fmt.Errorf("commit unknown: %w", err)
-		}
 		l.logger.WarnContext(ctx, "outcome of an abandoned call is unknown", "tool", a.tool.name, "previous_owner", r.owner)
 		r.state, r.completedAt = "unknown", sql.NullInt64{Int64: now, Valid: true}
 		return claimResult{kind: lost, row: r}, nil
 	}
 	if _, err := tx.ExecContext(ctx, takeOverCall, a.owner, now+l.opts.Lease.Milliseconds(), r.id, r.owner); err != nil {
 		return claimResult{}, fmt.Errorf("take over call: %w", err)
-	}
-	if err := tx.Commit(); err != nil {
-		return claimResult{}, fmt.Errorf("commit takeover: %w", err)
 	}
 	l.logger.InfoContext(ctx, "took over call", "tool", a.tool.name, "previous_owner", r.owner)
 	a.callID, a.uid, a.createdAt = r.id, r.uid, r.createdAt

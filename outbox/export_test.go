@@ -11,3 +11,7 @@ func (d *Dispatcher) RoundForTest(ctx context.Context) error {
 	d.inflight.Wait()
 	return err
 }
+
+// WaitingForTurn reports how many units wait for the writer's turn, so tests
+// can tell that a batch will form.
+func WaitingForTurn(l *Layer) int { return l.group.waiting() }

@@ -71,6 +71,16 @@ type Options struct {
 	Now func() time.Time
 	// Metrics, if not nil, count calls and their outcomes (see [NewMetrics]).
 	Metrics *Metrics
+	// MaxBatchCalls bounds how many calls share one commit (group commit:
+	// calls that finish while others wait for the writer commit together,
+	// each in its own savepoint). Zero means DefaultMaxBatchCalls; 1 gives
+	// every call a commit of its own.
+	MaxBatchCalls int
+	// MaxBatchWait bounds how long a batch keeps taking calls once it has
+	// begun, and so what its first call can wait for the others; zero means
+	// DefaultMaxBatchWait. No call ever waits for others to arrive: a batch
+	// commits as soon as nobody is waiting for the writer.
+	MaxBatchWait time.Duration
 	// LogSensitive adds each call's raw idempotency key and arguments to its
 	// "call" log event. For debugging only: keys let anyone who reads the log
 	// replay a call, and arguments may hold personal or payment data.
@@ -83,6 +93,7 @@ type Options struct {
 // side-effecting tools with [AddTool].
 type Layer struct {
 	db     *schema.DB
+	group  *groupCommit // the writer's transactions, shared among calls
 	opts   Options
 	logger *slog.Logger
 	now    func() time.Time
@@ -120,12 +131,21 @@ func New(db *schema.DB, opts *Options) (*Layer, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
+	if o.MaxBatchCalls <= 0 {
+		o.MaxBatchCalls = DefaultMaxBatchCalls
+	}
+	if o.MaxBatchWait <= 0 {
+		o.MaxBatchWait = DefaultMaxBatchWait
+	}
 	logger := o.Logger
 	if logger == nil {
 		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
+	group := newGroupCommit(db, o.MaxBatchCalls, o.MaxBatchWait, time.Now)
+	group.onCommit = func(calls int) { o.Metrics.commit(commitCalls, calls) }
 	return &Layer{
 		db:     db,
+		group:  group,
 		opts:   o,
 		logger: logger.With("subsystem", "outbox"),
 		now:    o.Now,

@@ -73,7 +73,7 @@ type RemoteTool struct {
 // idempotentHint tools pass through unrecorded, everything else is
 // recorded, the spec's default (destructive) included.
 func (l *Layer) RemoteTool(name string, t *mcp.Tool, opts RemoteOptions) *RemoteTool {
-	info := &toolInfo{name: name, record: true, window: l.opts.FingerprintWindow}
+	info := &toolInfo{name: name, record: true, window: l.opts.FingerprintWindow, sharedClaim: true}
 	if t != nil {
 		info.annotations = annotationsOf(t.Annotations)
 		if a := t.Annotations; a != nil && (a.ReadOnlyHint || (a.IdempotentHint && !l.opts.RecordIdempotent)) {

@@ -42,6 +42,9 @@ type toolInfo struct {
 	// onLost is what an abandoned claim of this tool means (calls.on_lost);
 	// "" means onLostRerun.
 	onLost string
+	// sharedClaim: another process reads the claim (a forwarded call's
+	// upstream), so it must be committed before the call goes on.
+	sharedClaim bool
 }
 
 func (t *toolInfo) onLostPolicy() string {

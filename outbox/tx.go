@@ -16,8 +16,14 @@ import (
 // narrower than *sql.Tx on purpose: the layer decides when to begin and
 // commit, and stays free to share one commit among several calls.
 //
-// The SQLite transaction begins at the first statement, so a handler that
-// does preparatory work first does not hold the write lock meanwhile.
+// The handler's turn in the writer's transaction begins at its first
+// statement, so a handler that does preparatory work first does not hold the
+// write lock meanwhile; from then until the handler returns, other calls
+// wait for their turn. Calls that end while others wait share one commit
+// (group commit, see [Options.MaxBatchCalls]); each call's work sits in its
+// own savepoint, so a failing handler rolls back only its own work.
+// Statements are not interrupted when the call is cancelled: the layer
+// decides at the end whether a cancelled call commits.
 type Tx interface {
 	Exec(ctx context.Context, query string, args ...any) (sql.Result, error)
 	Query(ctx context.Context, query string, args ...any) (*sql.Rows, error)
@@ -71,38 +77,38 @@ func (a *attempt) begin(ctx context.Context) error {
 	return nil
 }
 
-// openTx takes the writer connection (waiting while the call's context
-// allows) and begins the transaction under a context that cancellation does
-// not reach: whether a cancelled call commits is decided at the commit, not
-// by database/sql rolling back behind the layer's back.
+// openTx takes the call's turn in a group-commit batch (waiting while the
+// call's context allows), or, for a read-only tool, a read transaction. Once
+// in, cancellation no longer reaches the transaction: whether a cancelled
+// call commits is decided at its end, not by the driver interrupting a
+// statement, which in SQLite would roll back the whole shared transaction.
 func (a *attempt) openTx(ctx context.Context) error {
-	db := a.layer.db.Write
 	if a.tool.readOnly {
-		db = a.layer.db.Read
+		conn, err := a.layer.db.Read.Conn(ctx)
+		if err != nil {
+			return fmt.Errorf("take database connection: %w", err)
+		}
+		tx, err := conn.BeginTx(background(ctx), nil)
+		if err != nil {
+			conn.Close()
+			return fmt.Errorf("begin: %w", err)
+		}
+		a.readConn, a.tx = conn, tx
+		return nil
 	}
-	conn, err := db.Conn(ctx)
+	u, err := a.layer.group.enter(ctx, true)
 	if err != nil {
-		return fmt.Errorf("take database connection: %w", err)
+		return err
 	}
-	tx, err := conn.BeginTx(background(ctx), nil)
-	if err != nil {
-		conn.Close()
-		return fmt.Errorf("begin: %w", err)
-	}
-	a.conn, a.tx = conn, tx
+	a.unit, a.tx = u, u.tx()
 	if a.recorded() {
 		var owner, state string
-		err := tx.QueryRowContext(ctx, `SELECT owner, state FROM calls WHERE id = ?`, a.callID).Scan(&owner, &state)
+		err := a.tx.QueryRowContext(background(ctx), `SELECT owner, state FROM calls WHERE id = ?`, a.callID).Scan(&owner, &state)
 		if errors.Is(err, sql.ErrNoRows) || (err == nil && (owner != a.owner || state != "in_flight")) {
 			return ErrOwnershipLost
 		}
 		if err != nil {
 			return fmt.Errorf("check ownership: %w", err)
-		}
-	}
-	if !a.tool.readOnly {
-		if _, err := tx.ExecContext(ctx, `SAVEPOINT handler`); err != nil {
-			return fmt.Errorf("savepoint: %w", err)
 		}
 	}
 	return nil
@@ -111,10 +117,10 @@ func (a *attempt) openTx(ctx context.Context) error {
 // discardWork rolls back what the handler did so far, effects included,
 // keeping the transaction and the claim.
 func (a *attempt) discardWork(ctx context.Context) error {
-	if a.tx == nil || a.tool.readOnly {
+	if a.unit == nil {
 		return nil
 	}
-	if _, err := a.tx.ExecContext(ctx, `ROLLBACK TO handler`); err != nil {
+	if err := a.unit.undo(); err != nil {
 		return a.wrap(fmt.Errorf("roll back handler: %w", err))
 	}
 	a.effects = 0
@@ -138,7 +144,7 @@ func (a *attempt) Exec(ctx context.Context, query string, args ...any) (sql.Resu
 	if err := a.begin(ctx); err != nil {
 		return nil, err
 	}
-	r, err := a.tx.ExecContext(ctx, query, args...)
+	r, err := a.tx.ExecContext(background(ctx), query, args...)
 	return r, a.wrapStmt(err)
 }
 
@@ -147,7 +153,7 @@ func (a *attempt) Query(ctx context.Context, query string, args ...any) (*sql.Ro
 	if err := a.begin(ctx); err != nil {
 		return nil, err
 	}
-	r, err := a.tx.QueryContext(ctx, query, args...)
+	r, err := a.tx.QueryContext(background(ctx), query, args...)
 	return r, a.wrapStmt(err)
 }
 
@@ -163,7 +169,7 @@ func (a *attempt) QueryRow(ctx context.Context, query string, args ...any) Row {
 	if err := a.begin(ctx); err != nil {
 		return errRow{err}
 	}
-	return rowOf{a, a.tx.QueryRowContext(ctx, query, args...)}
+	return rowOf{a, a.tx.QueryRowContext(background(ctx), query, args...)}
 }
 
 // errRow is a row whose query never ran.
@@ -223,7 +229,7 @@ func (a *attempt) Enqueue(ctx context.Context, e Effect) (string, error) {
 	if a.recorded() {
 		callID = a.callID
 	}
-	_, err = a.tx.ExecContext(ctx, insertEffect,
+	_, err = a.tx.ExecContext(background(ctx), insertEffect,
 		callID, a.effects, e.Destination, e.Method, e.Path, string(headers), e.Body, key, now, now, now)
 	if err != nil {
 		a.effects--

@@ -18,6 +18,11 @@
 //	call.before_commit  the handler ran; its transaction is not committed
 //	call.after_commit   the outcome is committed; the response is not written
 //
+// In group commit (package outbox), only for batches of two or more calls:
+//
+//	batch.before_commit  the batch's calls are in its transaction, not committed
+//	batch.after_commit   the batch is committed; none of its calls has answered
+//
 // On the proxy's path (package internal/proxy):
 //
 //	proxy.after_forward  the tools/call was written to the upstream; its answer not read
@@ -28,6 +33,12 @@ const (
 	CallAfterClaim   = "call.after_claim"
 	CallBeforeCommit = "call.before_commit"
 	CallAfterCommit  = "call.after_commit"
+)
+
+// Names of the failpoints of group commit.
+const (
+	BatchBeforeCommit = "batch.before_commit"
+	BatchAfterCommit  = "batch.after_commit"
 )
 
 // ProxyAfterForward is the failpoint between forwarding a call to the

@@ -1,0 +1,309 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/failpoint"
+	"github.com/mcp-outbox/mcp-outbox/schema"
+)
+
+// Group commit.
+//
+// SQLite has one writer, and a commit with synchronous=FULL costs an fsync
+// (about 210 µs here), which would cap recorded calls at the fsync rate. So
+// the layer shares one transaction of the writer connection among the calls
+// that want it at the same time:
+//
+//   - Calls take turns: one unit of work at a time holds the batch's
+//     transaction, inside its own SAVEPOINT. A unit that fails rolls back to
+//     its savepoint, which undoes its work and nobody else's.
+//   - A unit that ends releases its savepoint. If another unit is waiting
+//     for its turn, and the batch is under its limits, the transaction stays
+//     open and the turn passes on; otherwise the unit commits the batch. So a
+//     lone call commits at once: nothing ever waits for others to arrive.
+//   - A unit that needs its work durable (a call's outcome) waits for the
+//     batch's commit before its call answers: no response is released
+//     before its commit is durable. If the commit fails, every call of the
+//     batch is told so, and none of them is recorded.
+//   - A unit that does not need durability (a claim, the release of a
+//     claim) leaves its work in the open batch and goes on; it commits with
+//     the batch. Such work may be lost with the batch (a crash, a failed
+//     commit), which loses only claims of calls that had committed nothing:
+//     an attempt whose claim vanished fails its fence and records nothing.
+//
+// SQLite refuses to change synchronous inside a transaction, so a batch has
+// one level, chosen when it opens: FULL if its first unit needs durability,
+// NORMAL otherwise. A durable unit that finds a NORMAL batch open commits it
+// first (no fsync) and opens a FULL one; the FULL commit then makes the
+// frames of the NORMAL one durable too, since WAL frames become durable in
+// order.
+
+// Defaults for the group commit knobs of [Options].
+const (
+	// DefaultMaxBatchCalls bounds the calls that share one commit.
+	DefaultMaxBatchCalls = 64
+	// DefaultMaxBatchWait bounds how long a batch stays open taking more
+	// units once it has begun, which bounds what its first call waits.
+	DefaultMaxBatchWait = 10 * time.Millisecond
+)
+
+// groupCommit shares transactions of the writer connection among units of
+// work; see above.
+type groupCommit struct {
+	db       *schema.DB
+	maxCalls int
+	maxWait  time.Duration
+	now      func() time.Time
+	onCommit func(calls int) // after each commit of a batch that holds calls
+
+	mu     sync.Mutex
+	held   bool          // some goroutine has the turn
+	queue  []*turnWaiter // waiting for the turn, first come first served
+	open   *batch        // the open transaction, nil between batches
+}
+
+type turnWaiter struct {
+	ch      chan struct{} // closed when the turn is granted
+	granted bool
+}
+
+// batch is one transaction of the writer connection shared by units.
+type batch struct {
+	conn    *sql.Conn
+	tx      *sql.Tx
+	durable bool // synchronous=FULL for this commit
+	opened  time.Time
+	calls   int   // durable units kept in it
+	broken  error // the transaction can no longer commit
+
+	done chan struct{} // closed after the commit or rollback
+	err  error         // nil if the batch committed; valid once done is closed
+}
+
+// unit is one turn in a batch: the statements of one step of one call.
+type unit struct {
+	g       *groupCommit
+	b       *batch
+	durable bool
+	ended   bool
+}
+
+func newGroupCommit(db *schema.DB, maxCalls int, maxWait time.Duration, now func() time.Time) *groupCommit {
+	return &groupCommit{db: db, maxCalls: maxCalls, maxWait: maxWait, now: now}
+}
+
+// enter waits for the turn (as long as ctx allows), joins the open batch or
+// opens one, and begins the unit's savepoint. A durable unit's work is
+// committed with synchronous=FULL; the others' may commit with NORMAL.
+func (g *groupCommit) enter(ctx context.Context, durable bool) (*unit, error) {
+	if err := g.takeTurn(ctx); err != nil {
+		return nil, err
+	}
+	u, err := g.join(ctx, durable)
+	if err != nil {
+		g.passTurn()
+		return nil, err
+	}
+	return u, nil
+}
+
+func (g *groupCommit) takeTurn(ctx context.Context) error {
+	g.mu.Lock()
+	if !g.held && len(g.queue) == 0 {
+		g.held = true
+		g.mu.Unlock()
+		return nil
+	}
+	w := &turnWaiter{ch: make(chan struct{})}
+	g.queue = append(g.queue, w)
+	g.mu.Unlock()
+	select {
+	case <-w.ch:
+		return nil
+	case <-ctx.Done():
+	}
+	g.mu.Lock()
+	if w.granted {
+		// Granted while giving up: pass it on, or the batch would stay open
+		// with nobody to commit it.
+		g.mu.Unlock()
+		g.passTurn()
+		return ctx.Err()
+	}
+	for i, q := range g.queue {
+		if q == w {
+			g.queue = append(g.queue[:i], g.queue[i+1:]...)
+			break
+		}
+	}
+	g.mu.Unlock()
+	return ctx.Err()
+}
+
+// join runs with the turn held.
+func (g *groupCommit) join(ctx context.Context, durable bool) (*unit, error) {
+	if b := g.open; b != nil && durable && !b.durable {
+		g.finish(b)
+	}
+	if g.open == nil {
+		b, err := g.begin(ctx, durable)
+		if err != nil {
+			return nil, err
+		}
+		g.open = b
+	}
+	b := g.open
+	if _, err := b.tx.ExecContext(context.Background(), `SAVEPOINT unit`); err != nil {
+		b.broken = fmt.Errorf("savepoint: %w", err)
+		g.finish(b)
+		return nil, b.err
+	}
+	return &unit{g: g, b: b, durable: durable}, nil
+}
+
+// begin opens a batch. It waits for the writer connection as long as ctx
+// allows (the dispatcher and operator commands use it between batches), then
+// begins under a context that cancellation does not reach: whether a batch
+// commits is decided by its units, not by one caller going away.
+func (g *groupCommit) begin(ctx context.Context, durable bool) (*batch, error) {
+	conn, err := g.db.Write.Conn(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("take writer connection: %w", err)
+	}
+	relax := !durable && g.db.Durability != schema.DurabilityNormal
+	if relax {
+		if _, err := conn.ExecContext(context.Background(), `PRAGMA synchronous=NORMAL`); err != nil {
+			conn.Close()
+			return nil, fmt.Errorf("relax synchronous: %w", err)
+		}
+	}
+	tx, err := conn.BeginTx(context.Background(), nil)
+	if err != nil {
+		g.release(conn, relax)
+		return nil, fmt.Errorf("begin: %w", err)
+	}
+	return &batch{conn: conn, tx: tx, durable: !relax, opened: g.now(), done: make(chan struct{})}, nil
+}
+
+// release hands the writer connection back, at the database's level. A
+// connection whose level cannot be restored is discarded, so that no later
+// transaction runs with less durability than configured.
+func (g *groupCommit) release(conn *sql.Conn, relaxed bool) {
+	if relaxed {
+		if _, err := conn.ExecContext(context.Background(), `PRAGMA synchronous=FULL`); err != nil {
+			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+		}
+	}
+	conn.Close()
+}
+
+// tx is the transaction the unit's statements run in.
+func (u *unit) tx() *sql.Tx { return u.b.tx }
+
+// undo rolls the unit's work back to its savepoint and keeps the unit.
+func (u *unit) undo() error {
+	if _, err := u.b.tx.ExecContext(context.Background(), `ROLLBACK TO unit`); err != nil {
+		u.b.broken = fmt.Errorf("roll back to savepoint: %w", err)
+		return u.b.broken
+	}
+	return nil
+}
+
+// leave ends the unit: keep releases its work into the batch, otherwise it
+// is rolled back. The turn passes on, or the batch commits. The returned
+// batch tells, once its done channel is closed, whether the work committed.
+func (u *unit) leave(keep bool) *batch {
+	if u.ended {
+		panic("outbox: unit left twice")
+	}
+	u.ended = true
+	b := u.b
+	if b.broken == nil {
+		stmt := `RELEASE unit`
+		if !keep {
+			stmt = `ROLLBACK TO unit; RELEASE unit`
+		}
+		// A statement of the unit with ON CONFLICT ROLLBACK, or an I/O
+		// error, can end the whole transaction; the savepoint is then gone
+		// and this fails, which is how the batch learns it is broken.
+		if _, err := b.tx.ExecContext(context.Background(), stmt); err != nil {
+			b.broken = fmt.Errorf("release savepoint: %w", err)
+		}
+	}
+	if keep && u.durable {
+		b.calls++
+	}
+	g := u.g
+	g.mu.Lock()
+	if b.broken == nil && len(g.queue) > 0 && b.calls < g.maxCalls && g.now().Sub(b.opened) < g.maxWait {
+		g.grantLocked()
+		g.mu.Unlock()
+		return b
+	}
+	g.mu.Unlock()
+	g.finish(b)
+	g.passTurn()
+	return b
+}
+
+// wait waits for the batch to commit or roll back and returns its error.
+func (b *batch) wait() error {
+	<-b.done
+	return b.err
+}
+
+// finish commits the open batch (or rolls it back if broken); the caller
+// holds the turn.
+func (g *groupCommit) finish(b *batch) {
+	if b.calls > 1 {
+		if err := failpoint.Inject(failpoint.BatchBeforeCommit); err != nil && b.broken == nil {
+			b.broken = err
+		}
+	}
+	if b.broken != nil {
+		_ = b.tx.Rollback()
+		b.err = fmt.Errorf("batch not committed: %w", b.broken)
+	} else if err := b.tx.Commit(); err != nil {
+		b.err = fmt.Errorf("commit: %w", err)
+	}
+	g.release(b.conn, !b.durable)
+	g.open = nil
+	if b.err == nil && b.calls > 1 {
+		_ = failpoint.Inject(failpoint.BatchAfterCommit)
+	}
+	if b.err == nil && b.calls > 0 && g.onCommit != nil {
+		g.onCommit(b.calls)
+	}
+	close(b.done)
+}
+
+// passTurn gives the turn to the first waiter, or frees it.
+func (g *groupCommit) passTurn() {
+	g.mu.Lock()
+	if len(g.queue) > 0 {
+		g.grantLocked()
+	} else {
+		g.held = false
+	}
+	g.mu.Unlock()
+}
+
+func (g *groupCommit) grantLocked() {
+	w := g.queue[0]
+	g.queue = g.queue[1:]
+	w.granted = true
+	close(w.ch)
+}
+
+// waiting reports how many units wait for the turn; tests use it to know a
+// batch will form.
+func (g *groupCommit) waiting() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.queue)
+}
