@@ -61,10 +61,10 @@ type groupCommit struct {
 	now      func() time.Time
 	onCommit func(calls int) // after each commit of a batch that holds calls
 
-	mu     sync.Mutex
-	held   bool          // some goroutine has the turn
-	queue  []*turnWaiter // waiting for the turn, first come first served
-	open   *batch        // the open transaction, nil between batches
+	mu    sync.Mutex
+	held  bool          // some goroutine has the turn
+	queue []*turnWaiter // waiting for the turn, first come first served
+	open  *batch        // the open transaction, nil between batches
 }
 
 type turnWaiter struct {
