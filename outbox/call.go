@@ -337,7 +337,7 @@ func (a *attempt) commit(ctx context.Context, cr *mcp.CallToolResult) error {
 	}
 	now := a.layer.nowMS()
 	a.completedAt = now
-	r, err := a.tx.ExecContext(ctx, recordOutcome,
+	r, err := a.unit.exec(recordOutcome,
 		stateOf(cr), stored, now, now+a.retention().Milliseconds(), a.callID, a.owner)
 	if err != nil {
 		return fmt.Errorf("record outcome: %w", err)
@@ -398,8 +398,7 @@ func (a *attempt) abandon(ctx context.Context) {
 		u, err = a.layer.group.enter(background(ctx), false)
 	}
 	if err == nil {
-		_, err = u.tx().ExecContext(background(ctx),
-			`DELETE FROM calls WHERE id = ? AND owner = ? AND state = 'in_flight'`, a.callID, a.owner)
+		_, err = u.exec(`DELETE FROM calls WHERE id = ? AND owner = ? AND state = 'in_flight'`, a.callID, a.owner)
 	}
 	if u != nil {
 		u.leave(err == nil)

@@ -81,7 +81,7 @@ func (l *Layer) claim(ctx context.Context, a *attempt) (claimResult, error) {
 	if err != nil {
 		return claimResult{}, err
 	}
-	res, err := l.claimIn(ctx, u.tx(), a)
+	res, err := l.claimIn(ctx, u, a)
 	b := u.leave(err == nil)
 	if err == nil && (durable || a.tool.sharedClaim) {
 		err = b.wait()
@@ -92,13 +92,11 @@ func (l *Layer) claim(ctx context.Context, a *attempt) (claimResult, error) {
 	return res, nil
 }
 
-// claimIn reads and writes the call's row in tx, a unit's transaction whose
-// statements are not interrupted by ctx.
-func (l *Layer) claimIn(ctx context.Context, tx *sql.Tx, a *attempt) (claimResult, error) {
-	ctx = background(ctx)
+// claimIn reads and writes the call's row in the unit u.
+func (l *Layer) claimIn(ctx context.Context, u *unit, a *attempt) (claimResult, error) {
 	now := l.nowMS()
 	var r callRow
-	err := tx.QueryRowContext(ctx, selectCallForClaim, a.id.principal, a.id.key).Scan(
+	err := u.queryRow(selectCallForClaim, a.id.principal, a.id.key).Scan(
 		&r.id, &r.uid, &r.tool, &r.argsHash, &r.state, &r.owner, &r.leaseUntil,
 		&r.result, &r.createdAt, &r.completedAt, &r.expiresAt, &r.onLost)
 	found := err == nil
@@ -110,14 +108,14 @@ func (l *Layer) claimIn(ctx context.Context, tx *sql.Tx, a *attempt) (claimResul
 	if found && r.state != "in_flight" && r.state != "unknown" && r.expiresAt <= now {
 		// The key's record expired: the key is free to name a new call. The
 		// old call's effects keep their own Idempotency-Keys.
-		if _, err := tx.ExecContext(ctx, `DELETE FROM calls WHERE id = ?`, r.id); err != nil {
+		if _, err := u.exec(`DELETE FROM calls WHERE id = ?`, r.id); err != nil {
 			return claimResult{}, fmt.Errorf("delete expired call: %w", err)
 		}
 		found = false
 	}
 
 	if !found {
-		res, err := tx.ExecContext(ctx, insertCall, a.uid, a.id.principal, a.id.key, string(a.id.source),
+		res, err := u.exec(insertCall, a.uid, a.id.principal, a.id.key, string(a.id.source),
 			a.tool.name, a.id.argsHash, a.owner, now+l.opts.Lease.Milliseconds(), now, now+a.retention().Milliseconds(),
 			a.tool.onLostPolicy())
 		if err != nil {
@@ -154,14 +152,14 @@ func (l *Layer) claimIn(ctx context.Context, tx *sql.Tx, a *attempt) (claimResul
 	if r.onLost == onLostUnknown {
 		// The abandoned attempt handed the call to a process whose work
 		// commits on its own: it may have run. Never run it again.
-		if _, err := tx.ExecContext(ctx, markUnknown, now, r.id, r.owner); err != nil {
+		if _, err := u.exec(markUnknown, now, r.id, r.owner); err != nil {
 			return claimResult{}, fmt.Errorf("mark call unknown: %w", err)
 		}
 		l.logger.WarnContext(ctx, "outcome of an abandoned call is unknown", "tool", a.tool.name, "previous_owner", r.owner)
 		r.state, r.completedAt = "unknown", sql.NullInt64{Int64: now, Valid: true}
 		return claimResult{kind: lost, row: r}, nil
 	}
-	if _, err := tx.ExecContext(ctx, takeOverCall, a.owner, now+l.opts.Lease.Milliseconds(), r.id, r.owner); err != nil {
+	if _, err := u.exec(takeOverCall, a.owner, now+l.opts.Lease.Milliseconds(), r.id, r.owner); err != nil {
 		return claimResult{}, fmt.Errorf("take over call: %w", err)
 	}
 	l.logger.InfoContext(ctx, "took over call", "tool", a.tool.name, "previous_owner", r.owner)

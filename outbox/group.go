@@ -60,6 +60,7 @@ type groupCommit struct {
 	maxWait  time.Duration
 	now      func() time.Time
 	onCommit func(calls int) // after each commit of a batch that holds calls
+	stmts    *stmtCache
 
 	mu    sync.Mutex
 	held  bool          // some goroutine has the turn
@@ -94,7 +95,7 @@ type unit struct {
 }
 
 func newGroupCommit(db *schema.DB, maxCalls int, maxWait time.Duration, now func() time.Time) *groupCommit {
-	return &groupCommit{db: db, maxCalls: maxCalls, maxWait: maxWait, now: now}
+	return &groupCommit{db: db, maxCalls: maxCalls, maxWait: maxWait, now: now, stmts: newStmtCache(db.Write)}
 }
 
 // enter waits for the turn (as long as ctx allows), joins the open batch or
@@ -157,13 +158,13 @@ func (g *groupCommit) join(ctx context.Context, durable bool) (*unit, error) {
 		}
 		g.open = b
 	}
-	b := g.open
-	if _, err := b.tx.ExecContext(context.Background(), `SAVEPOINT unit`); err != nil {
-		b.broken = fmt.Errorf("savepoint: %w", err)
-		g.finish(b)
-		return nil, b.err
+	u := &unit{g: g, b: g.open, durable: durable}
+	if _, err := u.exec(`SAVEPOINT unit`); err != nil {
+		u.b.broken = fmt.Errorf("savepoint: %w", err)
+		g.finish(u.b)
+		return nil, u.b.err
 	}
-	return &unit{g: g, b: b, durable: durable}, nil
+	return u, nil
 }
 
 // begin opens a batch. It waits for the writer connection as long as ctx
@@ -171,6 +172,7 @@ func (g *groupCommit) join(ctx context.Context, durable bool) (*unit, error) {
 // begins under a context that cancellation does not reach: whether a batch
 // commits is decided by its units, not by one caller going away.
 func (g *groupCommit) begin(ctx context.Context, durable bool) (*batch, error) {
+	g.stmts.prepare(ctx)
 	conn, err := g.db.Write.Conn(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("take writer connection: %w", err)
@@ -205,9 +207,29 @@ func (g *groupCommit) release(conn *sql.Conn, relaxed bool) {
 // tx is the transaction the unit's statements run in.
 func (u *unit) tx() *sql.Tx { return u.b.tx }
 
+// exec runs a statement in the unit, prepared once it has been seen. Unit
+// statements never take a call's context: SQLite's interrupt would roll back
+// the whole shared transaction.
+func (u *unit) exec(query string, args ...any) (sql.Result, error) {
+	ctx := context.Background()
+	if st := u.g.stmts.lookup(query); st != nil {
+		return u.b.tx.StmtContext(ctx, st).ExecContext(ctx, args...)
+	}
+	return u.b.tx.ExecContext(ctx, query, args...)
+}
+
+// queryRow runs a query for one row in the unit, like exec.
+func (u *unit) queryRow(query string, args ...any) *sql.Row {
+	ctx := context.Background()
+	if st := u.g.stmts.lookup(query); st != nil {
+		return u.b.tx.StmtContext(ctx, st).QueryRowContext(ctx, args...)
+	}
+	return u.b.tx.QueryRowContext(ctx, query, args...)
+}
+
 // undo rolls the unit's work back to its savepoint and keeps the unit.
 func (u *unit) undo() error {
-	if _, err := u.b.tx.ExecContext(context.Background(), `ROLLBACK TO unit`); err != nil {
+	if _, err := u.exec(`ROLLBACK TO unit`); err != nil {
 		u.b.broken = fmt.Errorf("roll back to savepoint: %w", err)
 		return u.b.broken
 	}
@@ -224,14 +246,17 @@ func (u *unit) leave(keep bool) *batch {
 	u.ended = true
 	b := u.b
 	if b.broken == nil {
-		stmt := `RELEASE unit`
-		if !keep {
-			stmt = `ROLLBACK TO unit; RELEASE unit`
-		}
 		// A statement of the unit with ON CONFLICT ROLLBACK, or an I/O
 		// error, can end the whole transaction; the savepoint is then gone
 		// and this fails, which is how the batch learns it is broken.
-		if _, err := b.tx.ExecContext(context.Background(), stmt); err != nil {
+		var err error
+		if !keep {
+			_, err = u.exec(`ROLLBACK TO unit`)
+		}
+		if err == nil {
+			_, err = u.exec(`RELEASE unit`)
+		}
+		if err != nil {
 			b.broken = fmt.Errorf("release savepoint: %w", err)
 		}
 	}

@@ -103,7 +103,7 @@ func (a *attempt) openTx(ctx context.Context) error {
 	a.unit, a.tx = u, u.tx()
 	if a.recorded() {
 		var owner, state string
-		err := a.tx.QueryRowContext(background(ctx), `SELECT owner, state FROM calls WHERE id = ?`, a.callID).Scan(&owner, &state)
+		err := u.queryRow(`SELECT owner, state FROM calls WHERE id = ?`, a.callID).Scan(&owner, &state)
 		if errors.Is(err, sql.ErrNoRows) || (err == nil && (owner != a.owner || state != "in_flight")) {
 			return ErrOwnershipLost
 		}
@@ -144,7 +144,13 @@ func (a *attempt) Exec(ctx context.Context, query string, args ...any) (sql.Resu
 	if err := a.begin(ctx); err != nil {
 		return nil, err
 	}
-	r, err := a.tx.ExecContext(background(ctx), query, args...)
+	var r sql.Result
+	var err error
+	if a.unit != nil {
+		r, err = a.unit.exec(query, args...)
+	} else {
+		r, err = a.tx.ExecContext(ctx, query, args...)
+	}
 	return r, a.wrapStmt(err)
 }
 
@@ -153,7 +159,10 @@ func (a *attempt) Query(ctx context.Context, query string, args ...any) (*sql.Ro
 	if err := a.begin(ctx); err != nil {
 		return nil, err
 	}
-	r, err := a.tx.QueryContext(background(ctx), query, args...)
+	if a.unit != nil {
+		ctx = background(ctx) // see unit.exec
+	}
+	r, err := a.tx.QueryContext(ctx, query, args...)
 	return r, a.wrapStmt(err)
 }
 
@@ -169,7 +178,10 @@ func (a *attempt) QueryRow(ctx context.Context, query string, args ...any) Row {
 	if err := a.begin(ctx); err != nil {
 		return errRow{err}
 	}
-	return rowOf{a, a.tx.QueryRowContext(background(ctx), query, args...)}
+	if a.unit != nil {
+		return rowOf{a, a.unit.queryRow(query, args...)}
+	}
+	return rowOf{a, a.tx.QueryRowContext(ctx, query, args...)}
 }
 
 // errRow is a row whose query never ran.
@@ -229,7 +241,7 @@ func (a *attempt) Enqueue(ctx context.Context, e Effect) (string, error) {
 	if a.recorded() {
 		callID = a.callID
 	}
-	_, err = a.tx.ExecContext(background(ctx), insertEffect,
+	_, err = a.unit.exec(insertEffect,
 		callID, a.effects, e.Destination, e.Method, e.Path, string(headers), e.Body, key, now, now, now)
 	if err != nil {
 		a.effects--
