@@ -3,11 +3,14 @@ package outbox_test
 import (
 	"context"
 	"fmt"
+	"runtime"
+	"sync/atomic"
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
+	"github.com/mcp-outbox/mcp-outbox/outbox"
 )
 
 // BenchmarkCharge compares one sequential charge over in-memory transports:
@@ -50,4 +53,53 @@ func BenchmarkCharge(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkChargeConcurrent is target 1's load: 32 callers, each on its own
+// session, distinct keys, synchronous=FULL. "bare-tx" is the ledger without
+// the layer, one transaction (one fsync) per call; "layer" shares commits
+// among the calls that end while others wait (group commit); "layer-batch1"
+// is the layer with MaxBatchCalls 1, a commit per call. ns/op is per call.
+func BenchmarkChargeConcurrent(b *testing.B) {
+	const callers = 32
+	ctx := context.Background()
+	args := map[string]any{"amount": 100}
+	run := func(b *testing.B, sessions []*mcp.ClientSession) {
+		var next atomic.Int64
+		b.SetParallelism((callers + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
+		b.RunParallel(func(pb *testing.PB) {
+			cs := sessions[int(next.Add(1)-1)%len(sessions)]
+			for pb.Next() {
+				res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "charge", Arguments: args,
+					Meta: mcp.Meta{"idempotencyKey": fmt.Sprint("k", next.Add(1))}})
+				if err != nil || res.IsError {
+					b.Error(err, res)
+					return
+				}
+			}
+		})
+	}
+	b.Run("bare-tx", func(b *testing.B) {
+		db := openDB(b)
+		s := mcp.NewServer(&mcp.Implementation{Name: "bare", Version: "v0"}, nil)
+		ledger.RegisterBareTransactional(db, s, nil)
+		sessions := make([]*mcp.ClientSession, callers)
+		for i := range sessions {
+			sessions[i] = connect(b, s)
+		}
+		run(b, sessions)
+	})
+	for _, bc := range []struct {
+		name  string
+		batch int
+	}{{"layer", 0}, {"layer-batch1", 1}} {
+		b.Run(bc.name, func(b *testing.B) {
+			bd := setup(b, &outbox.Options{MaxBatchCalls: bc.batch}, nil)
+			sessions := []*mcp.ClientSession{bd.session}
+			for len(sessions) < callers {
+				sessions = append(sessions, connect(b, bd.server))
+			}
+			run(b, sessions)
+		})
+	}
 }

@@ -9,18 +9,21 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 )
 
-const usage = `Usage: outbox-bench [--json] [--quick] [--history N] [--rounds N] [--dir DIR]
+const usage = `Usage: outbox-bench [--json] [--quick] [--only LIST] [--history N] [--rounds N] [--dir DIR]
 
 Runs the seven measurements of mcp-outbox's performance targets, each next
 to a baseline measured in the same run, with synchronous=FULL, and prints
 figure, baseline, ratio, target and whether it is met:
 
   1  throughput of 32 concurrent callers, distinct keys: layer vs bare server
+     (and vs a bare server with one transaction per call)
   2  median latency of one caller: layer vs bare server
   3  median latency of a replay vs a bare call (and that it writes nothing)
   4  effects delivered per second: dispatcher vs a bare http.Client
@@ -49,6 +52,34 @@ type Config struct {
 	Starts     int    `json:"starts"`     // starts per side, target 5
 	Rounds     int    `json:"rounds"`     // alternating rounds of both sides
 	Dir        string `json:"-"`
+	// Only selects targets by number; nil means all.
+	Only map[int]bool `json:"-"`
+}
+
+// wants reports whether any of the targets ids is selected.
+func (c Config) wants(ids ...int) bool {
+	if c.Only == nil {
+		return true
+	}
+	for _, id := range ids {
+		if c.Only[id] {
+			return true
+		}
+	}
+	return false
+}
+
+// parseOnly reads a list of target numbers such as "1,3".
+func parseOnly(list string) (map[int]bool, error) {
+	only := map[int]bool{}
+	for _, f := range strings.Split(list, ",") {
+		id, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || id < 1 || id > 7 {
+			return nil, fmt.Errorf("--only %q: want target numbers from 1 to 7, separated by commas", list)
+		}
+		only[id] = true
+	}
+	return only, nil
 }
 
 func defaultConfig() Config {
@@ -73,6 +104,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	quick := fs.Bool("quick", false, "tiny sizes: checks that everything runs; the figures mean nothing")
 	history := fs.Int("history", 0, "calls in the history (default 1,000,000; 300 with --quick)")
 	rounds := fs.Int("rounds", 0, "alternating rounds of each comparison (default 2; 1 with --quick)")
+	onlyList := fs.String("only", "", "run only these targets, e.g. 1,2 (default all)")
 	dir := fs.String("dir", "", "where to make the temporary directory (default the system's)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -96,6 +128,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		cfg.Rounds = *rounds
 	}
 	cfg.Dir = *dir
+	if *onlyList != "" {
+		only, err := parseOnly(*onlyList)
+		if err != nil {
+			fmt.Fprintf(stderr, "outbox-bench: %v\n", err)
+			return 2
+		}
+		cfg.Only = only
+	}
 
 	rep, err := measure(ctx, cfg, stderr)
 	if err != nil {
@@ -138,40 +178,60 @@ func measure(ctx context.Context, cfg Config, logw io.Writer) (*Report, error) {
 	rep := &Report{Date: time.Now().UTC().Format(time.RFC3339), Machine: machine(), Config: cfg}
 	add := func(rs ...Result) { rep.Results = append(rep.Results, rs...) }
 
-	r1, r7, err := e.measureConcurrent(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("target 1: %w", err)
+	var r7 Result
+	if cfg.wants(1, 7) {
+		r1, r, err := e.measureConcurrent(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("target 1: %w", err)
+		}
+		add(r1)
+		r7 = r
 	}
-	add(r1)
-	r2, r3, err := e.measureSequential(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("targets 2 and 3: %w", err)
+	if cfg.wants(2, 3) {
+		r2, r3, err := e.measureSequential(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("targets 2 and 3: %w", err)
+		}
+		add(r2, r3)
 	}
-	add(r2, r3)
-	r4, err := e.measureDelivery(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("target 4: %w", err)
+	if cfg.wants(4) {
+		r4, err := e.measureDelivery(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("target 4: %w", err)
+		}
+		add(r4)
 	}
-	add(r4)
 
-	e.logf("seeding %s calls with %s pending effects", group(int64(cfg.History)), group(int64(cfg.Pending)))
-	big, err := e.seedHistory(ctx, "history.db", cfg.History, cfg.Pending)
-	if err != nil {
-		return nil, err
+	if cfg.wants(5, 6, 7) {
+		e.logf("seeding %s calls with %s pending effects", group(int64(cfg.History)), group(int64(cfg.Pending)))
+		big, err := e.seedHistory(ctx, "history.db", cfg.History, cfg.Pending)
+		if err != nil {
+			return nil, err
+		}
+		if cfg.wants(6) {
+			r6, err := e.measureStatus(ctx, big)
+			if err != nil {
+				return nil, fmt.Errorf("target 6: %w", err)
+			}
+			add(r6)
+		}
+		if cfg.wants(5) {
+			r5, err := e.measureStartup(ctx, big)
+			if err != nil {
+				return nil, fmt.Errorf("target 5: %w", err)
+			}
+			add(r5)
+		}
+		if cfg.wants(7) {
+			if err := e.historyRSS(ctx, big, &r7); err != nil {
+				return nil, fmt.Errorf("target 7: %w", err)
+			}
+		}
 	}
-	r6, err := e.measureStatus(ctx, big)
-	if err != nil {
-		return nil, fmt.Errorf("target 6: %w", err)
+	if cfg.wants(7) {
+		add(r7)
 	}
-	r5, err := e.measureStartup(ctx, big)
-	if err != nil {
-		return nil, fmt.Errorf("target 5: %w", err)
-	}
-	add(r5, r6)
-	if err := e.historyRSS(ctx, big, &r7); err != nil {
-		return nil, fmt.Errorf("target 7: %w", err)
-	}
-	add(r7)
+	rep.Results = slices.DeleteFunc(rep.Results, func(r Result) bool { return !cfg.wants(r.ID) })
 	sort.Slice(rep.Results, func(i, j int) bool { return rep.Results[i].ID < rep.Results[j].ID })
 	return rep, nil
 }

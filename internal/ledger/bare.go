@@ -48,13 +48,70 @@ func (b bareTx) QueryRow(ctx context.Context, q string, args ...any) outbox.Row 
 }
 
 func (b bareTx) Enqueue(ctx context.Context, e outbox.Effect) (string, error) {
+	return insertBareEffect(ctx, b.db.Write, e)
+}
+
+// insertBareEffect queues an effect with a random key, as a server without
+// the layer would: nothing ties it to the call.
+func insertBareEffect(ctx context.Context, db interface {
+	ExecContext(context.Context, string, ...any) (sql.Result, error)
+}, e outbox.Effect) (string, error) {
 	var r [12]byte
 	_, _ = rand.Read(r[:])
 	key := "bare_" + hex.EncodeToString(r[:])
 	headers, _ := json.Marshal(e.Header)
 	now := time.Now().UnixMilli()
-	_, err := b.db.Write.ExecContext(ctx, `
+	_, err := db.ExecContext(ctx, `
 INSERT INTO effects (seq, destination, method, path, headers, body, idempotency_key, next_attempt_at, created_at, updated_at)
 VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, e.Destination, e.Method, e.Path, string(headers), e.Body, key, now, now, now)
 	return key, err
+}
+
+// RegisterBareTransactional adds the same tools to s without the layer,
+// each call in one transaction of its own on the writer connection: how a
+// careful server is written. One commit, and so one fsync, per call; nothing
+// is recorded, every call runs. It is the stricter baseline of benchmarks.
+func RegisterBareTransactional(db *schema.DB, s *mcp.Server, opts *Options) {
+	h := handlers{opts: optsOf(opts)}
+	mcp.AddTool(s, ChargeTool, inTx(db, h.charge))
+	mcp.AddTool(s, RefundTool, inTx(db, h.refund))
+	mcp.AddTool(s, BalanceTool, inTx(db, h.balance))
+}
+
+func inTx[In, Out any](db *schema.DB, h outbox.HandlerFor[In, Out]) mcp.ToolHandlerFor[In, Out] {
+	return func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
+		var zero Out
+		tx, err := db.Write.BeginTx(ctx, nil)
+		if err != nil {
+			return nil, zero, err
+		}
+		res, out, err := h(ctx, sqlTx{tx}, req, in)
+		if err != nil || (res != nil && res.IsError) {
+			_ = tx.Rollback()
+			return res, out, err
+		}
+		if err := tx.Commit(); err != nil {
+			return nil, zero, err
+		}
+		return res, out, nil
+	}
+}
+
+// sqlTx is an outbox.Tx over a plain *sql.Tx.
+type sqlTx struct{ tx *sql.Tx }
+
+func (t sqlTx) Exec(ctx context.Context, q string, args ...any) (sql.Result, error) {
+	return t.tx.ExecContext(ctx, q, args...)
+}
+
+func (t sqlTx) Query(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
+	return t.tx.QueryContext(ctx, q, args...)
+}
+
+func (t sqlTx) QueryRow(ctx context.Context, q string, args ...any) outbox.Row {
+	return t.tx.QueryRowContext(ctx, q, args...)
+}
+
+func (t sqlTx) Enqueue(ctx context.Context, e outbox.Effect) (string, error) {
+	return insertBareEffect(ctx, t.tx, e)
 }
