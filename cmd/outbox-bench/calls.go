@@ -219,7 +219,6 @@ func (e *env) measureConcurrent(ctx context.Context) (Result, Result, error) {
 	return r1, r7, nil
 }
 
-
 // measureSequential is target 2 (added median latency of one caller) and
 // target 3 (a replay against a bare call).
 func (e *env) measureSequential(ctx context.Context) (Result, Result, error) {
