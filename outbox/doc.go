@@ -13,24 +13,39 @@
 //
 // # What commits when
 //
-// A call goes through two transactions, both on the single writer connection
-// (see package schema):
+// A call goes through two steps on the single writer connection (see
+// package schema), each a unit of group commit (below):
 //
-//  1. The claim: a short transaction that finds the call's row by (principal,
-//     key), committed without an fsync of its own (the outcome's full commit
-//     makes it durable; a claim lost to a power failure forgets only a call
-//     that had committed nothing). No row, or an expired one: it inserts the row in state in_flight
-//     with this attempt as owner and a lease. A completed or failed row with the
-//     same tool and arguments: the result is replayed. Other arguments: a
-//     conflict. An in_flight row whose owner is alive: the attempt waits.
-//     An in_flight row whose owner is dead or whose lease has passed: the
-//     attempt takes the row over by writing itself as owner.
-//  2. The outcome: the handler's transaction, begun at the handler's first
+//  1. The claim finds the call's row by (principal, key). No row, or an
+//     expired one: it inserts the row in state in_flight with this attempt
+//     as owner and a lease. A completed or failed row with the same tool and
+//     arguments: the result is replayed. Other arguments: a conflict. An
+//     in_flight row whose owner is alive: the attempt waits. An in_flight
+//     row whose owner is dead or whose lease has passed: the attempt takes
+//     the row over by writing itself as owner. The claim does not wait for a
+//     commit of its own: it commits with whatever batch it rode in, at the
+//     latest with the call's outcome, and the outcome's full commit makes it
+//     durable. A claim lost to a crash only forgets a call that had
+//     committed nothing.
+//  2. The outcome: the handler's unit, begun at the handler's first
 //     statement. It first checks that the row still names this attempt as
-//     owner (the fence), runs the handler's statements and effects inside a
-//     savepoint, then writes the state and the result and commits. A handler
-//     error rolls the savepoint back and records state failed; the error is
-//     replayed like a result.
+//     owner (the fence), runs the handler's statements and effects, then
+//     writes the state and the result. A handler error rolls the handler's
+//     work back and records state failed; the error is replayed like a
+//     result. The call answers only once the commit holding its outcome is
+//     durable.
+//
+// # Group commit
+//
+// SQLite has one writer and a durable commit costs an fsync, so the writer's
+// transactions are shared: units take turns in one open transaction, each
+// inside its own SAVEPOINT, so a unit that fails rolls back only its own
+// work. A unit that ends while others wait for their turn leaves the
+// transaction open for them; the last one, or the one that reaches
+// [Options.MaxBatchCalls] or [Options.MaxBatchWait], commits it. A lone call
+// never waits for company. If a batch cannot commit (an I/O error, or a
+// statement whose ON CONFLICT ROLLBACK ended the whole transaction), none of
+// its calls is recorded and each is told so; a retry runs them.
 //
 // # States of a call row
 //

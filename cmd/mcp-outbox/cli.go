@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -174,6 +175,18 @@ func (env *environment) envDuration(name string, def time.Duration) (time.Durati
 		return 0, usagef("%s=%q: %v", name, v, err)
 	}
 	return d, nil
+}
+
+func (env *environment) envInt(name string, def int) (int, error) {
+	v := env.getenv(name)
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return 0, usagef("%s=%q: not a whole number", name, v)
+	}
+	return n, nil
 }
 
 // envPrefixed returns NAME=value pairs of variables starting with prefix,

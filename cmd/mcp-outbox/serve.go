@@ -50,6 +50,8 @@ type appConfig struct {
 	fingerprint  time.Duration
 	inFlightWait time.Duration
 	lease        time.Duration
+	batchCalls   int
+	batchWait    time.Duration
 	retention    outbox.Retention
 	bare         bool
 	logLevel     string
@@ -100,6 +102,18 @@ func (cfg *appConfig) flags(env *environment, fs *flag.FlagSet) error {
 	}
 	fs.DurationVar(&cfg.lease, "lease", lease,
 		"how long a running call's claim keeps other processes on the same database from taking it over; 0 means the default [MCP_OUTBOX_LEASE]")
+	batchCalls, err := env.envInt("MCP_OUTBOX_BATCH_CALLS", outbox.DefaultMaxBatchCalls)
+	if err != nil {
+		return err
+	}
+	fs.IntVar(&cfg.batchCalls, "batch-calls", batchCalls,
+		"group commit: at most this many calls share one commit; 1 gives each call its own [MCP_OUTBOX_BATCH_CALLS]")
+	batchWait, err := env.envDuration("MCP_OUTBOX_BATCH_WAIT", outbox.DefaultMaxBatchWait)
+	if err != nil {
+		return err
+	}
+	fs.DurationVar(&cfg.batchWait, "batch-wait", batchWait,
+		"group commit: a batch stops taking calls this long after it began; no call waits for others to arrive [MCP_OUTBOX_BATCH_WAIT]")
 	for _, ttl := range []struct {
 		d         *time.Duration
 		flag, env string
@@ -150,10 +164,13 @@ func openStore(ctx context.Context, env *environment, cfg *appConfig) (*app, err
 		flag string
 		v    time.Duration
 	}{{"fingerprint-window", cfg.fingerprint}, {"in-flight-wait", cfg.inFlightWait}, {"demo-delay", cfg.demoDelay}, {"lease", cfg.lease},
-		{"calls-ttl", cfg.retention.Calls}, {"delivered-ttl", cfg.retention.Delivered}} {
+		{"calls-ttl", cfg.retention.Calls}, {"delivered-ttl", cfg.retention.Delivered}, {"batch-wait", cfg.batchWait}} {
 		if d.v < 0 {
 			return nil, usagef("--%s %v: must not be negative", d.flag, d.v)
 		}
+	}
+	if cfg.batchCalls < 0 {
+		return nil, usagef("--batch-calls %d: must not be negative", cfg.batchCalls)
 	}
 	logger := cfg.logger
 	if logger == nil {
@@ -174,7 +191,8 @@ func openStore(ctx context.Context, env *environment, cfg *appConfig) (*app, err
 	if window == 0 {
 		window = outbox.FingerprintOff
 	}
-	a.layer, err = outbox.New(db, &outbox.Options{Logger: logger, FingerprintWindow: window, InFlightWait: cfg.inFlightWait, Lease: cfg.lease, KeyRetention: cfg.retention.Calls, Metrics: a.metrics, LogSensitive: cfg.logSensitive})
+	a.layer, err = outbox.New(db, &outbox.Options{Logger: logger, FingerprintWindow: window, InFlightWait: cfg.inFlightWait, Lease: cfg.lease, KeyRetention: cfg.retention.Calls, Metrics: a.metrics, LogSensitive: cfg.logSensitive,
+		MaxBatchCalls: cfg.batchCalls, MaxBatchWait: cfg.batchWait})
 	if err != nil {
 		db.Close()
 		return nil, err
