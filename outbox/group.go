@@ -107,7 +107,7 @@ func (g *groupCommit) enter(ctx context.Context, durable bool) (*unit, error) {
 	}
 	u, err := g.join(ctx, durable)
 	if err != nil {
-		g.passTurn()
+		g.yieldTurn()
 		return nil, err
 	}
 	return u, nil
@@ -130,10 +130,10 @@ func (g *groupCommit) takeTurn(ctx context.Context) error {
 	}
 	g.mu.Lock()
 	if w.granted {
-		// Granted while giving up: pass it on, or the batch would stay open
-		// with nobody to commit it.
+		// Granted while giving up: the open batch is now this goroutine's
+		// to pass on or commit, or its units would wait for ever.
 		g.mu.Unlock()
-		g.passTurn()
+		g.yieldTurn()
 		return ctx.Err()
 	}
 	for i, q := range g.queue {
@@ -305,6 +305,23 @@ func (g *groupCommit) finish(b *batch) {
 		g.onCommit(b.calls)
 	}
 	close(b.done)
+}
+
+// yieldTurn gives up the turn without a unit: to the first waiter, who
+// takes over the open batch, or, with nobody waiting, after committing the
+// open batch, which nobody else would.
+func (g *groupCommit) yieldTurn() {
+	g.mu.Lock()
+	if len(g.queue) > 0 {
+		g.grantLocked()
+		g.mu.Unlock()
+		return
+	}
+	g.mu.Unlock()
+	if g.open != nil {
+		g.finish(g.open)
+	}
+	g.passTurn()
 }
 
 // passTurn gives the turn to the first waiter, or frees it.

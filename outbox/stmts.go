@@ -63,6 +63,9 @@ func (c *stmtCache) prepare(ctx context.Context) {
 	c.mu.Unlock()
 	for _, q := range queries {
 		st, err := c.db.PrepareContext(ctx, q)
+		if err != nil && ctx.Err() != nil {
+			return // the caller gave up; try again at the next batch
+		}
 		if err != nil {
 			// A statement that does not prepare (a handler's syntax error)
 			// keeps running unprepared and reports its error each time.

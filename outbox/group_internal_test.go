@@ -1,0 +1,116 @@
+package outbox
+
+import (
+	"context"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/mcp-outbox/mcp-outbox/schema"
+)
+
+func openGroup(t *testing.T) *groupCommit {
+	t.Helper()
+	db, err := schema.Open(context.Background(), filepath.Join(t.TempDir(), "g.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	if _, err := db.Write.Exec(`CREATE TABLE t (v INTEGER)`); err != nil {
+		t.Fatal(err)
+	}
+	return newGroupCommit(db, DefaultMaxBatchCalls, time.Hour, time.Now)
+}
+
+// committed waits for b's outcome; a batch left open with nobody to commit
+// it never gets one, which fails the test instead of hanging it.
+func committed(t *testing.T, b *batch) {
+	t.Helper()
+	select {
+	case <-b.done:
+		if b.err != nil {
+			t.Fatalf("batch: %v", b.err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the batch was never committed")
+	}
+}
+
+// A unit that ends while another waits leaves the batch open for it. If the
+// waiter gives up at that moment (its context ends as the turn reaches it),
+// it must still commit the batch, or the first unit waits for ever.
+func TestGroupCommit_WaiterGivingUpCommits(t *testing.T) {
+	g := openGroup(t)
+	for i := range 200 {
+		first, err := g.enter(context.Background(), true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := first.exec(`INSERT INTO t VALUES (?)`, i); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		gaveUp := make(chan error, 1)
+		go func() {
+			u, err := g.enter(ctx, true)
+			if err == nil {
+				u.leave(false)
+			}
+			gaveUp <- err
+		}()
+		deadline := time.Now().Add(10 * time.Second)
+		for g.waiting() == 0 {
+			if time.Now().After(deadline) {
+				t.Fatal("the second unit never queued")
+			}
+			time.Sleep(time.Millisecond) // polling interval
+		}
+		// The waiter's context ends as the first unit leaves: either the
+		// waiter leaves the queue first and the first unit commits, or the
+		// turn and the open batch reach a waiter that is giving up.
+		cancel()
+		b := first.leave(true)
+		committed(t, b)
+		<-gaveUp
+	}
+	var n int
+	if err := g.db.Read.QueryRow(`SELECT count(*) FROM t`).Scan(&n); err != nil || n != 200 {
+		t.Fatalf("rows = %d, %v; want 200", n, err)
+	}
+}
+
+// A statement seen while a batch holds the writer runs unprepared; the next
+// batch prepares it. A context that ends while preparing leaves it to try
+// again, rather than marking it as not preparable.
+func TestStmtCache_PreparesBetweenBatches(t *testing.T) {
+	g := openGroup(t)
+	const q = `INSERT INTO t VALUES (?)`
+	for i := range 3 {
+		u, err := g.enter(context.Background(), true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := u.exec(q, i); err != nil {
+			t.Fatal(err)
+		}
+		committed(t, u.leave(true))
+	}
+	g.stmts.mu.Lock()
+	st, ok := g.stmts.stmts[q]
+	g.stmts.mu.Unlock()
+	if !ok || st == nil {
+		t.Fatalf("statement not prepared after two batches")
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	g.stmts.lookup(`SELECT count(*) FROM t`)
+	g.stmts.prepare(ctx)
+	g.stmts.mu.Lock()
+	_, cached := g.stmts.stmts[`SELECT count(*) FROM t`]
+	pending := g.stmts.pending[`SELECT count(*) FROM t`]
+	g.stmts.mu.Unlock()
+	if cached || !pending {
+		t.Errorf("after a cancelled prepare: cached %v, pending %v; want it pending", cached, pending)
+	}
+}
