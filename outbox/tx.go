@@ -56,6 +56,10 @@ type Effect struct {
 // old attempt can no longer commit.
 var ErrOwnershipLost = errors.New("outbox: call was taken over by another attempt")
 
+// errClaimGone: the attempt's claim no longer exists when its handler
+// begins.
+var errClaimGone = errors.New("the call's claim is gone")
+
 // txError marks errors from the database under a handler: they are never
 // recorded as the call's outcome.
 type txError struct{ err error }
@@ -104,7 +108,12 @@ func (a *attempt) openTx(ctx context.Context) error {
 	if a.recorded() {
 		var owner, state string
 		err := u.queryRow(`SELECT owner, state FROM calls WHERE id = ?`, a.callID).Scan(&owner, &state)
-		if errors.Is(err, sql.ErrNoRows) || (err == nil && (owner != a.owner || state != "in_flight")) {
+		if errors.Is(err, sql.ErrNoRows) {
+			// The claim is gone: the batch it rode in did not commit, or an
+			// operator cleared it. Nobody else owns the call: a retry runs it.
+			return errClaimGone
+		}
+		if err == nil && (owner != a.owner || state != "in_flight") {
 			return ErrOwnershipLost
 		}
 		if err != nil {
