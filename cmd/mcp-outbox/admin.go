@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -151,26 +152,35 @@ func (h *adminHandler) summary(w http.ResponseWriter, r *http.Request) {
 // a misspelt filter would otherwise list everything.
 var listParams = []string{"state", "dest", "limit"}
 
-func (h *adminHandler) list(w http.ResponseWriter, r *http.Request) {
+// listQuery reads a list endpoint's query: only the parameters allowed,
+// each at most once, and a limit from 1 to maxListLimit (default
+// defaultListLimit).
+func listQuery(r *http.Request, allowed ...string) (url.Values, int, error) {
 	q := r.URL.Query()
 	for k, v := range q {
-		if !slices.Contains(listParams, k) {
-			h.fail(w, r, badInputf("unknown parameter %q (want %s)", k, strings.Join(listParams, ", ")))
-			return
+		if !slices.Contains(allowed, k) {
+			return nil, 0, badInputf("unknown parameter %q (want %s)", k, strings.Join(allowed, ", "))
 		}
 		if len(v) > 1 {
-			h.fail(w, r, badInputf("parameter %q given %d times", k, len(v)))
-			return
+			return nil, 0, badInputf("parameter %q given %d times", k, len(v))
 		}
 	}
 	limit := defaultListLimit
 	if s := q.Get("limit"); s != "" {
 		n, err := strconv.Atoi(s)
-		if err != nil {
-			h.fail(w, r, badInputf("limit %q: want a number from 1 to %d", s, maxListLimit))
-			return
+		if err != nil || n < 1 || n > maxListLimit {
+			return nil, 0, badInputf("limit %q: want a number from 1 to %d", s, maxListLimit)
 		}
 		limit = n
+	}
+	return q, limit, nil
+}
+
+func (h *adminHandler) list(w http.ResponseWriter, r *http.Request) {
+	q, limit, err := listQuery(r, listParams...)
+	if err != nil {
+		h.fail(w, r, err)
+		return
 	}
 	f, err := effectFilter(q.Get("state"), q.Get("dest"), limit)
 	if err != nil {
@@ -251,25 +261,10 @@ func (h *adminHandler) action(a effectAction) http.HandlerFunc {
 }
 
 func (h *adminHandler) unknownCalls(w http.ResponseWriter, r *http.Request) {
-	q := r.URL.Query()
-	for k, v := range q {
-		if k != "limit" {
-			h.fail(w, r, badInputf("unknown parameter %q (want limit)", k))
-			return
-		}
-		if len(v) > 1 {
-			h.fail(w, r, badInputf("parameter %q given %d times", k, len(v)))
-			return
-		}
-	}
-	limit := defaultListLimit
-	if s := q.Get("limit"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 || n > maxListLimit {
-			h.fail(w, r, badInputf("limit %q: want a number from 1 to %d", s, maxListLimit))
-			return
-		}
-		limit = n
+	_, limit, err := listQuery(r, "limit")
+	if err != nil {
+		h.fail(w, r, err)
+		return
 	}
 	calls, err := query.ListUnknownCalls(r.Context(), h.db.Read, limit)
 	if err != nil {
