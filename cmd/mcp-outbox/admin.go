@@ -287,9 +287,7 @@ func (h *adminHandler) resolveCall(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	if body.Principal == "" {
-		body.Principal = outbox.LocalPrincipal
-	}
+	body.Principal = outbox.ParsePrincipal(body.Principal)
 	res, err := resolveUnknownCall(r.Context(), h.db, body.Principal, body.Key, body.Outcome, body.Note)
 	if err != nil {
 		h.fail(w, r, err)

@@ -273,9 +273,11 @@ func TestCLIStatus(t *testing.T) {
 	})
 
 	t.Run("another principal", func(t *testing.T) {
-		st := lookup(t, nil, "--db", dbPath, "--principal", "user:mallory", "status-1")
-		if st["state"] != "not_found" {
-			t.Errorf("another principal sees the call: %v", st)
+		for _, p := range []string{"user:mallory", "mallory"} {
+			st := lookup(t, nil, "--db", dbPath, "--principal", p, "status-1")
+			if st["state"] != "not_found" {
+				t.Errorf("another principal (%s) sees the call: %v", p, st)
+			}
 		}
 	})
 }

@@ -787,7 +787,7 @@ func runOutboxCalls(ctx context.Context, env *environment, s outboxSub, args []s
 func runOutboxResolveCall(ctx context.Context, env *environment, s outboxSub, args []string) error {
 	fs, dbPath := subFlags(env, s)
 	key := fs.String("key", "", "the idempotency `key` of the call")
-	principal := fs.String("principal", outbox.LocalPrincipal, "whose call it is")
+	principal := fs.String("principal", outbox.LocalPrincipal, "whose call it is: local, or a token's principal (alice or user:alice)")
 	outcome := fs.String("outcome", "", "what you found out: "+strings.Join(callOutcomeNames(), ", "))
 	note := fs.String("note", "", "what you found, recorded in the call's result (at most 1000 bytes)")
 	pos, err := parseInterspersed(fs, args)
@@ -796,6 +796,9 @@ func runOutboxResolveCall(ctx context.Context, env *environment, s outboxSub, ar
 	}
 	if len(pos) > 0 {
 		return usagef("resolve-call: unexpected argument %q (give the key with --key)", pos[0])
+	}
+	if *principal != "" { // an explicit empty principal is refused below
+		*principal = outbox.ParsePrincipal(*principal)
 	}
 	if err := checkResolveCall(*principal, *key, *outcome, *note); err != nil {
 		return cliError(err)

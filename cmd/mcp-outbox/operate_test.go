@@ -604,7 +604,7 @@ func TestOutboxCLIUnknownCalls(t *testing.T) {
 			res != `{"content":[{"type":"text","text":"[resolved by an operator] charge ch_1 is at the processor"}]}` {
 			t.Errorf("lost-1: %s %s", s, res)
 		}
-		r = runCLI(t, vars, "outbox", "resolve-call", "--key", "lost-1", "--principal", "user:alice", "--outcome", "failed")
+		r = runCLI(t, vars, "outbox", "resolve-call", "--key", "lost-1", "--principal", "alice", "--outcome", "failed")
 		if r.code != 0 || !strings.Contains(r.stdout, "now failed") {
 			t.Fatalf("resolve-call failed: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 		}

@@ -21,12 +21,13 @@ state of each of its effects. Prints JSON.
 
 A call made without an idempotency key is found by its tool and exact
 arguments. Keys are per principal: calls over stdio and unauthenticated HTTP
-belong to the principal "local".`
+belong to the principal "local", calls with a token to the token's principal
+(--principal alice; stored as user:alice, which is accepted too).`
 
 func runStatus(ctx context.Context, env *environment, args []string) error {
 	fs := newFlagSet(env, "status", statusUsage)
 	db := fs.String("db", env.envDefault("MCP_OUTBOX_DB", "./mcp-outbox.db"), "SQLite database `file` [MCP_OUTBOX_DB]")
-	principal := fs.String("principal", outbox.LocalPrincipal, "whose call to look up")
+	principal := fs.String("principal", outbox.LocalPrincipal, "whose call to look up: local, or a token's principal (alice or user:alice)")
 	tool := fs.String("tool", "", "for a call without a key: the tool's name")
 	argsJSON := fs.String("args", "{}", "for a call without a key: its arguments as JSON")
 	if err := parseFlags(fs, args); err != nil {
@@ -48,6 +49,10 @@ func runStatus(ctx context.Context, env *environment, args []string) error {
 		return err
 	}
 	defer d.Close()
+	if *principal == "" {
+		return usagef("--principal: empty")
+	}
+	*principal = outbox.ParsePrincipal(*principal)
 	var st *query.Status
 	if key != "" {
 		st, err = query.Lookup(ctx, d.Read, *principal, key, time.Now())
