@@ -14,7 +14,9 @@ import (
 	"html/template"
 	"io/fs"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"slices"
 	"strconv"
@@ -41,7 +43,9 @@ import (
 //	POST /lookup                    the page, with one call looked up by key
 //	POST /effects/{id}/{action}     retry, cancel or resolve (form field outcome)
 //	POST /effects/retry-dead        retry every dead effect
+//	POST /calls/{id}/resolve        settle an unknown call (page_calls.go)
 //	GET  /login, POST /login        exchange the admin token for a session cookie
+//	                                (failed attempts limited per client address)
 //	POST /logout                    end the session
 //	GET  /static/page.css
 
@@ -100,6 +104,13 @@ const (
 	maxPageSessions  = 1000
 	pageSessionBytes = 32
 	pageCookie       = "mcp_outbox_session"
+	// After maxLoginFailures wrong tokens from one client within
+	// loginWindow of the first, its logins are refused with 429 until the
+	// window ends, the token unchecked. At most maxLoginClients addresses
+	// are tracked.
+	maxLoginFailures = 5
+	loginWindow      = time.Minute
+	maxLoginClients  = 1000
 )
 
 // pageHandler serves the operator page for one database.
@@ -108,6 +119,9 @@ type pageHandler struct {
 	logger   *slog.Logger
 	auth     *authConfig // nil or without an admin token: loopback only
 	sessions pageSessions
+	logins   loginLimiter
+	// now is the clock of sessions and the login limit; tests replace it.
+	now func() time.Time
 	// flashKey signs the messages that actions redirect with, so that a link
 	// from elsewhere cannot make the page claim that something happened.
 	flashKey []byte
@@ -116,12 +130,16 @@ type pageHandler struct {
 func newPageHandler(db *schema.DB, logger *slog.Logger, ac *authConfig) *pageHandler {
 	key := make([]byte, 32)
 	rand.Read(key) // never fails (crypto/rand panics rather than return an error)
-	return &pageHandler{db: db, logger: logger, auth: ac, flashKey: key, sessions: pageSessions{byHash: map[[32]byte]time.Time{}}}
+	return &pageHandler{db: db, logger: logger, auth: ac, flashKey: key, now: time.Now,
+		sessions: pageSessions{byHash: map[[32]byte]time.Time{}}, logins: loginLimiter{byClient: map[string]loginFailures{}}}
 }
 
 // mountPage adds the page's routes to serve's router.
 func mountPage(r chi.Router, db *schema.DB, logger *slog.Logger, ac *authConfig) {
-	p := newPageHandler(db, logger, ac)
+	newPageHandler(db, logger, ac).mount(r)
+}
+
+func (p *pageHandler) mount(r chi.Router) {
 	css, err := fs.ReadFile(pageFiles, "page/page.css")
 	if err != nil {
 		panic(err) // embedded at build time
@@ -140,6 +158,7 @@ func mountPage(r chi.Router, db *schema.DB, logger *slog.Logger, ac *authConfig)
 	for _, a := range effectActions {
 		r.Post("/effects/{id}/"+a.name, p.guard(p.action(a)))
 	}
+	r.Post("/calls/{id}/resolve", p.guard(p.resolveCall))
 }
 
 // guard applies the admin API's rule (adminGuard) to a page request, with
@@ -150,7 +169,7 @@ func mountPage(r chi.Router, db *schema.DB, logger *slog.Logger, ac *authConfig)
 func (p *pageHandler) guard(next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if p.tokenRequired() {
-			if !p.auth.checkAdminToken(r) && !p.sessions.valid(sessionCookie(r), time.Now()) {
+			if !p.auth.checkAdminToken(r) && !p.sessions.valid(sessionCookie(r), p.now()) {
 				if r.Method == http.MethodGet {
 					http.Redirect(w, r, "/login", http.StatusSeeOther)
 					return
@@ -271,7 +290,7 @@ func setSessionCookie(w http.ResponseWriter, r *http.Request, value string, maxA
 }
 
 func (p *pageHandler) loginForm(w http.ResponseWriter, r *http.Request) {
-	if !p.tokenRequired() || p.sessions.valid(sessionCookie(r), time.Now()) {
+	if !p.tokenRequired() || p.sessions.valid(sessionCookie(r), p.now()) {
 		http.Redirect(w, r, "/", http.StatusSeeOther)
 		return
 	}
@@ -289,6 +308,14 @@ func (p *pageHandler) login(w http.ResponseWriter, r *http.Request) {
 		p.errorPage(w, http.StatusForbidden, err.Error())
 		return
 	}
+	now, client := p.now(), loginClient(r)
+	if wait := p.logins.blocked(client, now); wait > 0 {
+		secs := int((wait + time.Second - 1) / time.Second)
+		w.Header().Set("Retry-After", strconv.Itoa(secs))
+		p.render(w, http.StatusTooManyRequests, "login", loginData{Error: fmt.Sprintf(
+			"Too many failed logins from this address: wait %d seconds, then try again.", secs)})
+		return
+	}
 	form, err := readPageForm(w, r, "token")
 	if err != nil {
 		p.render(w, http.StatusBadRequest, "login", loginData{Error: err.Error()})
@@ -298,12 +325,107 @@ func (p *pageHandler) login(w http.ResponseWriter, r *http.Request) {
 		// Repeated refusals in the log are how an operator sees someone
 		// guessing.
 		p.logger.Warn("operator page login refused", "remote", r.RemoteAddr)
+		if p.logins.fail(client, now) {
+			p.logger.Warn("operator page logins refused for a while", "client", client,
+				"failures", maxLoginFailures, "for", loginWindow.String())
+		}
 		p.render(w, http.StatusUnauthorized, "login", loginData{Error: "That is not the admin token."})
 		return
 	}
-	setSessionCookie(w, r, p.sessions.create(time.Now()), int(pageSessionTTL.Seconds()))
+	setSessionCookie(w, r, p.sessions.create(now), int(pageSessionTTL.Seconds()))
 	p.logger.Info("operator page login", "remote", r.RemoteAddr)
 	http.Redirect(w, r, "/", http.StatusSeeOther)
+}
+
+// loginClient is whom failed logins are counted against: the TCP peer's
+// address, never a header a client could set (X-Forwarded-For), so that
+// behind a reverse proxy every client counts as the proxy. An IPv6 client
+// counts as its /64, which one host usually has to itself.
+func loginClient(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		host = r.RemoteAddr
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
+		return host
+	}
+	if ip = ip.Unmap(); ip.Is6() {
+		return netip.PrefixFrom(ip.WithZone(""), 64).Masked().String()
+	}
+	return ip.String()
+}
+
+// loginLimiter counts failed logins per client in fixed windows: the first
+// failure opens a window of loginWindow; maxLoginFailures in it close the
+// login to that client until it ends. A successful login neither counts nor
+// resets the count. The table is bounded: when full, ended windows go
+// first, then the oldest.
+type loginLimiter struct {
+	mu       sync.Mutex
+	byClient map[string]loginFailures
+}
+
+type loginFailures struct {
+	since time.Time // the first failure of the window
+	n     int
+}
+
+// blocked says how long client must wait before its next login attempt is
+// looked at; zero when it may try now.
+func (l *loginLimiter) blocked(client string, now time.Time) time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	f, ok := l.byClient[client]
+	if !ok {
+		return 0
+	}
+	end := f.since.Add(loginWindow)
+	if !end.After(now) {
+		delete(l.byClient, client)
+		return 0
+	}
+	if f.n < maxLoginFailures {
+		return 0
+	}
+	return end.Sub(now)
+}
+
+// fail counts a failed login of client and reports whether it reached the
+// limit.
+func (l *loginLimiter) fail(client string, now time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	f, ok := l.byClient[client]
+	if !ok || !f.since.Add(loginWindow).After(now) {
+		if !ok && len(l.byClient) >= maxLoginClients {
+			l.evict(now)
+		}
+		f = loginFailures{since: now}
+	}
+	f.n++
+	l.byClient[client] = f
+	return f.n == maxLoginFailures
+}
+
+// evict drops the ended windows and, if none had ended, the oldest one: a
+// client that floods the table from many addresses gains the attempts it
+// could make from them anyway.
+func (l *loginLimiter) evict(now time.Time) {
+	var oldest string
+	var oldestSince time.Time
+	for c, f := range l.byClient {
+		if !f.since.Add(loginWindow).After(now) {
+			delete(l.byClient, c)
+			continue
+		}
+		if oldestSince.IsZero() || f.since.Before(oldestSince) {
+			oldest, oldestSince = c, f.since
+		}
+	}
+	if len(l.byClient) >= maxLoginClients {
+		delete(l.byClient, oldest)
+	}
 }
 
 func (p *pageHandler) logout(w http.ResponseWriter, r *http.Request) {
@@ -350,9 +472,11 @@ type indexData struct {
 	Summary  effectSummary
 	ByDest   []query.DestinationCounts
 	Stuck    []query.StuckEffect
-	Calls    []query.CallRow
-	Chart    chart
-	Lookup   *lookupResult
+	// UnknownCalls are the newest of Summary.UnknownCalls.
+	UnknownCalls []pageUnknownCall
+	Calls        []query.CallRow
+	Chart        chart
+	Lookup       *lookupResult
 }
 
 type lookupResult struct {
@@ -403,6 +527,9 @@ func (p *pageHandler) read(ctx context.Context, d *indexData, window chartWindow
 	if d.Stuck, err = query.ListStuckEffects(ctx, p.db.Read, pageStuckLimit); err != nil {
 		return err
 	}
+	if d.UnknownCalls, err = listPageUnknownCalls(ctx, p.db.Read, pageUnknownCallsLimit); err != nil {
+		return err
+	}
 	if d.Calls, err = query.RecentCalls(ctx, p.db.Read, pageCallsLimit); err != nil {
 		return err
 	}
@@ -435,14 +562,11 @@ func (p *pageHandler) lookupCall(w http.ResponseWriter, r *http.Request) {
 
 // findCall looks up the call res names and fills in the rest of res.
 func (p *pageHandler) findCall(ctx context.Context, res *lookupResult) error {
-	principal := res.Principal
-	if principal == "" {
-		principal = outbox.LocalPrincipal
-	}
-	// A principal is stored as the calls table shows it: local, or user:
-	// and the name in the tokens file.
+	// local, a token's principal (alice), or as the calls table stores it
+	// (user:alice).
+	principal := outbox.ParsePrincipal(res.Principal)
 	if len(principal) > maxPagePrincipal || strings.ContainsFunc(principal, unicode.IsControl) {
-		return badInputf("principal %q: want the principal as the calls table shows it, such as local or user:alice", shorten(principal, 40))
+		return badInputf("principal %q: want local, or a token's principal such as alice", shorten(res.Principal, 40))
 	}
 	if res.Key == "" {
 		return badInputf("give the call's idempotency key")
@@ -524,7 +648,8 @@ func (p *pageHandler) retryDead(w http.ResponseWriter, r *http.Request) {
 
 func (p *pageHandler) redirectFailed(w http.ResponseWriter, r *http.Request, action string, err error) {
 	var known *stateError
-	if !errors.As(err, new(badInput)) && !errors.As(err, &known) && !errors.Is(err, outbox.ErrNoEffect) {
+	if !errors.As(err, new(badInput)) && !errors.As(err, &known) && !errors.Is(err, outbox.ErrNoEffect) &&
+		!errors.Is(err, outbox.ErrNoCall) && !errors.Is(err, outbox.ErrCallNotUnknown) {
 		p.logger.Error("operator page action failed", "action", action, "error", err)
 	}
 	p.redirectFlash(w, r, flashFailed, fmt.Sprintf("%s refused: %v", action, err))

@@ -10,6 +10,7 @@ import (
 	"html"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -17,10 +18,12 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/go-chi/chi/v5"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/downstream"
@@ -47,7 +50,28 @@ func newPageServer(t *testing.T, path string, ac *authConfig) *pageServer {
 	t.Cleanup(func() { db.Close() })
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	a := &app{db: db, server: mcp.NewServer(&mcp.Implementation{Name: "page-test", Version: "v0"}, nil), logger: logger, auth: ac}
-	s := &pageServer{router: newRouter(a, logger)}
+	return startPageServer(t, newRouter(a, logger))
+}
+
+// newPageOnlyServer is the page alone on a real loopback listener, with
+// its handler set up by configure first (a clock of the test's).
+func newPageOnlyServer(t *testing.T, path string, ac *authConfig, configure func(*pageHandler)) *pageServer {
+	t.Helper()
+	db, err := schema.Open(context.Background(), path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	p := newPageHandler(db, slog.New(slog.NewTextHandler(io.Discard, nil)), ac)
+	configure(p)
+	r := chi.NewRouter()
+	p.mount(r)
+	return startPageServer(t, r)
+}
+
+func startPageServer(t *testing.T, router http.Handler) *pageServer {
+	t.Helper()
+	s := &pageServer{router: router}
 	srv := httptest.NewServer(s.router)
 	t.Cleanup(srv.Close)
 	s.url = srv.URL
@@ -336,7 +360,7 @@ func TestPageCrossOrigin(t *testing.T) {
 		{"same-site but another origin", []func(*http.Request){header("Sec-Fetch-Site", "same-site")}},
 		{"same-origin fetch, foreign Origin", []func(*http.Request){header("Sec-Fetch-Site", "same-origin"), header("Origin", "http://attacker.example")}},
 	} {
-		for _, target := range []string{"/effects/4/cancel", "/effects/retry-dead", "/lookup", "/logout"} {
+		for _, target := range []string{"/effects/4/cancel", "/effects/retry-dead", "/lookup", "/logout", "/calls/1/resolve"} {
 			r := s.post(t, target, nil, tc.mods...)
 			if r.status != http.StatusForbidden || !strings.Contains(r.body, "cross-origin request refused") {
 				t.Errorf("%s, POST %s: %d, want 403 cross-origin refusal", tc.name, target, r.status)
@@ -525,6 +549,425 @@ func TestPageSessions(t *testing.T) {
 	}
 }
 
+// addPageUnknownCall adds an unknown call as addUnknownCall does, with a
+// call id like the layer's (addUnknownCall's holds the key, which the
+// page shows nowhere) and the time it became unknown (0: not recorded), and
+// returns its row id.
+func addPageUnknownCall(t *testing.T, db *sql.DB, principal, key string, created, unknownAt int64) int64 {
+	t.Helper()
+	addUnknownCall(t, db, principal, key, created)
+	uid := "call_" + sha256Hex(principal + "\x00" + key)[:24]
+	var at any
+	if unknownAt != 0 {
+		at = unknownAt
+	}
+	var id int64
+	err := db.QueryRow(`UPDATE calls SET uid = ?, completed_at = ? WHERE principal = ? AND key = ? RETURNING id`, uid, at, principal, key).Scan(&id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// callRow is the whole of a call's row but its identity, to compare.
+type callRow struct {
+	state, owner           string
+	leaseUntil, attempts   int64
+	result                 sql.NullString
+	completed, keptFor     sql.NullInt64 // keptFor: expires_at - completed_at
+	createdAt, expiresAtMS int64
+}
+
+// settled is the row without the times of its settlement, which differ
+// between two calls settled one after the other.
+func (c callRow) settled() callRow {
+	c.completed.Int64, c.expiresAtMS = 0, 0
+	return c
+}
+
+func readCallRow(t *testing.T, db *sql.DB, id int64) (callRow, bool) {
+	t.Helper()
+	var c callRow
+	err := db.QueryRow(`SELECT state, owner, lease_until, attempts, result, completed_at, expires_at - completed_at, created_at, expires_at
+FROM calls WHERE id = ?`, id).Scan(&c.state, &c.owner, &c.leaseUntil, &c.attempts, &c.result, &c.completed, &c.keptFor, &c.createdAt, &c.expiresAtMS)
+	if errors.Is(err, sql.ErrNoRows) {
+		return c, false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, true
+}
+
+// TestPageUnknownCalls: the page lists unknown calls newest first, at most
+// pageUnknownCallsLimit of them, with the total, each named by its key's
+// hash and with a form to settle it; without any it says so.
+func TestPageUnknownCalls(t *testing.T) {
+	t.Parallel()
+	path, db := newEffectsDB(t, 1) // call operate-1 is completed
+	s := newPageServer(t, path, nil)
+	r := s.get(t, "/")
+	wantContains(t, "no unknown calls", r.body, `<section class="card" id="unknown-calls">`, "None: every forwarded call has its outcome.")
+	if strings.Contains(r.raw, `action="/calls/`) {
+		t.Error("a settle form without unknown calls")
+	}
+
+	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC).UnixMilli()
+	lost1 := addPageUnknownCall(t, db, "local", "lost-1", base+1000, base+1500)
+	lost2 := addPageUnknownCall(t, db, "local", "lost-2", base+2000, 0)
+	alice := addPageUnknownCall(t, db, "user:alice", "lost-1", base+3000, base+3500)
+	r = s.get(t, "/")
+	if r.status != http.StatusOK {
+		t.Fatalf("GET /: %d", r.status)
+	}
+	wantContains(t, "unknown calls", r.raw, `Unknown calls <span class="badge s-unknown">3</span>`,
+		pageKeyHash("local", "lost-1"), pageKeyHash("local", "lost-2"), pageKeyHash("user:alice", "lost-1"),
+		"call_"+sha256Hex("user:alice\x00lost-1")[:24], "<td>user:alice</td>",
+		fmt.Sprintf(`action="/calls/%d/resolve"`, lost1), `name="outcome" required`,
+		`<option value="completed">`, `<option value="failed">`, `<option value="rerun">`, `name="note" maxlength="1000"`,
+		fmt.Sprintf(`<time datetime="%s"`, time.UnixMilli(base+3500).UTC().Format(time.RFC3339Nano)),
+		`title="Its claim was found abandoned; when is not recorded">—</span>`)
+	if strings.Contains(r.body, "lost-") {
+		t.Error("the page shows a raw idempotency key")
+	}
+	// Newest first.
+	var at []int
+	for _, id := range []int64{alice, lost2, lost1} {
+		at = append(at, strings.Index(r.raw, fmt.Sprintf(`<tr id="call-%d">`, id)))
+	}
+	if at[0] < 0 || !slices.IsSorted(at) {
+		t.Errorf("rows of calls %d, %d, %d at %v: want all, newest first", alice, lost2, lost1, at)
+	}
+	if strings.Contains(r.body, "Showing the") && strings.Contains(r.body, "newest of") {
+		t.Error("a complete list says it is cut short")
+	}
+	// The completed call is not among them.
+	var done int64
+	if err := db.QueryRow(`SELECT id FROM calls WHERE key = 'operate-1'`).Scan(&done); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(r.raw, fmt.Sprintf(`id="call-%d"`, done)) {
+		t.Error("a completed call is listed as unknown")
+	}
+
+	// Bounded: the newest pageUnknownCallsLimit, and how many there are.
+	for i := range pageUnknownCallsLimit - 2 {
+		addPageUnknownCall(t, db, "local", fmt.Sprintf("more-%d", i), base+10000+int64(i), 0)
+	}
+	r = s.get(t, "/")
+	total := pageUnknownCallsLimit + 1
+	if n := strings.Count(r.raw, `<tr id="call-`); n != pageUnknownCallsLimit {
+		t.Errorf("%d unknown calls listed, want %d", n, pageUnknownCallsLimit)
+	}
+	wantContains(t, "a long list", r.body, fmt.Sprintf("Showing the %d newest of %d.", pageUnknownCallsLimit, total),
+		fmt.Sprintf(`Unknown calls <span class="badge s-unknown">%d</span>`, total))
+	if strings.Contains(r.raw, fmt.Sprintf(`id="call-%d"`, lost1)) {
+		t.Error("the oldest unknown call is listed beyond the limit")
+	}
+}
+
+// TestPageResolveCall: settling an unknown call from the page does to its
+// row what outbox.ResolveCall does, says so, and names the call without
+// its key; a settled call cannot be settled again.
+func TestPageResolveCall(t *testing.T) {
+	t.Parallel()
+	path, db := newEffectsDB(t, 1)
+	s := newPageServer(t, path, nil)
+	base := time.Now().Add(-time.Hour).UnixMilli()
+	settle := func(id int64, outcome, note string) (bool, string) {
+		t.Helper()
+		r := s.post(t, fmt.Sprintf("/calls/%d/resolve", id), url.Values{"outcome": {outcome}, "note": {note}})
+		done, msg := flashOf(t, r)
+		s.wantFlashShown(t, r)
+		if strings.Contains(r.header.Get("Location"), "lost-") || strings.Contains(msg, "lost-") {
+			t.Errorf("the redirect after settling names a raw key: %s", r.header.Get("Location"))
+		}
+		return done, msg
+	}
+	// Each call through the page has a twin (another principal, same
+	// times) settled by outbox.ResolveCall itself.
+	direct, err := schema.Open(context.Background(), path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer direct.Close()
+	for i, tc := range []struct{ outcome, note, want string }{
+		{outbox.ResolveCompleted, "  charge ch_1 is at the processor ", "was unknown, now completed."},
+		{outbox.ResolveFailed, "", "was unknown, now failed."},
+		{outbox.ResolveRerun, "", "was unknown, now forgotten: the next retry with its key runs it."},
+		{outbox.ResolveRerun, "it never arrived", "The note was not recorded"},
+	} {
+		key := fmt.Sprintf("lost-%d", i)
+		id := addPageUnknownCall(t, db, "user:alice", key, base+int64(i), base+int64(i)+500)
+		twin := addPageUnknownCall(t, db, "user:twin", key, base+int64(i), base+int64(i)+500)
+		done, msg := settle(id, tc.outcome, tc.note)
+		wantName := fmt.Sprintf("Call %d (charge of user:alice, key %s): ", id, pageKeyHash("user:alice", key))
+		if !done || !strings.HasPrefix(msg, wantName) || !strings.Contains(msg, tc.want) {
+			t.Errorf("settle %s: done %v, %q; want %q...%q", tc.outcome, done, msg, wantName, tc.want)
+		}
+		if err := outbox.ResolveCall(context.Background(), direct, "user:twin", key, tc.outcome, strings.TrimSpace(tc.note)); err != nil {
+			t.Fatal(err)
+		}
+		got, gotOK := readCallRow(t, db, id)
+		want, wantOK := readCallRow(t, db, twin)
+		if gotOK != wantOK || got.settled() != want.settled() {
+			t.Errorf("settle %s: row %+v (%v), ResolveCall made %+v (%v)", tc.outcome, got, gotOK, want, wantOK)
+		}
+		if tc.outcome == outbox.ResolveCompleted {
+			if st, res := callStateOf(t, db, "user:alice", key); st != "completed" ||
+				res != `{"content":[{"type":"text","text":"[resolved by an operator] charge ch_1 is at the processor"}]}` {
+				t.Errorf("settled as completed: %s %s", st, res)
+			}
+		}
+		if tc.outcome == outbox.ResolveRerun && gotOK {
+			t.Errorf("settled as rerun, the call is still there: %+v", got)
+		}
+		if r := s.get(t, "/"); strings.Contains(r.raw, fmt.Sprintf(`id="call-%d"`, id)) {
+			t.Errorf("settled call %d is still listed", id)
+		}
+	}
+	// Twice: refused, naming the state, and nothing changes.
+	id := addPageUnknownCall(t, db, "local", "lost-twice", base, 0)
+	if done, msg := settle(id, outbox.ResolveCompleted, "first"); !done {
+		t.Fatalf("settle: %s", msg)
+	}
+	before, _ := readCallRow(t, db, id)
+	done, msg := settle(id, outbox.ResolveFailed, "second")
+	if after, _ := readCallRow(t, db, id); done || after != before ||
+		!strings.Contains(msg, fmt.Sprintf("settle refused: Call %d (charge of local, key %s) is completed: only a call in state unknown can be resolved", id, pageKeyHash("local", "lost-twice"))) {
+		t.Errorf("settling twice: done %v, %q; row %+v -> %+v", done, msg, before, after)
+	}
+}
+
+// TestPageResolveCallRefusals: a bad id, outcome or form, a call that is
+// not unknown, a post from another origin or without a login are refused,
+// with a message or a 4xx, never a 500, and change no call.
+func TestPageResolveCallRefusals(t *testing.T) {
+	t.Parallel()
+	adminToken, _ := newTokenFor(t, "admin")
+	path, db := newEffectsDB(t, 1) // call operate-1 is completed
+	base := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC).UnixMilli()
+	lost := addPageUnknownCall(t, db, "local", "lost-1", base, base+1)
+	var done int64
+	if err := db.QueryRow(`SELECT id FROM calls WHERE key = 'operate-1'`).Scan(&done); err != nil {
+		t.Fatal(err)
+	}
+	snapshot := func() map[int64]callRow {
+		out := map[int64]callRow{}
+		for _, id := range []int64{lost, done} {
+			out[id], _ = readCallRow(t, db, id)
+		}
+		return out
+	}
+	before := snapshot()
+
+	s := newPageServer(t, path, nil)
+	target := fmt.Sprintf("/calls/%d/resolve", lost)
+	form := func(kv ...string) url.Values {
+		v := url.Values{}
+		for i := 0; i < len(kv); i += 2 {
+			v.Add(kv[i], kv[i+1])
+		}
+		return v
+	}
+	for _, tc := range []struct {
+		path string
+		form url.Values
+		want string
+	}{
+		{"/calls/abc/resolve", form("outcome", "rerun"), `settle refused: call id "abc": want a positive integer`},
+		{"/calls/0/resolve", form("outcome", "rerun"), `call id "0": want a positive integer`},
+		{"/calls/99999999999999999999/resolve", form("outcome", "rerun"), "want a positive integer"},
+		{"/calls/999/resolve", form("outcome", "rerun"), "call 999: no such call"},
+		{target, form("outcome", "maybe"), `outcome "maybe": want completed, failed or rerun`},
+		{target, form("outcome", "delivered"), `outcome "delivered": want completed, failed or rerun`},
+		{target, nil, `outcome "": want completed`},
+		{target, form("outcome", "completed", "outcome", "rerun"), `form field "outcome" given 2 times`},
+		{target, form("outcome", "rerun", "key", "lost-1"), `unexpected form field "key"`},
+		{target, form("outcome", "completed", "note", strings.Repeat("n", 1001)), "note: 1001 bytes, the limit is 1000"},
+		{target, form("outcome", "completed", "note", strings.Repeat("n", maxPageForm)), "request body too large"},
+		{fmt.Sprintf("/calls/%d/resolve", done), form("outcome", "rerun"),
+			fmt.Sprintf("Call %d (charge of local, key %s) is completed: only a call in state unknown can be resolved", done, pageKeyHash("local", "operate-1"))},
+	} {
+		r := s.post(t, tc.path, tc.form)
+		ok, msg := flashOf(t, r)
+		if ok || !strings.Contains(msg, tc.want) {
+			t.Errorf("POST %s %v: done %v, %q; want refused with %q", tc.path, shorten(tc.form.Encode(), 80), ok, msg, tc.want)
+		}
+		if strings.Contains(msg, "operate-1") || strings.Contains(msg, "lost-1") {
+			t.Errorf("POST %s: the message names a raw key: %q", tc.path, msg)
+		}
+		s.wantFlashShown(t, r)
+	}
+	if r := s.get(t, target); r.status != http.StatusMethodNotAllowed {
+		t.Errorf("GET %s: %d, want 405", target, r.status)
+	}
+	// Forged from another origin: 403 before anything is read.
+	header := func(k, v string) func(*http.Request) { return func(r *http.Request) { r.Header.Set(k, v) } }
+	for _, mod := range []func(*http.Request){
+		header("Origin", "http://attacker.example"), header("Origin", "null"), header("Sec-Fetch-Site", "cross-site"),
+	} {
+		if r := s.post(t, target, form("outcome", "rerun"), mod); r.status != http.StatusForbidden || !strings.Contains(r.body, "cross-origin request refused") {
+			t.Errorf("cross-origin settle: %d, want 403", r.status)
+		}
+	}
+	// With an admin token, only after a login.
+	locked := newPageServer(t, path, loadAuth(t, sha256Hex(adminToken)))
+	if r := locked.post(t, target, form("outcome", "rerun")); r.status != http.StatusUnauthorized {
+		t.Errorf("settle without login: %d, want 401", r.status)
+	}
+	if after := snapshot(); !maps.Equal(before, after) {
+		t.Errorf("refused requests changed calls:\n%+v\n%+v", before, after)
+	}
+	// Still there to settle.
+	if ok, msg := flashOf(t, s.post(t, target, form("outcome", "rerun"))); !ok {
+		t.Errorf("settle after the refusals: %q", msg)
+	}
+}
+
+// fakeClock is a clock the test moves.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+// TestPageLoginRateLimit: after maxLoginFailures wrong tokens from one
+// address within loginWindow, its logins get 429 with Retry-After, the
+// token unchecked, until the window ends; other addresses, and logins
+// that succeed, are not held against it.
+func TestPageLoginRateLimit(t *testing.T) {
+	t.Parallel()
+	adminToken, _ := newTokenFor(t, "admin")
+	path, _ := newEffectsDB(t, 1)
+	clock := &fakeClock{now: time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)}
+	s := newPageOnlyServer(t, path, loadAuth(t, sha256Hex(adminToken)), func(p *pageHandler) { p.now = clock.Now })
+	login := func(token string, mods ...func(*http.Request)) *pageResponse {
+		t.Helper()
+		return s.post(t, "/login", url.Values{"token": {token}}, mods...)
+	}
+	wantLogin := func(what string, r *pageResponse) {
+		t.Helper()
+		if r.status != http.StatusSeeOther || len(r.header.Values("Set-Cookie")) != 1 {
+			t.Errorf("%s: %d, cookies %q; want 303 with a session", what, r.status, r.header.Values("Set-Cookie"))
+		}
+	}
+	wantRefused := func(what string, r *pageResponse) {
+		t.Helper()
+		if r.status != http.StatusUnauthorized || !strings.Contains(r.body, "That is not the admin token.") {
+			t.Errorf("%s: %d, want 401", what, r.status)
+		}
+	}
+	wantLimited := func(what string, r *pageResponse, retryAfter string) {
+		t.Helper()
+		if r.status != http.StatusTooManyRequests || r.header.Get("Retry-After") != retryAfter ||
+			!strings.Contains(r.body, "Too many failed logins from this address: wait "+retryAfter+" seconds, then try again.") ||
+			len(r.header.Values("Set-Cookie")) != 0 || !strings.Contains(r.raw, `name="token" type="password"`) {
+			t.Errorf("%s: %d, Retry-After %q, cookies %q; want 429 with Retry-After %s and the form", what, r.status,
+				r.header.Get("Retry-After"), r.header.Values("Set-Cookie"), retryAfter)
+		}
+	}
+
+	wantLogin("the right token first", login(adminToken))
+	for i := 1; i < maxLoginFailures; i++ {
+		wantRefused(fmt.Sprintf("failure %d", i), login("wrong"))
+		clock.advance(time.Second)
+	}
+	// Below the limit the right token works, and does not count.
+	for range 3 {
+		wantLogin("the right token below the limit", login(adminToken))
+	}
+	wantRefused("the last failure allowed", login("wrong")) // 4 s into the window
+	wantLimited("one more", login("wrong"), "56")
+	wantLimited("the right token over the limit", login(adminToken), "56")
+	// The peer's address counts, not a header any client can send.
+	wantLimited("with X-Forwarded-For", login(adminToken, func(r *http.Request) { r.Header.Set("X-Forwarded-For", "192.0.2.99") }), "56")
+	// Another address is not held back.
+	req := httptest.NewRequest(http.MethodPost, "/login", strings.NewReader(url.Values{"token": {adminToken}}.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.RemoteAddr = "192.0.2.7:40000"
+	rec := httptest.NewRecorder()
+	s.router.ServeHTTP(rec, req)
+	if rec.Code != http.StatusSeeOther {
+		t.Errorf("login from another address: %d, want 303", rec.Code)
+	}
+	// A refused post from another origin is not a login attempt.
+	if r := login("wrong", func(r *http.Request) { r.Header.Set("Origin", "http://attacker.example") }); r.status != http.StatusForbidden {
+		t.Errorf("cross-origin login while limited: %d, want 403", r.status)
+	}
+
+	clock.advance(55*time.Second + 500*time.Millisecond)
+	wantLimited("half a second before the window ends", login(adminToken), "1")
+	clock.advance(500 * time.Millisecond)
+	wantLogin("the right token after the window", login(adminToken))
+	for i := 1; i < maxLoginFailures; i++ {
+		wantRefused(fmt.Sprintf("failure %d of a new window", i), login("wrong"))
+	}
+	wantRefused("the last failure of a new window", login("wrong"))
+	wantLimited("over the limit again", login("wrong"), "60")
+}
+
+// TestPageLoginLimiter: windows end, the table stays bounded, and clients
+// are told apart by address (an IPv6 client by its /64).
+func TestPageLoginLimiter(t *testing.T) {
+	t.Parallel()
+	l := loginLimiter{byClient: map[string]loginFailures{}}
+	now := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	for i := 1; i <= maxLoginFailures; i++ {
+		if reached := l.fail("a", now); reached != (i == maxLoginFailures) {
+			t.Errorf("failure %d: limit reached %v", i, reached)
+		}
+	}
+	if w := l.blocked("a", now.Add(10*time.Second)); w != loginWindow-10*time.Second {
+		t.Errorf("blocked for %v, want %v", w, loginWindow-10*time.Second)
+	}
+	if w := l.blocked("b", now); w != 0 {
+		t.Errorf("another client blocked for %v", w)
+	}
+	if w := l.blocked("a", now.Add(loginWindow)); w != 0 || len(l.byClient) != 0 {
+		t.Errorf("after the window: blocked %v, %d clients kept", w, len(l.byClient))
+	}
+	// Full: ended windows go first, then the oldest.
+	l.fail("old", now)
+	for i := range maxLoginClients - 1 {
+		l.fail(fmt.Sprintf("c%d", i), now.Add(time.Second+time.Duration(i)*time.Millisecond))
+	}
+	for range maxLoginFailures {
+		l.fail("c0", now.Add(2*time.Second))
+	}
+	l.fail("new-1", now.Add(loginWindow)) // "old"'s window has ended
+	if _, ok := l.byClient["old"]; ok || len(l.byClient) != maxLoginClients {
+		t.Errorf("a full table with an ended window: %d clients, old kept %v", len(l.byClient), ok)
+	}
+	l.fail("new-2", now.Add(loginWindow+time.Second/2))
+	if _, ok := l.byClient["c0"]; ok || len(l.byClient) != maxLoginClients {
+		t.Errorf("a full table: %d clients, the oldest (c0) kept %v", len(l.byClient), ok)
+	}
+	for remote, want := range map[string]string{
+		"192.0.2.7:40000":              "192.0.2.7",
+		"[::ffff:192.0.2.7]:40000":     "192.0.2.7",
+		"[2001:db8:1:2:3:4:5:6]:40000": "2001:db8:1:2::/64",
+		"[2001:db8:1:2:ff::1]:1":       "2001:db8:1:2::/64",
+		"[fe80::1%eth0]:1":             "fe80::/64",
+		"not-an-address":               "not-an-address",
+	} {
+		if got := loginClient(&http.Request{RemoteAddr: remote}); got != want {
+			t.Errorf("loginClient(%q) = %q, want %q", remote, got, want)
+		}
+	}
+}
+
 // TestPageLookup: a call is found by principal and key, with its effects
 // and their buttons; an unknown key says so; a bad key or principal is
 // refused with the reason.
@@ -558,8 +1001,8 @@ func TestPageLookup(t *testing.T) {
 		{"", "", "give the call's idempotency key"},
 		{"", "bad\x01key", "control character U+0001"},
 		{"", strings.Repeat("k", 256), "256 bytes, the limit is 255"},
-		{"bad\nprincipal", "operate-4", `principal "bad principal": want the principal as the calls table shows it`},
-		{strings.Repeat("p", 300), "operate-4", "want the principal as the calls table shows it"},
+		{"bad\nprincipal", "operate-4", `principal "bad principal": want local, or a token's principal such as alice`},
+		{strings.Repeat("p", 300), "operate-4", "want local, or a token's principal such as alice"},
 	} {
 		r := lookup(tc.principal, tc.key)
 		wantContains(t, "refused lookup", r.body, tc.want)
@@ -685,7 +1128,8 @@ const chromiumPath = "/usr/bin/chromium"
 // TestOperatorPageBrowser drives the page in headless Chromium against a
 // real `serve --http` process and a fake destination: log in with the admin
 // token, find the effect the destination refused among the dead ones,
-// click retry, and see it delivered, on the page and at the destination.
+// click retry, and see it delivered, on the page and at the destination;
+// then settle an unknown call.
 // With MCP_OUTBOX_SCREENSHOT=FILE it first saves a PNG of the whole page,
 // with an hour of staged history in the chart (the README's picture:
 // MCP_OUTBOX_SCREENSHOT=$PWD/testdata/screenshots/operator-page.png).
@@ -730,6 +1174,10 @@ func TestOperatorPageBrowser(t *testing.T) {
 		mustSucceed(t, alice, chargeCall(key, 900+100*i))
 		waitCallEffect(t, db, key, "delivered")
 	}
+	// An unknown call, as mcp-outbox proxy leaves one when a tool server's
+	// answer is lost, in the same database.
+	now := time.Now()
+	lostCall := addPageUnknownCall(t, db, "user:bob", "order-1006", now.Add(-3*time.Minute).UnixMilli(), now.Add(-2*time.Minute).UnixMilli())
 
 	ctx := newBrowser(t)
 	if err := chromedp.Do(ctx, chromedp.Navigate(base+"/")); err != nil {
@@ -745,7 +1193,7 @@ func TestOperatorPageBrowser(t *testing.T) {
 	if loc := browserLocation(t, ctx); loc != base+"/" {
 		t.Fatalf("after login the browser is at %s, want %s/", loc, base)
 	}
-	for _, sel := range []string{fmt.Sprintf("#effect-%d", dead.id), fmt.Sprintf("#effect-%d", unknown.id)} {
+	for _, sel := range []string{fmt.Sprintf("#effect-%d", dead.id), fmt.Sprintf("#effect-%d", unknown.id), fmt.Sprintf("#call-%d", lostCall)} {
 		if !browserHas(t, ctx, sel) {
 			t.Fatalf("the page has no %s", sel)
 		}
@@ -789,6 +1237,27 @@ func TestOperatorPageBrowser(t *testing.T) {
 	}
 	if st := stateOf(t, db, dead.id); st != "delivered" {
 		t.Errorf("effect %d is %s in the database, want delivered", dead.id, st)
+	}
+
+	// The unknown call: settle it as completed, with a note.
+	if err := chromedp.Do(ctx, chromedp.Navigate(base+"/")); err != nil {
+		t.Fatal(err)
+	}
+	settle := fmt.Sprintf("#call-%d form.settle", lostCall)
+	if err := chromedp.Do(ctx,
+		chromedp.SetValue(chromedp.CSS(settle+` select[name="outcome"]`), "completed"),
+		chromedp.SendKeys(chromedp.CSS(settle+` input[name="note"]`), "charge ch_9 is at the processor")); err != nil {
+		t.Fatal(err)
+	}
+	clickAndLoad(t, ctx, settle+" button")
+	if msg := browserText(t, ctx, ".flash.done"); !strings.Contains(msg, fmt.Sprintf("Call %d (charge of user:bob", lostCall)) || !strings.Contains(msg, "was unknown, now completed") {
+		t.Errorf("after settling the page says %q", msg)
+	}
+	if browserHas(t, ctx, fmt.Sprintf("#call-%d", lostCall)) {
+		t.Error("the settled call is still listed")
+	}
+	if st, res := callStateOf(t, db, "user:bob", "order-1006"); st != "completed" || !strings.Contains(res, "[resolved by an operator] charge ch_9 is at the processor") {
+		t.Errorf("the settled call in the database: %s %s", st, res)
 	}
 }
 

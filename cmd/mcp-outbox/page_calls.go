@@ -1,0 +1,198 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/query"
+	"github.com/mcp-outbox/mcp-outbox/schema"
+)
+
+// Unknown calls on the operator page: calls forwarded to a tool server
+// whose work is outside the call's transaction, whose outcome was lost
+// (outbox/doc.go). The page lists the newest and settles one at a time, as
+// `mcp-outbox outbox resolve-call` and POST /admin/calls/resolve do.
+//
+//	POST /calls/{id}/resolve        form fields outcome (completed, failed or
+//	                                rerun) and note (optional)
+//
+// A call is addressed by its row id (calls.id), never by its key: a form's
+// action ends up in the browser's history and in proxies' logs, and the
+// flash message after it in the redirect's URL, which this project keeps
+// keys out of. Row ids are never handed out twice (AUTOINCREMENT), so an id
+// names one call for good: after a rerun deletes it, the next call with
+// the same key has another id.
+
+// pageUnknownCallsLimit bounds the list, as pageStuckLimit does the stuck
+// effects.
+const pageUnknownCallsLimit = 50
+
+// pageUnknownCall is a row of the page's list of unknown calls. It holds
+// the raw key for the template's keyHash; the page never prints it.
+type pageUnknownCall struct {
+	ID        int64
+	UID       string // calls.uid: the "call id" of the lookup, the API and the CLI
+	Principal string
+	Key       string
+	KeySource string
+	Tool      string
+	Attempts  int
+	CreatedAt time.Time
+	// UnknownAt is when the call became unknown: the attempt that lost the
+	// answer records it; a claim found abandoned later (by the retention
+	// sweep) leaves it unrecorded, the zero time.
+	UnknownAt time.Time
+}
+
+// selectPageUnknownCalls is query.ListUnknownCalls newest first, with the
+// row id and the time the call became unknown. It reads the calls_unknown
+// index backwards.
+const selectPageUnknownCalls = `
+SELECT id, uid, principal, key, key_source, tool, attempts, created_at, completed_at
+FROM calls WHERE state = 'unknown'
+ORDER BY created_at DESC, id DESC
+LIMIT ?`
+
+func listPageUnknownCalls(ctx context.Context, db *sql.DB, limit int) ([]pageUnknownCall, error) {
+	rows, err := db.QueryContext(ctx, selectPageUnknownCalls, limit)
+	if err != nil {
+		return nil, fmt.Errorf("list unknown calls: %w", err)
+	}
+	defer rows.Close()
+	var out []pageUnknownCall
+	for rows.Next() {
+		var (
+			c        pageUnknownCall
+			created  int64
+			unknowns sql.NullInt64
+		)
+		if err := rows.Scan(&c.ID, &c.UID, &c.Principal, &c.Key, &c.KeySource, &c.Tool, &c.Attempts, &created, &unknowns); err != nil {
+			return nil, fmt.Errorf("list unknown calls: %w", err)
+		}
+		c.CreatedAt = time.UnixMilli(created).UTC()
+		if unknowns.Valid {
+			c.UnknownAt = time.UnixMilli(unknowns.Int64).UTC()
+		}
+		out = append(out, c)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list unknown calls: %w", err)
+	}
+	return out, nil
+}
+
+func parseCallID(s string) (int64, error) {
+	id, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || id < 1 {
+		return 0, badInputf("call id %q: want a positive integer", shorten(s, 40))
+	}
+	return id, nil
+}
+
+// pageCallRef is what the page knows of the call a form addresses.
+type pageCallRef struct {
+	Principal, Key, UID, Tool, State string
+}
+
+// readPageCall reads call id, saying by id, never by key, when there is no
+// such call.
+func readPageCall(ctx context.Context, db *schema.DB, id int64) (*pageCallRef, error) {
+	var c pageCallRef
+	err := db.Read.QueryRowContext(ctx, `SELECT principal, key, uid, tool, state FROM calls WHERE id = ?`, id).
+		Scan(&c.Principal, &c.Key, &c.UID, &c.Tool, &c.State)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("call %d: %w (settled and forgotten, or purged)", id, outbox.ErrNoCall)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read call %d: %w", id, err)
+	}
+	return &c, nil
+}
+
+// keyRedacted is an error whose message names a call by its key's hash
+// where the error it wraps quoted the raw key (outbox's and
+// resolveUnknownCall's messages say `call "KEY" of PRINCIPAL`).
+type keyRedacted struct {
+	msg string
+	err error
+}
+
+func (e *keyRedacted) Error() string { return e.msg }
+func (e *keyRedacted) Unwrap() error { return e.err }
+
+func redactKey(err error, principal, key string) error {
+	if err == nil || key == "" {
+		return err
+	}
+	return &keyRedacted{strings.ReplaceAll(err.Error(), strconv.Quote(key), "with key "+pageKeyHash(principal, key)), err}
+}
+
+// resolveCall settles an unknown call by its row id: the page's form for
+// resolve-call.
+func (p *pageHandler) resolveCall(w http.ResponseWriter, r *http.Request) {
+	const action = "settle"
+	id, err := parseCallID(chi.URLParam(r, "id"))
+	if err != nil {
+		p.redirectFailed(w, r, action, err)
+		return
+	}
+	form, err := readPageForm(w, r, "outcome", "note")
+	if err != nil {
+		p.redirectFailed(w, r, action, err)
+		return
+	}
+	outcome, note := form.Get("outcome"), strings.TrimSpace(form.Get("note"))
+	// The outcome first, so that a bad one is refused whatever the call.
+	if !slices.Contains(callOutcomeNames(), outcome) {
+		p.redirectFailed(w, r, action, badInputf("outcome %q: want %s", shorten(outcome, 40), orList(callOutcomeNames())))
+		return
+	}
+	call, err := readPageCall(r.Context(), p.db, id)
+	if err != nil {
+		p.redirectFailed(w, r, action, err)
+		return
+	}
+	name := fmt.Sprintf("Call %d (%s of %s, key %s)", id, shorten(call.Tool, 40), shorten(call.Principal, 60), pageKeyHash(call.Principal, call.Key))
+	if call.State != string(query.OutcomeUnknown) {
+		p.redirectFailed(w, r, action, fmt.Errorf("%s is %s: %w", name, call.State, outbox.ErrCallNotUnknown))
+		return
+	}
+	// ResolveCall finds the call by principal and key, in a statement that
+	// applies only while it is unknown. The same key names another row
+	// only after this one was settled as rerun (deleted) and a new call
+	// with its key became unknown in turn, between the read above and
+	// that statement; res.CallID, read just before it, shows it.
+	res, err := resolveUnknownCall(r.Context(), p.db, call.Principal, call.Key, outcome, note)
+	if err != nil {
+		if errors.Is(err, outbox.ErrNoCall) || errors.Is(err, outbox.ErrCallNotUnknown) {
+			// Settled by someone else since the read above.
+			err = fmt.Errorf("%s was settled meanwhile: %w", name, err)
+		}
+		p.redirectFailed(w, r, action, redactKey(err, call.Principal, call.Key))
+		return
+	}
+	p.logger.Info("operator page action", "action", "resolve-call", "outcome", outcome, "call", id, "call_id", res.CallID,
+		"key", outbox.KeyHash(call.Principal, call.Key), "tool", res.Tool, "from", res.PreviousState, "to", res.State, "remote", r.RemoteAddr)
+	msg := name + ": was unknown, now " + string(res.State) + "."
+	if outcome == outbox.ResolveRerun {
+		msg = name + ": was unknown, now forgotten: the next retry with its key runs it."
+		if note != "" {
+			msg += " The note was not recorded: rerun records no result."
+		}
+	}
+	if res.CallID != "" && res.CallID != call.UID {
+		p.logger.Warn("operator page settled a newer call with the same key", "call", id, "call_id", call.UID, "settled", res.CallID)
+		msg += fmt.Sprintf(" Warning: call %s was replaced by %s with the same key before it was settled; %s was settled.", call.UID, res.CallID, res.CallID)
+	}
+	p.redirectFlash(w, r, flashDone, msg)
+}
