@@ -290,7 +290,7 @@ func (h *adminHandler) resolveCall(w http.ResponseWriter, r *http.Request) {
 	body.Principal = outbox.ParsePrincipal(body.Principal)
 	res, err := resolveUnknownCall(r.Context(), h.db, body.Principal, body.Key, body.Outcome, body.Note)
 	if err != nil {
-		h.fail(w, r, err)
+		h.failLogging(w, r, err, redactKey(err, body.Principal, body.Key))
 		return
 	}
 	// The admin token names no user; the log is the audit trail. The key
@@ -327,6 +327,13 @@ func readAdminBody(w http.ResponseWriter, r *http.Request, v any) error {
 
 // fail answers with the status that err's kind calls for.
 func (h *adminHandler) fail(w http.ResponseWriter, r *http.Request, err error) {
+	h.failLogging(w, r, err, err)
+}
+
+// failLogging answers err, logging logged in its place when it is a server
+// error: a message that quotes an idempotency key the caller sent is fine
+// in the answer, not in the log.
+func (h *adminHandler) failLogging(w http.ResponseWriter, r *http.Request, err, logged error) {
 	status := http.StatusInternalServerError
 	switch {
 	case errors.As(err, new(*http.MaxBytesError)):
@@ -338,7 +345,7 @@ func (h *adminHandler) fail(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.Is(err, outbox.ErrEffectState), errors.Is(err, outbox.ErrNotResolvable), errors.Is(err, outbox.ErrCallNotUnknown):
 		status = http.StatusConflict
 	default:
-		h.logger.Error("admin request failed", "method", r.Method, "path", r.URL.Path, "error", err)
+		h.logger.Error("admin request failed", "method", r.Method, "path", r.URL.Path, "error", logged)
 	}
 	writeAdminJSON(w, status, adminErrorBody{err.Error()})
 }

@@ -340,6 +340,24 @@ func resolveUnknownCall(ctx context.Context, db *schema.DB, principal, key, outc
 	return res, nil
 }
 
+// keyRedacted is an error whose message names a call by its key's hash
+// where the error it wraps quoted the raw key (outbox's and
+// resolveUnknownCall's messages say `call "KEY" of PRINCIPAL`).
+type keyRedacted struct {
+	msg string
+	err error
+}
+
+func (e *keyRedacted) Error() string { return e.msg }
+func (e *keyRedacted) Unwrap() error { return e.err }
+
+func redactKey(err error, principal, key string) error {
+	if err == nil || key == "" {
+		return err
+	}
+	return &keyRedacted{strings.ReplaceAll(err.Error(), strconv.Quote(key), "with key "+pageKeyHash(principal, key)), err}
+}
+
 func orList(items []string) string {
 	switch len(items) {
 	case 0:

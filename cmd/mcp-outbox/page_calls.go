@@ -119,24 +119,6 @@ func readPageCall(ctx context.Context, db *schema.DB, id int64) (*pageCallRef, e
 	return &c, nil
 }
 
-// keyRedacted is an error whose message names a call by its key's hash
-// where the error it wraps quoted the raw key (outbox's and
-// resolveUnknownCall's messages say `call "KEY" of PRINCIPAL`).
-type keyRedacted struct {
-	msg string
-	err error
-}
-
-func (e *keyRedacted) Error() string { return e.msg }
-func (e *keyRedacted) Unwrap() error { return e.err }
-
-func redactKey(err error, principal, key string) error {
-	if err == nil || key == "" {
-		return err
-	}
-	return &keyRedacted{strings.ReplaceAll(err.Error(), strconv.Quote(key), "with key "+pageKeyHash(principal, key)), err}
-}
-
 // resolveCall settles an unknown call by its row id: the page's form for
 // resolve-call.
 func (p *pageHandler) resolveCall(w http.ResponseWriter, r *http.Request) {
