@@ -83,6 +83,9 @@ func runProxy(ctx context.Context, env *environment, args []string) error {
 	}
 	defer a.Close()
 	a.auth = &ac
+	if h, ok := upstream.(*proxy.HTTP); ok {
+		h.Logger = a.logger // its standalone SSE stream's warnings
+	}
 	p, err := proxy.New(proxy.Options{Layer: a.layer, Upstream: upstream, Cooperating: *cooperating, Logger: a.logger})
 	if err != nil {
 		return err

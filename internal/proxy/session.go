@@ -48,7 +48,8 @@ type session struct {
 	forwarded   map[jsonrpc.ID]int64  // the proxy's ids of the client's forwarded requests
 	calls       map[jsonrpc.ID]func() // cancels of the tool calls the layer runs
 	initParams  json.RawMessage       // the client's initialize, replayed to a restarted upstream
-	initialized bool                  // the client sent notifications/initialized
+	initSent    bool                  // the client's initialize went to an upstream
+	initialized bool                  // the client's notifications/initialized went to an upstream
 }
 
 // pending is a request the upstream has not answered yet.
@@ -195,10 +196,6 @@ func (s *session) onClientCall(m *jsonrpc.Request) {
 
 func (s *session) onClientNotification(m *jsonrpc.Request) {
 	switch m.Method {
-	case "notifications/initialized":
-		s.mu.Lock()
-		s.initialized = true
-		s.mu.Unlock()
 	case "notifications/cancelled":
 		var c struct {
 			RequestID any `json:"requestId"`
@@ -302,6 +299,8 @@ func (s *session) writeUpstream() {
 			o.mu.Unlock()
 			if err != nil {
 				s.writeFailed(o, err)
+			} else {
+				s.noteHandshake(o.msg)
 			}
 			o.settle(nil)
 			break
@@ -402,14 +401,35 @@ func (s *session) supervise() {
 	}
 }
 
+// noteHandshake remembers the client's initialize and initialized once
+// written to an upstream: from then on a new upstream gets them replayed.
+// (Only the client's go through the queue; the replays are written
+// directly.)
+func (s *session) noteHandshake(m jsonrpc.Message) {
+	req, ok := m.(*jsonrpc.Request)
+	if !ok {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch req.Method {
+	case "initialize":
+		s.initSent = true
+	case "notifications/initialized":
+		s.initialized = true
+	}
+}
+
 // reinitialize replays the client's initialize to a new upstream, so that
-// the client's session goes on over it. Before the client initialized there
-// is nothing to replay: its own initialize goes through.
+// the client's session goes on over it. Before the client's initialize
+// went to an upstream there is nothing to replay: its own goes through,
+// even when it arrived while this upstream was starting (a replay then
+// would make two), and likewise for its initialized.
 func (s *session) reinitialize(conn mcp.Connection, gen int) error {
 	s.mu.Lock()
-	params, initialized := s.initParams, s.initialized
+	params, sent, initialized := s.initParams, s.initSent, s.initialized
 	s.mu.Unlock()
-	if params == nil {
+	if !sent {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, s.p.opts.InitTimeout)
