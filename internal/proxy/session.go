@@ -167,7 +167,11 @@ func (s *session) onClientCall(m *jsonrpc.Request) {
 		s.mu.Lock()
 		s.initParams = m.Params
 		s.mu.Unlock()
-		s.forward(m, s.rewriteInitialize)
+		s.forward(m, s.rewriteCapabilities)
+	case "server/discover":
+		// 2026-07-28 clients learn the capabilities here, not from
+		// initialize: the layer is advertised the same way.
+		s.forward(m, s.rewriteCapabilities)
 	case "tools/list":
 		s.forward(m, s.rewriteToolsList)
 	case "tools/call":
@@ -680,9 +684,10 @@ func withClaim(clientParams json.RawMessage, claim *outbox.Claim) (json.RawMessa
 	return json.Marshal(params)
 }
 
-// rewriteInitialize advertises the layer, and tools (the status tool is
+// rewriteCapabilities advertises, in an initialize or server/discover
+// result, the layer, and tools (the status tool is
 // one even when the upstream has none).
-func (s *session) rewriteInitialize(result json.RawMessage) (json.RawMessage, error) {
+func (s *session) rewriteCapabilities(result json.RawMessage) (json.RawMessage, error) {
 	var r map[string]any
 	if err := json.Unmarshal(result, &r); err != nil {
 		return nil, err

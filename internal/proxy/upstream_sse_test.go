@@ -443,6 +443,11 @@ func TestHTTPUpstreamNoStandalone(t *testing.T) {
 		if got := cs.InitializeResult().ProtocolVersion; got != protocolNoStandalone {
 			t.Errorf("negotiated %q, want %s", got, protocolNoStandalone)
 		}
+		// Learnt from server/discover, which the proxy rewrites as it does
+		// an initialize answer.
+		if caps := cs.InitializeResult().Capabilities; caps == nil || caps.Experimental[outbox.CapabilityName] == nil {
+			t.Errorf("capabilities under %s do not advertise %q: %+v", protocolNoStandalone, outbox.CapabilityName, caps)
+		}
 		if res, err := call(t, cs, ctx, "work", "n-1", 3); err != nil || res.IsError || textOf(res) != "work 3" {
 			t.Errorf("call: %v %v", res, err)
 		}
