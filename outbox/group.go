@@ -79,7 +79,7 @@ type batch struct {
 	tx      *sql.Tx
 	durable bool // synchronous=FULL for this commit
 	opened  time.Time
-	calls   int   // durable units kept in it
+	calls   int   // call outcomes kept in it
 	broken  error // the transaction can no longer commit
 
 	done chan struct{} // closed after the commit or rollback
@@ -91,6 +91,7 @@ type unit struct {
 	g       *groupCommit
 	b       *batch
 	durable bool
+	outcome bool // the unit records a call's outcome: it counts toward MaxBatchCalls
 	ended   bool
 }
 
@@ -260,7 +261,7 @@ func (u *unit) leave(keep bool) *batch {
 			b.broken = fmt.Errorf("release savepoint: %w", err)
 		}
 	}
-	if keep && u.durable {
+	if keep && u.outcome {
 		b.calls++
 	}
 	g := u.g

@@ -104,6 +104,7 @@ func (a *attempt) openTx(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	u.outcome = a.recorded()
 	a.unit, a.tx = u, u.tx()
 	if a.recorded() {
 		var owner, state string
