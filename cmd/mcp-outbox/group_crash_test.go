@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -88,45 +86,6 @@ func fireBurst(t *testing.T, cs *mcp.ClientSession, keys []string, amounts []int
 	return out
 }
 
-// lockedLog sends a subprocess's stderr to the test log and keeps it, to
-// tell which failpoint killed the process.
-type lockedLog struct {
-	t   *testing.T
-	mu  sync.Mutex
-	buf strings.Builder
-}
-
-func (w *lockedLog) Write(p []byte) (int, error) {
-	w.t.Logf("%s", strings.TrimRight(string(p), "\n"))
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.buf.Write(p)
-}
-
-func (w *lockedLog) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.buf.String()
-}
-
-// serveStdioLogged is serveStdio keeping the server's stderr.
-func serveStdioLogged(t *testing.T, binary, dbPath string, env []string) (*mcp.ClientSession, *exec.Cmd, *lockedLog) {
-	t.Helper()
-	cmd := exec.Command(binary, "serve", "--db", dbPath, "--log-level", "warn", "--batch-wait", batchWait)
-	cmd.Env = append(os.Environ(), env...)
-	log := &lockedLog{t: t}
-	cmd.Stderr = log
-	client := mcp.NewClient(&mcp.Implementation{Name: "test-client", Version: "v0"}, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	cs, err := client.Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
-	if err != nil {
-		t.Fatalf("connect to %s serve: %v", filepath.Base(binary), err)
-	}
-	t.Cleanup(func() { cs.Close() })
-	return cs, cmd, log
-}
-
 // diskCall is what the database holds for one key of a burst.
 type diskCall struct {
 	state    string // "" when the key has no row
@@ -179,7 +138,8 @@ func crashBurst(t *testing.T, name, fp string) crashedBurst {
 	env := []string{fmt.Sprintf("%s=%s=sleep(%s);%s=crash", failpoint.EnvVar, failpoint.CallBeforeCommit, holdTurn, fp)}
 	for try := 1; try <= burstTries; try++ {
 		dbPath := filepath.Join(t.TempDir(), "ledger.db")
-		cs, cmd, log := serveStdioLogged(t, failpointBin, dbPath, env)
+		var log syncBuffer // the server's stderr, to tell which failpoint killed it
+		cs, cmd := serveStdioTo(t, io.MultiWriter(testWriter{t}, &log), failpointBin, dbPath, env, "--batch-wait", batchWait)
 		keys, amounts := burstKeys(name, try)
 		outs := fireBurst(t, cs, keys, amounts)
 

@@ -50,9 +50,15 @@ func TestMain(m *testing.M) {
 // process reaped at cleanup.
 func serveStdio(t *testing.T, binary, dbPath string, env []string, args ...string) (*mcp.ClientSession, *exec.Cmd) {
 	t.Helper()
+	return serveStdioTo(t, testWriter{t}, binary, dbPath, env, args...)
+}
+
+// serveStdioTo is serveStdio with the server's stderr going to stderr.
+func serveStdioTo(t *testing.T, stderr io.Writer, binary, dbPath string, env []string, args ...string) (*mcp.ClientSession, *exec.Cmd) {
+	t.Helper()
 	cmd := exec.Command(binary, append([]string{"serve", "--db", dbPath, "--log-level", "warn"}, args...)...)
 	cmd.Env = append(os.Environ(), env...)
-	cmd.Stderr = testWriter{t}
+	cmd.Stderr = stderr
 	client := mcp.NewClient(&mcp.Implementation{Name: "test-client", Version: "v0"}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
