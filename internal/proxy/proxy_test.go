@@ -87,8 +87,15 @@ func (u *upstream) kill() {
 // connect starts a proxy in front of u and a client in front of it.
 func connect(t *testing.T, u *upstream, cooperating bool) *mcp.ClientSession {
 	t.Helper()
+	cs, _ := proxyTo(t, cooperating, u, nil, nil)
+	return cs
+}
+
+// proxyTo starts a proxy (cooperating or not) in front of up and a go-sdk client in front of it;
+// stop ends both and returns once the proxy's session is over.
+func proxyTo(t *testing.T, cooperating bool, up Dialer, copts *mcp.ClientOptions, sopts *mcp.ClientSessionOptions) (cs *mcp.ClientSession, stop func()) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
 	db, err := schema.Open(ctx, filepath.Join(t.TempDir(), "proxy.db"), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -98,7 +105,7 @@ func connect(t *testing.T, u *upstream, cooperating bool) *mcp.ClientSession {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := New(Options{Layer: layer, Upstream: u, Cooperating: cooperating, MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
+	p, err := New(Options{Layer: layer, Upstream: up, Cooperating: cooperating, Logger: testLogger(t), MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,18 +116,24 @@ func connect(t *testing.T, u *upstream, cooperating bool) *mcp.ClientSession {
 	}
 	served := make(chan error, 1)
 	go func() { served <- p.Serve(ctx, pconn) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-served; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
-	cs, err := mcp.NewClient(&mcp.Implementation{Name: "client", Version: "v0"}, nil).Connect(ctx, ct, nil)
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			if cs != nil {
+				cs.Close()
+			}
+			cancel()
+			if err := <-served; err != nil {
+				t.Errorf("Serve: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	cs, err = mcp.NewClient(&mcp.Implementation{Name: "client", Version: "v0"}, copts).Connect(ctx, ct, sopts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cs.Close() })
-	return cs
+	return cs, stop
 }
 
 func call(t *testing.T, cs *mcp.ClientSession, ctx context.Context, tool, key string, n int) (*mcp.CallToolResult, error) {

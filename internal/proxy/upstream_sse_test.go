@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
@@ -22,7 +21,6 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox"
-	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
 // waitFor bounds every wait of these tests for something to happen.
@@ -152,51 +150,6 @@ func (u *httpUpstream) dialer(t *testing.T, rt http.RoundTripper) *HTTP {
 	return &HTTP{URL: u.url, Client: &http.Client{Transport: rt}, Logger: testLogger(t), minRetry: 10 * time.Millisecond, maxRetry: 100 * time.Millisecond}
 }
 
-// proxyTo starts a proxy in front of up and a go-sdk client in front of it;
-// stop ends both and returns once the proxy's session is over.
-func proxyTo(t *testing.T, up Dialer, copts *mcp.ClientOptions, sopts *mcp.ClientSessionOptions) (cs *mcp.ClientSession, stop func()) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	db, err := schema.Open(ctx, filepath.Join(t.TempDir(), "proxy.db"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	layer, err := outbox.New(db, &outbox.Options{InFlightWait: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := New(Options{Layer: layer, Upstream: up, Logger: testLogger(t), MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ct, pt := mcp.NewInMemoryTransports()
-	pconn, err := pt.Connect(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- p.Serve(ctx, pconn) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			if cs != nil {
-				cs.Close()
-			}
-			cancel()
-			if err := <-served; err != nil {
-				t.Errorf("Serve: %v", err)
-			}
-		})
-	}
-	t.Cleanup(stop)
-	cs, err = mcp.NewClient(&mcp.Implementation{Name: "client", Version: "v0"}, copts).Connect(ctx, ct, sopts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cs, stop
-}
-
 func recv[T any](t *testing.T, ch <-chan T, what string) T {
 	t.Helper()
 	timer := time.NewTimer(waitFor)
@@ -246,7 +199,7 @@ func TestHTTPUpstreamStandaloneStream(t *testing.T) {
 	}
 	// The client's default: the newest protocol, which the stateful
 	// upstream refuses, and initialize under 2025-11-25 after that.
-	cs, stop := proxyTo(t, u.dialer(t, rt), client, nil)
+	cs, stop := proxyTo(t, false, u.dialer(t, rt), client, nil)
 	ss := recv(t, u.sessions, "initialized session")
 	h := recv(t, u.gets, "GET of the standalone stream")
 	for name, want := range map[string]string{
@@ -315,7 +268,7 @@ func TestHTTPUpstreamStreamReconnects(t *testing.T) {
 	client := &mcp.ClientOptions{ProgressNotificationHandler: func(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
 		progress <- fmt.Sprint(req.Params.ProgressToken)
 	}}
-	cs, stop := proxyTo(t, u.dialer(t, &authTransport{}), client, &mcp.ClientSessionOptions{ProtocolVersion: "2025-06-18"})
+	cs, stop := proxyTo(t, false, u.dialer(t, &authTransport{}), client, &mcp.ClientSessionOptions{ProtocolVersion: "2025-06-18"})
 	ss := recv(t, u.sessions, "initialized session")
 	if h := recv(t, u.gets, "GET of the standalone stream"); h.Get("Mcp-Protocol-Version") != "2025-06-18" {
 		t.Errorf("GET with protocol version %q, want the negotiated 2025-06-18", h.Get("Mcp-Protocol-Version"))
@@ -401,7 +354,7 @@ func TestHTTPUpstreamBadStream(t *testing.T) {
 		},
 		ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) { changed <- struct{}{} },
 	}
-	cs, stop := proxyTo(t, u.dialer(t, http.DefaultTransport), client, &mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
+	cs, stop := proxyTo(t, false, u.dialer(t, http.DefaultTransport), client, &mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
 	recv(t, u.gets, "GET of the standalone stream")
 	if got := recv(t, progress, "progress split over data lines"); got != "split" {
 		t.Errorf("progress %q, want split", got)
@@ -437,7 +390,7 @@ func TestHTTPUpstreamNoStandalone(t *testing.T) {
 
 	t.Run("proxied", func(t *testing.T) {
 		rt := &authTransport{}
-		cs, stop := proxyTo(t, u.dialer(t, rt), nil, nil)
+		cs, stop := proxyTo(t, false, u.dialer(t, rt), nil, nil)
 		ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 		defer cancel()
 		if got := cs.InitializeResult().ProtocolVersion; got != protocolNoStandalone {
@@ -607,7 +560,7 @@ func TestHTTPUpstreamSessionGone(t *testing.T) {
 	client := &mcp.ClientOptions{ToolListChangedHandler: func(context.Context, *mcp.ToolListChangedRequest) {
 		changed <- struct{}{}
 	}}
-	cs, stop := proxyTo(t, u.dialer(t, &authTransport{}), client, &mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
+	cs, stop := proxyTo(t, false, u.dialer(t, &authTransport{}), client, &mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
 	first := recv(t, u.sessions, "initialized session")
 	recv(t, u.gets, "GET of the standalone stream")
 	recv(t, u.streams, "standalone stream set up")
