@@ -135,9 +135,18 @@ const (
 	resolveCallOutcome = `
 UPDATE calls SET state = ?1, result = ?2, completed_at = ?3, owner = '', lease_until = 0,
     expires_at = max(expires_at, ?3 + max(expires_at - created_at, 0))
-WHERE principal = ?4 AND key = ?5 AND state = 'unknown'`
-	resolveCallRerun = `DELETE FROM calls WHERE principal = ?1 AND key = ?2 AND state = 'unknown'`
+WHERE state = 'unknown' AND `
+	resolveCallRerun = `DELETE FROM calls WHERE state = 'unknown' AND `
+	resolveCallState = `SELECT state FROM calls WHERE `
 )
+
+// callName is how a resolution names its call: a condition on calls whose
+// parameters start at ?4, their values, and the call's name in errors.
+type callName struct {
+	match string
+	args  []any
+	name  string
+}
 
 // ResolveCall settles a call in state unknown (forwarded to a tool server
 // whose work is outside the call's transaction, its outcome lost) by what
@@ -146,6 +155,20 @@ WHERE principal = ?4 AND key = ?5 AND state = 'unknown'`
 // replay; rerun deletes the call, so that the next retry runs it. The
 // call's effects, if any, are not touched.
 func ResolveCall(ctx context.Context, db *schema.DB, principal, key, outcome, note string) error {
+	return resolveCall(ctx, db, callName{`principal = ?4 AND key = ?5`, []any{principal, key},
+		fmt.Sprintf("call %q of %s", key, principal)}, outcome, note)
+}
+
+// ResolveCallUID is ResolveCall for the call named by its uid (the callId
+// of the status tool and the logs), which is never reused: after a rerun
+// deletes the call, the next one with its key has another uid, so a
+// resolution meant for the old call cannot reach the new one. Its errors
+// name the uid, never the key.
+func ResolveCallUID(ctx context.Context, db *schema.DB, uid, outcome, note string) error {
+	return resolveCall(ctx, db, callName{`uid = ?4`, []any{uid}, "call " + uid}, outcome, note)
+}
+
+func resolveCall(ctx context.Context, db *schema.DB, c callName, outcome, note string) error {
 	now := time.Now().UnixMilli()
 	var (
 		r   sql.Result
@@ -160,25 +183,25 @@ func ResolveCall(ctx context.Context, db *schema.DB, principal, key, outcome, no
 		if eerr != nil {
 			return eerr
 		}
-		r, err = db.Write.ExecContext(ctx, resolveCallOutcome, outcome, res, now, principal, key)
+		r, err = db.Write.ExecContext(ctx, resolveCallOutcome+c.match, append([]any{outcome, res, now}, c.args...)...)
 	case ResolveRerun:
-		r, err = db.Write.ExecContext(ctx, resolveCallRerun, principal, key)
+		r, err = db.Write.ExecContext(ctx, resolveCallRerun+c.match, append([]any{nil, nil, nil}, c.args...)...)
 	default:
 		return fmt.Errorf("outcome %q: %w", outcome, ErrCallOutcome)
 	}
 	if err != nil {
-		return fmt.Errorf("resolve call %q of %s: %w", key, principal, err)
+		return fmt.Errorf("resolve %s: %w", c.name, err)
 	}
 	if n, _ := r.RowsAffected(); n == 1 {
 		return nil
 	}
 	var state string
-	err = db.Read.QueryRowContext(ctx, `SELECT state FROM calls WHERE principal = ? AND key = ?`, principal, key).Scan(&state)
+	err = db.Read.QueryRowContext(ctx, resolveCallState+c.match, append([]any{nil, nil, nil}, c.args...)...).Scan(&state)
 	if errors.Is(err, sql.ErrNoRows) {
-		return fmt.Errorf("call %q of %s: %w", key, principal, ErrNoCall)
+		return fmt.Errorf("%s: %w", c.name, ErrNoCall)
 	}
 	if err != nil {
-		return fmt.Errorf("read call %q of %s: %w", key, principal, err)
+		return fmt.Errorf("read %s: %w", c.name, err)
 	}
-	return fmt.Errorf("call %q of %s is %s: %w", key, principal, state, ErrCallNotUnknown)
+	return fmt.Errorf("%s is %s: %w", c.name, state, ErrCallNotUnknown)
 }

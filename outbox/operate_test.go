@@ -133,3 +133,46 @@ func TestResolveCall_RenewsAnExpiredKey(t *testing.T) {
 		t.Errorf("resolved: %s, completed %v, expires %v; want completed, remembered an hour from now", st.State, st.CompletedAt, st.ExpiresAt)
 	}
 }
+
+// TestResolveCallUID names the call by its uid: a resolution for a call
+// that was rerun cannot reach the next call with the same key, and errors
+// name the uid, not the key.
+func TestResolveCallUID(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil, nil)
+	ctx := context.Background()
+	markUnknown := func() string {
+		t.Helper()
+		var uid string
+		if err := b.db.Write.QueryRow(`UPDATE calls SET state = 'unknown', result = NULL, completed_at = NULL, on_lost = 'unknown'
+			WHERE key = 'secret-key' RETURNING uid`).Scan(&uid); err != nil {
+			t.Fatal(err)
+		}
+		return uid
+	}
+	callCharge(t, b.session, "secret-key", 100)
+	old := markUnknown()
+	if err := outbox.ResolveCallUID(ctx, b.db, old, outbox.ResolveRerun, ""); err != nil {
+		t.Fatal(err)
+	}
+	// The next call with the key runs, and is lost again: a new uid.
+	callCharge(t, b.session, "secret-key", 100)
+	newer := markUnknown()
+	if newer == old {
+		t.Fatalf("the new call has the old uid %s", old)
+	}
+	err := outbox.ResolveCallUID(ctx, b.db, old, outbox.ResolveCompleted, "meant for the old call")
+	if !errors.Is(err, outbox.ErrNoCall) || !strings.Contains(err.Error(), old) || strings.Contains(err.Error(), "secret-key") {
+		t.Errorf("resolving the rerun call again: %v, want no such call naming %s and not the key", err, old)
+	}
+	if st, _ := query.Lookup(ctx, b.db.Read, "local", "secret-key", time.Now()); st.State != query.OutcomeUnknown {
+		t.Errorf("the newer call is %s, want it still unknown", st.State)
+	}
+	if err := outbox.ResolveCallUID(ctx, b.db, newer, outbox.ResolveFailed, ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := outbox.ResolveCallUID(ctx, b.db, newer, outbox.ResolveRerun, ""); !errors.Is(err, outbox.ErrCallNotUnknown) ||
+		!strings.Contains(err.Error(), newer+" is failed") {
+		t.Errorf("resolving twice: %v", err)
+	}
+}

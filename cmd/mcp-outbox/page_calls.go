@@ -149,32 +149,31 @@ func (p *pageHandler) resolveCall(w http.ResponseWriter, r *http.Request) {
 		p.redirectFailed(w, r, action, fmt.Errorf("%s is %s: %w", name, call.State, outbox.ErrCallNotUnknown))
 		return
 	}
-	// ResolveCall finds the call by principal and key, in a statement that
-	// applies only while it is unknown. The same key names another row
-	// only after this one was settled as rerun (deleted) and a new call
-	// with its key became unknown in turn, between the read above and
-	// that statement; res.CallID, read just before it, shows it.
-	res, err := resolveUnknownCall(r.Context(), p.db, call.Principal, call.Key, outcome, note)
-	if err != nil {
-		if errors.Is(err, outbox.ErrNoCall) || errors.Is(err, outbox.ErrCallNotUnknown) {
-			// Settled by someone else since the read above.
-			err = fmt.Errorf("%s was settled meanwhile: %w", name, err)
-		}
+	// By uid, never reused: if this call was settled as rerun meanwhile
+	// and a new call with its key became unknown, that one is not touched.
+	if err := checkResolveCall(call.Principal, call.Key, outcome, note); err != nil {
 		p.redirectFailed(w, r, action, redactKey(err, call.Principal, call.Key))
 		return
 	}
-	p.logger.Info("operator page action", "action", "resolve-call", "outcome", outcome, "call", id, "call_id", res.CallID,
-		"key", outbox.KeyHash(call.Principal, call.Key), "tool", res.Tool, "from", res.PreviousState, "to", res.State, "remote", r.RemoteAddr)
-	msg := name + ": was unknown, now " + string(res.State) + "."
+	if err := outbox.ResolveCallUID(r.Context(), p.db, call.UID, outcome, note); err != nil {
+		if errors.Is(err, outbox.ErrNoCall) || errors.Is(err, outbox.ErrCallNotUnknown) {
+			err = fmt.Errorf("%s was settled meanwhile: %w", name, err)
+		}
+		p.redirectFailed(w, r, action, err)
+		return
+	}
+	state := outcome
+	if outcome == outbox.ResolveRerun {
+		state = string(query.NotFound)
+	}
+	p.logger.Info("operator page action", "action", "resolve-call", "outcome", outcome, "call", id, "call_id", call.UID,
+		"key", outbox.KeyHash(call.Principal, call.Key), "tool", call.Tool, "from", query.OutcomeUnknown, "to", state, "remote", r.RemoteAddr)
+	msg := name + ": was unknown, now " + state + "."
 	if outcome == outbox.ResolveRerun {
 		msg = name + ": was unknown, now forgotten: the next retry with its key runs it."
 		if note != "" {
 			msg += " The note was not recorded: rerun records no result."
 		}
-	}
-	if res.CallID != "" && res.CallID != call.UID {
-		p.logger.Warn("operator page settled a newer call with the same key", "call", id, "call_id", call.UID, "settled", res.CallID)
-		msg += fmt.Sprintf(" Warning: call %s was replaced by %s with the same key before it was settled; %s was settled.", call.UID, res.CallID, res.CallID)
 	}
 	p.redirectFlash(w, r, flashDone, msg)
 }
