@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox"
@@ -53,6 +55,18 @@ func (u *upstream) server() *mcp.Server {
 			u.runs.Add(1)
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "looked"}}}, nil, nil
 		})
+	// ask asks the client for a name (an elicitation: a request of the
+	// upstream's own) and answers with it.
+	mcp.AddTool(s, &mcp.Tool{Name: "ask"}, func(ctx context.Context, req *mcp.CallToolRequest, _ workIn) (*mcp.CallToolResult, any, error) {
+		answer, err := req.Session.Elicit(ctx, &mcp.ElicitParams{
+			Message:         "name?",
+			RequestedSchema: map[string]any{"type": "object", "properties": map[string]any{"name": map[string]any{"type": "string"}}},
+		})
+		if err != nil {
+			return nil, nil, err
+		}
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprint("name ", answer.Content["name"])}}}, nil, nil
+	})
 	s.AddResource(&mcp.Resource{URI: "mem://a", Name: "a"}, func(context.Context, *mcp.ReadResourceRequest) (*mcp.ReadResourceResult, error) {
 		return &mcp.ReadResourceResult{Contents: []*mcp.ResourceContents{{URI: "mem://a", Text: "hello"}}}, nil
 	})
@@ -209,7 +223,7 @@ func TestPassThrough(t *testing.T) {
 	for _, tl := range tools.Tools {
 		names = append(names, tl.Name)
 	}
-	if fmt.Sprint(names) != fmt.Sprint([]string{"block", "look", "work", outbox.StatusToolName}) {
+	if fmt.Sprint(names) != fmt.Sprint([]string{"ask", "block", "look", "work", outbox.StatusToolName}) {
 		t.Errorf("tools = %v", names)
 	}
 	for range 2 {
@@ -310,5 +324,89 @@ func TestUpstreamRestart(t *testing.T) {
 	}
 	if got := u.dials.Load(); got != 2 {
 		t.Errorf("dials = %d, want 2", got)
+	}
+}
+
+// TestUpstreamRequestIDsAcrossRestart: the upstream's own requests reach
+// the client under the proxy's ids. A restarted upstream numbers its
+// requests from 1 again; the client's late answer to the dead upstream's
+// request must not reach the new one as the answer to its own.
+func TestUpstreamRequestIDsAcrossRestart(t *testing.T) {
+	u := newUpstream()
+	type asked struct{ answer chan string }
+	asks := make(chan asked, 4)
+	client := &mcp.ClientOptions{
+		ElicitationHandler: func(ctx context.Context, req *mcp.ElicitRequest) (*mcp.ElicitResult, error) {
+			a := asked{answer: make(chan string, 1)}
+			asks <- a
+			select {
+			case name := <-a.answer:
+				return &mcp.ElicitResult{Action: "accept", Content: map[string]any{"name": name}}, nil
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		},
+	}
+	// Under 2026-07-28 a server asks through InputRequests in its result
+	// instead (multi round-trip); requests of its own need an older version.
+	cs, _ := proxyTo(t, false, u, client, &mcp.ClientSessionOptions{ProtocolVersion: "2025-11-25"})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	first := make(chan *mcp.CallToolResult, 1)
+	go func() {
+		res, _ := call(t, cs, ctx, "ask", "ask-1", 1)
+		first <- res
+	}()
+	old := recv(t, asks, "the first upstream's elicitation")
+	u.kill() // the first upstream dies while the client is answering it
+	if res := recv(t, first, "the first call's answer"); res == nil || !res.IsError {
+		t.Fatalf("call cut off by the crash: %v, want a tool error", res)
+	}
+
+	second := make(chan *mcp.CallToolResult, 1)
+	go func() {
+		res, err := call(t, cs, ctx, "ask", "ask-2", 2)
+		if err != nil {
+			t.Errorf("second call: %v", err)
+		}
+		second <- res
+	}()
+	newer := recv(t, asks, "the restarted upstream's elicitation")
+	old.answer <- "stale" // the late answer to the dead upstream's request
+	newer.answer <- "fresh"
+	res := recv(t, second, "the second call's answer")
+	if res == nil || res.IsError || textOf(res) != "name fresh" {
+		t.Fatalf("second call: %v, want the answer to its own elicitation, name fresh", res)
+	}
+}
+
+// TestToClientIDs: each request of an upstream gets an id of the proxy's,
+// and an upstream's cancellation names the id the client knows.
+func TestToClientIDs(t *testing.T) {
+	s := &session{}
+	req := func(id int64) *jsonrpc.Request {
+		return &jsonrpc.Request{ID: mustID(id), Method: "elicitation/create", Params: json.RawMessage(`{}`)}
+	}
+	cancelOf := func(id int64) *jsonrpc.Request {
+		return &jsonrpc.Request{Method: "notifications/cancelled", Params: json.RawMessage(fmt.Sprintf(`{"requestId":%d,"reason":"r"}`, id))}
+	}
+	if got := s.toClient(req(1), 1).ID.Raw(); got != int64(1) {
+		t.Errorf("first upstream's request 1 went out as %v, want 1", got)
+	}
+	if got := s.toClient(req(1), 2).ID.Raw(); got != int64(2) {
+		t.Errorf("second upstream's request 1 went out as %v, want 2", got)
+	}
+	for _, tc := range []struct {
+		gen  int
+		want string
+	}{{2, `{"reason":"r","requestId":2}`}, {1, `{"reason":"r","requestId":1}`}} {
+		if got := string(s.toClient(cancelOf(1), tc.gen).Params); got != tc.want {
+			t.Errorf("cancellation of request 1 by upstream %d: %s, want %s", tc.gen, got, tc.want)
+		}
+	}
+	note := &jsonrpc.Request{Method: "notifications/message", Params: json.RawMessage(`{"level":"info","data":1}`)}
+	if got := s.toClient(note, 2); got != note {
+		t.Errorf("a notification was changed: %+v", got)
 	}
 }

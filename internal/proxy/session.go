@@ -50,6 +50,20 @@ type session struct {
 	initParams  json.RawMessage       // the client's initialize, replayed to a restarted upstream
 	initSent    bool                  // the client's initialize went to an upstream
 	initialized bool                  // the client's notifications/initialized went to an upstream
+	// The upstream's own requests to the client (sampling, roots,
+	// elicitation) go out under ids of the proxy: a restarted upstream
+	// numbers its requests from 1 again, and the client's answer to the
+	// old upstream's request must not reach the new one as the answer to
+	// its own.
+	nextDown int64
+	downward map[int64]downRequest
+}
+
+// downRequest is an upstream's request to the client, by the id the client
+// knows it under.
+type downRequest struct {
+	gen int
+	id  jsonrpc.ID // the upstream's own
 }
 
 // pending is a request the upstream has not answered yet.
@@ -68,6 +82,7 @@ type pending struct {
 type outgoing struct {
 	msg jsonrpc.Message
 	p   *pending // for requests expecting an answer
+	gen int      // if not 0, the only upstream connection it may go to
 
 	mu        sync.Mutex
 	sent      chan struct{} // closed once the message was written, or will never be
@@ -155,8 +170,8 @@ func (s *session) readClient() error {
 			}
 		case *jsonrpc.Response:
 			// An answer to a request of the upstream (sampling, roots,
-			// elicitation): the ids are the upstream's own.
-			s.queue(newOutgoing(m, nil))
+			// elicitation), under the id the proxy gave that request.
+			s.onClientAnswer(m)
 		}
 	}
 }
@@ -291,6 +306,13 @@ func (s *session) writeUpstream() {
 			o.mu.Lock()
 			if o.abandoned {
 				o.mu.Unlock()
+				break
+			}
+			if o.gen != 0 && o.gen != gen {
+				// An answer to a request of an upstream that is gone.
+				o.mu.Unlock()
+				s.p.logger.Debug("drop the client's answer to a request of a previous upstream", "id", o.msg.(*jsonrpc.Response).ID.Raw())
+				o.settle(errUpstreamGone)
 				break
 			}
 			if o.p != nil {
@@ -492,6 +514,11 @@ func (s *session) markDown(gen int) {
 		s.ready = make(chan struct{})
 	default:
 	}
+	for id, d := range s.downward {
+		if d.gen == gen {
+			delete(s.downward, id)
+		}
+	}
 	var lost []*pending
 	for id, p := range s.pending {
 		if p.gen == gen {
@@ -526,11 +553,67 @@ func (s *session) readUpstream(conn mcp.Connection, gen int) {
 		case *jsonrpc.Response:
 			s.onUpstreamResponse(m)
 		case *jsonrpc.Request:
-			// Notifications (progress, logging, list changes) and the
-			// upstream's requests to the client pass through as they are.
-			s.writeClient(m)
+			// Notifications (progress, logging, list changes) pass through
+			// as they are; the upstream's requests to the client, and its
+			// cancellations of them, under the proxy's ids.
+			s.writeClient(s.toClient(m, gen))
 		}
 	}
+}
+
+// toClient gives an upstream's request to the client an id of the proxy,
+// and translates the upstream's cancellation of one of its requests.
+func (s *session) toClient(m *jsonrpc.Request, gen int) *jsonrpc.Request {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if m.IsCall() {
+		s.nextDown++
+		if s.downward == nil {
+			s.downward = map[int64]downRequest{}
+		}
+		s.downward[s.nextDown] = downRequest{gen: gen, id: m.ID}
+		return &jsonrpc.Request{ID: mustID(s.nextDown), Method: m.Method, Params: m.Params}
+	}
+	if m.Method != "notifications/cancelled" {
+		return m
+	}
+	var c map[string]any
+	if err := json.Unmarshal(m.Params, &c); err != nil {
+		return m
+	}
+	upID, err := jsonrpc.MakeID(c["requestId"])
+	if err != nil {
+		return m
+	}
+	for id, d := range s.downward {
+		if d.gen == gen && d.id == upID {
+			c["requestId"] = id
+			if params, err := json.Marshal(c); err == nil {
+				return &jsonrpc.Request{Method: m.Method, Params: params}
+			}
+		}
+	}
+	return m
+}
+
+// onClientAnswer sends the client's answer to the upstream that asked,
+// under that upstream's id; an answer for an upstream that is gone, or to
+// no request, is dropped.
+func (s *session) onClientAnswer(m *jsonrpc.Response) {
+	n, ok := m.ID.Raw().(int64)
+	s.mu.Lock()
+	d, found := s.downward[n]
+	if found {
+		delete(s.downward, n)
+	}
+	s.mu.Unlock()
+	if !ok || !found {
+		s.p.logger.Debug("answer from the client to no pending request of the upstream (it may have restarted since)", "id", m.ID.Raw())
+		return
+	}
+	o := newOutgoing(&jsonrpc.Response{ID: d.id, Result: m.Result, Error: m.Error}, nil)
+	o.gen = d.gen
+	s.queue(o)
 }
 
 func (s *session) onUpstreamResponse(m *jsonrpc.Response) {
