@@ -107,13 +107,13 @@ func (cfg *appConfig) flags(env *environment, fs *flag.FlagSet) error {
 		return err
 	}
 	fs.IntVar(&cfg.batchCalls, "batch-calls", batchCalls,
-		"group commit: at most this many calls share one commit; 1 gives each call its own [MCP_OUTBOX_BATCH_CALLS]")
+		"group commit: at most this many calls share one commit; 1 gives each call its own, 0 means the default [MCP_OUTBOX_BATCH_CALLS]")
 	batchWait, err := env.envDuration("MCP_OUTBOX_BATCH_WAIT", outbox.DefaultMaxBatchWait)
 	if err != nil {
 		return err
 	}
 	fs.DurationVar(&cfg.batchWait, "batch-wait", batchWait,
-		"group commit: a batch stops taking calls this long after it began; no call waits for others to arrive [MCP_OUTBOX_BATCH_WAIT]")
+		"group commit: a batch stops taking calls this long after it began (0 means the default); no call ever waits for others to arrive [MCP_OUTBOX_BATCH_WAIT]")
 	for _, ttl := range []struct {
 		d         *time.Duration
 		flag, env string
