@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/query"
 )
 
 // steps is a test tool whose calls the test paces: each call, named by its
@@ -314,4 +315,31 @@ func equalSets(a, b map[string]bool) bool {
 		}
 	}
 	return true
+}
+
+// A call whose claim is not committed yet (it waits for the writer's turn,
+// or rides in an open batch) has no row a reader could see; the status tool
+// still answers in_flight for it, from the attempts of this process.
+func TestGroupCommit_StatusOfUncommittedClaim(t *testing.T) {
+	t.Parallel()
+	b := setup(t, &outbox.Options{MaxBatchWait: time.Hour}, nil)
+	s := addSteps(t, b)
+	lead := s.gated("lead")
+	close(lead.first)
+	leadRes := s.call(t, b.session, "lead", stepIn{Name: "lead"})
+	<-lead.wrote
+	res := s.call(t, b.session, "x", stepIn{Name: "x"})
+	waitFor(t, func() bool { return outbox.WaitingForTurn(b.layer) == 1 })
+	if n := count(t, b.db.Read, `SELECT count(*) FROM calls WHERE key = 'x'`); n != 0 {
+		t.Fatalf("x has %d rows before its claim commits", n)
+	}
+	if st := status(t, b.session, map[string]any{"key": "x"}); st.State != query.InFlight || st.Tool != "step" || st.KeySource != "meta" {
+		t.Errorf("status of a call whose claim is not committed: %+v, want in_flight", st)
+	}
+	close(lead.hold)
+	<-leadRes
+	<-res
+	if st := status(t, b.session, map[string]any{"key": "x"}); st.State != query.Completed {
+		t.Errorf("status after the commit: %+v", st)
+	}
 }

@@ -91,6 +91,16 @@ func (l *Layer) lookupStatus(ctx context.Context, principal string, in StatusInp
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", StatusToolName, err)
 	}
+	if st.State == query.NotFound {
+		// A claim waits for no commit of its own (group commit): an attempt
+		// of this process may be running a call the table does not show yet.
+		l.mu.Lock()
+		a := l.local[localKey{principal, st.Key}]
+		l.mu.Unlock()
+		if a != nil {
+			st = query.Running(a.id.key, string(a.id.source), a.tool.name)
+		}
+	}
 	return st, nil
 }
 

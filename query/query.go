@@ -159,6 +159,15 @@ func effects(ctx context.Context, db *sql.DB, callID int64) ([]Effect, error) {
 	return out, nil
 }
 
+// Running is the status of a call an attempt in this process is running
+// but whose claim is not committed yet (it rides in an open group-commit
+// batch), so the table does not show it.
+func Running(key, keySource, tool string) *Status {
+	st := &Status{Key: key, KeySource: keySource, State: InFlight, Tool: tool, Effects: []Effect{}}
+	st.Message = message(st)
+	return st
+}
+
 func message(st *Status) string {
 	switch st.State {
 	case InFlight:
