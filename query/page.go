@@ -178,9 +178,12 @@ type Bucket struct {
 	Failed int `json:"failed"`
 }
 
+// selectDeliveredBuckets names effects_delivered: without statistics
+// SQLite prefers the equality on effects_state and reads every delivered
+// effect the retention keeps (250 ms per million here, against 2 ms).
 const (
 	selectDeliveredBuckets = `
-SELECT (delivered_at - ?1) / ?2, count(*) FROM effects
+SELECT (delivered_at - ?1) / ?2, count(*) FROM effects INDEXED BY effects_delivered
 WHERE state = 'delivered' AND delivered_at >= ?1 AND delivered_at < ?3
 GROUP BY 1`
 	selectFailedBuckets = `
