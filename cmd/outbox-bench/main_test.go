@@ -54,3 +54,28 @@ func TestRun_Usage(t *testing.T) {
 		t.Errorf("stdout: %q, want nothing", stdout.String())
 	}
 }
+
+// TestRun_Only runs the chosen targets and reports only those; a bad list
+// is a usage error.
+func TestRun_Only(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	if code := run(context.Background(), []string{"--quick", "--json", "--only", "3,2", "--dir", t.TempDir()}, &stdout, &stderr); code != 0 {
+		t.Fatalf("exit %d\nstderr:\n%s", code, stderr.String())
+	}
+	var rep Report
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Results) != 2 || rep.Results[0].ID != 2 || rep.Results[1].ID != 3 {
+		t.Errorf("--only 3,2 reported %+v, want targets 2 and 3", rep.Results)
+	}
+	if strings.Contains(stderr.String(), "target 4") || strings.Contains(stderr.String(), "seeding") {
+		t.Errorf("--only 3,2 measured more:\n%s", stderr.String())
+	}
+	for _, bad := range []string{"8", "1,x", "0"} {
+		stderr.Reset()
+		if code := run(context.Background(), []string{"--only", bad}, &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), "want target numbers") {
+			t.Errorf("--only %q: exit %d, stderr %q; want exit 2 naming the target numbers", bad, code, stderr.String())
+		}
+	}
+}
