@@ -44,22 +44,38 @@ func CountEffects(ctx context.Context, db *sql.DB) (Counts, error) {
 	return c, rows.Err()
 }
 
+// Of is the number of effects in state.
+func (c Counts) Of(state string) int {
+	if p := c.field(state); p != nil {
+		return *p
+	}
+	return 0
+}
+
 // set records n effects in state.
 func (c *Counts) set(state string, n int) {
+	if p := c.field(state); p != nil {
+		*p = n
+	}
+}
+
+// field is the count of state; nil for a state that is not one.
+func (c *Counts) field(state string) *int {
 	switch state {
 	case "pending":
-		c.Pending = n
+		return &c.Pending
 	case "in_flight":
-		c.InFlight = n
+		return &c.InFlight
 	case "delivered":
-		c.Delivered = n
+		return &c.Delivered
 	case "dead":
-		c.Dead = n
+		return &c.Dead
 	case "unknown":
-		c.Unknown = n
+		return &c.Unknown
 	case "cancelled":
-		c.Cancelled = n
+		return &c.Cancelled
 	}
+	return nil
 }
 
 // EffectRow is one effect as operators see it: the call-independent
