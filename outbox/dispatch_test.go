@@ -92,12 +92,18 @@ func TestDispatch_Delivers(t *testing.T) {
 	d := s.dispatcher(t, outbox.Destination{AuthHeader: "Authorization", AuthValue: "Bearer sk_test"}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c, err := d.Drain(ctx, nil)
+	// Progress comes after the first round, then at most every 100 ms:
+	// this drain is over long before a second report is due.
+	var reports []query.Counts
+	c, err := d.Drain(ctx, func(c query.Counts) { reports = append(reports, c) })
 	if err != nil {
 		t.Fatal(err)
 	}
 	if c.Delivered != 3 || c.Open() != 0 {
 		t.Fatalf("counts after drain = %+v", c)
+	}
+	if len(reports) == 0 || reports[0].Total() != 3 {
+		t.Errorf("progress reports %+v, want the first after the first round, counting the 3 effects", reports)
 	}
 	if got := len(s.fake.Applied()); got != 3 {
 		t.Fatalf("applied = %d, want 3", got)

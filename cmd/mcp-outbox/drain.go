@@ -79,7 +79,11 @@ func runDrain(ctx context.Context, env *environment, args []string) error {
 	dctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	progress := newProgress(env.stderr)
-	counts, err := disp.Drain(dctx, progress.show)
+	var show func(query.Counts) // only a terminal gets progress: counting costs
+	if progress.tty {
+		show = progress.show
+	}
+	counts, err := disp.Drain(dctx, show)
 	progress.done()
 	timedOut := errors.Is(err, context.DeadlineExceeded)
 	if err != nil && !timedOut {
@@ -133,10 +137,8 @@ func newProgress(w io.Writer) *progress {
 	return p
 }
 
+// show rewrites the line; Drain calls it at most every 100 ms.
 func (p *progress) show(c query.Counts) {
-	if !p.tty || time.Since(p.last) < 100*time.Millisecond {
-		return
-	}
 	p.last = time.Now()
 	fmt.Fprintf(p.w, "\rdelivered %d, pending %d, in flight %d, dead %d, unknown %d   ", c.Delivered, c.Pending, c.InFlight, c.Dead, c.Unknown)
 }
