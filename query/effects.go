@@ -44,6 +44,12 @@ func CountEffects(ctx context.Context, db *sql.DB) (Counts, error) {
 	return c, rows.Err()
 }
 
+// Plus is the sum of c and o, state by state.
+func (c Counts) Plus(o Counts) Counts {
+	return Counts{Pending: c.Pending + o.Pending, InFlight: c.InFlight + o.InFlight, Delivered: c.Delivered + o.Delivered,
+		Dead: c.Dead + o.Dead, Unknown: c.Unknown + o.Unknown, Cancelled: c.Cancelled + o.Cancelled}
+}
+
 // Of is the number of effects in state.
 func (c Counts) Of(state string) int {
 	if p := c.field(state); p != nil {

@@ -518,12 +518,20 @@ func (p *pageHandler) show(w http.ResponseWriter, r *http.Request, lookup *looku
 
 // read fills in what the page shows from the database.
 func (p *pageHandler) read(ctx context.Context, d *indexData, window chartWindow) (err error) {
-	if d.Summary, err = summarizeEffects(ctx, p.db); err != nil {
-		return err
-	}
+	// One count of the effects for both the totals and the destinations:
+	// each reads every effect's index entry.
 	if d.ByDest, err = query.CountEffectsByDestination(ctx, p.db.Read); err != nil {
 		return err
 	}
+	var all query.Counts
+	for _, bd := range d.ByDest {
+		all = all.Plus(bd.Counts)
+	}
+	unknownCalls, err := query.CountUnknownCalls(ctx, p.db.Read)
+	if err != nil {
+		return err
+	}
+	d.Summary = effectSummary{Counts: all, Total: all.Total(), UnknownCalls: unknownCalls}
 	if d.Stuck, err = query.ListStuckEffects(ctx, p.db.Read, pageStuckLimit); err != nil {
 		return err
 	}
