@@ -280,6 +280,7 @@ func (h *adminHandler) resolveCall(w http.ResponseWriter, r *http.Request) {
 	var body struct {
 		Principal string `json:"principal"`
 		Key       string `json:"key"`
+		CallID    string `json:"callId"`
 		Outcome   string `json:"outcome"`
 		Note      string `json:"note"`
 	}
@@ -287,8 +288,15 @@ func (h *adminHandler) resolveCall(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	body.Principal = outbox.ParsePrincipal(body.Principal)
-	res, err := resolveUnknownCall(r.Context(), h.db, body.Principal, body.Key, body.Outcome, body.Note)
+	ref := callRef{Key: body.Key, CallID: body.CallID}
+	if body.CallID == "" {
+		ref.Principal = outbox.ParsePrincipal(body.Principal)
+	} else if body.Principal != "" {
+		h.fail(w, r, badInputf("give the call's principal and key or its callId, not both"))
+		return
+	}
+	body.Principal = ref.Principal
+	res, err := resolveUnknownCall(r.Context(), h.db, ref, body.Outcome, body.Note)
 	if err != nil {
 		h.failLogging(w, r, err, redactKey(err, body.Principal, body.Key))
 		return

@@ -371,6 +371,10 @@ func TestAdminUnknownCalls(t *testing.T) {
 			{"POST", "/admin/calls/resolve", `{"key": "lost-1", "outcome": "rerun", "force": true}`, http.StatusBadRequest, `unknown field "force"`},
 			{"POST", "/admin/calls/resolve", `{"key": "lost-1", "outcome": "completed", "note": "` + strings.Repeat("n", 1001) + `"}`, http.StatusBadRequest, "note: 1001 bytes"},
 			{"GET", "/admin/calls/resolve", "", http.StatusMethodNotAllowed, "method GET not allowed"},
+			{"POST", "/admin/calls/resolve", `{"callId": "call_local_lost-2", "key": "lost-2", "outcome": "rerun"}`, http.StatusBadRequest, "not both"},
+			{"POST", "/admin/calls/resolve", `{"callId": "call_local_lost-2", "principal": "local", "outcome": "rerun"}`, http.StatusBadRequest, "not both"},
+			{"POST", "/admin/calls/resolve", `{"callId": "call nobody", "outcome": "rerun"}`, http.StatusBadRequest, `call id "call nobody"`},
+			{"POST", "/admin/calls/resolve", `{"callId": "call_nobody", "outcome": "rerun"}`, http.StatusNotFound, "call call_nobody: no such call"},
 		} {
 			status, m := f.do(t, tc.method, tc.target, tc.body)
 			wantError(t, tc.method+" "+tc.target+" "+shorten(tc.body, 50), status, m, tc.status, tc.want)
@@ -401,6 +405,14 @@ func TestAdminUnknownCalls(t *testing.T) {
 		wantError(t, "resolving twice", status, m, http.StatusConflict, "is completed")
 		if status, m := f.do(t, http.MethodGet, "/admin/calls/unknown", ""); status != http.StatusOK || !slices.Equal(keys(m), []string{"local/lost-2"}) {
 			t.Errorf("unknown calls left: %d %v", status, m)
+		}
+		// By call id: the answer names the call as the other form does.
+		status, m = f.do(t, http.MethodPost, "/admin/calls/resolve", `{"callId": "call_local_lost-2", "outcome": "failed"}`)
+		if status != http.StatusOK || m["principal"] != "local" || m["key"] != "lost-2" || m["state"] != "failed" {
+			t.Errorf("resolve by callId: %d %v", status, m)
+		}
+		if s, _ := callStateOf(t, db, "local", "lost-2"); s != "failed" {
+			t.Errorf("lost-2 resolved by callId: %s", s)
 		}
 	})
 }

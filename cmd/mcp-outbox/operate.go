@@ -297,13 +297,30 @@ type callResolution struct {
 	State query.State `json:"state"`
 }
 
+// callRef names the call a resolution is for: by principal and key, or by
+// its call id (calls.uid, which the status tool, the logs and the page show
+// and which is never reused).
+type callRef struct {
+	Principal, Key string
+	CallID         string
+}
+
 // checkResolveCall validates a resolution before anything is opened.
-func checkResolveCall(principal, key, outcome, note string) error {
-	if principal == "" {
-		return badInputf("principal: empty")
-	}
-	if err := callkey.Validate(key); err != nil {
-		return badInputf("key: %v", err)
+func checkResolveCall(ref callRef, outcome, note string) error {
+	switch {
+	case ref.CallID != "" && ref.Key != "":
+		return badInputf("give the call's key or its call id, not both")
+	case ref.CallID != "":
+		if len(ref.CallID) > 64 || strings.ContainsFunc(ref.CallID, func(r rune) bool { return r <= ' ' || r > '~' }) {
+			return badInputf("call id %q: want the callId the status tool shows, such as call_0123abcd", shorten(ref.CallID, 40))
+		}
+	default:
+		if ref.Principal == "" {
+			return badInputf("principal: empty")
+		}
+		if err := callkey.Validate(ref.Key); err != nil {
+			return badInputf("key: %v", err)
+		}
 	}
 	if !slices.Contains(callOutcomeNames(), outcome) {
 		return badInputf("outcome %q: want %s", outcome, orList(callOutcomeNames()))
@@ -314,20 +331,31 @@ func checkResolveCall(principal, key, outcome, note string) error {
 	return nil
 }
 
-// resolveUnknownCall validates and settles principal's unknown call with key.
-func resolveUnknownCall(ctx context.Context, db *schema.DB, principal, key, outcome, note string) (*callResolution, error) {
-	if err := checkResolveCall(principal, key, outcome, note); err != nil {
+// resolveUnknownCall validates and settles the unknown call ref names.
+func resolveUnknownCall(ctx context.Context, db *schema.DB, ref callRef, outcome, note string) (*callResolution, error) {
+	if err := checkResolveCall(ref, outcome, note); err != nil {
 		return nil, err
 	}
-	res := &callResolution{Principal: principal, Key: key, Outcome: outcome, PreviousState: query.OutcomeUnknown}
+	res := &callResolution{Principal: ref.Principal, Key: ref.Key, CallID: ref.CallID, Outcome: outcome, PreviousState: query.OutcomeUnknown}
 	// For the report only: ResolveCall's own statement applies only to an
 	// unknown call, and says what the call is if it is not one.
-	err := db.Read.QueryRowContext(ctx, `SELECT tool, uid FROM calls WHERE principal = ? AND key = ?`, principal, key).
-		Scan(&res.Tool, &res.CallID)
-	if err != nil && !errors.Is(err, sql.ErrNoRows) {
-		return nil, fmt.Errorf("read call %q of %s: %w", key, principal, err)
+	var err error
+	if ref.CallID != "" {
+		err = db.Read.QueryRowContext(ctx, `SELECT tool, principal, key FROM calls WHERE uid = ?`, ref.CallID).
+			Scan(&res.Tool, &res.Principal, &res.Key)
+	} else {
+		err = db.Read.QueryRowContext(ctx, `SELECT tool, uid FROM calls WHERE principal = ? AND key = ?`, ref.Principal, ref.Key).
+			Scan(&res.Tool, &res.CallID)
 	}
-	if err := outbox.ResolveCall(ctx, db, principal, key, outcome, note); err != nil {
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("read the call: %w", err)
+	}
+	if ref.CallID != "" {
+		err = outbox.ResolveCallUID(ctx, db, ref.CallID, outcome, note)
+	} else {
+		err = outbox.ResolveCall(ctx, db, ref.Principal, ref.Key, outcome, note)
+	}
+	if err != nil {
 		if errors.Is(err, outbox.ErrCallOutcome) {
 			return nil, badInput{err}
 		}
@@ -478,7 +506,7 @@ forwarded to a tool server that keeps its work outside the outbox's
 transaction, and its outcome was lost: it may or may not have run, and it
 never runs again by itself. Settle each with resolve-call. --json prints
 every field of each row.`, runOutboxCalls},
-		{"resolve-call", `Usage: mcp-outbox outbox resolve-call --key K [--principal P] --outcome OUTCOME [--note TEXT] [--db FILE]
+		{"resolve-call", `Usage: mcp-outbox outbox resolve-call (--key K [--principal P] | --call-id ID) --outcome OUTCOME [--note TEXT] [--db FILE]
 
 Settles a call in state unknown by what you found out in the tool server's
 own records. OUTCOME is one of:
@@ -486,7 +514,9 @@ own records. OUTCOME is one of:
 The note (at most 1000 bytes) is recorded after "[resolved by an operator]"
 as the text of the call's result, which retries replay to the client: say
 what you found. The principal is "local" unless given: calls over stdio and
-unauthenticated HTTP belong to it. Only an unknown call can be resolved.`, runOutboxResolveCall},
+unauthenticated HTTP belong to it. --call-id names the call by its call id
+instead (callId in the status tool and 'outbox calls', call_id in the logs),
+which no other call ever has. Only an unknown call can be resolved.`, runOutboxResolveCall},
 	}
 }
 
@@ -806,6 +836,7 @@ func runOutboxResolveCall(ctx context.Context, env *environment, s outboxSub, ar
 	fs, dbPath := subFlags(env, s)
 	key := fs.String("key", "", "the idempotency `key` of the call")
 	principal := fs.String("principal", outbox.LocalPrincipal, "whose call it is: local, or a token's principal (alice or user:alice)")
+	callID := fs.String("call-id", "", "instead of --key and --principal: the call's `id` (callId in the status tool, call_id in the logs)")
 	outcome := fs.String("outcome", "", "what you found out: "+strings.Join(callOutcomeNames(), ", "))
 	note := fs.String("note", "", "what you found, recorded in the call's result (at most 1000 bytes)")
 	pos, err := parseInterspersed(fs, args)
@@ -818,7 +849,11 @@ func runOutboxResolveCall(ctx context.Context, env *environment, s outboxSub, ar
 	if *principal != "" { // an explicit empty principal is refused below
 		*principal = outbox.ParsePrincipal(*principal)
 	}
-	if err := checkResolveCall(*principal, *key, *outcome, *note); err != nil {
+	ref := callRef{Principal: *principal, Key: *key, CallID: *callID}
+	if *callID != "" {
+		ref.Principal = ""
+	}
+	if err := checkResolveCall(ref, *outcome, *note); err != nil {
 		return cliError(err)
 	}
 	db, err := openExisting(ctx, *dbPath)
@@ -826,7 +861,7 @@ func runOutboxResolveCall(ctx context.Context, env *environment, s outboxSub, ar
 		return err
 	}
 	defer db.Close()
-	res, err := resolveUnknownCall(ctx, db, *principal, *key, *outcome, *note)
+	res, err := resolveUnknownCall(ctx, db, ref, *outcome, *note)
 	if err != nil {
 		return cliError(err)
 	}

@@ -581,6 +581,9 @@ func TestOutboxCLIUnknownCalls(t *testing.T) {
 			{[]string{"--key", "lost-1", "--outcome", "completed", "--note", strings.Repeat("n", 1001)}, 2, "note: 1001 bytes, the limit is 1000"},
 			{[]string{"--key", "lost-1", "--principal", "", "--outcome", "rerun"}, 2, "principal: empty"},
 			{[]string{"lost-1", "--outcome", "rerun"}, 2, `unexpected argument "lost-1"`},
+			{[]string{"--call-id", "call_local_lost-1", "--key", "lost-1", "--outcome", "rerun"}, 2, "not both"},
+			{[]string{"--call-id", "bad id", "--outcome", "rerun"}, 2, `call id "bad id"`},
+			{[]string{"--call-id", "call_nobody", "--outcome", "rerun"}, 1, "call call_nobody: no such call"},
 		} {
 			r := runCLI(t, vars, append([]string{"outbox", "resolve-call"}, tc.args...)...)
 			if r.code != tc.code || !strings.Contains(r.stderr, tc.want) {
@@ -626,6 +629,14 @@ func TestOutboxCLIUnknownCalls(t *testing.T) {
 		}
 		if r := runCLI(t, vars, "outbox", "calls", "--json"); !strings.Contains(r.stdout, `"key": "lost-3"`) || strings.Count(r.stdout, `"key"`) != 1 {
 			t.Errorf("unknown calls left: %s, want lost-3 only", r.stdout)
+		}
+		// By call id, as 'outbox calls' and the status tool show it.
+		r = runCLI(t, vars, "outbox", "resolve-call", "--call-id", "call_local_lost-3", "--outcome", "failed")
+		if r.code != 0 || r.stdout != `call "lost-3" of local (charge, call_local_lost-3): was unknown, now failed`+"\n" {
+			t.Errorf("resolve-call --call-id: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+		}
+		if r := runCLI(t, vars, "outbox", "calls"); r.stdout != "no unknown calls\n" {
+			t.Errorf("unknown calls left: %q", r.stdout)
 		}
 	})
 }

@@ -151,8 +151,8 @@ func (p *pageHandler) resolveCall(w http.ResponseWriter, r *http.Request) {
 	}
 	// By uid, never reused: if this call was settled as rerun meanwhile
 	// and a new call with its key became unknown, that one is not touched.
-	if err := checkResolveCall(call.Principal, call.Key, outcome, note); err != nil {
-		p.redirectFailed(w, r, action, redactKey(err, call.Principal, call.Key))
+	if err := checkResolveCall(callRef{CallID: call.UID}, outcome, note); err != nil {
+		p.redirectFailed(w, r, action, err)
 		return
 	}
 	if err := outbox.ResolveCallUID(r.Context(), p.db, call.UID, outcome, note); err != nil {
