@@ -115,6 +115,18 @@ func (s *steps) call(t *testing.T, cs *mcp.ClientSession, key string, in stepIn)
 	return ch
 }
 
+// holdTurn starts a call named name that takes the writer's turn (it has
+// written its first row) and holds it until release is called; its result
+// then arrives on res.
+func (s *steps) holdTurn(t *testing.T, cs *mcp.ClientSession, in stepIn) (res <-chan *mcp.CallToolResult, release func()) {
+	t.Helper()
+	c := s.gated(in.Name)
+	close(c.first)
+	res = s.call(t, cs, in.Name, in)
+	<-c.wrote
+	return res, func() { close(c.hold) }
+}
+
 // formBatch runs the scenario every test here builds on: "lead" takes the
 // writer's turn and holds it; the others, claimed and parked before their
 // first statement, are then let go, so they queue for the turn; when all
@@ -131,16 +143,14 @@ func (s *steps) formBatch(t *testing.T, cs *mcp.ClientSession, lead stepIn, othe
 		results[in.Name] = s.call(t, cs, in.Name, in)
 		<-c.started // claimed, not yet writing
 	}
-	lc := s.gated(lead.Name)
-	close(lc.first)
-	results[lead.Name] = s.call(t, cs, lead.Name, lead)
-	<-lc.wrote // lead holds the writer's turn
+	leadRes, release := s.holdTurn(t, cs, lead)
+	results[lead.Name] = leadRes
 	// One at a time, so that they queue (and later run) in the order given.
 	for i, c := range gates {
 		close(c.first)
 		waitFor(t, func() bool { return outbox.WaitingForTurn(s.layer) == i+1 })
 	}
-	close(lc.hold)
+	release()
 	got := map[string]*mcp.CallToolResult{}
 	for name, ch := range results {
 		got[name] = <-ch
@@ -237,10 +247,7 @@ func TestGroupCommit_DuplicatesInOneBatch(t *testing.T) {
 	t.Parallel()
 	b := setup(t, &outbox.Options{MaxBatchWait: time.Hour}, nil)
 	s := addSteps(t, b)
-	lead := s.gated("lead")
-	close(lead.first)
-	leadRes := s.call(t, b.session, "lead", stepIn{Name: "lead"})
-	<-lead.wrote
+	leadRes, release := s.holdTurn(t, b.session, stepIn{Name: "lead"})
 
 	orig := s.gated("dup")
 	close(orig.hold)
@@ -251,7 +258,7 @@ func TestGroupCommit_DuplicatesInOneBatch(t *testing.T) {
 	dupRes := s.call(t, connect(t, b.server), "dup", stepIn{Name: "dup"})
 	waitFor(t, func() bool { return outbox.WaitingForTurn(b.layer) == 1 && waitingOnOriginal() >= 1 })
 	close(orig.first)
-	close(lead.hold)
+	release()
 
 	r1, r2, r0 := <-origRes, <-dupRes, <-leadRes
 	for _, r := range []*mcp.CallToolResult{r0, r1, r2} {
@@ -324,10 +331,7 @@ func TestGroupCommit_StatusOfUncommittedClaim(t *testing.T) {
 	t.Parallel()
 	b := setup(t, &outbox.Options{MaxBatchWait: time.Hour}, nil)
 	s := addSteps(t, b)
-	lead := s.gated("lead")
-	close(lead.first)
-	leadRes := s.call(t, b.session, "lead", stepIn{Name: "lead"})
-	<-lead.wrote
+	leadRes, release := s.holdTurn(t, b.session, stepIn{Name: "lead"})
 	res := s.call(t, b.session, "x", stepIn{Name: "x"})
 	waitFor(t, func() bool { return outbox.WaitingForTurn(b.layer) == 1 })
 	if n := count(t, b.db.Read, `SELECT count(*) FROM calls WHERE key = 'x'`); n != 0 {
@@ -336,7 +340,7 @@ func TestGroupCommit_StatusOfUncommittedClaim(t *testing.T) {
 	if st := status(t, b.session, map[string]any{"key": "x"}); st.State != query.InFlight || st.Tool != "step" || st.KeySource != "meta" {
 		t.Errorf("status of a call whose claim is not committed: %+v, want in_flight", st)
 	}
-	close(lead.hold)
+	release()
 	<-leadRes
 	<-res
 	if st := status(t, b.session, map[string]any{"key": "x"}); st.State != query.Completed {
