@@ -84,42 +84,27 @@ func (cfg *appConfig) flags(env *environment, fs *flag.FlagSet) error {
 	fs.StringVar(&cfg.durability, "durability", env.envDefault("MCP_OUTBOX_DURABILITY", "full"),
 		"full: a commit survives power loss; normal: survives a process crash, not a power loss, ~10x faster commits [MCP_OUTBOX_DURABILITY]")
 	fs.Var((*multiFlag)(&cfg.dests), "dest", "destination `NAME=URL[;SETTING=VALUE...]` for effects, repeatable; see below [MCP_OUTBOX_DEST_<NAME>=URL]")
-	window, err := env.envDuration("MCP_OUTBOX_FINGERPRINT_WINDOW", outbox.DefaultFingerprintWindow)
-	if err != nil {
-		return err
-	}
-	fs.DurationVar(&cfg.fingerprint, "fingerprint-window", window,
-		"how long a call without an idempotency key is recognised by its tool and arguments; 0 turns it off [MCP_OUTBOX_FINGERPRINT_WINDOW]")
-	wait, err := env.envDuration("MCP_OUTBOX_IN_FLIGHT_WAIT", outbox.DefaultInFlightWait)
-	if err != nil {
-		return err
-	}
-	fs.DurationVar(&cfg.inFlightWait, "in-flight-wait", wait,
-		"how long a duplicate waits for the original call's outcome before an \"in progress\" error [MCP_OUTBOX_IN_FLIGHT_WAIT]")
-	lease, err := env.envDuration("MCP_OUTBOX_LEASE", outbox.DefaultLease)
-	if err != nil {
-		return err
-	}
-	fs.DurationVar(&cfg.lease, "lease", lease,
-		"how long a running call's claim keeps other processes on the same database from taking it over; 0 means the default [MCP_OUTBOX_LEASE]")
 	batchCalls, err := env.envInt("MCP_OUTBOX_BATCH_CALLS", outbox.DefaultMaxBatchCalls)
 	if err != nil {
 		return err
 	}
 	fs.IntVar(&cfg.batchCalls, "batch-calls", batchCalls,
 		"group commit: at most this many calls share one commit; 1 gives each call its own, 0 means the default [MCP_OUTBOX_BATCH_CALLS]")
-	batchWait, err := env.envDuration("MCP_OUTBOX_BATCH_WAIT", outbox.DefaultMaxBatchWait)
-	if err != nil {
-		return err
-	}
-	fs.DurationVar(&cfg.batchWait, "batch-wait", batchWait,
-		"group commit: a batch stops taking calls this long after it began (0 means the default); no call ever waits for others to arrive [MCP_OUTBOX_BATCH_WAIT]")
+	// Durations: each a flag with its environment variable as default.
 	for _, ttl := range []struct {
 		d         *time.Duration
 		flag, env string
 		def       time.Duration
 		usage     string
 	}{
+		{&cfg.fingerprint, "fingerprint-window", "MCP_OUTBOX_FINGERPRINT_WINDOW", outbox.DefaultFingerprintWindow,
+			"how long a call without an idempotency key is recognised by its tool and arguments; 0 turns it off"},
+		{&cfg.inFlightWait, "in-flight-wait", "MCP_OUTBOX_IN_FLIGHT_WAIT", outbox.DefaultInFlightWait,
+			"how long a duplicate waits for the original call's outcome before an \"in progress\" error"},
+		{&cfg.lease, "lease", "MCP_OUTBOX_LEASE", outbox.DefaultLease,
+			"how long a running call's claim keeps other processes on the same database from taking it over; 0 means the default"},
+		{&cfg.batchWait, "batch-wait", "MCP_OUTBOX_BATCH_WAIT", outbox.DefaultMaxBatchWait,
+			"group commit: a batch stops taking calls this long after it began (0 means the default); no call ever waits for others to arrive"},
 		{&cfg.retention.Calls, "calls-ttl", "MCP_OUTBOX_CALLS_TTL", outbox.DefaultCallRetention,
 			"how long a call's key is remembered (a retry within it replays) and its record kept"},
 		{&cfg.retention.Delivered, "delivered-ttl", "MCP_OUTBOX_DELIVERED_TTL", outbox.DefaultDeliveredRetention,
