@@ -91,7 +91,7 @@ func (cfg *appConfig) flags(env *environment, fs *flag.FlagSet) error {
 	fs.IntVar(&cfg.batchCalls, "batch-calls", batchCalls,
 		"group commit: at most this many calls share one commit; 1 gives each call its own, 0 means the default [MCP_OUTBOX_BATCH_CALLS]")
 	// Durations: each a flag with its environment variable as default.
-	for _, ttl := range []struct {
+	for _, f := range []struct {
 		d         *time.Duration
 		flag, env string
 		def       time.Duration
@@ -110,11 +110,11 @@ func (cfg *appConfig) flags(env *environment, fs *flag.FlagSet) error {
 		{&cfg.retention.Delivered, "delivered-ttl", "MCP_OUTBOX_DELIVERED_TTL", outbox.DefaultDeliveredRetention,
 			"how long delivered effects are kept before the reaper purges them"},
 	} {
-		v, err := env.envDuration(ttl.env, ttl.def)
+		v, err := env.envDuration(f.env, f.def)
 		if err != nil {
 			return err
 		}
-		fs.DurationVar(ttl.d, ttl.flag, v, ttl.usage+" ["+ttl.env+"]")
+		fs.DurationVar(f.d, f.flag, v, f.usage+" ["+f.env+"]")
 	}
 	fs.StringVar(&cfg.logLevel, "log-level", env.envDefault("MCP_OUTBOX_LOG_LEVEL", "info"), "debug, info, warn or error [MCP_OUTBOX_LOG_LEVEL]")
 	fs.StringVar(&cfg.logFormat, "log-format", env.envDefault("MCP_OUTBOX_LOG_FORMAT", "text"), "text or json [MCP_OUTBOX_LOG_FORMAT]")
