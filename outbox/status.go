@@ -106,10 +106,17 @@ func (l *Layer) lookupStatus(ctx context.Context, principal string, in StatusInp
 
 // statusSchemas derives the status tool's schemas. json.RawMessage is a
 // []byte to the schema inference, which would demand an array or null where
-// any JSON value (the call's arguments, its recorded result) belongs.
+// a JSON object (the call's arguments, its recorded result) belongs.
+//
+// Every property gets a schema object with a type, never the empty schema:
+// jsonschema-go writes an empty schema as the boolean schema `true`, which
+// is valid JSON Schema but which strict consumers refuse where a property
+// schema is expected. The TypeScript SDK's listTools, LangChain.js's
+// @langchain/mcp-adapters ("Failed to load tools from server") and the
+// official conformance suite's tools-list all rejected `"result": true`.
 func statusSchemas() (in, out *jsonschema.Schema) {
 	opts := &jsonschema.ForOptions{TypeSchemas: map[reflect.Type]*jsonschema.Schema{
-		reflect.TypeFor[json.RawMessage](): {},
+		reflect.TypeFor[json.RawMessage](): {Type: "object"},
 	}}
 	in, err := jsonschema.For[StatusInput](opts)
 	if err != nil {
@@ -119,5 +126,6 @@ func statusSchemas() (in, out *jsonschema.Schema) {
 	if err != nil {
 		panic(fmt.Sprintf("status tool output schema: %v", err))
 	}
+	out.Properties["result"].Description = "the recorded result of the call, as tools/call answered it: content, structuredContent, isError"
 	return in, out
 }

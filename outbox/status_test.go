@@ -7,6 +7,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/schemacheck"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/query"
 )
@@ -71,5 +72,18 @@ func TestStatus_States(t *testing.T) {
 	res := call(t, b.session, outbox.StatusToolName, "", map[string]any{})
 	if !res.IsError {
 		t.Errorf("status without key or tool: want an error")
+	}
+}
+
+// TestStatusTool_StrictSchemas: strict clients (the TypeScript SDK,
+// LangChain.js, the conformance suite) refuse a tools/list answer with a
+// boolean schema where a property's schema belongs; the status tool is on
+// every server built with the layer, so one bad schema locks them all out.
+func TestStatusTool_StrictSchemas(t *testing.T) {
+	tool := outbox.StatusTool()
+	for name, s := range map[string]any{"inputSchema": tool.InputSchema, "outputSchema": tool.OutputSchema} {
+		if err := schemacheck.Strict(s); err != nil {
+			t.Errorf("%s %s: %v", tool.Name, name, err)
+		}
 	}
 }
