@@ -10,6 +10,14 @@ TS_CLIENT_INSTALLED := $(TS_CLIENT)/node_modules/.package-lock.json
 # The upstream tool server the proxy tests run (TypeScript SDK + better-sqlite3).
 TS_UPSTREAM := testdata/ts-upstream
 TS_UPSTREAM_INSTALLED := $(TS_UPSTREAM)/node_modules/.package-lock.json
+# Python clients and the Python upstream run in two virtual environments:
+# "seed" pins the versions the seed write-up measured with (mcp 1.29.1,
+# langgraph 1.2.11, langchain-mcp-adapters 0.3.2, langchain-core 1.6.1),
+# "latest" the newest that install together.
+PYTHON ?= python3
+PY_DIR := testdata/python
+PY_ENVS := seed latest
+PY_INSTALLED := $(foreach e,$(PY_ENVS),$(PY_DIR)/.venv-$(e)/.installed)
 
 .PHONY: help
 help: ## Show this list of targets
@@ -27,8 +35,18 @@ $(TS_UPSTREAM_INSTALLED): $(TS_UPSTREAM)/package-lock.json $(TS_UPSTREAM)/packag
 	cd $(TS_UPSTREAM) && npm ci --no-audit --no-fund
 	@touch $@
 
+# A venv is rebuilt from scratch when its requirements change, so that a
+# package dropped from the list does not linger.
+$(PY_DIR)/.venv-%/.installed: $(PY_DIR)/requirements-%.txt
+	rm -rf $(PY_DIR)/.venv-$*
+	$(PYTHON) -m venv $(PY_DIR)/.venv-$*
+	$(PY_DIR)/.venv-$*/bin/pip install --quiet --disable-pip-version-check --no-input -r $<
+	@touch $@
+
+.PHONY: py
+py: $(PY_INSTALLED) ## Create the Python virtual environments the interop tests use
 .PHONY: test
-test: $(TS_CLIENT_INSTALLED) $(TS_UPSTREAM_INSTALLED) ## Run all tests with the race detector, including the TypeScript SDK interop test
+test: $(TS_CLIENT_INSTALLED) $(TS_UPSTREAM_INSTALLED) $(PY_INSTALLED) ## Run all tests with the race detector, including the TypeScript SDK interop test
 	MCP_OUTBOX_REQUIRE_INTEROP=1 go test -race -count=1 ./...
 
 .PHONY: test/short
@@ -58,5 +76,5 @@ demo: ## Reproduce the duplicate-call scenarios, without and with the layer
 
 .PHONY: clean
 clean: ## Remove bin/, local databases and the TypeScript test programs' node_modules
-	rm -rf bin $(TS_CLIENT)/node_modules $(TS_UPSTREAM)/node_modules
+	rm -rf bin $(TS_CLIENT)/node_modules $(TS_UPSTREAM)/node_modules $(PY_DIR)/.venv-*
 	rm -f mcp-outbox.db mcp-outbox.db-wal mcp-outbox.db-shm
