@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -23,15 +24,16 @@ import (
 type upstream struct {
 	runs    atomic.Int64 // calls of tool work
 	dials   atomic.Int64
-	started chan string   // tool block: its argument, once running
+	started chan string   // tools block and gate: the argument, once running
 	stopped chan struct{} // tool block: its context ended
+	release chan struct{} // closed: tool gate answers
 
 	mu   sync.Mutex
 	conn net.Conn // the newest connection's server side
 }
 
 func newUpstream() *upstream {
-	return &upstream{started: make(chan string, 8), stopped: make(chan struct{}, 8)}
+	return &upstream{started: make(chan string, 8), stopped: make(chan struct{}, 8), release: make(chan struct{})}
 }
 
 type workIn struct {
@@ -49,6 +51,20 @@ func (u *upstream) server() *mcp.Server {
 		<-ctx.Done()
 		u.stopped <- struct{}{}
 		return nil, nil, ctx.Err()
+	})
+	// gate does its work once released, and says whether it was
+	// cancelled before that.
+	mcp.AddTool(s, &mcp.Tool{Name: "gate"}, func(ctx context.Context, _ *mcp.CallToolRequest, in workIn) (*mcp.CallToolResult, any, error) {
+		u.started <- fmt.Sprint(in.N)
+		cancelled := false
+		select {
+		case <-u.release:
+		case <-ctx.Done():
+			cancelled = true
+			<-u.release
+		}
+		n := u.runs.Add(1)
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: fmt.Sprintf("gate %d run %d cancelled=%v", in.N, n, cancelled)}}}, nil, nil
 	})
 	mcp.AddTool(s, &mcp.Tool{Name: "look", Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}},
 		func(ctx context.Context, _ *mcp.CallToolRequest, _ workIn) (*mcp.CallToolResult, any, error) {
@@ -109,6 +125,26 @@ func connect(t *testing.T, u *upstream, cooperating bool) *mcp.ClientSession {
 // stop ends both and returns once the proxy's session is over.
 func proxyTo(t *testing.T, cooperating bool, up Dialer, copts *mcp.ClientOptions, sopts *mcp.ClientSessionOptions) (cs *mcp.ClientSession, stop func()) {
 	t.Helper()
+	ct, stopProxy := serveProxy(t, cooperating, up)
+	stop = func() {
+		if cs != nil {
+			cs.Close()
+		}
+		stopProxy()
+	}
+	t.Cleanup(stop)
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "client", Version: "v0"}, copts).Connect(context.Background(), ct, sopts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs, stop
+}
+
+// serveProxy starts a proxy (cooperating or not) in front of up, serving
+// one client connection, and returns the client's end of it; stop ends the
+// proxy and returns once its session is over.
+func serveProxy(t *testing.T, cooperating bool, up Dialer) (client mcp.Transport, stop func()) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	db, err := schema.Open(ctx, filepath.Join(t.TempDir(), "proxy.db"), nil)
 	if err != nil {
@@ -133,9 +169,6 @@ func proxyTo(t *testing.T, cooperating bool, up Dialer, copts *mcp.ClientOptions
 	var once sync.Once
 	stop = func() {
 		once.Do(func() {
-			if cs != nil {
-				cs.Close()
-			}
 			cancel()
 			if err := <-served; err != nil {
 				t.Errorf("Serve: %v", err)
@@ -143,11 +176,7 @@ func proxyTo(t *testing.T, cooperating bool, up Dialer, copts *mcp.ClientOptions
 		})
 	}
 	t.Cleanup(stop)
-	cs, err = mcp.NewClient(&mcp.Implementation{Name: "client", Version: "v0"}, copts).Connect(ctx, ct, sopts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cs, stop
+	return ct, stop
 }
 
 func call(t *testing.T, cs *mcp.ClientSession, ctx context.Context, tool, key string, n int) (*mcp.CallToolResult, error) {
@@ -223,7 +252,7 @@ func TestPassThrough(t *testing.T) {
 	for _, tl := range tools.Tools {
 		names = append(names, tl.Name)
 	}
-	if fmt.Sprint(names) != fmt.Sprint([]string{"ask", "block", "look", "work", outbox.StatusToolName}) {
+	if fmt.Sprint(names) != fmt.Sprint([]string{"ask", "block", "gate", "look", "work", outbox.StatusToolName}) {
 		t.Errorf("tools = %v", names)
 	}
 	for range 2 {
@@ -244,12 +273,13 @@ func TestPassThrough(t *testing.T) {
 	}
 }
 
-// TestCancelPassesThrough: a client's cancellation reaches the upstream's
-// handler. The forwarded call may have run, so it becomes unknown, and its
-// retry is not forwarded again.
+// TestCancelPassesThrough: in front of a cooperating upstream, a client's
+// cancellation reaches the upstream's handler: whatever the upstream did
+// not commit did not happen, so the claim is released and a retry runs the
+// call again.
 func TestCancelPassesThrough(t *testing.T) {
 	u := newUpstream()
-	cs := connect(t, u, false)
+	cs := connect(t, u, true)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cctx, ccancel := context.WithCancel(ctx)
@@ -272,23 +302,100 @@ func TestCancelPassesThrough(t *testing.T) {
 	if err := <-done; err == nil {
 		t.Error("the cancelled call was answered")
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		res, err := call(t, cs, ctx, "block", "c-1", 7)
-		if err != nil {
-			t.Fatal(err)
+	// The retry is forwarded again: the cancelled attempt recorded nothing.
+	rctx, rcancel := context.WithCancel(ctx)
+	defer rcancel()
+	go func() { _, _ = call(t, cs, rctx, "block", "c-1", 7) }()
+	select {
+	case <-u.started:
+	case <-ctx.Done():
+		t.Fatal("the retry of a cancelled call that recorded nothing did not reach the upstream")
+	}
+}
+
+// TestCancelOfRecordedCallWaits: in front of an upstream that does not
+// record its outcome, a client's cancellation of a recorded call is not
+// passed on. The upstream may have done the work already (a cancel cannot
+// undo it) and may then never answer, as the spec allows; the call would
+// become unknown. The proxy waits for the answer instead, records it, and
+// gives it to the retry that joined the call.
+//
+// The client is a raw JSON-RPC connection, so that the order of its
+// messages is known: the go-sdk client sends its cancellation from a
+// goroutine of its own.
+func TestCancelOfRecordedCallWaits(t *testing.T) {
+	u := newUpstream()
+	ct, _ := serveProxy(t, false, u)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := ct.Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	send := func(id int64, method, params string) {
+		t.Helper()
+		m := &jsonrpc.Request{Method: method, Params: json.RawMessage(params)}
+		if id != 0 {
+			m.ID = mustID(id)
 		}
-		if errorCode(res) == "outcome_unknown" {
-			break
+		if err := conn.Write(ctx, m); err != nil {
+			t.Fatalf("write %s: %v", method, err)
 		}
-		// The cancelled attempt may still be settling: an in-progress answer.
-		if errorCode(res) != "in_progress" || time.Now().After(deadline) {
-			t.Fatalf("retry of the cancelled call: %s (%v), want outcome_unknown", textOf(res), res.Meta)
+	}
+	// answers reads until the answer to id, and returns it; the
+	// answers to other requests (there must be none) fail the test.
+	answer := func(id int64) *jsonrpc.Response {
+		t.Helper()
+		for {
+			msg, err := conn.Read(ctx)
+			if err != nil {
+				t.Fatalf("read the answer to %d: %v", id, err)
+			}
+			r, ok := msg.(*jsonrpc.Response)
+			if !ok {
+				continue
+			}
+			if r.ID.Raw() != id {
+				t.Fatalf("answer to request %v (%s %v) while waiting for %d", r.ID.Raw(), r.Result, r.Error, id)
+			}
+			return r
 		}
+	}
+	send(1, "initialize", `{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}`)
+	answer(1)
+	send(0, "notifications/initialized", `{}`)
+	const gate = `{"name":"gate","arguments":{"n":7},"_meta":{"idempotencyKey":"g-1"}}`
+	send(2, "tools/call", gate)
+	select {
+	case <-u.started:
+	case <-ctx.Done():
+		t.Fatal("the call did not reach the upstream")
+	}
+	send(0, "notifications/cancelled", `{"requestId":2,"reason":"client timeout"}`)
+	send(3, "tools/call", gate) // the retry
+	// The proxy reads the client's messages in order: once the ping is
+	// answered, it has seen the cancellation and the retry.
+	send(4, "ping", `{}`)
+	answer(4)
+	close(u.release)
+	r := answer(3) // no answer to 2: the client cancelled it
+	if r.Error != nil {
+		t.Fatalf("retry of the cancelled call: %v", r.Error)
+	}
+	var res mcp.CallToolResult
+	if err := json.Unmarshal(r.Result, &res); err != nil {
+		t.Fatal(err)
+	}
+	if res.IsError || !strings.HasPrefix(textOf(&res), "gate 7 run 1 cancelled=false") {
+		t.Errorf("retry of the cancelled call: %q (%v), want the upstream's answer to the first attempt, which was never cancelled", textOf(&res), res.Meta)
+	}
+	if got := u.runs.Load(); got != 1 {
+		t.Errorf("upstream ran %d calls, want 1", got)
 	}
 	select {
 	case n := <-u.started:
-		t.Errorf("the unknown call was forwarded again (%s)", n)
+		t.Errorf("the call was forwarded again (%s)", n)
 	default:
 	}
 }

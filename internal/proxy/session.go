@@ -678,7 +678,20 @@ func (s *session) callTool(ctx context.Context, m *jsonrpc.Request, params *mcp.
 		return
 	}
 	res, err := s.p.remoteTool(params.Name).Call(ctx, req, func(ctx context.Context, claim *outbox.Claim) (*mcp.CallToolResult, error) {
-		return s.forwardCall(ctx, m.Params, claim)
+		// Once a recorded call has reached an upstream that does not record
+		// its own outcome, the client's cancel is not passed on: the
+		// upstream may have done the work already, and a cancel cannot undo
+		// it. Forwarded, the cancel lets the upstream stay silent (the spec
+		// allows a server not to answer a cancelled request; the TypeScript
+		// SDK does not), which would turn a result that arrives a moment
+		// later into an unknown call. Waiting records the answer, and a
+		// retry that joined the call gets it. Only the end of the session
+		// (its upstream goes with it) ends the wait.
+		waitCtx := ctx
+		if claim != nil && !s.p.opts.Cooperating {
+			waitCtx = s.ctx
+		}
+		return s.forwardCall(ctx, waitCtx, m.Params, claim)
 	})
 	if ctx.Err() != nil && s.ctx.Err() == nil {
 		return // cancelled by the client, which expects no answer
@@ -695,8 +708,10 @@ func (s *session) callTool(ctx context.Context, m *jsonrpc.Request, params *mcp.
 }
 
 // forwardCall sends a tools/call to the upstream, with the claim in _meta,
-// and waits for its answer. See [outbox.Forward] for what its errors mean.
-func (s *session) forwardCall(ctx context.Context, clientParams json.RawMessage, claim *outbox.Claim) (*mcp.CallToolResult, error) {
+// and waits for its answer. ctx ending before the call is written withdraws
+// it; once written, waitCtx ending gives up on the answer and passes a
+// cancel on to the upstream. See [outbox.Forward] for what its errors mean.
+func (s *session) forwardCall(ctx, waitCtx context.Context, clientParams json.RawMessage, claim *outbox.Claim) (*mcp.CallToolResult, error) {
 	params, err := withClaim(clientParams, claim)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", outbox.ErrNotForwarded, err)
@@ -734,10 +749,10 @@ func (s *session) forwardCall(ctx context.Context, clientParams json.RawMessage,
 			return nil, fmt.Errorf("the tool server's answer is not a tool result: %v", err)
 		}
 		return &res, nil
-	case <-ctx.Done():
+	case <-waitCtx.Done():
 		s.dropPending(p)
 		s.queue(newOutgoing(cancelNotification(p.id, json.RawMessage(`{"reason":"cancelled by the client"}`)), nil))
-		return nil, ctx.Err()
+		return nil, waitCtx.Err()
 	}
 }
 
