@@ -2,7 +2,7 @@
 // ledger on the official TypeScript SDK and better-sqlite3, sharing its SQLite
 // file with the proxy and following the contract in schema/README.md. The Go
 // tests run it directly (cmd/mcp-outbox/upstream_contract_test.go) and behind
-// the proxy.
+// the proxy. The contract itself is contract.mjs.
 //
 // Usage: node server.mjs   (stdio; Streamable HTTP with UPSTREAM_HTTP_PORT)
 //
@@ -32,19 +32,17 @@
 // Once serving, it prints one line to stderr:
 //   ts-upstream ready pid=<pid> cooperate=<0|1>[ url=http://127.0.0.1:<port>/mcp]
 
-import { randomBytes, randomUUID } from 'node:crypto';
+import { randomUUID } from 'node:crypto';
 import { existsSync, unlinkSync } from 'node:fs';
 import { createServer } from 'node:http';
 import { setTimeout as delay } from 'node:timers/promises';
 
-import Database from 'better-sqlite3';
 import { McpServer } from '@modelcontextprotocol/sdk/server/mcp.js';
 import { StdioServerTransport } from '@modelcontextprotocol/sdk/server/stdio.js';
 import { StreamableHTTPServerTransport } from '@modelcontextprotocol/sdk/server/streamableHttp.js';
 import * as z from 'zod';
 
-// The _meta entry the proxy puts on a tools/call it has recorded.
-const CLAIM_META = 'io.github.mcp-outbox/claim';
+import { openUpstream, SetupError, textResult, ToolFailure } from './contract.mjs';
 
 const MAX_AMOUNT_CENTS = 1_000_000;
 
@@ -73,21 +71,17 @@ if (!Number.isInteger(chargeDelayMs) || chargeDelayMs < 0) {
 
 // --- database ---------------------------------------------------------------
 
-const db = new Database(dbPath, { fileMustExist: true, timeout: 5000 });
-db.pragma('busy_timeout = 5000');
-// better-sqlite3 is built with SQLITE_DEFAULT_WAL_SYNCHRONOUS=1 (NORMAL): ask
-// for FULL like the proxy, so that a commit survives a power loss.
-db.pragma('synchronous = FULL');
-db.pragma('foreign_keys = ON');
-if (db.pragma('journal_mode', { simple: true }) !== 'wal') {
-  fail(`${dbPath} is not in WAL mode: start mcp-outbox proxy on it first`);
+// The contract (fence, effects, outcome in one transaction) is contract.mjs.
+let up;
+try {
+  up = openUpstream(dbPath, { cooperate });
+} catch (err) {
+  if (!(err instanceof SetupError)) {
+    throw err;
+  }
+  fail(err.message);
 }
-const outboxTables = db
-  .prepare(`SELECT count(*) AS n FROM sqlite_master WHERE type = 'table' AND name IN ('calls', 'effects')`)
-  .get().n;
-if (outboxTables !== 2) {
-  fail(`${dbPath} has no outbox tables (calls, effects): mcp-outbox proxy creates them; start it first`);
-}
+const db = up.db;
 
 // Business tables: this server's own. (The outbox tables are the proxy's.)
 db.exec(`
@@ -106,18 +100,6 @@ CREATE TABLE IF NOT EXISTS nicknames (
 `);
 
 const stmts = {
-  // The fence, checked first: is the claim still ours? (BEGIN IMMEDIATE holds
-  // the write lock, so no one can take the call over until the commit.)
-  fence: db.prepare(`SELECT 1 FROM calls WHERE id = @rowId AND owner = @owner AND state = 'in_flight'`),
-  // The outcome, written last (the result depends on the business rows),
-  // under the same condition.
-  settle: db.prepare(`
-    UPDATE calls SET state = @state, result = @result, completed_at = @now, owner = '', lease_until = 0
-    WHERE id = @rowId AND owner = @owner AND state = 'in_flight'`),
-  insertEffect: db.prepare(`
-    INSERT INTO effects (call_id, seq, destination, method, path, headers, body, idempotency_key,
-                         next_attempt_at, created_at, updated_at)
-    VALUES (@callRowId, @seq, @destination, @method, @path, @headers, @body, @key, @now, @now, @now)`),
   insertCharge: db.prepare(`
     INSERT INTO charges (customer, amount_cents, call_id, created_at) VALUES (?, ?, ?, ?)`),
   balance: db.prepare(`SELECT coalesce(sum(amount_cents), 0) AS cents, count(*) AS n FROM charges WHERE customer = ?`),
@@ -126,117 +108,6 @@ const stmts = {
     ON CONFLICT (customer) DO UPDATE SET nickname = excluded.nickname, updated_at = excluded.updated_at`),
   ledger: db.prepare(`SELECT id, customer, amount_cents, call_id FROM charges ORDER BY id`),
 };
-
-// --- the contract -----------------------------------------------------------
-
-// ToolFailure is a tool error that is the call's outcome (recorded 'failed').
-class ToolFailure extends Error {}
-
-// ClaimLost: the fence failed; another attempt owns the call now.
-class ClaimLost extends Error {}
-
-function newCallId() {
-  return 'call_' + randomBytes(12).toString('hex');
-}
-
-function textResult(text, structuredContent, isError = false) {
-  const r = { content: [{ type: 'text', text }] };
-  if (structuredContent !== undefined) {
-    r.structuredContent = structuredContent;
-  }
-  r.isError = isError;
-  return r;
-}
-
-// readClaim returns the claim the proxy attached to this call, or undefined.
-function readClaim(extra) {
-  const c = extra._meta?.[CLAIM_META];
-  if (c === undefined) {
-    return undefined;
-  }
-  if (
-    c === null || typeof c !== 'object' ||
-    typeof c.key !== 'string' ||
-    typeof c.callId !== 'string' || c.callId === '' ||
-    !Number.isSafeInteger(c.rowId) ||
-    typeof c.owner !== 'string' || c.owner === ''
-  ) {
-    throw new Error(`malformed ${CLAIM_META} entry in _meta: ${JSON.stringify(c)}`);
-  }
-  return c;
-}
-
-// runCall runs one tool call in one BEGIN IMMEDIATE transaction: for a call
-// the proxy claimed, the fence check first; then work's business rows, the
-// effects it returns and, for a claimed call, its outcome. work(callId, now) runs inside the
-// transaction and returns { result, effects }; a ToolFailure it throws is the
-// call's outcome: its writes are rolled back (work runs in a savepoint) and
-// the call is recorded as failed. Returns the result to answer.
-function runCall(extra, work) {
-  const claim = cooperate ? readClaim(extra) : undefined;
-  const callId = claim?.callId ?? newCallId();
-  const business = db.transaction(work); // nested in txn: a SAVEPOINT
-  const lost = () =>
-    new ClaimLost(
-      `claim lost: call ${claim.callId} (row ${claim.rowId}) is no longer in flight under owner ` +
-        `${JSON.stringify(claim.owner)}; another attempt took it over. Nothing was written.`,
-    );
-  const txn = db.transaction(() => {
-    if (claim && stmts.fence.get({ rowId: claim.rowId, owner: claim.owner }) === undefined) {
-      throw lost();
-    }
-    const now = Date.now();
-    let result;
-    let effects = [];
-    try {
-      ({ result, effects = [] } = business(callId, now));
-    } catch (err) {
-      if (!(err instanceof ToolFailure)) {
-        throw err;
-      }
-      result = textResult(err.message, undefined, true);
-      effects = [];
-    }
-    if (!cooperate) {
-      return result; // business rows only
-    }
-    effects.forEach((e, i) => {
-      const seq = i + 1;
-      stmts.insertEffect.run({
-        callRowId: claim ? claim.rowId : null,
-        seq,
-        destination: e.destination,
-        method: e.method ?? 'POST',
-        path: e.path,
-        headers: JSON.stringify(e.headers ?? {}),
-        body: e.body === undefined ? null : Buffer.from(e.body),
-        key: `${callId}-${seq}`,
-        now,
-      });
-    });
-    if (claim) {
-      const info = stmts.settle.run({
-        state: result.isError ? 'failed' : 'completed',
-        result: JSON.stringify(result),
-        now,
-        rowId: claim.rowId,
-        owner: claim.owner,
-      });
-      if (info.changes !== 1) {
-        throw lost();
-      }
-    }
-    return result;
-  });
-  try {
-    return txn.immediate();
-  } catch (err) {
-    if (err instanceof ClaimLost) {
-      return textResult(err.message, undefined, true);
-    }
-    throw err; // the SDK answers a tool error; nothing was written
-  }
-}
 
 // crashOnce SIGKILLs this process if file exists, deleting it first.
 function crashOnce(file, when) {
@@ -253,7 +124,7 @@ async function charge(extra, customer, amountCents) {
     // Slow work (UPSTREAM_CHARGE_DELAY_MS), deliberately deaf to cancellation.
     await delay(chargeDelayMs);
   }
-  const result = runCall(extra, (callId, now) => {
+  const result = up.runCall(extra._meta, (_db, callId, now) => {
     if (amountCents <= 0 || amountCents > MAX_AMOUNT_CENTS) {
       throw new ToolFailure('amount out of range');
     }
@@ -372,10 +243,10 @@ function newServer() {
           charges: n,
         });
       };
-      if ((cooperate ? readClaim(extra) : undefined) === undefined) {
+      if (up.claimOf(extra._meta) === undefined) {
         return read(); // not recorded: a plain read
       }
-      return runCall(extra, () => ({ result: read() }));
+      return up.runCall(extra._meta, () => ({ result: read() }));
     },
   );
 
@@ -387,7 +258,7 @@ function newServer() {
       annotations: { idempotentHint: true, destructiveHint: false },
     },
     async ({ customer, nickname }, extra) =>
-      runCall(extra, (callId, now) => {
+      up.runCall(extra._meta, (_db, _callId, now) => {
         stmts.upsertNickname.run(customer, nickname, now);
         return { result: textResult(`nickname of ${customer} is ${nickname}`) };
       }),
