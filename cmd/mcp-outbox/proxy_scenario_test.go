@@ -15,22 +15,23 @@ import (
 )
 
 // TestProxyScenarios runs the four seed scenarios (five runs: 1, 2, 3a, 3b
-// and 4) through `mcp-outbox proxy --cooperating` in front of the
-// TypeScript upstream, with a key and without one: each must end with
+// and 4) through `mcp-outbox proxy --cooperating` in front of each upstream
+// (TypeScript, Python), with a key and without one: each must end with
 // exactly one row in the upstream's charges table, every answer naming it,
 // and exactly one distinct Idempotency-Key applied at the downstream fake.
 //
 // Through the proxy:
 //   - the server the scenarios start, kill and restart is the proxy, which
-//     starts `node server.mjs` as its child; in scenario 2 the SIGKILL hits
-//     the proxy while the upstream is inside the charge, and the upstream
-//     then sees its stdin close and exits without committing. The restarted
-//     proxy on the same file gets the retry and takes the call over.
+//     starts `node server.mjs` (`python server.py`) as its child; in
+//     scenario 2 the SIGKILL hits the proxy while the upstream is inside the
+//     charge, and the upstream then sees its stdin close and exits without
+//     committing. The restarted proxy on the same file gets the retry and
+//     takes the call over.
 //   - the charge's slow work is UPSTREAM_CHARGE_DELAY_MS, which does not end
 //     on cancellation: a timed-out original still tries to commit, and the
 //     claim's fence (released when the client cancelled) rolls it back.
 //   - scenario 3b: the proxy serves Streamable HTTP with sessions only, and
-//     the TypeScript upstream speaks up to 2025-11-25. The go-sdk client
+//     both upstreams speak up to 2025-11-25. The go-sdk client
 //     asks for its default, the stateless 2026-07-28 (server/discover), and
 //     falls back to initialize; it runs over a 2025-11-25 session, so its
 //     notifications/cancelled does reach the proxy, as in 3a. It still is
@@ -42,18 +43,20 @@ import (
 // proxy committed may not be delivered by then, so one more proxy on the
 // same file (the sidecar as it would be restarted) delivers what is left.
 func TestProxyScenarios(t *testing.T) {
-	tsUpstreamDir(t) // skips, or fails, early without node
-	for _, sc := range scenario.All() {
-		for _, mode := range []scenario.Mode{scenario.LayerKey, scenario.LayerNoKey} {
-			t.Run(string(sc.ID)+"/"+string(mode), func(t *testing.T) {
-				t.Parallel()
-				runProxyScenario(t, sc, mode)
-			})
+	// up.check skips, or fails, early without node or the Python venv.
+	forEachUpstream(t, upstreamKinds, func(t *testing.T, up upstreamKind) {
+		for _, sc := range scenario.All() {
+			for _, mode := range []scenario.Mode{scenario.LayerKey, scenario.LayerNoKey} {
+				t.Run(string(sc.ID)+"/"+string(mode), func(t *testing.T) {
+					t.Parallel()
+					runProxyScenario(t, up, sc, mode)
+				})
+			}
 		}
-	}
+	})
 }
 
-func runProxyScenario(t *testing.T, sc scenario.Scenario, mode scenario.Mode) {
+func runProxyScenario(t *testing.T, up upstreamKind, sc scenario.Scenario, mode scenario.Mode) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	fake := downstream.Start(t, nil)
@@ -73,7 +76,7 @@ func runProxyScenario(t *testing.T, sc scenario.Scenario, mode scenario.Mode) {
 			if mode == scenario.Bare {
 				return nil, errors.New("no bare mode through the proxy")
 			}
-			return tsProxyCommand(t, db, fake, delay, http), nil
+			return upstreamProxyCommand(t, up, db, fake, delay, http), nil
 		},
 		ChargeArgs:    map[string]any{"customer": "ada", "amount_cents": 4200},
 		ChargeIDField: "chargeId",
@@ -121,7 +124,7 @@ func runProxyScenario(t *testing.T, sc scenario.Scenario, mode scenario.Mode) {
 		}
 	}
 
-	deliverLeftovers(t, db, dbPath, fake)
+	deliverLeftovers(t, up, db, dbPath, fake)
 	effects := wantExactlyOnce(t, db, fake, 1)
 	if len(effects) == 1 {
 		var named int64
@@ -132,11 +135,12 @@ func runProxyScenario(t *testing.T, sc scenario.Scenario, mode scenario.Mode) {
 	}
 }
 
-// tsProxyCommand is `bin proxy --cooperating --dest payments=FAKE ... --
-// node server.mjs` on db, its upstream's charge taking delay, serving
-// stdio, or Streamable HTTP on a free loopback port when http is set.
-func tsProxyCommand(t *testing.T, db string, fake *downstream.Server, delay time.Duration, http bool) *exec.Cmd {
-	up := tsUpstreamCommand(t, db, "UPSTREAM_CHARGE_DELAY_MS="+strconv.FormatInt(delay.Milliseconds(), 10))
+// upstreamProxyCommand is `bin proxy --cooperating --dest payments=FAKE ...
+// -- node server.mjs` (or `python server.py`: kind) on db, its upstream's
+// charge taking delay, serving stdio, or Streamable HTTP on a free loopback
+// port when http is set.
+func upstreamProxyCommand(t *testing.T, kind upstreamKind, db string, fake *downstream.Server, delay time.Duration, http bool) *exec.Cmd {
+	up := kind.command(t, db, "UPSTREAM_CHARGE_DELAY_MS="+strconv.FormatInt(delay.Milliseconds(), 10))
 	args := []string{"proxy", "--db", db, "--cooperating", "--dest", paymentsDest(fake), "--log-level", "warn"}
 	if http {
 		args = append(args, "--http", "127.0.0.1:0")
@@ -151,9 +155,9 @@ func tsProxyCommand(t *testing.T, db string, fake *downstream.Server, delay time
 // deliverLeftovers starts the proxy once more on the run's file and waits
 // until its dispatcher has delivered every effect, then stops it (closing
 // its stdin, as a client would).
-func deliverLeftovers(t *testing.T, db *sql.DB, dbPath string, fake *downstream.Server) {
+func deliverLeftovers(t *testing.T, up upstreamKind, db *sql.DB, dbPath string, fake *downstream.Server) {
 	t.Helper()
-	cmd := tsProxyCommand(t, dbPath, fake, 0, false)
+	cmd := upstreamProxyCommand(t, up, dbPath, fake, 0, false)
 	cmd.Stderr = testWriter{t}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {

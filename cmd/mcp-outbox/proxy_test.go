@@ -17,10 +17,11 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
-// proxyFixture is `mcp-outbox proxy` in front of the TypeScript upstream,
-// both real processes sharing one SQLite file, with a downstream fake as
-// destination "payments".
+// proxyFixture is `mcp-outbox proxy` in front of an upstream (TypeScript or
+// Python), both real processes sharing one SQLite file, with a downstream
+// fake as destination "payments".
 type proxyFixture struct {
+	up     upstreamKind
 	dbPath string
 	db     *sql.DB
 	fake   *downstream.Server
@@ -29,7 +30,7 @@ type proxyFixture struct {
 
 // newProxyFixture prepares the database (the outbox tables exist before the
 // upstream starts, as the contract requires) and the downstream.
-func newProxyFixture(t *testing.T) *proxyFixture {
+func newProxyFixture(t *testing.T, up upstreamKind) *proxyFixture {
 	t.Helper()
 	dbPath := filepath.Join(t.TempDir(), "shared.db")
 	ctx := context.Background()
@@ -38,21 +39,21 @@ func newProxyFixture(t *testing.T) *proxyFixture {
 		t.Fatal(err)
 	}
 	sdb.Close()
-	return &proxyFixture{dbPath: dbPath, db: openLedgerDB(t, dbPath), fake: downstream.Start(t, nil)}
+	return &proxyFixture{up: up, dbPath: dbPath, db: openLedgerDB(t, dbPath), fake: downstream.Start(t, nil)}
 }
 
 // proxyCommand is `binary proxy --db ... --dest payments=... args -- node
-// server.mjs`, with upstreamEnv for the upstream (the proxy passes its
-// environment on).
+// server.mjs` (or `python server.py`), with upstreamEnv for the upstream (the
+// proxy passes its environment on).
 func (f *proxyFixture) proxyCommand(t *testing.T, binary string, upstreamEnv []string, args ...string) *exec.Cmd {
 	t.Helper()
-	up := tsUpstreamCommand(t, f.dbPath, upstreamEnv...)
+	up := f.up.command(t, f.dbPath, upstreamEnv...)
 	all := append([]string{"proxy", "--db", f.dbPath, "--dest", paymentsDest(f.fake), "--log-level", "info"}, args...)
 	all = append(all, "--", up.Path)
 	all = append(all, up.Args[1:]...)
 	cmd := exec.Command(binary, all...)
 	cmd.Env, cmd.Dir = up.Env, up.Dir
-	f.stderr = newLineWatch(t, "[upstream] "+tsUpstreamReady)
+	f.stderr = newLineWatch(t, "[upstream] "+f.up.ready)
 	cmd.Stderr = f.stderr
 	return cmd
 }
@@ -101,8 +102,10 @@ func errorCodeOf(res *mcp.CallToolResult) string {
 // TestProxyCooperating: through the proxy, a cooperating upstream's charge
 // happens once per key, its effect is delivered once, retries replay, and
 // everything else of MCP passes through.
-func TestProxyCooperating(t *testing.T) {
-	f := newProxyFixture(t)
+func TestProxyCooperating(t *testing.T) { forEachUpstream(t, upstreamKinds, testProxyCooperating) }
+
+func testProxyCooperating(t *testing.T, up upstreamKind) {
+	f := newProxyFixture(t, up)
 	progress := make(chan *mcp.ProgressNotificationParams, 8)
 	cs := f.connectProxy(t, f.proxyCommand(t, bin, nil, "--cooperating"), progress)
 
@@ -196,7 +199,11 @@ func TestProxyCooperating(t *testing.T) {
 // before answering. The proxy answers with the committed outcome, restarts
 // the upstream, and the client's session goes on.
 func TestProxyUpstreamCrashAfterCommit(t *testing.T) {
-	f := newProxyFixture(t)
+	forEachUpstream(t, upstreamKinds, testProxyUpstreamCrashAfterCommit)
+}
+
+func testProxyUpstreamCrashAfterCommit(t *testing.T, up upstreamKind) {
+	f := newProxyFixture(t, up)
 	marker := filepath.Join(t.TempDir(), "crash-once")
 	if err := os.WriteFile(marker, nil, 0o600); err != nil {
 		t.Fatal(err)
@@ -223,7 +230,11 @@ func TestProxyUpstreamCrashAfterCommit(t *testing.T) {
 // nothing happened, the client is told a retry runs the call, and it does,
 // once.
 func TestProxyUpstreamCrashBeforeCommit(t *testing.T) {
-	f := newProxyFixture(t)
+	forEachUpstream(t, upstreamKinds, testProxyUpstreamCrashBeforeCommit)
+}
+
+func testProxyUpstreamCrashBeforeCommit(t *testing.T, up upstreamKind) {
+	f := newProxyFixture(t, up)
 	marker := filepath.Join(t.TempDir(), "crash-once")
 	if err := os.WriteFile(marker, nil, 0o600); err != nil {
 		t.Fatal(err)
@@ -251,7 +262,11 @@ func TestProxyUpstreamCrashBeforeCommit(t *testing.T) {
 // key, ends with exactly one charge and one delivery, whether the old
 // upstream committed before it went away or not.
 func TestProxyCrashAfterForward(t *testing.T) {
-	f := newProxyFixture(t)
+	forEachUpstream(t, upstreamKinds, testProxyCrashAfterForward)
+}
+
+func testProxyCrashAfterForward(t *testing.T, up upstreamKind) {
+	f := newProxyFixture(t, up)
 	cmd := f.proxyCommand(t, failpointBin, nil, "--cooperating")
 	cmd.Env = append(cmd.Env, "MCP_OUTBOX_FAILPOINTS=proxy.after_forward=crash")
 	cs := f.connectProxy(t, cmd, nil)
@@ -278,7 +293,11 @@ func TestProxyCrashAfterForward(t *testing.T) {
 // not run again but told the outcome is unknown, the status tool says so,
 // and an operator settles it.
 func TestProxyNonCooperatingUnknown(t *testing.T) {
-	f := newProxyFixture(t)
+	forEachUpstream(t, upstreamKinds, testProxyNonCooperatingUnknown)
+}
+
+func testProxyNonCooperatingUnknown(t *testing.T, up upstreamKind) {
+	f := newProxyFixture(t, up)
 	marker := filepath.Join(t.TempDir(), "crash-once")
 	cs := f.connectProxy(t, f.proxyCommand(t, bin, []string{"UPSTREAM_COOPERATE=0", "UPSTREAM_CRASH_ONCE_FILE=" + marker}), nil)
 
@@ -328,13 +347,15 @@ func TestProxyNonCooperatingUnknown(t *testing.T) {
 
 // TestProxyHTTP: the proxy serves Streamable HTTP in front of a stdio
 // upstream, and proxies to an upstream served over Streamable HTTP.
-func TestProxyHTTP(t *testing.T) {
+func TestProxyHTTP(t *testing.T) { forEachUpstream(t, upstreamKinds, testProxyHTTP) }
+
+func testProxyHTTP(t *testing.T, up upstreamKind) {
 	t.Run("serve", func(t *testing.T) {
-		f := newProxyFixture(t)
+		f := newProxyFixture(t, up)
 		cmd := f.proxyCommand(t, bin, nil, "--cooperating", "--http", "127.0.0.1:0")
 		url := startHTTPCommand(t, cmd)
-		// The TypeScript upstream speaks up to 2025-11-25; the proxy passes
-		// its negotiation through.
+		// The TypeScript and Python upstreams speak up to 2025-11-25; the
+		// proxy passes their negotiation through.
 		cs := connectHTTP(t, url, "2025-11-25", nil)
 		mustSucceed(t, cs, tsCharge("h-1", "ada", 100))
 		wantReplay(t, mustSucceed(t, cs, tsCharge("h-1", "ada", 100)), true, "meta")
@@ -346,14 +367,14 @@ func TestProxyHTTP(t *testing.T) {
 		}
 	})
 	t.Run("upstream", func(t *testing.T) {
-		f := newProxyFixture(t)
-		up := tsUpstreamCommand(t, f.dbPath, "UPSTREAM_HTTP_PORT=0")
-		ready := newLineWatch(t, tsUpstreamReady)
-		up.Stderr = ready
-		if err := up.Start(); err != nil {
+		f := newProxyFixture(t, up)
+		upCmd := up.command(t, f.dbPath, "UPSTREAM_HTTP_PORT=0")
+		ready := newLineWatch(t, up.ready)
+		upCmd.Stderr = ready
+		if err := upCmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { up.Process.Kill(); up.Wait() })
+		t.Cleanup(func() { upCmd.Process.Kill(); upCmd.Wait() })
 		var url string
 		select {
 		case line := <-ready.found:

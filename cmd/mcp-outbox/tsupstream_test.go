@@ -129,3 +129,45 @@ func (w *lineWatch) Write(p []byte) (int, error) {
 	}
 	return len(p), nil
 }
+
+// upstreamKind is one implementation of the upstream the proxy tests run:
+// the same tools and behaviour in another language, on that language's
+// contract module.
+type upstreamKind struct {
+	name    string // the subtest's name: "ts", "py", ...
+	ready   string // the start of its ready line on stderr
+	command func(t *testing.T, dbPath string, env ...string) *exec.Cmd
+	check   func(t *testing.T) // skips, or fails, the test early when it cannot run
+}
+
+var (
+	tsUpstreamKind = upstreamKind{name: "ts", ready: tsUpstreamReady, command: tsUpstreamCommand,
+		check: func(t *testing.T) { t.Helper(); tsUpstreamDir(t) }}
+	pyUpstreamKind = upstreamKind{name: "py", ready: pyUpstreamReady, command: pyUpstreamCommand,
+		check: func(t *testing.T) { t.Helper(); pyUpstreamDir(t) }}
+)
+
+// pyUpstreamKindVenv is the Python upstream in virtual environment venv,
+// named py-<venv>.
+func pyUpstreamKindVenv(venv string) upstreamKind {
+	return upstreamKind{name: "py-" + venv, ready: pyUpstreamReady,
+		command: func(t *testing.T, dbPath string, env ...string) *exec.Cmd {
+			t.Helper()
+			return pyUpstreamCommandVenv(t, venv, dbPath, env...)
+		},
+		check: func(t *testing.T) { t.Helper(); pyUpstreamVenv(t, venv) }}
+}
+
+// upstreamKinds are the upstreams every proxy test runs against.
+var upstreamKinds = []upstreamKind{tsUpstreamKind, pyUpstreamKind}
+
+// forEachUpstream runs f as a subtest per upstream kind, named after it.
+func forEachUpstream(t *testing.T, kinds []upstreamKind, f func(t *testing.T, up upstreamKind)) {
+	t.Helper()
+	for _, up := range kinds {
+		t.Run(up.name, func(t *testing.T) {
+			up.check(t)
+			f(t, up)
+		})
+	}
+}

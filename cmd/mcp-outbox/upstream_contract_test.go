@@ -18,19 +18,33 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
-// The upstream contract tests drive testdata/ts-upstream/server.mjs directly,
-// without the proxy: the test plays the proxy's part by inserting the claim
-// (a calls row in state in_flight) and passing it in _meta, then checks what
-// the upstream committed. schema/README.md is the contract under test.
+// The upstream contract tests drive each upstream (testdata/ts-upstream/server.mjs
+// on contract.mjs, testdata/py-upstream/server.py on mcp_outbox_upstream.py)
+// directly, without the proxy: the test plays the proxy's part by inserting
+// the claim (a calls row in state in_flight) and passing it in _meta, then
+// checks what the upstream committed. schema/README.md is the contract under
+// test; these tests are what says each language's contract module is right
+// against the Go side.
 
-// contractUpstream is a running ts-upstream and the database it shares.
+// contractUpstreamKinds are the upstreams the contract tests run: each
+// language, and the Python one in both virtual environments (FastMCP's API
+// is what differs between SDK versions).
+func contractUpstreamKinds() []upstreamKind {
+	kinds := append([]upstreamKind{}, upstreamKinds...)
+	if pyVenvDefault() != "latest" {
+		kinds = append(kinds, pyUpstreamKindVenv("latest"))
+	}
+	return kinds
+}
+
+// contractUpstream is a running upstream and the database it shares.
 type contractUpstream struct {
 	db    *schema.DB
 	cs    *mcp.ClientSession
 	ready string // the upstream's ready line
 }
 
-func startContractUpstream(t *testing.T, env ...string) *contractUpstream {
+func startContractUpstream(t *testing.T, up upstreamKind, env ...string) *contractUpstream {
 	t.Helper()
 	dbPath := filepath.Join(t.TempDir(), "shared.db")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -41,20 +55,20 @@ func startContractUpstream(t *testing.T, env ...string) *contractUpstream {
 	}
 	t.Cleanup(func() { db.Close() })
 
-	cmd := tsUpstreamCommand(t, dbPath, env...)
-	watch := newLineWatch(t, tsUpstreamReady)
+	cmd := up.command(t, dbPath, env...)
+	watch := newLineWatch(t, up.ready)
 	cmd.Stderr = watch
 	client := mcp.NewClient(&mcp.Implementation{Name: "contract-test", Version: "v0"}, nil)
 	cs, err := client.Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
 	if err != nil {
-		t.Fatalf("connect to ts-upstream: %v", err)
+		t.Fatalf("connect to the %s upstream: %v", up.name, err)
 	}
 	t.Cleanup(func() { cs.Close() })
 	u := &contractUpstream{db: db, cs: cs}
 	select {
 	case u.ready = <-watch.found:
 	case <-ctx.Done():
-		t.Fatalf("ts-upstream printed no %q line", tsUpstreamReady)
+		t.Fatalf("the %s upstream printed no %q line", up.name, up.ready)
 	}
 	return u
 }
@@ -278,7 +292,11 @@ func checkContractInFlight(t *testing.T, u *contractUpstream, c contractClaim) {
 var unclaimedEffectKey = regexp.MustCompile(`^(call_[0-9a-f]{24})-1$`)
 
 func TestUpstreamContract(t *testing.T) {
-	u := startContractUpstream(t)
+	forEachUpstream(t, contractUpstreamKinds(), testUpstreamContract)
+}
+
+func testUpstreamContract(t *testing.T, up upstreamKind) {
+	u := startContractUpstream(t, up)
 	if !strings.Contains(u.ready, " cooperate=1") {
 		t.Errorf("ready line %q, want cooperate=1", u.ready)
 	}
@@ -478,7 +496,11 @@ func TestUpstreamContract(t *testing.T) {
 // A non-cooperating upstream ignores the claim: it writes its business rows
 // only, and the proxy has to find out the outcome another way.
 func TestUpstreamContractNonCooperating(t *testing.T) {
-	u := startContractUpstream(t, "UPSTREAM_COOPERATE=0")
+	forEachUpstream(t, contractUpstreamKinds(), testUpstreamContractNonCooperating)
+}
+
+func testUpstreamContractNonCooperating(t *testing.T, up upstreamKind) {
+	u := startContractUpstream(t, up, "UPSTREAM_COOPERATE=0")
 	if !strings.Contains(u.ready, " cooperate=0") {
 		t.Errorf("ready line %q, want cooperate=0", u.ready)
 	}
@@ -508,6 +530,10 @@ func TestUpstreamContractNonCooperating(t *testing.T) {
 
 // slow_charge reports progress when asked, then charges like charge.
 func TestUpstreamContractProgress(t *testing.T) {
+	forEachUpstream(t, contractUpstreamKinds(), testUpstreamContractProgress)
+}
+
+func testUpstreamContractProgress(t *testing.T, up upstreamKind) {
 	dbPath := filepath.Join(t.TempDir(), "shared.db")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -522,9 +548,9 @@ func TestUpstreamContractProgress(t *testing.T) {
 			progress <- req.Params
 		},
 	})
-	cs, err := client.Connect(ctx, &mcp.CommandTransport{Command: tsUpstreamCommand(t, dbPath)}, nil)
+	cs, err := client.Connect(ctx, &mcp.CommandTransport{Command: up.command(t, dbPath)}, nil)
 	if err != nil {
-		t.Fatalf("connect to ts-upstream: %v", err)
+		t.Fatalf("connect to the %s upstream: %v", up.name, err)
 	}
 	defer cs.Close()
 	u := &contractUpstream{db: db, cs: cs}

@@ -1,0 +1,109 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// testdata/py-upstream/server.py is the same upstream tool server as
+// testdata/ts-upstream/server.mjs, written in Python with the official SDK's
+// FastMCP and the standard library's sqlite3, on the contract module
+// testdata/py-upstream/mcp_outbox_upstream.py. It runs in one of the virtual
+// environments `make py` creates under testdata/python: "seed" (mcp 1.29.1,
+// the default) or "latest". MCP_OUTBOX_PY_VENV=latest chooses the other for
+// the tests that take the default. Without the environment the tests that
+// use it are skipped, unless MCP_OUTBOX_REQUIRE_INTEROP=1 makes that a
+// failure.
+
+// pyUpstreamReady starts the line server.py prints on stderr once serving.
+const pyUpstreamReady = "py-upstream ready pid="
+
+// pyVenvDefault is the virtual environment pyUpstreamCommand runs in:
+// MCP_OUTBOX_PY_VENV, or "seed".
+func pyVenvDefault() string {
+	if v := os.Getenv("MCP_OUTBOX_PY_VENV"); v != "" {
+		return v
+	}
+	return "seed"
+}
+
+// pyUpstreamDir returns the absolute path of testdata/py-upstream, or skips
+// the test (fails it under MCP_OUTBOX_REQUIRE_INTEROP=1) when the default
+// virtual environment is missing.
+func pyUpstreamDir(t *testing.T) string {
+	t.Helper()
+	dir, _ := pyUpstreamVenv(t, pyVenvDefault())
+	return dir
+}
+
+// pyUpstreamVenv returns the absolute paths of testdata/py-upstream and of
+// the python of virtual environment venv ("seed", "latest"), or skips the
+// test (fails it under MCP_OUTBOX_REQUIRE_INTEROP=1) when that environment
+// is missing or has no mcp package.
+func pyUpstreamVenv(t *testing.T, venv string) (dir, python string) {
+	t.Helper()
+	required := os.Getenv("MCP_OUTBOX_REQUIRE_INTEROP") == "1"
+	missing := func(why string) {
+		t.Helper()
+		if required {
+			t.Fatalf("Python upstream: %s (MCP_OUTBOX_REQUIRE_INTEROP=1)", why)
+		}
+		t.Skipf("Python upstream skipped: %s; set MCP_OUTBOX_REQUIRE_INTEROP=1 to make this a failure", why)
+	}
+	if testing.Short() && !required {
+		t.Skip("Python upstream skipped in -short mode")
+	}
+	testdata, err := filepath.Abs(filepath.Join("..", "..", "testdata"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := filepath.Join(testdata, "python", ".venv-"+venv)
+	python = filepath.Join(env, "bin", "python")
+	if _, err := os.Stat(python); err != nil {
+		missing("testdata/python/.venv-" + venv + " is missing: run `make py`")
+	}
+	// Asking python would cost a start-up per test; the package's files say
+	// the same.
+	if m, _ := filepath.Glob(filepath.Join(env, "lib", "python3*", "site-packages", "mcp", "server", "fastmcp", "__init__.py")); len(m) == 0 {
+		missing("testdata/python/.venv-" + venv + " has no mcp package with FastMCP: run `make py`")
+	}
+	return filepath.Join(testdata, "py-upstream"), python
+}
+
+// pyUpstreamCommand returns an unstarted `python server.py` of
+// testdata/py-upstream in the default virtual environment (see
+// pyVenvDefault), with exactly the semantics of tsUpstreamCommand: dbPath
+// must already hold the outbox tables; env adds or overrides variables;
+// UPSTREAM_* variables of the test's own environment are not passed on; its
+// stderr goes to the test log. It skips or fails the test like
+// pyUpstreamDir.
+func pyUpstreamCommand(t *testing.T, dbPath string, env ...string) *exec.Cmd {
+	t.Helper()
+	return pyUpstreamCommandVenv(t, pyVenvDefault(), dbPath, env...)
+}
+
+// pyUpstreamCommandVenv is pyUpstreamCommand in virtual environment venv.
+func pyUpstreamCommandVenv(t *testing.T, venv, dbPath string, env ...string) *exec.Cmd {
+	t.Helper()
+	dir, python := pyUpstreamVenv(t, venv)
+	// The venv's python itself, not a shell or an activate script: a
+	// SIGKILL of this process is then a SIGKILL of the server.
+	cmd := exec.Command(python, filepath.Join(dir, "server.py"))
+	cmd.Dir = dir
+	for _, kv := range os.Environ() {
+		// PYTHONPATH, PYTHONHOME and the like of the test's environment
+		// would mix other packages into the venv's.
+		if !strings.HasPrefix(kv, "UPSTREAM_") && !strings.HasPrefix(kv, "MCP_OUTBOX_DB=") &&
+			!strings.HasPrefix(kv, "PYTHON") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	// No __pycache__ written into the source tree by the tests' runs.
+	cmd.Env = append(cmd.Env, "PYTHONDONTWRITEBYTECODE=1", "MCP_OUTBOX_DB="+dbPath)
+	cmd.Env = append(cmd.Env, env...)
+	cmd.Stderr = testWriter{t}
+	return cmd
+}
