@@ -1,11 +1,16 @@
 package main
 
 import (
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
 // testdata/py-upstream/server.py is the same upstream tool server as
@@ -106,4 +111,33 @@ func pyUpstreamCommandVenv(t *testing.T, venv, dbPath string, env ...string) *ex
 	cmd.Env = append(cmd.Env, env...)
 	cmd.Stderr = testWriter{t}
 	return cmd
+}
+
+// TestUpstreamContractPyModule runs the unit tests of the Python contract
+// module (testdata/py-upstream/test_mcp_outbox_upstream.py) on a database
+// the proxy's schema created: the fence with a stale owner and at the
+// outcome UPDATE, the rollbacks, the busy write lock and what is recorded,
+// which the tests through server.py cannot reach.
+func TestUpstreamContractPyModule(t *testing.T) {
+	dir, python := pyUpstreamVenv(t, pyVenvDefault())
+	dbPath := filepath.Join(t.TempDir(), "shared.db")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	db, err := schema.Open(ctx, dbPath, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	cmd := exec.CommandContext(ctx, python, "-m", "unittest", "-v", "test_mcp_outbox_upstream")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "PYTHONDONTWRITEBYTECODE=1", "MCP_OUTBOX_TEST_DB="+dbPath)
+	out, err := cmd.CombinedOutput()
+	t.Logf("%s", out)
+	if err != nil {
+		t.Fatalf("python -m unittest test_mcp_outbox_upstream: %v", err)
+	}
+	// unittest exits 0 when everything was skipped: make sure it ran.
+	if !regexp.MustCompile(`(?m)^Ran [1-9][0-9]* tests?`).Match(out) || strings.Contains(string(out), "skipped") {
+		t.Errorf("the module's tests did not all run")
+	}
 }
