@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -578,4 +579,83 @@ func testUpstreamContractProgress(t *testing.T, up upstreamKind) {
 	if n := len(u.effects(t, c.uid)); n != 1 {
 		t.Errorf("effects of the slow charge: %d, want 1", n)
 	}
+}
+
+// A charge's slow work (UPSTREAM_CHARGE_DELAY_MS) does not end when the
+// client cancels: the charge still tries to commit, and the fence decides.
+// While the claim is still the attempt's, it commits; once a retry has
+// taken the call over, it rolls back and the retry's charge is the one. The
+// upstream goes on serving either way (the Python SDK answers a cancelled
+// request itself, and a handler that then returned normally used to end
+// the whole server: python-sdk#2416).
+func TestUpstreamContractCancelledCharge(t *testing.T) {
+	forEachUpstream(t, contractUpstreamKinds(), testUpstreamContractCancelledCharge)
+}
+
+func testUpstreamContractCancelledCharge(t *testing.T, up upstreamKind) {
+	const delay = time.Second
+	u := startContractUpstream(t, up, "UPSTREAM_CHARGE_DELAY_MS="+strconv.FormatInt(delay.Milliseconds(), 10))
+
+	// cancelledCharge sends a claimed charge and cancels it (the go-sdk
+	// client sends notifications/cancelled) well before its slow work ends.
+	cancelledCharge := func(t *testing.T, args map[string]any, c contractClaim) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		if res, err := u.cs.CallTool(ctx, &mcp.CallToolParams{Name: "charge", Arguments: args, Meta: c.meta()}); err == nil {
+			t.Fatalf("the charge answered %q within 300 ms; want the client's timeout while it waits %s", resultText(res), delay)
+		}
+	}
+
+	t.Run("commits", func(t *testing.T) {
+		args := map[string]any{"customer": "gina", "amount_cents": 321}
+		c := u.insertClaim(t, "charge", args)
+		cancelledCharge(t, args, c)
+		pollUntil(t, 30*time.Second, "the cancelled charge's commit", func() bool {
+			return u.readCall(t, c.rowID).state != "in_flight"
+		})
+		r := u.readCall(t, c.rowID)
+		if r.state != "completed" || !r.result.Valid {
+			t.Fatalf("calls row of the cancelled charge: state %q result %v, want completed", r.state, r.result)
+		}
+		if ch := u.charges(t, "gina"); len(ch) != 1 || ch[0].callID != c.uid {
+			t.Errorf("charges of gina: %+v, want one under %s", ch, c.uid)
+		}
+		if n := len(u.effects(t, c.uid)); n != 1 {
+			t.Errorf("effects of the cancelled charge: %d, want 1", n)
+		}
+		// Still serving, on the same connection.
+		bal := u.call(t, "get_balance", map[string]any{"customer": "gina"}, nil)
+		if sc, _ := bal.StructuredContent.(map[string]any); bal.IsError || sc["balance_cents"] != float64(321) {
+			t.Errorf("get_balance gina after the cancelled charge: %q %v, want 321", resultText(bal), bal.StructuredContent)
+		}
+	})
+
+	t.Run("taken over", func(t *testing.T) {
+		args := map[string]any{"customer": "hal", "amount_cents": 654}
+		c := u.insertClaim(t, "charge", args)
+		cancelledCharge(t, args, c)
+		// A retry takes the call over, as the proxy does when the
+		// attempt's lease has expired, and runs the charge again. Its
+		// slow work is as long and began later, so the first attempt's
+		// transaction comes first, and finds the claim gone.
+		retry := c
+		retry.owner = "contract-test/retry#2"
+		if _, err := u.db.Write.Exec(`UPDATE calls SET owner = ?, attempts = attempts + 1 WHERE id = ? AND owner = ?`,
+			retry.owner, c.rowID, c.owner); err != nil {
+			t.Fatal(err)
+		}
+		res := u.call(t, "charge", args, retry.meta())
+		if res.IsError {
+			t.Fatalf("the retry's charge: tool error %q", resultText(res))
+		}
+		checkContractRecorded(t, u, retry, "completed", res)
+		sc, _ := res.StructuredContent.(map[string]any)
+		if ch := u.charges(t, "hal"); len(ch) != 1 || float64(ch[0].id) != sc["chargeId"] {
+			t.Errorf("charges of hal: %+v, want exactly the retry's (%v)", ch, sc["chargeId"])
+		}
+		if n := len(u.effects(t, c.uid)); n != 1 {
+			t.Errorf("effects of the call: %d, want 1", n)
+		}
+	})
 }
