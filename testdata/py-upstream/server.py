@@ -51,7 +51,7 @@ from typing import Annotated, Any
 
 import anyio
 import anyio.lowlevel
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from mcp.server.fastmcp import Context, FastMCP
 from mcp.server.fastmcp.tools import Tool
@@ -193,19 +193,24 @@ async def charge(ctx: Context, customer: str, amount_cents: int) -> CallToolResu
 # The schemas of server.mjs's zod shapes. amount_cents is range-checked by
 # the handler, not the schema: an out-of-range amount is a recorded tool
 # error ('failed'), while a schema violation is answered by the SDK before
-# the handler runs and records nothing. strict: no "12" or 12.5 or true for
-# an integer (FastMCP still parses a JSON string argument first).
+# the handler runs and records nothing. strict: no "12", 12.5 or true for
+# an integer, as zod's z.number().int() has it.
 Customer = Annotated[str, Field(min_length=1, description="Who to charge")]
 AmountCents = Annotated[int, Field(strict=True, description=f"Amount in cents, 1 to {MAX_AMOUNT_CENTS}")]
 
 
+# extra="forbid": additionalProperties false in the outputSchema, as zod's.
 class ChargeOutput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     chargeId: int
     customer: str
     amount_cents: int
 
 
 class BalanceOutput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
     customer: str
     balance_cents: int
     charges: int
