@@ -3,7 +3,10 @@ package proxy
 import (
 	"context"
 	"crypto/rand"
+	"fmt"
+	"net"
 	"net/http"
+	"strings"
 	"sync"
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
@@ -50,6 +53,10 @@ func userOf(r *http.Request) string {
 }
 
 func (h *httpSessions) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if rebound(r) {
+		http.Error(w, fmt.Sprintf("Forbidden: a request to a loopback address must name a loopback host, not %q", r.Host), http.StatusForbidden)
+		return
+	}
 	id := r.Header.Get(sessionHeader)
 	if id == "" {
 		if r.Method != http.MethodPost {
@@ -114,4 +121,33 @@ func (h *httpSessions) close(id string) {
 	if s != nil {
 		s.cancel()
 	}
+}
+
+// rebound reports a request that reached a loopback address under a name
+// that is not a loopback host: a page of another site whose name now
+// resolves to 127.0.0.1 (DNS rebinding), which the spec's security best
+// practices tell local servers to refuse. The go-sdk's handler, which
+// serve uses, refuses these with 403 by the same rule; the official
+// conformance suite's dns-rebinding-protection scenario checks it.
+func rebound(r *http.Request) bool {
+	local, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr)
+	if !ok || local == nil {
+		return false
+	}
+	return isLoopback(local.String()) && !isLoopback(r.Host)
+}
+
+// isLoopback reports whether hostport (a host, with or without a port)
+// names the loopback interface.
+func isLoopback(hostport string) bool {
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	}
+	host = strings.Trim(host, "[]")
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

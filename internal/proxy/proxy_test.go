@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -515,5 +517,41 @@ func TestToClientIDs(t *testing.T) {
 	note := &jsonrpc.Request{Method: "notifications/message", Params: json.RawMessage(`{"level":"info","data":1}`)}
 	if got := s.toClient(note, 2); got != note {
 		t.Errorf("a notification was changed: %+v", got)
+	}
+}
+
+// TestHTTPRefusesReboundHost: a request that reached the proxy's loopback
+// address under another site's name (DNS rebinding) is refused before it
+// reaches a session; loopback names pass.
+func TestHTTPRefusesReboundHost(t *testing.T) {
+	p, err := New(Options{Layer: &outbox.Layer{}, Upstream: newUpstream()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(p.HTTPHandler(context.Background()))
+	defer srv.Close()
+	for _, tc := range []struct {
+		host string
+		want int
+	}{
+		{"evil.example.com", http.StatusForbidden},
+		{"evil.example.com:80", http.StatusForbidden},
+		{"localhost", http.StatusBadRequest}, // reaches the handler: a GET opens no session
+		{"127.0.0.1:9", http.StatusBadRequest},
+		{"[::1]:9", http.StatusBadRequest},
+	} {
+		req, err := http.NewRequest(http.MethodGet, srv.URL, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = tc.host
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != tc.want {
+			t.Errorf("Host %s: status %d, want %d", tc.host, resp.StatusCode, tc.want)
+		}
 	}
 }
