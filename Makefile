@@ -10,6 +10,13 @@ TS_CLIENT_INSTALLED := $(TS_CLIENT)/node_modules/.package-lock.json
 # The upstream tool server the proxy tests run (TypeScript SDK + better-sqlite3).
 TS_UPSTREAM := testdata/ts-upstream
 TS_UPSTREAM_INSTALLED := $(TS_UPSTREAM)/node_modules/.package-lock.json
+# LangGraph JS with @langchain/mcp-adapters, a client of the interop matrix.
+LANGGRAPH_JS := testdata/langgraph-js
+LANGGRAPH_JS_INSTALLED := $(LANGGRAPH_JS)/node_modules/.package-lock.json
+# The official MCP conformance suite, with the Node 22 it needs.
+CONFORMANCE := testdata/conformance
+CONFORMANCE_INSTALLED := $(CONFORMANCE)/node_modules/.package-lock.json
+NPM_INSTALLED := $(TS_CLIENT_INSTALLED) $(TS_UPSTREAM_INSTALLED) $(LANGGRAPH_JS_INSTALLED) $(CONFORMANCE_INSTALLED)
 # Python clients and the Python upstream run in two virtual environments:
 # "seed" pins the versions the seed write-up measured with (mcp 1.29.1,
 # langgraph 1.2.11, langchain-mcp-adapters 0.3.2, langchain-core 1.6.1),
@@ -27,12 +34,10 @@ help: ## Show this list of targets
 build: ## Build bin/mcp-outbox
 	go build -o bin/mcp-outbox ./cmd/mcp-outbox
 
-$(TS_CLIENT_INSTALLED): $(TS_CLIENT)/package-lock.json $(TS_CLIENT)/package.json
-	cd $(TS_CLIENT) && npm ci --no-audit --no-fund
-	@touch $@
-
-$(TS_UPSTREAM_INSTALLED): $(TS_UPSTREAM)/package-lock.json $(TS_UPSTREAM)/package.json
-	cd $(TS_UPSTREAM) && npm ci --no-audit --no-fund
+# npm ci in a test program's directory, when its lockfile is newer than
+# what is installed.
+testdata/%/node_modules/.package-lock.json: testdata/%/package-lock.json testdata/%/package.json
+	cd testdata/$* && npm ci --no-audit --no-fund
 	@touch $@
 
 # A venv is rebuilt from scratch when its requirements change, so that a
@@ -46,7 +51,7 @@ $(PY_DIR)/.venv-%/.installed: $(PY_DIR)/requirements-%.txt
 .PHONY: py
 py: $(PY_INSTALLED) ## Create the Python virtual environments the interop tests use
 .PHONY: test
-test: $(TS_CLIENT_INSTALLED) $(TS_UPSTREAM_INSTALLED) $(PY_INSTALLED) ## Run all tests with the race detector, including the TypeScript SDK interop test
+test: $(NPM_INSTALLED) $(PY_INSTALLED) ## Run all tests with the race detector, including the interop matrix of real clients and the conformance suite
 	MCP_OUTBOX_REQUIRE_INTEROP=1 go test -race -count=1 ./...
 
 .PHONY: test/short
@@ -76,5 +81,5 @@ demo: ## Reproduce the duplicate-call scenarios, without and with the layer
 
 .PHONY: clean
 clean: ## Remove bin/, local databases and the TypeScript test programs' node_modules
-	rm -rf bin $(TS_CLIENT)/node_modules $(TS_UPSTREAM)/node_modules $(PY_DIR)/.venv-*
+	rm -rf bin $(TS_CLIENT)/node_modules $(TS_UPSTREAM)/node_modules $(LANGGRAPH_JS)/node_modules $(CONFORMANCE)/node_modules $(PY_DIR)/.venv-*
 	rm -f mcp-outbox.db mcp-outbox.db-wal mcp-outbox.db-shm

@@ -1,0 +1,491 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/downstream"
+	"github.com/mcp-outbox/mcp-outbox/internal/scenario"
+	"github.com/mcp-outbox/mcp-outbox/schema"
+)
+
+// The interop matrix: clients that nobody on this project wrote (the
+// official TypeScript and Python SDKs, LangGraph in both languages with
+// their MCP adapters) run the four seed scenarios against `serve` and
+// against `proxy` in front of a TypeScript and a Python upstream, with a
+// key and without one. Every run must end with exactly one row in the
+// charges table, every answer naming it, the last attempt answered with
+// it, and exactly one distinct Idempotency-Key delivered downstream. Runs
+// against `serve --bare` (the same ledger without the layer) must show the
+// duplicates, or the one charge above would prove nothing.
+//
+// A client is an external program (testdata/ts-client/matrix.mjs,
+// testdata/langgraph-js/graph.mjs, testdata/python/client.py and graph.py)
+// that runs one scenario from a plan file and prints a report as its last
+// line of stdout (the contract is matrixPlan and matrixReport below). The
+// program reports what its library did; this file judges it.
+
+// matrixPlan is the plan file a client program reads.
+type matrixPlan struct {
+	Scenario       string         `json:"scenario"`
+	Key            string         `json:"key,omitempty"`
+	Server         *matrixCommand `json:"server,omitempty"`
+	URL            string         `json:"url,omitempty"`
+	DB             string         `json:"db"`
+	KillWhen       string         `json:"killWhen,omitempty"`
+	Tool           string         `json:"tool"`
+	Arguments      map[string]any `json:"arguments"`
+	ChargeIDField  string         `json:"chargeIdField"`
+	TimeoutMS      int64          `json:"timeoutMs"`
+	RetryTimeoutMS int64          `json:"retryTimeoutMs"`
+	NodeAttempts   int            `json:"nodeAttempts"`
+}
+
+// matrixCommand is a stdio server the client spawns itself, directly.
+type matrixCommand struct {
+	Command string            `json:"command"`
+	Args    []string          `json:"args"`
+	Env     map[string]string `json:"env,omitempty"`
+	Cwd     string            `json:"cwd,omitempty"`
+}
+
+// matrixReport is what a client program prints.
+type matrixReport struct {
+	Client          string            `json:"client"`
+	Versions        map[string]string `json:"versions"`
+	ProtocolVersion string            `json:"protocolVersion"`
+	Tools           []string          `json:"tools"`
+	Attempts        []matrixAttempt   `json:"attempts"`
+	Error           string            `json:"error"`
+}
+
+type matrixAttempt struct {
+	What      string `json:"what"`
+	ErrorKind string `json:"errorKind"` // "", "timeout", "closed", "other"
+	Error     string `json:"error"`
+	ToolError string `json:"toolError"`
+	ChargeID  int64  `json:"chargeId"`
+	Replayed  *bool  `json:"replayed"` // nil where the client hides _meta
+	NodeError string `json:"nodeError"`
+	MS        int64  `json:"ms"`
+}
+
+func (a matrixAttempt) ok() bool { return a.ErrorKind == "" && a.ToolError == "" && a.ChargeID != 0 }
+
+// A matrix transport is how the client reaches the server.
+type matrixTransport string
+
+const (
+	overStdio matrixTransport = "stdio"
+	overHTTP  matrixTransport = "Streamable HTTP"
+)
+
+// matrixRun is one scenario over one transport.
+type matrixRun struct {
+	scenario  scenario.ID
+	transport matrixTransport
+	keyed     bool // the client can send a key on this run
+}
+
+func (r matrixRun) name() string {
+	if r.scenario == scenario.FrameworkRetry && r.transport == overHTTP {
+		return string(r.scenario) + "-http"
+	}
+	return string(r.scenario)
+}
+
+// matrixClient is one client program, in one version.
+type matrixClient struct {
+	name  string // subtest name
+	label string // the README table's
+	runs  []matrixRun
+	// command returns the unstarted program for plan; it skips the test
+	// (fails it under MCP_OUTBOX_REQUIRE_INTEROP=1) when the program's
+	// packages are missing.
+	command func(t *testing.T, plan string) *exec.Cmd
+}
+
+// The runs of the plain SDK clients and of the agent frameworks.
+var (
+	sdkRuns = []matrixRun{
+		{scenario.Timeout, overStdio, true},
+		{scenario.Crash, overStdio, true},
+		{scenario.HTTPSession, overHTTP, true},
+	}
+	// @langchain/mcp-adapters 1.1 sends {name, arguments} only, and its
+	// one per-call hook sets headers over HTTP only: no key over stdio.
+	langgraphJSRuns = []matrixRun{
+		{scenario.FrameworkRetry, overStdio, false},
+		{scenario.FrameworkRetry, overHTTP, true},
+	}
+	// langchain-mcp-adapters 0.3.2 cannot put _meta on a call either, but
+	// its tool interceptor can make the call on the session itself (stdio)
+	// or set headers (HTTP).
+	langgraphPyRuns = []matrixRun{
+		{scenario.FrameworkRetry, overStdio, true},
+		{scenario.FrameworkRetry, overHTTP, true},
+	}
+)
+
+func matrixClients() []matrixClient {
+	var cs []matrixClient
+	for _, v := range []string{"1.32.2", "1.30.0"} {
+		cs = append(cs, matrixClient{
+			name: "ts-sdk-" + v, label: "TypeScript SDK " + v, runs: sdkRuns,
+			command: func(t *testing.T, plan string) *exec.Cmd {
+				dir := tsClientDir(t)
+				cmd := exec.Command("node", filepath.Join(dir, "matrix.mjs"), plan)
+				cmd.Dir = dir
+				cmd.Env = append(matrixEnv(), "MCP_OUTBOX_TS_SDK="+v)
+				return cmd
+			},
+		})
+	}
+	cs = append(cs, matrixClient{
+		name: "langgraph-js", label: "LangGraph JS 1.7.3 + @langchain/mcp-adapters 1.1.4", runs: langgraphJSRuns,
+		command: func(t *testing.T, plan string) *exec.Cmd {
+			dir := matrixNodeDir(t, "langgraph-js", "@langchain/langgraph", "@langchain/mcp-adapters")
+			cmd := exec.Command("node", filepath.Join(dir, "graph.mjs"), plan)
+			cmd.Dir = dir
+			cmd.Env = matrixEnv()
+			return cmd
+		},
+	})
+	for _, venv := range []struct{ name, mcp, langgraph string }{
+		{"seed", "mcp 1.29.1", "LangGraph 1.2.11 + langchain-mcp-adapters 0.3.2"},
+		{"latest", "mcp 1.30.0", "LangGraph 1.2.24 + langchain-mcp-adapters 0.3.2"},
+	} {
+		py := func(program string) func(t *testing.T, plan string) *exec.Cmd {
+			return func(t *testing.T, plan string) *exec.Cmd {
+				_, python := pyUpstreamVenv(t, venv.name)
+				dir, err := filepath.Abs(filepath.Join("..", "..", "testdata", "python"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				cmd := exec.Command(python, filepath.Join(dir, program), plan)
+				cmd.Dir = dir
+				cmd.Env = matrixEnv()
+				return cmd
+			}
+		}
+		cs = append(cs,
+			matrixClient{name: "python-mcp-" + venv.name, label: "Python SDK " + venv.mcp, runs: sdkRuns, command: py("client.py")},
+			matrixClient{name: "python-langgraph-" + venv.name, label: "Python " + venv.langgraph, runs: langgraphPyRuns, command: py("graph.py")},
+		)
+	}
+	return cs
+}
+
+// matrixEnv is the environment of a client program: the test's, without
+// what would leak into the servers it starts or the Python it runs.
+func matrixEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "UPSTREAM_") && !strings.HasPrefix(kv, "MCP_OUTBOX_") && !strings.HasPrefix(kv, "PYTHON") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+// matrixNodeDir returns testdata/<name>, or skips the test (fails it under
+// MCP_OUTBOX_REQUIRE_INTEROP=1) when node or one of pkgs is missing.
+func matrixNodeDir(t *testing.T, name string, pkgs ...string) string {
+	t.Helper()
+	dir, err := filepath.Abs(filepath.Join("..", "..", "testdata", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	why := ""
+	if _, err := exec.LookPath("node"); err != nil {
+		why = "node is not in PATH"
+	}
+	for _, pkg := range pkgs {
+		if _, err := os.Stat(filepath.Join(dir, "node_modules", pkg, "package.json")); err != nil && why == "" {
+			why = fmt.Sprintf("testdata/%s/node_modules is missing: run `npm ci` there, or `make test`", name)
+		}
+	}
+	if why != "" {
+		if os.Getenv("MCP_OUTBOX_REQUIRE_INTEROP") == "1" {
+			t.Fatalf("%s (MCP_OUTBOX_REQUIRE_INTEROP=1)", why)
+		}
+		t.Skipf("%s skipped: %s", name, why)
+	}
+	return dir
+}
+
+// A matrix server is what the clients run against.
+type matrixServer struct {
+	name  string // subtest name
+	label string // the README table's column
+	// upstream is the proxy's upstream; nil for serve.
+	upstream *upstreamKind
+}
+
+func matrixServers() []matrixServer {
+	return []matrixServer{
+		{name: "serve", label: "`serve`"},
+		{name: "proxy-ts", label: "`proxy` + TypeScript upstream", upstream: &tsUpstreamKind},
+		{name: "proxy-py", label: "`proxy` + Python (FastMCP) upstream", upstream: &pyUpstreamKind},
+	}
+}
+
+// chargePlan fills in the plan's tool, arguments and charge id field.
+func (s matrixServer) chargePlan(p *matrixPlan) {
+	p.Tool = "charge"
+	if s.upstream == nil {
+		p.Arguments, p.ChargeIDField = map[string]any{"amount": 4200, "currency": "usd"}, "charge_id"
+	} else {
+		p.Arguments, p.ChargeIDField = map[string]any{"customer": "ada", "amount_cents": 4200}, "chargeId"
+	}
+}
+
+// command is the server on db: `serve` (bare: without the layer), or
+// `proxy --cooperating` in front of the upstream; its charge takes delay.
+func (s matrixServer) command(t *testing.T, db string, fake *downstream.Server, delay time.Duration, bare, http bool) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(bin)
+	var up *exec.Cmd
+	if s.upstream == nil {
+		cmd.Args = append(cmd.Args, "serve", "--db", db, "--dest", paymentsDest(fake), "--log-level", "warn", "--demo-delay", delay.String())
+		if bare {
+			cmd.Args = append(cmd.Args, "--bare")
+		}
+		cmd.Env = matrixEnv()
+	} else {
+		up = s.upstream.command(t, db, "UPSTREAM_CHARGE_DELAY_MS="+strconv.FormatInt(delay.Milliseconds(), 10))
+		cmd.Args = append(cmd.Args, "proxy", "--db", db, "--cooperating", "--dest", paymentsDest(fake), "--log-level", "warn")
+		cmd.Env, cmd.Dir = up.Env, up.Dir
+	}
+	if http {
+		cmd.Args = append(cmd.Args, "--http", "127.0.0.1:0")
+	}
+	if up != nil {
+		cmd.Args = append(append(cmd.Args, "--", up.Path), up.Args[1:]...)
+	}
+	return cmd
+}
+
+// stdioPlan describes cmd for the client to spawn: the variables it adds
+// to the client's own environment, which is matrixEnv.
+func stdioPlan(cmd *exec.Cmd) *matrixCommand {
+	base := map[string]bool{}
+	for _, kv := range matrixEnv() {
+		base[kv] = true
+	}
+	env := map[string]string{}
+	for _, kv := range cmd.Env {
+		if !base[kv] {
+			k, v, _ := strings.Cut(kv, "=")
+			env[k] = v
+		}
+	}
+	return &matrixCommand{Command: cmd.Path, Args: cmd.Args[1:], Env: env, Cwd: cmd.Dir}
+}
+
+// TestInteropMatrix runs every client × server × run × key mode, and the
+// plain SDK clients and frameworks against `serve --bare` too.
+func TestInteropMatrix(t *testing.T) {
+	if testing.Short() && os.Getenv("MCP_OUTBOX_REQUIRE_INTEROP") != "1" {
+		t.Skip("the interop matrix is skipped in -short mode")
+	}
+	for _, c := range matrixClients() {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			for _, r := range c.runs {
+				for _, s := range matrixServers() {
+					modes := []scenario.Mode{scenario.LayerNoKey}
+					if r.keyed {
+						modes = append(modes, scenario.LayerKey)
+					}
+					if s.upstream == nil {
+						modes = append(modes, scenario.Bare)
+					}
+					for _, mode := range modes {
+						t.Run(r.name()+"/"+s.name+"/"+string(mode), func(t *testing.T) {
+							t.Parallel()
+							runMatrixCase(t, c, s, r, mode)
+						})
+					}
+				}
+			}
+		})
+	}
+}
+
+func runMatrixCase(t *testing.T, c matrixClient, s matrixServer, r matrixRun, mode scenario.Mode) {
+	if s.upstream != nil {
+		s.upstream.check(t)
+	}
+	dir := t.TempDir()
+	db := filepath.Join(dir, "run.db")
+	if s.upstream != nil {
+		// The outbox tables exist before the upstream starts, as the
+		// contract requires.
+		sdb, err := schema.Open(context.Background(), db, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sdb.Close()
+	}
+	fake := downstream.Start(t, nil)
+	plan := matrixPlan{
+		Scenario: string(r.scenario), DB: db,
+		TimeoutMS: testTimeout.Milliseconds(), RetryTimeoutMS: (testDelay + 30*time.Second).Milliseconds(),
+		NodeAttempts: 3,
+	}
+	if r.scenario == scenario.HTTPSession {
+		// The plan's scenario names what the client does, not how the
+		// server negotiates: these clients speak 2025-11-25 at most.
+		plan.Scenario = "http-session"
+	}
+	s.chargePlan(&plan)
+	if mode == scenario.LayerKey {
+		plan.Key = "matrix-" + c.name + "-" + r.name() + "-" + contractHex(t, 8)
+	}
+	plan.KillWhen = `SELECT count(*) FROM calls WHERE state = 'in_flight'`
+	if mode == scenario.Bare {
+		plan.KillWhen = `SELECT count(*) FROM charges`
+	}
+	var delay time.Duration
+	if r.scenario != scenario.FrameworkRetry {
+		delay = testDelay
+	}
+	bare := mode == scenario.Bare
+	switch r.transport {
+	case overStdio:
+		plan.Server = stdioPlan(s.command(t, db, fake, delay, bare, false))
+	case overHTTP:
+		plan.URL = startHTTPCommand(t, s.command(t, db, fake, delay, bare, true))
+	}
+	planFile := filepath.Join(dir, "plan.json")
+	b, err := json.MarshalIndent(plan, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(planFile, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	rep := runMatrixClient(t, c.command(t, planFile))
+	t.Logf("%s %v, protocol %s, tools %v", rep.Client, rep.Versions, rep.ProtocolVersion, rep.Tools)
+	for i, a := range rep.Attempts {
+		t.Logf("attempt %d: %s (%d ms)", i+1, a.What, a.MS)
+	}
+	if !slices.Contains(rep.Tools, "charge") && len(rep.Tools) > 0 {
+		t.Errorf("tools/list through %s: %v, no charge", s.name, rep.Tools)
+	}
+	checkMatrixPremise(t, r.scenario, rep.Attempts)
+
+	ldb := openLedgerDB(t, db)
+	charges := countRows(t, ldb, `SELECT count(*) FROM charges`)
+	if bare {
+		want := 2
+		if r.scenario == scenario.FrameworkRetry {
+			want = 3
+		}
+		if charges < want {
+			t.Errorf("without the layer: %d charges, want at least %d: the duplicate did not reproduce, so the layer's one charge would prove nothing", charges, want)
+		}
+		t.Logf("without the layer: %d charges", charges)
+		return
+	}
+	if charges != 1 {
+		t.Fatalf("%d charges, want exactly 1", charges)
+	}
+	var id int64
+	if err := ldb.QueryRow(`SELECT id FROM charges`).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	for i, a := range rep.Attempts {
+		if a.ChargeID != 0 && a.ChargeID != id {
+			t.Errorf("attempt %d answered with charge #%d, want #%d", i+1, a.ChargeID, id)
+		}
+	}
+	// In scenario 4 the original completed and was never cancelled: the
+	// node's re-runs are replays of it, where the client shows _meta.
+	if r.scenario == scenario.FrameworkRetry {
+		for i, a := range rep.Attempts[1:] {
+			if a.Replayed != nil && !*a.Replayed {
+				t.Errorf("attempt %d: %s; want a replay", i+2, a.What)
+			}
+		}
+	}
+	// The servers have exited; deliver what they left, as a drain after a
+	// deploy would, then exactly one key must have reached the downstream.
+	if out := runCLI(t, nil, "drain", "--db", db, "--dest", paymentsDest(fake), "--timeout", "30s"); out.code != 0 {
+		t.Fatalf("drain: exit %d: %s%s", out.code, out.stdout, out.stderr)
+	}
+	effects := wantExactlyOnce(t, ldb, fake, 1)
+	if len(effects) == 1 {
+		t.Logf("1 charge (#%d), 1 effect delivered under key %s", id, effects[0].key)
+	}
+}
+
+// runMatrixClient runs a client program and returns its report.
+func runMatrixClient(t *testing.T, cmd *exec.Cmd) *matrixReport {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	run := exec.CommandContext(ctx, cmd.Path, cmd.Args[1:]...)
+	run.Dir, run.Env = cmd.Dir, cmd.Env
+	var stdout bytes.Buffer
+	run.Stdout = &stdout
+	run.Stderr = testWriter{t}
+	// A stdio server the program started inherits its stderr; should it
+	// outlive the program, stop waiting for the pipe after a while.
+	run.WaitDelay = 10 * time.Second
+	err := run.Run()
+	line := lastLine(stdout.String())
+	var rep matrixReport
+	if jerr := json.Unmarshal([]byte(line), &rep); jerr != nil {
+		t.Fatalf("%s printed no report (%v; exit %v); stdout:\n%s", filepath.Base(cmd.Args[1]), jerr, err, stdout.String())
+	}
+	if err != nil || rep.Error != "" {
+		t.Fatalf("%s: %v: %s", filepath.Base(cmd.Args[1]), err, rep.Error)
+	}
+	return &rep
+}
+
+// checkMatrixPremise fails the test when the attempts did not fail the way
+// the scenario is about, or the logical call did not end with a charge:
+// then a count proves nothing.
+func checkMatrixPremise(t *testing.T, id scenario.ID, attempts []matrixAttempt) {
+	t.Helper()
+	if len(attempts) == 0 {
+		t.Fatal("no attempt was made")
+	}
+	first, last := attempts[0], attempts[len(attempts)-1]
+	switch id {
+	case scenario.Timeout, scenario.HTTPSession:
+		if len(attempts) != 2 || first.ErrorKind != "timeout" || first.MS >= testDelay.Milliseconds() {
+			t.Fatalf("want 2 attempts, the first timing out before the charge's %v: %+v", testDelay, attempts)
+		}
+	case scenario.Crash:
+		if len(attempts) != 2 || first.ErrorKind != "closed" {
+			t.Fatalf("want 2 attempts, the first failing with the connection closed by the killed server: %+v", attempts)
+		}
+	case scenario.FrameworkRetry:
+		if len(attempts) != 3 {
+			t.Fatalf("the node ran %d times, want 3 (the default RetryPolicy's attempts)", len(attempts))
+		}
+		for i, a := range attempts[:2] {
+			if !a.ok() || a.NodeError == "" {
+				t.Fatalf("attempt %d: %s; want a charge, then the node failing", i+1, a.What)
+			}
+		}
+	}
+	if !last.ok() || last.NodeError != "" {
+		t.Fatalf("last attempt: %s; want a charge", last.What)
+	}
+}
