@@ -14,7 +14,7 @@ import (
 
 // TestProxyCancelNonCooperating is the seed's scenario 1 (and 3a, over
 // Streamable HTTP) through the proxy in front of an upstream that does not
-// record its own outcome: the client times out on a charge that is still
+// record its own outcome (the TypeScript and the Python one, told not to): the client times out on a charge that is still
 // running, its SDK sends notifications/cancelled, and it retries.
 //
 // The TypeScript SDK server never answers a request it was told to cancel,
@@ -23,19 +23,25 @@ import (
 // would never have come, and the retry would have been told "outcome
 // unknown". The proxy keeps waiting instead, records the answer, and the
 // retry, which joined the call, gets the charge.
+//
+// The Python SDK's server does answer a cancelled request ("Request
+// cancelled"), which is no answer to the call either: through either
+// upstream the retry must get the charge.
 func TestProxyCancelNonCooperating(t *testing.T) {
-	tsUpstreamDir(t) // skips, or fails, early without node
-	for _, id := range []scenario.ID{scenario.Timeout, scenario.HTTPSession} {
-		for _, mode := range []scenario.Mode{scenario.LayerKey, scenario.LayerNoKey} {
-			t.Run(string(id)+"/"+string(mode), func(t *testing.T) {
-				t.Parallel()
-				runCancelNonCooperating(t, id, mode)
-			})
+	forEachUpstream(t, upstreamKinds, func(t *testing.T, up upstreamKind) {
+		t.Parallel()
+		for _, id := range []scenario.ID{scenario.Timeout, scenario.HTTPSession} {
+			for _, mode := range []scenario.Mode{scenario.LayerKey, scenario.LayerNoKey} {
+				t.Run(string(id)+"/"+string(mode), func(t *testing.T) {
+					t.Parallel()
+					runCancelNonCooperating(t, up, id, mode)
+				})
+			}
 		}
-	}
+	})
 }
 
-func runCancelNonCooperating(t *testing.T, id scenario.ID, mode scenario.Mode) {
+func runCancelNonCooperating(t *testing.T, upKind upstreamKind, id scenario.ID, mode scenario.Mode) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var dbPath string
@@ -52,7 +58,7 @@ func runCancelNonCooperating(t *testing.T, id scenario.ID, mode scenario.Mode) {
 			if mode == scenario.Bare {
 				return nil, errors.New("no bare mode through the proxy")
 			}
-			up := tsUpstreamCommand(t, db, "UPSTREAM_COOPERATE=0",
+			up := upKind.command(t, db, "UPSTREAM_COOPERATE=0",
 				"UPSTREAM_CHARGE_DELAY_MS="+strconv.FormatInt(delay.Milliseconds(), 10))
 			args := []string{"proxy", "--db", db, "--log-level", "warn"}
 			if http {
