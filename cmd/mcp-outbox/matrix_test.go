@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -295,34 +296,48 @@ func stdioPlan(cmd *exec.Cmd) *matrixCommand {
 	return &matrixCommand{Command: cmd.Path, Args: cmd.Args[1:], Env: env, Cwd: cmd.Dir}
 }
 
+// matrixConcurrency is how many cases of the matrix run at once. A case
+// mostly waits (the charge's delay, the client's timeout, LangGraph's
+// retry backoff), so more run at once than go test's -parallel, which is
+// the number of CPUs and would make the matrix the longest part of
+// `make test`.
+const matrixConcurrency = 4
+
 // TestInteropMatrix runs every client × server × run × key mode, and the
-// plain SDK clients and frameworks against `serve --bare` too.
+// plain SDK clients and frameworks against `serve --bare` too. It is not a
+// parallel test: the other tests of the package wait until it is done, so
+// that its load does not run against their timing.
 func TestInteropMatrix(t *testing.T) {
 	if testing.Short() && os.Getenv("MCP_OUTBOX_REQUIRE_INTEROP") != "1" {
 		t.Skip("the interop matrix is skipped in -short mode")
 	}
+	sem := make(chan struct{}, matrixConcurrency)
+	var wg sync.WaitGroup
 	for _, c := range matrixClients() {
-		t.Run(c.name, func(t *testing.T) {
-			t.Parallel()
-			for _, r := range c.runs {
-				for _, s := range matrixServers() {
-					modes := []scenario.Mode{scenario.LayerNoKey}
-					if r.keyed {
-						modes = append(modes, scenario.LayerKey)
-					}
-					if s.upstream == nil {
-						modes = append(modes, scenario.Bare)
-					}
-					for _, mode := range modes {
-						t.Run(r.name()+"/"+s.name+"/"+string(mode), func(t *testing.T) {
-							t.Parallel()
+		for _, r := range c.runs {
+			for _, s := range matrixServers() {
+				modes := []scenario.Mode{scenario.LayerNoKey}
+				if r.keyed {
+					modes = append(modes, scenario.LayerKey)
+				}
+				if s.upstream == nil {
+					modes = append(modes, scenario.Bare)
+				}
+				for _, mode := range modes {
+					wg.Add(1)
+					sem <- struct{}{}
+					// Subtests may run from several goroutines at once.
+					go func() {
+						defer func() { <-sem; wg.Done() }()
+						t.Run(c.name+"/"+r.name()+"/"+s.name+"/"+string(mode), func(t *testing.T) {
 							runMatrixCase(t, c, s, r, mode)
 						})
-					}
+					}()
 				}
 			}
-		})
+		}
 	}
+	wg.Wait()
 }
 
 func runMatrixCase(t *testing.T, c matrixClient, s matrixServer, r matrixRun, mode scenario.Mode) {
