@@ -9,6 +9,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/schemacheck"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 )
 
@@ -70,4 +71,49 @@ func completedAt(t *testing.T, meta map[string]any) time.Time {
 		t.Fatal(err)
 	}
 	return at
+}
+
+// TestServeToolSchemasStrict: every tool serve advertises (the ledger's and
+// the status tool) passes the schema rules of the strictest clients, which
+// refuse a whole tools/list answer for one boolean subschema.
+func TestServeToolSchemasStrict(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	env := testEnv(nil, nil, io.Discard, io.Discard)
+	a, err := openApp(ctx, env, &appConfig{db: filepath.Join(t.TempDir(), "schemas.db"), durability: "full", logLevel: "error"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	st, ct := mcp.NewInMemoryTransports()
+	ss, err := a.server.Connect(ctx, st, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ss.Close()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "c", Version: "v0"}, nil).Connect(ctx, ct, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	tools, err := cs.ListTools(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tools.Tools) < 2 {
+		t.Fatalf("serve lists %d tools", len(tools.Tools))
+	}
+	for _, tool := range tools.Tools {
+		if tool.Description == "" {
+			t.Errorf("tool %s has no description (the conformance suite's tools-list wants one)", tool.Name)
+		}
+		for name, s := range map[string]any{"inputSchema": tool.InputSchema, "outputSchema": tool.OutputSchema} {
+			if s == nil {
+				continue
+			}
+			if err := schemacheck.Strict(s); err != nil {
+				t.Errorf("tool %s %s: %v", tool.Name, name, err)
+			}
+		}
+	}
 }
