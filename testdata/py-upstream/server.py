@@ -2,7 +2,7 @@
 
 The same small payments ledger as testdata/ts-upstream/server.mjs (same tools,
 schemas, environment, behaviour and ready line), written with the official
-Python SDK's FastMCP and the standard library's sqlite3, on the contract
+Python SDK's FastMCP (MCPServer in mcp 2) and the standard library's sqlite3, on the contract
 module mcp_outbox_upstream.py beside it (schema/README.md). The Go tests run
 it directly (cmd/mcp-outbox/upstream_contract_test.go) and behind the proxy.
 
@@ -34,7 +34,8 @@ Environment:
 Once serving, it prints one line to stderr:
   py-upstream ready pid=<pid> cooperate=<0|1>[ url=http://127.0.0.1:<port>/mcp]
 
-Requires the mcp package (1.29 and 1.30 are tested); nothing else beyond it.
+Requires the mcp package (1.29, 1.30 and 2.3 are tested); nothing else
+beyond it. Where mcp 2 changed the API, a small shim below says how.
 """
 
 from __future__ import annotations
@@ -47,16 +48,28 @@ import re
 import signal
 import socket
 import sys
+from importlib import metadata
 from typing import Annotated, Any
 
 import anyio
 import anyio.lowlevel
 from pydantic import BaseModel, ConfigDict, Field
 
-from mcp.server.fastmcp import Context, FastMCP
-from mcp.server.fastmcp.tools import Tool
 from mcp.server.stdio import stdio_server
 from mcp.types import CallToolResult, ToolAnnotations
+
+MCP_MAJOR = int(metadata.version("mcp").split(".")[0])
+if MCP_MAJOR >= 2:
+    # mcp 2.0 renamed FastMCP to MCPServer, in mcp.server.mcpserver (Context
+    # and tools.Tool moved with it); mcp.server.fastmcp is left only to raise
+    # an ImportError that points at the migration guide. The constructor and
+    # the decorators used here take the same arguments.
+    from mcp.server.mcpserver import Context
+    from mcp.server.mcpserver import MCPServer as FastMCP
+    from mcp.server.mcpserver.tools import Tool
+else:
+    from mcp.server.fastmcp import Context, FastMCP
+    from mcp.server.fastmcp.tools import Tool
 
 from mcp_outbox_upstream import Effect, SetupError, ToolFailure, Upstream, text_result
 
@@ -122,10 +135,20 @@ def crash_once(path: str, when: str) -> None:
 
 
 def request_meta(ctx: Context) -> dict[str, Any] | None:
-    """The request's _meta as a dict. FastMCP hands it over as a pydantic
-    model (RequestParams.Meta) that knows only progressToken; every other
-    entry, the claim included, is kept as an extra, which model_dump returns
-    with the rest (model_extra alone would lose progressToken)."""
+    """The request's _meta as a dict, as it was on the wire.
+
+    mcp 1.x: FastMCP hands it over as a pydantic model (RequestParams.Meta)
+    that knows only progressToken; every other entry, the claim included, is
+    kept as an extra, which model_dump returns with the rest (model_extra
+    alone would lose progressToken).
+
+    mcp 2.x: ctx.request_context.meta is a dict already, but a validated one
+    (RequestParamsMeta, a TypedDict) that renames progressToken to
+    progress_token; the request context keeps the raw params too, whose
+    _meta is the wire's."""
+    if MCP_MAJOR >= 2:
+        meta = (ctx.request_context.params or {}).get("_meta")
+        return dict(meta) if isinstance(meta, dict) else None
     meta = ctx.request_context.meta
     return None if meta is None else meta.model_dump()
 
@@ -133,7 +156,11 @@ def request_meta(ctx: Context) -> dict[str, Any] | None:
 def answer(result: dict[str, Any]) -> CallToolResult:
     # Returning a CallToolResult makes FastMCP pass it on untouched: a dict
     # or a model would be converted (structured output wrapped, text
-    # generated), and the client would not get what was recorded.
+    # generated), and the client would not get what was recorded. (mcp 2.x
+    # adds resultType "complete" to the answer on a 2026-07-28 connection,
+    # none on 2025-11-25: the protocol's envelope, not the tool's result, so
+    # not recorded.) The result is in wire form (isError, structuredContent),
+    # which model_validate reads in 1.x and 2.x alike.
     return CallToolResult.model_validate(result)
 
 
@@ -183,7 +210,11 @@ async def charge(ctx: Context, customer: str, amount_cents: int) -> CallToolResu
     # the SDK already ("Request cancelled"); returning normally would make it
     # answer again, and its assertion against that ends the whole server
     # (python-sdk#2416, in 1.29 and 1.30). Raising the pending cancellation
-    # here takes the SDK's path for a cancelled handler instead.
+    # here takes the SDK's path for a cancelled handler instead. mcp 2.x no
+    # longer needs it: its dispatcher never answers a request the client
+    # cancelled and drops whatever the handler returns or raises
+    # (shared/jsonrpc_dispatcher.py, _handle_request), so both paths end the
+    # same there, and the call stays unanswered as the spec has it.
     await anyio.lowlevel.checkpoint_if_cancelled()
     return answer(result)
 
@@ -226,7 +257,8 @@ class _ToolWithOutputSchema(Tool):
     which turns "amount out of range" into a validation error. So the tools
     are annotated plain CallToolResult (no schema, no validation) and the
     schema is declared here. Tool is a pydantic model; output_schema is a
-    property of it that FastMCP's tools/list reads."""
+    property of it (a cached_property in mcp 2.x) that FastMCP's tools/list
+    reads."""
 
     declared_output_schema: dict[str, Any] | None = None
 
@@ -261,11 +293,11 @@ async def slow_charge_tool(
     ],
     ctx: Context,
 ) -> CallToolResult:
-    meta = ctx.request_context.meta
-    if meta is not None and meta.progressToken is not None:
+    if (request_meta(ctx) or {}).get("progressToken") is not None:
         await ctx.report_progress(1, 2, f"waiting {delay_ms} ms before charging")
     # Not shielded: notifications/cancelled cancels this wait, and the
-    # call then charges nothing (the SDK has answered "Request cancelled").
+    # call then charges nothing (mcp 1.x has answered "Request cancelled";
+    # mcp 2.x answers a cancelled request not at all).
     await anyio.sleep(delay_ms / 1000)
     return await charge(ctx, customer, amount_cents)
 
@@ -359,7 +391,10 @@ logging.getLogger().addFilter(_FirstLineOfValidationWarnings())
     description="Every charge, one per line.",
     mime_type="text/plain",
 )
-def ledger() -> str:
+async def ledger() -> str:
+    # async: mcp 2.x runs a synchronous resource (or prompt, or tool)
+    # function in a worker thread, where the sqlite3 connection, made on the
+    # event loop's thread, refuses to be used; 1.x called it on the loop.
     rows = db.execute("SELECT id, customer, amount_cents, call_id FROM charges ORDER BY id").fetchall()
     if not rows:
         return "no charges\n"
@@ -404,7 +439,9 @@ async def serve_stdio() -> None:
     # FastMCP.run("stdio") would, on stdin's end, wait for the calls in
     # flight to finish (and commit); server.mjs exits at once. So the
     # messages go through a relay that notices the end of stdin.
-    server = mcp._mcp_server  # FastMCP keeps its lowlevel server here (1.29, 1.30)
+    # FastMCP keeps its lowlevel server in _mcp_server (1.29, 1.30); MCPServer
+    # in _lowlevel_server (2.x). Its run() takes the same arguments.
+    server = mcp._lowlevel_server if MCP_MAJOR >= 2 else mcp._mcp_server
     async with stdio_server() as (stdin_messages, stdout_messages):
         relay_send, relay_receive = anyio.create_memory_object_stream(0)
 

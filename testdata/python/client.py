@@ -13,31 +13,39 @@ Scenarios (plan.scenario):
 
 With plan.key, every attempt carries it in params._meta.idempotencyKey.
 Prints one JSON report as the last line of stdout (see mcp_matrix.py).
+
+Runs under mcp 1.x (ClientSession, initialize: protocol 2025-11-25 at most)
+and mcp 2.x (mcp.Client with its default negotiation: server/discover for
+protocol 2026-07-28 first, initialize when the server does not answer it);
+mcp_matrix.py holds the differences.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-from datetime import timedelta
 from typing import Any
 
 import anyio
-from mcp import ClientSession
 
 import mcp_matrix as mm
 
 
-async def attempt(session: ClientSession, plan: dict[str, Any], n: int, timeout_ms: int) -> dict[str, Any]:
+async def attempt(session: Any, plan: dict[str, Any], n: int, timeout_ms: int) -> dict[str, Any]:
+    """One charge. session: mcp 1.x's ClientSession or mcp 2.x's Client (see
+    mm.Wire), whose call_tool take the same arguments."""
     key = plan.get("key") or ""
     watch = mm.Stopwatch()
     try:
-        # mcp 1.29.1 and 1.30.0 both take call_tool(..., meta=...) and put it
-        # in params._meta (RequestParams.Meta allows extra keys).
+        # mcp 1.29.1, 1.30.0 and 2.3.0 all take call_tool(..., meta=...) and
+        # put it in params._meta (1.x: RequestParams.Meta allows extra keys;
+        # 2.x: RequestParamsMeta is an open TypedDict). mcp 2.x adds its own
+        # entries beside it on a 2026-07-28 connection (protocol version,
+        # client info and capabilities), none on a 2025-11-25 one.
         result = await session.call_tool(
             plan["tool"],
             plan.get("arguments") or {},
-            read_timeout_seconds=timedelta(milliseconds=timeout_ms),
+            read_timeout_seconds=mm.read_timeout(timeout_ms),
             meta={"idempotencyKey": key} if key else None,
         )
     except Exception as exc:  # noqa: BLE001 - reported, not judged
@@ -49,15 +57,14 @@ async def attempt(session: ClientSession, plan: dict[str, Any], n: int, timeout_
     return entry
 
 
-def note_session(report: dict[str, Any], init: Any, tools: Any) -> None:
-    report["protocolVersion"] = init.protocolVersion
-    report["server"] = {"name": init.serverInfo.name, "version": init.serverInfo.version}
+def note_session(report: dict[str, Any], session: Any, init: Any, tools: Any) -> None:
+    report.update(mm.negotiated(session, init))
     report["tools"] = [t.name for t in tools.tools]
 
 
 async def run_timeout(plan: dict[str, Any], report: dict[str, Any], wire: mm.Wire) -> None:
     async with wire.stdio(plan) as (session, init):
-        note_session(report, init, await session.list_tools())
+        note_session(report, session, init, await session.list_tools())
         report["attempts"].append(await attempt(session, plan, 1, plan.get("timeoutMs", 300)))
         report["attempts"].append(await attempt(session, plan, 2, plan.get("retryTimeoutMs", 30000)))
 
@@ -67,7 +74,7 @@ async def run_crash(plan: dict[str, Any], report: dict[str, Any], wire: mm.Wire)
     retry_ms = plan.get("retryTimeoutMs", 30000)
     first: dict[str, Any] = {}
     async with wire.stdio(plan) as (session, init):
-        note_session(report, init, await session.list_tools())
+        note_session(report, session, init, await session.list_tools())
         command = plan["server"]["command"]
         pid = mm.find_child(command)
         if pid is None:
@@ -86,8 +93,9 @@ async def run_crash(plan: dict[str, Any], report: dict[str, Any], wire: mm.Wire)
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 report["kill"]["alreadyGone"] = True
-        # Attempt 1 has ended here: mcp fails a pending request with McpError
-        # -32000 "Connection closed" once the stdio server's stdout closes.
+        # Attempt 1 has ended here: mcp (1.x McpError, 2.x MCPError) fails a
+        # pending request with -32000 "Connection closed" once the stdio
+        # server's stdout closes.
     report["attempts"].append(first)
 
     # What the stdio section of the spec says: start the server again, retry.
@@ -98,7 +106,7 @@ async def run_crash(plan: dict[str, Any], report: dict[str, Any], wire: mm.Wire)
 
 async def run_http(plan: dict[str, Any], report: dict[str, Any], wire: mm.Wire) -> None:
     async with wire.http(mm.need(plan, "url")) as (session, init, session_id):
-        note_session(report, init, await session.list_tools())
+        note_session(report, session, init, await session.list_tools())
         report["sessionId"] = session_id()
         report["attempts"].append(await attempt(session, plan, 1, plan.get("timeoutMs", 300)))
         report["attempts"].append(await attempt(session, plan, 2, plan.get("retryTimeoutMs", 30000)))

@@ -10,6 +10,7 @@ the stdio server's stderr, go to stderr.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import sqlite3
@@ -18,6 +19,7 @@ import time
 import traceback
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from datetime import timedelta
 from importlib import metadata
 from typing import Any
 
@@ -28,21 +30,44 @@ from anyio.abc import ObjectSendStream
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.exceptions import McpError
 from mcp.shared.message import SessionMessage
-from mcp.types import CONNECTION_CLOSED, CallToolResult, InitializeResult, TextContent
+from mcp.types import CONNECTION_CLOSED
 
 # Where mcp-outbox reports on a recorded call in a result's _meta.
 CALL_META = "io.github.mcp-outbox/call"
 
-# mcp 1.29.1 and 1.30.0 (shared/session.py, send_request): a request that
-# outlives its read timeout raises McpError with code httpx.codes.REQUEST_TIMEOUT,
-# i.e. 408 (not the TypeScript SDK's -32001), and sends no
-# notifications/cancelled; the server's late response is dropped as an
-# unknown request id. A transport that ends (the stdio server died) fails
-# every pending request with McpError CONNECTION_CLOSED (-32000,
-# "Connection closed").
-TIMEOUT_CODE = 408
+# The major version of the installed SDK. These programs run under mcp 1.29.1
+# and 1.30.0 (the seed and latest venvs, which LangGraph's adapters keep below
+# 2) and under mcp 2.3.0 (the newest venv, client.py only); where the two
+# majors differ, the code below says how.
+MCP_MAJOR = int(metadata.version("mcp").split(".")[0])
+
+if MCP_MAJOR >= 2:
+    # mcp 2.0 renamed McpError to MCPError (mcp.shared.exceptions); the old
+    # name is gone, not aliased.
+    from mcp import Client
+    from mcp.shared.exceptions import MCPError
+    from mcp.types import REQUEST_TIMEOUT
+
+    # mcp 2.3.0 (shared/jsonrpc_dispatcher.py, send_raw_request): a request
+    # that outlives its read timeout raises MCPError REQUEST_TIMEOUT (-32001,
+    # "Request 'tools/call' timed out", the TypeScript SDK's code) and first
+    # sends the courtesy notifications/cancelled, which 1.x never sent. Over
+    # Streamable HTTP at protocol 2026-07-28 the transport turns that
+    # notification into aborting the request's own POST instead.
+    TIMEOUT_CODE = REQUEST_TIMEOUT
+else:
+    from mcp.shared.exceptions import McpError as MCPError
+
+    # mcp 1.29.1 and 1.30.0 (shared/session.py, send_request): a request that
+    # outlives its read timeout raises McpError with code
+    # httpx.codes.REQUEST_TIMEOUT, i.e. 408 (not the TypeScript SDK's
+    # -32001), and sends no notifications/cancelled; the server's late
+    # response is dropped as an unknown request id.
+    TIMEOUT_CODE = 408
+
+# In both majors a transport that ends (the stdio server died) fails every
+# pending request with CONNECTION_CLOSED (-32000, "Connection closed").
 
 # The crash scenario gives up waiting for its kill condition after this long.
 KILL_POLL_DEADLINE_S = 20.0
@@ -136,7 +161,7 @@ def error_fields(exc: BaseException) -> dict[str, Any]:
     """The report fields for an attempt that raised instead of answering."""
     inner = leaves(exc)
     first = inner[0]
-    if isinstance(first, McpError):
+    if isinstance(first, MCPError):
         code = first.error.code
         kind = {TIMEOUT_CODE: "timeout", CONNECTION_CLOSED: "closed"}.get(code, "other")
         return {"errorKind": kind, "error": first.error.message, "errorCode": code}
@@ -147,8 +172,24 @@ def error_fields(exc: BaseException) -> dict[str, Any]:
     return {"errorKind": "other", "error": describe(exc)}
 
 
-def texts_of(result: CallToolResult) -> list[str]:
-    return [c.text for c in result.content if isinstance(c, TextContent)]
+def read_timeout(ms: int) -> Any:
+    """A call_tool read_timeout_seconds of ms milliseconds: mcp 1.x takes a
+    timedelta, mcp 2.0 changed it to a float of seconds."""
+    return ms / 1000 if MCP_MAJOR >= 2 else timedelta(milliseconds=ms)
+
+
+def wire(model: Any) -> dict[str, Any]:
+    """A result as it was on the wire (isError, structuredContent, _meta, ...).
+    mcp 2.0 renamed the models' attributes to snake_case (is_error,
+    structured_content, protocol_version, server_info) and keeps the
+    camelCase names as aliases only; the wire form reads the same in 1.x and
+    2.x."""
+    return model.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+
+def texts_of(result: dict[str, Any]) -> list[str]:
+    """The texts of a result's content (its wire form)."""
+    return [c["text"] for c in result.get("content") or [] if c.get("type") == "text" and isinstance(c.get("text"), str)]
 
 
 def charge_id(structured: Any, texts: list[str], field: str) -> int:
@@ -180,16 +221,38 @@ def call_fields(result_meta: dict[str, Any] | None) -> dict[str, Any]:
     return out
 
 
-def result_fields(result: CallToolResult, plan: dict[str, Any]) -> dict[str, Any]:
-    """The report fields for an attempt that got a tools/call result."""
-    texts = texts_of(result)
-    out: dict[str, Any] = {"errorKind": "", **call_fields(result.meta)}
-    if result.isError:
+def result_fields(result: Any, plan: dict[str, Any]) -> dict[str, Any]:
+    """The report fields for an attempt that got a tools/call result (a
+    CallToolResult of either major)."""
+    doc = wire(result)
+    texts = texts_of(doc)
+    out: dict[str, Any] = {"errorKind": "", **call_fields(doc.get("_meta"))}
+    if doc.get("isError"):
         out["toolError"] = "\n".join(texts)
         out["chargeId"] = 0
     else:
-        out["chargeId"] = charge_id(result.structuredContent, texts, plan.get("chargeIdField", "charge_id"))
+        out["chargeId"] = charge_id(doc.get("structuredContent"), texts, plan.get("chargeIdField", "charge_id"))
     return out
+
+
+def negotiated(session: Any, init: Any) -> dict[str, Any]:
+    """What the connection negotiated: protocolVersion, server, and how
+    (negotiation: "initialize" or "server/discover").
+
+    mcp 1.x: session is a ClientSession and init the InitializeResult. mcp
+    2.x: session is an mcp.Client, whose default mode "auto" first probes
+    server/discover (protocol 2026-07-28, no handshake, no session) and falls
+    back to initialize when the server does not speak it; init is then the
+    DiscoverResult or the InitializeResult."""
+    if MCP_MAJOR >= 2:
+        info = session.server_info
+        return {
+            "protocolVersion": session.protocol_version,
+            "server": wire(info) if info is not None else None,
+            "negotiation": "server/discover" if session.session.discover_result is not None else "initialize",
+        }
+    doc = wire(init)
+    return {"protocolVersion": doc.get("protocolVersion"), "server": doc.get("serverInfo"), "negotiation": "initialize"}
 
 
 def outcome(entry: dict[str, Any]) -> str:
@@ -233,17 +296,24 @@ class Wire:
         self.sent: list[str] = []
         self.late: list[str] = []
         self.close_errors: list[str] = []
+        # Streamable HTTP under mcp 2.x: each HTTP exchange, and the session
+        # id the server gave (none when the connection runs stateless).
+        self.exchanges: list[str] = []
+        self.session_id: str | None = None
 
     def note(self, report: dict[str, Any]) -> None:
         report["sent"] = self.sent
         report["cancelledSent"] = "notifications/cancelled" in self.sent
         report["lateResponses"] = len(self.late)
         report["closeErrors"] = self.close_errors
+        if self.exchanges:
+            report["http"] = self.exchanges
 
     async def message_handler(self, message: Any) -> None:
         # mcp 1.29.1/1.30.0 (shared/session.py, _handle_response) hand a
         # response whose request already timed out to the message handler as
         # RuntimeError("Received response with an unknown request ID: ...").
+        # mcp 2.x drops it in the dispatcher instead: see LateResponses.
         if isinstance(message, Exception):
             text = str(message)
             if text.startswith("Received response with an unknown request ID"):
@@ -262,8 +332,13 @@ class Wire:
         async def relay() -> None:
             async with recv:
                 async for msg in recv:
-                    self.sent.append(getattr(msg.message.root, "method", None) or "response")
+                    # mcp 1.x wraps the message in a RootModel (.root); mcp
+                    # 2.0 made JSONRPCMessage a plain union of the models.
+                    inner = getattr(msg.message, "root", msg.message)
+                    self.sent.append(getattr(inner, "method", None) or "response")
                     try:
+                        # The SessionMessage goes on whole: mcp 2.x puts the
+                        # per-request HTTP headers in its metadata.
                         await write.send(msg)
                     except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                         # The transport is gone (server killed); the session
@@ -278,19 +353,50 @@ class Wire:
                 send.close()
 
     @asynccontextmanager
-    async def session(self, read: Any, write: ObjectSendStream[SessionMessage]) -> AsyncIterator[tuple[ClientSession, InitializeResult]]:
+    async def session(self, read: Any, write: ObjectSendStream[SessionMessage]) -> AsyncIterator[tuple[ClientSession, Any]]:
+        """mcp 1.x: an initialized ClientSession on the transport's streams."""
         async with self.recording(write) as rec, ClientSession(read, rec, message_handler=self.message_handler) as session:
             init = await session.initialize()
             yield session, init
 
     @asynccontextmanager
-    async def stdio(self, plan: dict[str, Any]) -> AsyncIterator[tuple[ClientSession, InitializeResult]]:
-        """Spawn the plan's server and yield an initialized session. On exit
-        stdio_client closes the server's stdin and waits up to 2 s for it to
-        exit (then SIGTERM, then SIGKILL): mcp 1.29.1/1.30.0 client/stdio."""
+    async def client(self, transport: Any) -> AsyncIterator[tuple[Any, Any]]:
+        """mcp 2.x: a connected mcp.Client on the transport (an async context
+        manager of (read, write), as the SDK's stdio_client and
+        streamable_http_client are), its writes recorded.
+
+        mcp.Client is 2.0's high-level client; its default mode "auto" is the
+        SDK's default negotiation (ClientSession.initialize() alone would
+        force the pre-2026 handshake). call_tool and list_tools take the same
+        arguments as 1.x's ClientSession's, the timeout aside (read_timeout)."""
+
+        @asynccontextmanager
+        async def recorded() -> AsyncIterator[tuple[Any, ObjectSendStream[SessionMessage]]]:
+            async with transport as streams:
+                read, write = streams[0], streams[1]
+                async with self.recording(write) as rec:
+                    yield read, rec
+
+        with LateResponses(self.late):
+            async with Client(recorded(), message_handler=self.message_handler) as client:
+                session = client.session
+                yield client, session.discover_result or session.initialize_result
+
+    @asynccontextmanager
+    async def stdio(self, plan: dict[str, Any]) -> AsyncIterator[tuple[Any, Any]]:
+        """Spawn the plan's server and yield a connected session (mcp 1.x: a
+        ClientSession and its InitializeResult, which graph.py relies on; mcp
+        2.x: see client()). On exit stdio_client closes the server's stdin and
+        waits up to 2 s for it to exit (then SIGTERM, then SIGKILL): mcp
+        1.29.1/1.30.0 and 2.3.0 client/stdio."""
         finished = False
         try:
-            async with stdio_client(stdio_params(plan), errlog=sys.stderr) as (read, write), self.session(read, write) as pair:
+            transport = stdio_client(stdio_params(plan), errlog=sys.stderr)
+            if MCP_MAJOR >= 2:
+                connected = self.client(transport)
+            else:
+                connected = self._session_on(transport)
+            async with connected as pair:
                 yield pair
                 finished = True
         except Exception as exc:
@@ -299,16 +405,55 @@ class Wire:
             self.closed_with(exc)
 
     @asynccontextmanager
-    async def http(self, url: str) -> AsyncIterator[tuple[ClientSession, InitializeResult, Callable[[], str | None]]]:
-        """An initialized session over Streamable HTTP. streamablehttp_client
-        is deprecated in favour of streamable_http_client in mcp 1.29.1 and
-        1.30.0; its default httpx client has MCP's timeouts (30 s, read
-        300 s). On exit it DELETEs the session (terminate_on_close)."""
+    async def _session_on(self, transport: Any) -> AsyncIterator[tuple[ClientSession, Any]]:
+        async with transport as (read, write), self.session(read, write) as pair:
+            yield pair
+
+    @asynccontextmanager
+    async def http(self, url: str) -> AsyncIterator[tuple[Any, Any, Callable[[], str | None]]]:
+        """A connected session over Streamable HTTP, and a function that
+        returns its session id. On exit the transport DELETEs the session
+        (terminate_on_close) when there is one.
+
+        mcp 1.29.1/1.30.0: streamablehttp_client is deprecated in favour of
+        streamable_http_client, which yields (read, write, get_session_id);
+        its default httpx client has MCP's timeouts (30 s, read 300 s).
+        mcp 2.x: streamable_http_client yields (read, write) only, on httpx2
+        (httpx's successor); the session id is read off the responses by an
+        event hook of our own httpx2 client, with the timeouts of the SDK's
+        default one (shared/_httpx_utils.py: 30 s, read 300 s)."""
         finished = False
         try:
-            async with streamable_http_client(url, terminate_on_close=True) as (read, write, session_id), self.session(read, write) as (session, init):
-                yield session, init, session_id
-                finished = True
+            if MCP_MAJOR >= 2:
+                import httpx2
+
+                # Each request as "POST tools/call", completed by " -> STATUS"
+                # once its response headers came. At 2026-07-28 a timed-out
+                # call's POST is aborted, not answered (the
+                # notifications/cancelled in `sent` never goes out).
+                pending: dict[int, int] = {}
+
+                async def sending(request: Any) -> None:
+                    pending[id(request)] = len(self.exchanges)
+                    self.exchanges.append(f"{request.method} {posted_method(request)}".rstrip())
+
+                async def answered(response: Any) -> None:
+                    i = pending.pop(id(response.request), None)
+                    if i is not None:
+                        self.exchanges[i] += f" -> {response.status_code}"
+                    self.session_id = response.headers.get("mcp-session-id") or self.session_id
+
+                async with httpx2.AsyncClient(timeout=httpx2.Timeout(30.0, read=300.0)) as http_client:
+                    http_client.event_hooks["request"].append(sending)
+                    http_client.event_hooks["response"].append(answered)
+                    transport = streamable_http_client(url, http_client=http_client, terminate_on_close=True)
+                    async with self.client(transport) as (client, init):
+                        yield client, init, lambda: self.session_id
+                        finished = True
+            else:
+                async with streamable_http_client(url, terminate_on_close=True) as (read, write, session_id), self.session(read, write) as (session, init):
+                    yield session, init, session_id
+                    finished = True
         except Exception as exc:
             if not finished:
                 raise
@@ -323,6 +468,56 @@ class Wire:
         then."""
         self.close_errors.append(describe(exc))
         log(f"error while closing: {describe(exc)}")
+
+
+def posted_method(request: Any) -> str:
+    """The JSON-RPC method an HTTP request carries: its Mcp-Method header
+    (mcp 2.x sets it at 2026-07-28), else the body's ("response" for an
+    answer); "" for a GET or DELETE."""
+    if request.headers.get("mcp-method"):
+        return request.headers["mcp-method"]
+    try:
+        body = json.loads(request.content or b"null")
+    except Exception:  # noqa: BLE001 - a streamed or odd body: say nothing
+        return ""
+    if isinstance(body, dict):
+        return body.get("method") or "response"
+    return ""
+
+
+class LateResponses(logging.Handler):
+    """mcp 2.x (shared/jsonrpc_dispatcher.py, _resolve_pending) drops a
+    response whose request it has given up on with only a debug log line,
+    "dropping response for unknown/late request id %r"; 1.x handed it to the
+    message handler. While in use, this handler collects those lines."""
+
+    LOGGER = "mcp.shared.jsonrpc_dispatcher"
+    PREFIX = "dropping response for unknown/late request id"
+
+    def __init__(self, into: list[str]) -> None:
+        super().__init__(logging.DEBUG)
+        self.into = into
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if isinstance(record.msg, str) and record.msg.startswith(self.PREFIX):
+            text = record.getMessage()
+            self.into.append(text)
+            log(f"late response: {text[:300]}")
+
+    def __enter__(self) -> LateResponses:
+        logger = logging.getLogger(self.LOGGER)
+        self.saved_level = logger.level
+        # The logger's own level decides whether debug records are made at
+        # all. Propagated to the root logger, which has no handler here, they
+        # reach only logging's last resort, which prints WARNING and above.
+        logger.setLevel(logging.DEBUG)
+        logger.addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        logger = logging.getLogger(self.LOGGER)
+        logger.removeHandler(self)
+        logger.setLevel(self.saved_level)
 
 
 def find_child(command: str) -> int | None:
