@@ -82,10 +82,16 @@ func (l *Layer) middleware(next mcp.MethodHandler) mcp.MethodHandler {
 }
 
 func (l *Layer) call(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest, method string, next mcp.MethodHandler) (mcp.Result, error) {
-	return l.run(ctx, t, req, func(ctx context.Context, a *attempt) (mcp.Result, error) {
+	var handlers mcp.Result // what the SDK's handler answered, if it ran
+	res, err := l.run(ctx, t, req, func(ctx context.Context, a *attempt) (mcp.Result, error) {
 		res, err := next(context.WithValue(ctx, attemptKey{}, a), method, req)
+		handlers = res
 		return a.finish(ctx, res, err)
 	})
+	if cr, ok := res.(*mcp.CallToolResult); ok && err == nil && res != handlers {
+		return forProtocol(req, cr), nil
+	}
+	return res, err
 }
 
 // run identifies and claims a call, then has exec carry it out and decide

@@ -99,9 +99,11 @@ func (l *Layer) RemoteTool(name string, t *mcp.Tool, opts RemoteOptions) *Remote
 // for the original, and the answer is recorded as the call's outcome. The
 // returned error is a protocol error to send back as such.
 func (r *RemoteTool) Call(ctx context.Context, req *mcp.CallToolRequest, fwd Forward) (*mcp.CallToolResult, error) {
+	var upstreams *mcp.CallToolResult // the upstream's answer, if it came
 	res, err := r.layer.run(ctx, r.info, req, func(ctx context.Context, a *attempt) (mcp.Result, error) {
 		if !a.recorded() {
 			res, err := fwd(ctx, nil)
+			upstreams = res
 			a.outcome = outcomeExecuted
 			if err != nil {
 				a.outcome = outcomeNotRecorded
@@ -110,9 +112,13 @@ func (r *RemoteTool) Call(ctx context.Context, req *mcp.CallToolRequest, fwd For
 		}
 		claim := &Claim{Key: a.id.key, CallID: a.uid, RowID: a.callID, Owner: a.owner}
 		res, err := fwd(ctx, claim)
+		upstreams = res
 		return r.finish(ctx, a, res, err)
 	})
 	cr, _ := res.(*mcp.CallToolResult)
+	if cr != nil && cr != upstreams {
+		cr = forProtocol(req, cr)
+	}
 	return cr, err
 }
 

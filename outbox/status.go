@@ -52,6 +52,10 @@ func StatusTool() *mcp.Tool {
 // [mcp.AddTool] would, and the status is both the structured content and,
 // as JSON, the text content.
 func (l *Layer) CallStatus(ctx context.Context, req *mcp.CallToolRequest) *mcp.CallToolResult {
+	return forProtocol(req, l.callStatus(ctx, req))
+}
+
+func (l *Layer) callStatus(ctx context.Context, req *mcp.CallToolRequest) *mcp.CallToolResult {
 	var in StatusInput
 	dec := json.NewDecoder(bytes.NewReader(req.Params.Arguments))
 	dec.DisallowUnknownFields()
