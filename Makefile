@@ -17,13 +17,14 @@ LANGGRAPH_JS_INSTALLED := $(LANGGRAPH_JS)/node_modules/.package-lock.json
 CONFORMANCE := testdata/conformance
 CONFORMANCE_INSTALLED := $(CONFORMANCE)/node_modules/.package-lock.json
 NPM_INSTALLED := $(TS_CLIENT_INSTALLED) $(TS_UPSTREAM_INSTALLED) $(LANGGRAPH_JS_INSTALLED) $(CONFORMANCE_INSTALLED)
-# Python clients and the Python upstream run in two virtual environments:
+# Python clients and the Python upstream run in three virtual environments:
 # "seed" pins the versions the seed write-up measured with (mcp 1.29.1,
 # langgraph 1.2.11, langchain-mcp-adapters 0.3.2, langchain-core 1.6.1),
-# "latest" the newest that install together.
+# "latest" the newest that install together with LangGraph (whose adapter
+# wants mcp < 2), "newest" the newest mcp alone (2.3.0).
 PYTHON ?= python3
 PY_DIR := testdata/python
-PY_ENVS := seed latest
+PY_ENVS := seed latest newest
 PY_INSTALLED := $(foreach e,$(PY_ENVS),$(PY_DIR)/.venv-$(e)/.installed)
 
 .PHONY: help

@@ -115,6 +115,9 @@ type matrixClient struct {
 	// (fails it under MCP_OUTBOX_REQUIRE_INTEROP=1) when the program's
 	// packages are missing.
 	command func(t *testing.T, plan string) *exec.Cmd
+	// stateless reports whether the client must end up speaking
+	// 2026-07-28 to server over tr; nil: never.
+	stateless func(s matrixServer, tr matrixTransport) bool
 }
 
 // The runs of the plain SDK clients and of the agent frameworks.
@@ -167,6 +170,10 @@ func matrixClients() []matrixClient {
 	for _, venv := range []struct{ name, mcp, langgraph string }{
 		{"seed", "mcp 1.29.1", "LangGraph 1.2.11 + langchain-mcp-adapters 0.3.2"},
 		{"latest", "mcp 1.30.0", "LangGraph 1.2.24 + langchain-mcp-adapters 0.3.2"},
+		// langchain-mcp-adapters 0.3.2 wants mcp < 2: the newest SDK runs
+		// alone. It speaks 2026-07-28 where the server does (serve, and
+		// the proxy in front of the newest Python upstream).
+		{"newest", "mcp 2.3.0", ""},
 	} {
 		py := func(program string) func(t *testing.T, plan string) *exec.Cmd {
 			return func(t *testing.T, plan string) *exec.Cmd {
@@ -181,10 +188,20 @@ func matrixClients() []matrixClient {
 				return cmd
 			}
 		}
-		cs = append(cs,
-			matrixClient{name: "python-mcp-" + venv.name, label: "Python SDK (" + venv.mcp + ")", runs: sdkRuns, command: py("client.py")},
-			matrixClient{name: "python-langgraph-" + venv.name, label: "Python " + venv.langgraph, runs: langgraphPyRuns, command: py("graph.py")},
-		)
+		c := matrixClient{name: "python-mcp-" + venv.name, label: "Python SDK (" + venv.mcp + ")", runs: sdkRuns, command: py("client.py")}
+		if venv.name == "newest" {
+			c.label = "Python SDK (mcp 2.3.0; 2026-07-28 with `serve`, and over stdio with the proxy in front of the Python upstream)"
+			// serve speaks it over both transports; the proxy passes
+			// server/discover on to the upstream over stdio, and its HTTP
+			// front serves sessions only.
+			c.stateless = func(s matrixServer, tr matrixTransport) bool {
+				return s.upstream == nil || (s.name == "proxy-py" && tr == overStdio)
+			}
+		}
+		cs = append(cs, c)
+		if venv.langgraph != "" {
+			cs = append(cs, matrixClient{name: "python-langgraph-" + venv.name, label: "Python " + venv.langgraph, runs: langgraphPyRuns, command: py("graph.py")})
+		}
 	}
 	return cs
 }
@@ -235,11 +252,16 @@ type matrixServer struct {
 	upstream *upstreamKind
 }
 
+var pyNewestUpstreamKind = pyUpstreamKindVenv("newest")
+
 func matrixServers() []matrixServer {
 	return []matrixServer{
 		{name: "serve", label: "`serve`"},
 		{name: "proxy-ts", label: "`proxy` + TypeScript upstream", upstream: &tsUpstreamKind},
-		{name: "proxy-py", label: "`proxy` + Python (FastMCP) upstream", upstream: &pyUpstreamKind},
+		// The newest Python SDK upstream, which speaks 2026-07-28 to the
+		// clients that do (the proxy passes server/discover through); the
+		// contract and proxy tests run the other versions.
+		{name: "proxy-py", label: "`proxy` + Python upstream (FastMCP, mcp 2.3.0)", upstream: &pyNewestUpstreamKind},
 	}
 }
 
@@ -403,6 +425,9 @@ func runMatrixCase(t *testing.T, c matrixClient, s matrixServer, r matrixRun, mo
 		t.Errorf("tools/list through %s: %v, no charge", s.name, rep.Tools)
 	}
 	checkMatrixPremise(t, r.scenario, rep.Attempts)
+	if c.stateless != nil && c.stateless(s, r.transport) && rep.ProtocolVersion < "2026-07-28" {
+		t.Errorf("negotiated protocol %q, want 2026-07-28 or later: the run was meant to cover the stateless protocol", rep.ProtocolVersion)
+	}
 
 	ldb := openLedgerDB(t, db)
 	charges := countRows(t, ldb, `SELECT count(*) FROM charges`)

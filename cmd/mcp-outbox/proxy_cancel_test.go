@@ -24,9 +24,10 @@ import (
 // unknown". The proxy keeps waiting instead, records the answer, and the
 // retry, which joined the call, gets the charge.
 //
-// The Python SDK's server does answer a cancelled request ("Request
-// cancelled"), which is no answer to the call either: through either
-// upstream the retry must get the charge.
+// The Python SDK's server (mcp 1.x, the upstream's default environment)
+// does answer a cancelled request ("Request cancelled"), which is no answer
+// to the call either; mcp 2.3.0 does not answer it. Through either upstream
+// the retry must get the charge.
 func TestProxyCancelNonCooperating(t *testing.T) {
 	forEachUpstream(t, upstreamKinds, func(t *testing.T, up upstreamKind) {
 		t.Parallel()

@@ -45,7 +45,7 @@ func pyUpstreamDir(t *testing.T) string {
 }
 
 // pyUpstreamVenv returns the absolute paths of testdata/py-upstream and of
-// the python of virtual environment venv ("seed", "latest"), or skips the
+// the python of virtual environment venv ("seed", "latest", "newest"), or skips the
 // test (fails it under MCP_OUTBOX_REQUIRE_INTEROP=1) when that environment
 // is missing or has no mcp package.
 func pyUpstreamVenv(t *testing.T, venv string) (dir, python string) {
@@ -71,8 +71,15 @@ func pyUpstreamVenv(t *testing.T, venv string) (dir, python string) {
 		missing("testdata/python/.venv-" + venv + " is missing: run `make py`")
 	}
 	// Asking python would cost a start-up per test; the package's files say
-	// the same.
-	if m, _ := filepath.Glob(filepath.Join(env, "lib", "python3*", "site-packages", "mcp", "server", "fastmcp", "__init__.py")); len(m) == 0 {
+	// the same. FastMCP is mcp.server.fastmcp in mcp 1.x and
+	// mcp.server.mcpserver (MCPServer) from 2.0.
+	found := false
+	for _, pkg := range []string{"fastmcp", "mcpserver"} {
+		if m, _ := filepath.Glob(filepath.Join(env, "lib", "python3*", "site-packages", "mcp", "server", pkg, "__init__.py")); len(m) > 0 {
+			found = true
+		}
+	}
+	if !found {
 		missing("testdata/python/.venv-" + venv + " has no mcp package with FastMCP: run `make py`")
 	}
 	return filepath.Join(testdata, "py-upstream"), python

@@ -28,12 +28,14 @@ import (
 // against the Go side.
 
 // contractUpstreamKinds are the upstreams the contract tests run: each
-// language, and the Python one in both virtual environments (FastMCP's API
-// is what differs between SDK versions).
+// language, and the Python one in every virtual environment (FastMCP's API
+// is what differs between SDK versions: mcp 1.29.1, 1.30.0 and 2.3.0).
 func contractUpstreamKinds() []upstreamKind {
 	kinds := append([]upstreamKind{}, upstreamKinds...)
-	if pyVenvDefault() != "latest" {
-		kinds = append(kinds, pyUpstreamKindVenv("latest"))
+	for _, venv := range []string{"latest", "newest"} {
+		if pyVenvDefault() != venv {
+			kinds = append(kinds, pyUpstreamKindVenv(venv))
+		}
 	}
 	return kinds
 }
