@@ -50,17 +50,9 @@ type conformanceSuite struct {
 // under MCP_OUTBOX_REQUIRE_INTEROP=1) when it is not installed.
 func conformanceDir(t *testing.T) conformanceSuite {
 	t.Helper()
-	required := os.Getenv("MCP_OUTBOX_REQUIRE_INTEROP") == "1"
-	missing := func(why string) {
-		t.Helper()
-		if required {
-			t.Fatalf("MCP conformance suite: %s (MCP_OUTBOX_REQUIRE_INTEROP=1)", why)
-		}
-		t.Skipf("MCP conformance suite skipped: %s; set MCP_OUTBOX_REQUIRE_INTEROP=1 to make this a failure", why)
-	}
-	if testing.Short() && !required {
-		t.Skip("MCP conformance suite skipped in -short mode")
-	}
+	const what = "MCP conformance suite"
+	skipShortInterop(t, what)
+	missing := func(why string) { t.Helper(); skipInterop(t, what, why) }
 	dir, err := filepath.Abs(filepath.Join("..", "..", "testdata", "conformance"))
 	if err != nil {
 		t.Fatal(err)

@@ -92,17 +92,9 @@ type tsSummary struct {
 // MCP_OUTBOX_REQUIRE_INTEROP=1) when node or the npm packages are missing.
 func tsClientDir(t *testing.T) string {
 	t.Helper()
-	required := os.Getenv("MCP_OUTBOX_REQUIRE_INTEROP") == "1"
-	missing := func(why string) {
-		t.Helper()
-		if required {
-			t.Fatalf("TypeScript SDK interop: %s (MCP_OUTBOX_REQUIRE_INTEROP=1)", why)
-		}
-		t.Skipf("TypeScript SDK interop skipped: %s; set MCP_OUTBOX_REQUIRE_INTEROP=1 to make this a failure", why)
-	}
-	if testing.Short() && !required {
-		t.Skip("TypeScript SDK interop skipped in -short mode")
-	}
+	const what = "TypeScript SDK interop"
+	skipShortInterop(t, what)
+	missing := func(why string) { t.Helper(); skipInterop(t, what, why) }
 	dir, err := filepath.Abs(filepath.Join("..", "..", "testdata", "ts-client"))
 	if err != nil {
 		t.Fatal(err)

@@ -122,3 +122,29 @@ func (w testWriter) Write(p []byte) (int, error) {
 }
 
 var _ io.Writer = testWriter{}
+
+// The interop tests need programs and packages from outside Go (node and
+// the npm packages of testdata/, the Python environments of `make py`).
+// Without them a test is skipped, unless MCP_OUTBOX_REQUIRE_INTEROP=1 (make
+// test, CI) makes that a failure: there, a skipped interop test would be a
+// promise left untested.
+func interopRequired() bool { return os.Getenv("MCP_OUTBOX_REQUIRE_INTEROP") == "1" }
+
+// skipInterop skips the test, or fails it when interop is required,
+// because what cannot run for why.
+func skipInterop(t *testing.T, what, why string) {
+	t.Helper()
+	if interopRequired() {
+		t.Fatalf("%s: %s (MCP_OUTBOX_REQUIRE_INTEROP=1)", what, why)
+	}
+	t.Skipf("%s skipped: %s; set MCP_OUTBOX_REQUIRE_INTEROP=1 to make this a failure", what, why)
+}
+
+// skipShortInterop skips the test in -short mode, unless interop is
+// required.
+func skipShortInterop(t *testing.T, what string) {
+	t.Helper()
+	if testing.Short() && !interopRequired() {
+		t.Skipf("%s skipped in -short mode", what)
+	}
+}

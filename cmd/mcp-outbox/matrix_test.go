@@ -236,10 +236,7 @@ func matrixNodeDir(t *testing.T, name string, pkgs ...string) string {
 		}
 	}
 	if why != "" {
-		if os.Getenv("MCP_OUTBOX_REQUIRE_INTEROP") == "1" {
-			t.Fatalf("%s (MCP_OUTBOX_REQUIRE_INTEROP=1)", why)
-		}
-		t.Skipf("%s skipped: %s", name, why)
+		skipInterop(t, name, why)
 	}
 	return dir
 }
@@ -330,9 +327,7 @@ const matrixConcurrency = 4
 // parallel test: the other tests of the package wait until it is done, so
 // that its load does not run against their timing.
 func TestInteropMatrix(t *testing.T) {
-	if testing.Short() && os.Getenv("MCP_OUTBOX_REQUIRE_INTEROP") != "1" {
-		t.Skip("the interop matrix is skipped in -short mode")
-	}
+	skipShortInterop(t, "the interop matrix")
 	sem := make(chan struct{}, matrixConcurrency)
 	var wg sync.WaitGroup
 	for _, c := range matrixClients() {

@@ -50,17 +50,9 @@ func pyUpstreamDir(t *testing.T) string {
 // is missing or has no mcp package.
 func pyUpstreamVenv(t *testing.T, venv string) (dir, python string) {
 	t.Helper()
-	required := os.Getenv("MCP_OUTBOX_REQUIRE_INTEROP") == "1"
-	missing := func(why string) {
-		t.Helper()
-		if required {
-			t.Fatalf("Python upstream: %s (MCP_OUTBOX_REQUIRE_INTEROP=1)", why)
-		}
-		t.Skipf("Python upstream skipped: %s; set MCP_OUTBOX_REQUIRE_INTEROP=1 to make this a failure", why)
-	}
-	if testing.Short() && !required {
-		t.Skip("Python upstream skipped in -short mode")
-	}
+	const what = "Python upstream"
+	skipShortInterop(t, what)
+	missing := func(why string) { t.Helper(); skipInterop(t, what, why) }
 	testdata, err := filepath.Abs(filepath.Join("..", "..", "testdata"))
 	if err != nil {
 		t.Fatal(err)

@@ -41,17 +41,9 @@ func tsClaimMeta(key, callID string, rowID int64, owner string) mcp.Meta {
 // packages are missing.
 func tsUpstreamDir(t *testing.T) string {
 	t.Helper()
-	required := os.Getenv("MCP_OUTBOX_REQUIRE_INTEROP") == "1"
-	missing := func(why string) {
-		t.Helper()
-		if required {
-			t.Fatalf("TypeScript upstream: %s (MCP_OUTBOX_REQUIRE_INTEROP=1)", why)
-		}
-		t.Skipf("TypeScript upstream skipped: %s; set MCP_OUTBOX_REQUIRE_INTEROP=1 to make this a failure", why)
-	}
-	if testing.Short() && !required {
-		t.Skip("TypeScript upstream skipped in -short mode")
-	}
+	const what = "TypeScript upstream"
+	skipShortInterop(t, what)
+	missing := func(why string) { t.Helper(); skipInterop(t, what, why) }
 	dir, err := filepath.Abs(filepath.Join("..", "..", "testdata", "ts-upstream"))
 	if err != nil {
 		t.Fatal(err)
