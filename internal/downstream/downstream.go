@@ -83,6 +83,7 @@ import (
 	"log"
 	"net"
 	"net/http"
+	"os"
 	"slices"
 	"sync"
 	"testing"
@@ -96,6 +97,25 @@ type Options struct {
 	// request, as a destination that cannot deduplicate does. The lookup
 	// endpoint still reports the first executed request of each key.
 	NoDedup bool
+
+	// Addr is the address to listen on; "" means 127.0.0.1:0, a free
+	// port. A server started again on the address of one that was killed
+	// is the same API coming back for clients configured with its URL.
+	Addr string
+
+	// Journal is a file that records every applied effect, so that a
+	// server started on it again (after its process was killed) knows the
+	// keys it applied, replays them, and lists their effects in Applied.
+	// "" keeps everything in memory. Recorded requests are not kept. See
+	// journal.go for what survives what.
+	Journal string
+
+	// FaultFunc, if set, chooses a fault for each request that no queued
+	// fault (FailNext) matched, lookups excepted; the zero Fault is none.
+	// It runs under the server's lock, so it must not call the server's
+	// methods; requests reach it one at a time. Restrictions (ForPath,
+	// ForKey) on the Fault it returns are ignored.
+	FaultFunc func(method, path, key string) Fault
 }
 
 // Outcome says what the server did with a request.
@@ -108,7 +128,7 @@ const (
 	Conflict   Outcome = "conflict"   // 409: the key's first request was still in flight
 	Mismatch   Outcome = "mismatch"   // 422: the key was used with another method, path or body
 	Invalid    Outcome = "invalid"    // 400: the Idempotency-Key header is unusable
-	Faulted    Outcome = "faulted"    // refused or dropped by Status, RetryAfter or Reset
+	Faulted    Outcome = "faulted"    // refused or dropped by Status, RetryAfter or Reset; or 500: the journal could not be written
 	Probed     Outcome = "probed"     // a GET /v1/idempotency/{key} lookup
 	Incomplete Outcome = "incomplete" // 400: the body could not be read
 )
@@ -145,6 +165,8 @@ type Server struct {
 	url       string
 	http      *http.Server
 	noDedup   bool
+	faultFunc func(method, path, key string) Fault
+	journal   *os.File      // nil without Options.Journal
 	closing   chan struct{} // closed by Close, to end Slow, Hold and Hang
 	serveDone chan struct{}
 	handlers  sync.WaitGroup
@@ -158,6 +180,9 @@ type Server struct {
 	applied []Effect
 	keys    map[string]*keyState
 	faults  []rule
+	// journalErr is the first failed journal write; from then on nothing
+	// is applied.
+	journalErr error
 }
 
 // Start starts a Server and closes it when the test ends.
@@ -180,18 +205,34 @@ func New(opts *Options) (*Server, error) {
 	if opts == nil {
 		opts = &Options{}
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, fmt.Errorf("listen: %w", err)
+	addr := opts.Addr
+	if addr == "" {
+		addr = "127.0.0.1:0"
 	}
 	s := &Server{
-		url:       "http://" + ln.Addr().String(),
 		noDedup:   opts.NoDedup,
+		faultFunc: opts.FaultFunc,
 		closing:   make(chan struct{}),
 		serveDone: make(chan struct{}),
 		changed:   make(chan struct{}),
 		keys:      make(map[string]*keyState),
 	}
+	if opts.Journal != "" {
+		f, entries, err := openJournal(opts.Journal)
+		if err != nil {
+			return nil, err
+		}
+		s.journal = f
+		s.load(entries)
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		if s.journal != nil {
+			s.journal.Close()
+		}
+		return nil, fmt.Errorf("listen: %w", err)
+	}
+	s.url = "http://" + ln.Addr().String()
 	s.http = &http.Server{
 		Handler: http.HandlerFunc(s.handle),
 		// The fake breaks connections on purpose; net/http's complaints about
@@ -221,7 +262,7 @@ func (s *Server) URL() string { return s.url }
 // Close stops the server: it closes the listener and every connection, ends
 // pending Slow, Hold and Hang responses without sending them, and returns once
 // no handler is running. Recorded requests stay readable. Closing twice is a
-// no-op.
+// no-op. With a journal, Close closes it and returns its first write error.
 func (s *Server) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -240,6 +281,15 @@ func (s *Server) Close() error {
 	s.conns.Wait()
 	if err != nil {
 		return fmt.Errorf("close server: %w", err)
+	}
+	if s.journal != nil {
+		s.mu.Lock()
+		jerr := s.journalErr
+		s.mu.Unlock()
+		if err := s.journal.Close(); err != nil && jerr == nil {
+			jerr = fmt.Errorf("close journal: %w", err)
+		}
+		return jerr
 	}
 	return nil
 }

@@ -101,6 +101,9 @@ func (s *Server) decide(r *http.Request, body []byte, readErr error) decision {
 		d.resp = errorResponse(http.StatusBadRequest, "invalid_request_error", "", fmt.Sprintf("read request body: %v", readErr))
 	default:
 		d.fault = s.takeFault(r.URL.Path, lookup, key)
+		if d.fault.kind == noFault && !lookup && s.faultFunc != nil {
+			d.fault = s.faultFunc(r.Method, r.URL.Path, key)
+		}
 		req.Fault = d.fault.String()
 		switch d.fault.kind {
 		case statusFault, retryAfterFault:
@@ -128,19 +131,22 @@ func (s *Server) decide(r *http.Request, body []byte, readErr error) decision {
 // dedup applies req or answers it from its key. s.mu must be held.
 func (s *Server) dedup(req *Request) (Outcome, response, string) {
 	if req.Key == "" {
-		return Executed, s.execute(req), ""
+		return s.execute(req)
 	}
 	st := s.keys[req.Key]
 	if s.noDedup {
-		resp := s.execute(req)
-		if st == nil {
+		outcome, resp, _ := s.execute(req)
+		if st == nil && outcome == Executed {
 			s.keys[req.Key] = &keyState{method: req.Method, path: req.Path, body: req.Body, first: resp}
 		}
-		return Executed, resp, ""
+		return outcome, resp, ""
 	}
 	switch {
 	case st == nil:
-		resp := s.execute(req)
+		outcome, resp, _ := s.execute(req)
+		if outcome != Executed {
+			return outcome, resp, ""
+		}
 		s.keys[req.Key] = &keyState{method: req.Method, path: req.Path, body: req.Body, first: resp, inFlight: true}
 		return Executed, resp, req.Key
 	// A mismatch is reported even while the first request is in flight:
@@ -161,17 +167,28 @@ func (s *Server) dedup(req *Request) (Outcome, response, string) {
 }
 
 // execute applies req's effect and builds its response. s.mu must be held.
-func (s *Server) execute(req *Request) response {
-	id := fmt.Sprintf("ch_%d", len(s.applied)+1)
-	s.applied = append(s.applied, Effect{
-		ID: id, Seq: req.Seq, Key: req.Key, Method: req.Method, Path: req.Path, Body: req.Body,
-	})
+// With a journal, the effect is applied only once its line is written;
+// if that fails, nothing is applied and the request gets 500.
+func (s *Server) execute(req *Request) (Outcome, response, string) {
+	e := Effect{
+		ID: fmt.Sprintf("ch_%d", len(s.applied)+1), Seq: req.Seq, Key: req.Key, Method: req.Method, Path: req.Path, Body: req.Body,
+	}
+	if err := s.record(e); err != nil {
+		return Faulted, errorResponse(http.StatusInternalServerError, "api_error", "", err.Error()), ""
+	}
+	s.applied = append(s.applied, e)
+	return Executed, executedResponse(e.ID, e.Path, e.Body), ""
+}
+
+// executedResponse is the response of an executed request, the same for
+// the request and, after a restart, for a replay loaded from the journal.
+func executedResponse(id, path string, reqBody []byte) response {
 	body, err := json.Marshal(struct {
 		ID       string          `json:"id"`
 		Object   string          `json:"object"`
 		Path     string          `json:"path"`
 		Received json.RawMessage `json:"received"`
-	}{id, "charge", req.Path, received(req.Body)})
+	}{id, "charge", path, received(reqBody)})
 	if err != nil {
 		panic(fmt.Sprintf("downstream: marshal response: %v", err)) // every field is marshalable
 	}
