@@ -13,6 +13,7 @@ import (
 	"math"
 	"sort"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -58,8 +59,9 @@ func Validate(key string) error {
 }
 
 // Canonical returns arguments as canonical JSON: object keys sorted, no
-// insignificant whitespace, numbers in one form (integers as integers, other
-// numbers in Go's shortest float form). Absent or null arguments are "{}".
+// insignificant whitespace, numbers in one form (integers exactly, as plain
+// digits, however they are spelt; other numbers in Go's shortest float
+// form). Absent or null arguments are "{}".
 func Canonical(args json.RawMessage) ([]byte, error) {
 	if len(bytes.TrimSpace(args)) == 0 {
 		return []byte("{}"), nil
@@ -116,19 +118,11 @@ func writeCanonical(buf *bytes.Buffer, v any) error {
 		}
 		buf.WriteByte(']')
 	case json.Number:
-		if i, err := strconv.ParseInt(string(v), 10, 64); err == nil {
-			buf.WriteString(strconv.FormatInt(i, 10))
-			return nil
+		n, err := canonicalNumber(string(v))
+		if err != nil {
+			return err
 		}
-		f, err := strconv.ParseFloat(string(v), 64)
-		if err != nil || math.IsInf(f, 0) {
-			return fmt.Errorf("canonical arguments: number %s out of range", v)
-		}
-		if f == math.Trunc(f) && math.Abs(f) < 1<<53 {
-			buf.WriteString(strconv.FormatInt(int64(f), 10))
-			return nil
-		}
-		buf.WriteString(strconv.FormatFloat(f, 'g', -1, 64))
+		buf.WriteString(n)
 	default: // string, bool, nil
 		b, err := json.Marshal(v)
 		if err != nil {
@@ -137,6 +131,72 @@ func writeCanonical(buf *bytes.Buffer, v any) error {
 		buf.Write(b)
 	}
 	return nil
+}
+
+// maxIntegerDigits bounds the integers written out digit by digit: every
+// integer a float64 can hold has at most 309, and a short literal such as
+// 1e999999 must not become a megabyte of zeros.
+const maxIntegerDigits = 309
+
+// canonicalNumber writes a JSON number in one form per value. An integer,
+// however it is spelt (100, 100.0, 1e2), is written exactly as plain
+// digits: amounts beyond 2^53 or int64 must not round, or two calls with
+// different amounts would get one arguments hash. Other numbers round to
+// the nearest float64, as every JSON decoder reads them, in Go's shortest
+// form.
+func canonicalNumber(lit string) (string, error) {
+	if i, err := strconv.ParseInt(lit, 10, 64); err == nil {
+		return strconv.FormatInt(i, 10), nil
+	}
+	if digits, ok := exactInteger(lit); ok {
+		return digits, nil
+	}
+	f, err := strconv.ParseFloat(lit, 64)
+	if err != nil || math.IsInf(f, 0) {
+		return "", fmt.Errorf("canonical arguments: number %s out of range", lit)
+	}
+	switch {
+	case f == 0:
+		return "0", nil // also -0
+	case f == math.Trunc(f):
+		// A fraction that rounded to an integer: plain digits, as the
+		// integer itself would be written.
+		return strconv.FormatFloat(f, 'f', -1, 64), nil
+	}
+	return strconv.FormatFloat(f, 'g', -1, 64), nil
+}
+
+// exactInteger returns the digits of a JSON number literal whose value is
+// an integer of at most maxIntegerDigits digits, with its sign.
+func exactInteger(lit string) (string, bool) {
+	neg := strings.HasPrefix(lit, "-")
+	mant, exp := strings.TrimPrefix(lit, "-"), 0
+	if i := strings.IndexAny(mant, "eE"); i >= 0 {
+		e, err := strconv.Atoi(mant[i+1:])
+		if err != nil {
+			return "", false // a huge exponent: out of range, or a fraction
+		}
+		mant, exp = mant[:i], e
+	}
+	if i := strings.IndexByte(mant, '.'); i >= 0 {
+		exp -= len(mant) - i - 1
+		mant = mant[:i] + mant[i+1:]
+	}
+	mant = strings.TrimLeft(mant, "0")
+	for strings.HasSuffix(mant, "0") {
+		mant = mant[:len(mant)-1]
+		exp++
+	}
+	switch {
+	case mant == "":
+		return "0", true
+	case exp < 0 || len(mant)+exp > maxIntegerDigits:
+		return "", false
+	}
+	if neg {
+		return "-" + mant + strings.Repeat("0", exp), true
+	}
+	return mant + strings.Repeat("0", exp), true
 }
 
 // ArgsHash is the hex SHA-256 of the canonical arguments. Two calls with one
