@@ -152,6 +152,11 @@ func liftParams(params json.RawMessage) (json.RawMessage, bool) {
 	if raw, ok := p["_meta"]; ok && json.Unmarshal(raw, &meta) != nil {
 		return params, false
 	}
+	if meta == nil {
+		// "_meta": null unmarshals to a nil map, and assigning to it would
+		// panic in the SDK's reader: the whole server would go down.
+		meta = map[string]json.RawMessage{}
+	}
 	meta[MetaKeyParamsKey] = key
 	mb, err := json.Marshal(meta)
 	if err != nil {

@@ -1,0 +1,237 @@
+package outbox
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// liftSeeds are JSON-RPC messages and bodies as clients send them, with
+// the shapes a lift can trip over: _meta null or not an object, the key
+// not a string, batches, duplicate keys, a BOM, CRLF, invalid UTF-8.
+var liftSeeds = []string{
+	`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"charge","arguments":{"amount":100},"idempotencyKey":"order-1"}}`,
+	`{"jsonrpc":"2.0","id":"a","method":"tools/call","params":{"name":"charge","_meta":{"progressToken":7,"idempotencyKey":"m"},"idempotencyKey":"p"}}`,
+	`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"charge","_meta":null,"idempotencyKey":"k"}}`,
+	`{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"charge","_meta":[1],"idempotencyKey":"k"}}`,
+	`{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"charge","idempotencyKey":null}}`,
+	`{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"charge","idempotencyKey":18446744073709551617}}`,
+	`{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"charge","idempotencyKey":"a","idempotencyKey":"b"}}`,
+	`{"jsonrpc":"2.0","id":7,"method":"tools/call","params":null}`,
+	`{"jsonrpc":"2.0","id":8,"method":"tools/list","params":{"idempotencyKey":"k"}}`,
+	`{"jsonrpc":"2.0","method":"notifications/initialized"}`,
+	`[{"jsonrpc":"2.0","method":"notifications/initialized"},{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"x","idempotencyKey":"b"}}]`,
+	`[]`,
+	"\xef\xbb\xbf{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/call\",\"params\":{\"idempotencyKey\":\"k\"}}",
+	"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/call\",\"params\":{\"name\":\"\xff\",\"idempotencyKey\":\"\xfe\"}}\r\n",
+	`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","arguments":{"n":1e400},"idempotencyKey":"k"}}`,
+	`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"<&>","idempotencyKey":"\u2028"}}`,
+	``,
+	`{"jsonrpc":`,
+}
+
+// FuzzLiftBody checks the Streamable HTTP lift (LiftParamsKey's body
+// rewrite): a body is either left byte for byte as it came, or becomes
+// valid JSON in which every message and every params member is the same
+// JSON value as before, except that _meta gained the key, as it was sent,
+// under MetaKeyParamsKey.
+func FuzzLiftBody(f *testing.F) {
+	for _, s := range liftSeeds {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		in := bytes.Clone(body)
+		out, changed := liftBody(body)
+		if !bytes.Equal(body, in) {
+			t.Fatalf("liftBody wrote into its input")
+		}
+		if !changed {
+			if !bytes.Equal(out, in) {
+				t.Fatalf("liftBody(%q) unchanged but returned %q", in, out)
+			}
+			return
+		}
+		if !json.Valid(out) {
+			t.Fatalf("liftBody(%q) = %q, not JSON", in, out)
+		}
+		trimmed := bytes.TrimSpace(in)
+		if trimmed[0] != '[' {
+			checkLifted(t, trimmed, out)
+			return
+		}
+		var before, after []json.RawMessage
+		if json.Unmarshal(trimmed, &before) != nil || json.Unmarshal(out, &after) != nil || len(before) != len(after) {
+			t.Fatalf("batch %q became %q", in, out)
+		}
+		for i := range before {
+			checkLifted(t, before[i], after[i])
+		}
+	})
+}
+
+// checkLifted compares one message before and after the lift.
+func checkLifted(t *testing.T, before, after json.RawMessage) {
+	t.Helper()
+	var b, a map[string]json.RawMessage
+	if json.Unmarshal(before, &b) != nil {
+		if !jsonEqual(before, after) {
+			t.Fatalf("a message that is not an object changed: %q to %q", before, after)
+		}
+		return
+	}
+	if err := json.Unmarshal(after, &a); err != nil {
+		t.Fatalf("message %q became %q: %v", before, after, err)
+	}
+	var method string
+	_ = json.Unmarshal(b["method"], &method)
+	key, hasKey := paramsMember(b["params"], "idempotencyKey")
+	meta, hasMeta := paramsMember(b["params"], "_meta")
+	var m map[string]json.RawMessage
+	// A _meta that is not an object is the SDK's to refuse.
+	lifted := method == "tools/call" && hasKey && (!hasMeta || json.Unmarshal(meta, &m) == nil)
+	for k := range union(a, b) {
+		if k == "params" && lifted {
+			continue
+		}
+		if !jsonEqual(a[k], b[k]) {
+			t.Fatalf("member %q of %q changed to %q", k, before, after)
+		}
+	}
+	if !lifted {
+		return
+	}
+	var bp, ap map[string]json.RawMessage
+	_ = json.Unmarshal(b["params"], &bp)
+	if err := json.Unmarshal(a["params"], &ap); err != nil {
+		t.Fatalf("params of %q became %q", before, after)
+	}
+	for k := range union(ap, bp) {
+		if k != "_meta" && !jsonEqual(ap[k], bp[k]) {
+			t.Fatalf("params member %q of %q changed in %q", k, before, after)
+		}
+	}
+	var bm, am map[string]json.RawMessage
+	_ = json.Unmarshal(bp["_meta"], &bm)
+	if err := json.Unmarshal(ap["_meta"], &am); err != nil {
+		t.Fatalf("_meta of %q became %q", before, after)
+	}
+	for k := range union(am, bm) {
+		want := bm[k]
+		if k == MetaKeyParamsKey {
+			want = key
+		}
+		if !jsonEqual(am[k], want) {
+			t.Fatalf("_meta member %q of %q is %q in %q, want %q", k, before, am[k], after, want)
+		}
+	}
+}
+
+// paramsMember is params[name] when params is a JSON object with it.
+func paramsMember(params json.RawMessage, name string) (json.RawMessage, bool) {
+	var p map[string]json.RawMessage
+	if json.Unmarshal(params, &p) != nil {
+		return nil, false
+	}
+	v, ok := p[name]
+	return v, ok
+}
+
+func union(a, b map[string]json.RawMessage) map[string]bool {
+	keys := map[string]bool{}
+	for k := range a {
+		keys[k] = true
+	}
+	for k := range b {
+		keys[k] = true
+	}
+	return keys
+}
+
+// jsonEqual reports whether a and b are the same JSON value as Go reads
+// it: member order, white space and escapes aside, numbers as written. Two
+// absent values are equal.
+func jsonEqual(a, b json.RawMessage) bool {
+	if a == nil || b == nil {
+		return a == nil && b == nil
+	}
+	va, errA := decodeExact(a)
+	vb, errB := decodeExact(b)
+	return errA == nil && errB == nil && reflect.DeepEqual(va, vb)
+}
+
+func decodeExact(b []byte) (any, error) {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	var v any
+	if err := dec.Decode(&v); err != nil {
+		return nil, err
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, io.ErrUnexpectedEOF
+	}
+	return v, nil
+}
+
+// fakeConn hands out one message, then EOF.
+type fakeConn struct{ msg jsonrpc.Message }
+
+func (c *fakeConn) Read(context.Context) (jsonrpc.Message, error) {
+	if c.msg == nil {
+		return nil, io.EOF
+	}
+	m := c.msg
+	c.msg = nil
+	return m, nil
+}
+func (c *fakeConn) Write(context.Context, jsonrpc.Message) error { return nil }
+func (c *fakeConn) Close() error                                 { return nil }
+func (c *fakeConn) SessionID() string                            { return "" }
+
+type fakeTransport struct{ conn *fakeConn }
+
+func (t fakeTransport) Connect(context.Context) (mcp.Connection, error) { return t.conn, nil }
+
+// FuzzWrapTransport checks the stdio lift, on the message the SDK decoded:
+// WrapTransport's connection never fails or panics on a message, changes
+// nothing but a tools/call's params, and there, when params is an object
+// with idempotencyKey, only adds the key to _meta.
+func FuzzWrapTransport(f *testing.F) {
+	for _, s := range liftSeeds {
+		if !strings.HasPrefix(s, "[") {
+			f.Add([]byte(s))
+		}
+	}
+	f.Fuzz(func(t *testing.T, line []byte) {
+		msg, err := jsonrpc.DecodeMessage(line)
+		if err != nil {
+			return // the SDK's transport refuses it before the lift
+		}
+		before, err := jsonrpc.EncodeMessage(msg)
+		if err != nil {
+			t.Skip("the SDK cannot encode what it decoded")
+		}
+		conn, err := WrapTransport(fakeTransport{&fakeConn{msg: msg}}).Connect(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := conn.Read(context.Background())
+		if err != nil {
+			t.Fatalf("Read(%q): %v", line, err)
+		}
+		after, err := jsonrpc.EncodeMessage(got)
+		if err != nil {
+			t.Fatalf("lifted message of %q does not encode: %v", line, err)
+		}
+		checkLifted(t, before, after)
+		if _, err := conn.Read(context.Background()); err != io.EOF {
+			t.Fatalf("second Read: %v, want EOF", err)
+		}
+	})
+}
