@@ -78,7 +78,7 @@ func identify(req *mcp.CallToolRequest, t *toolInfo, window bool) (callIdentity,
 	}
 	if source != "" {
 		if err := callkey.Validate(key); err != nil {
-			return id, fmt.Errorf("%s (from %s)", err, sourceLabel(source))
+			return id, fmt.Errorf("%w (from %s)", err, sourceLabel(source))
 		}
 		id.key, id.source = key, source
 		return id, nil
