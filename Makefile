@@ -53,7 +53,9 @@ $(PY_DIR)/.venv-%/.installed: $(PY_DIR)/requirements-%.txt
 py: $(PY_INSTALLED) ## Create the Python virtual environments the interop tests use
 .PHONY: test
 test: $(NPM_INSTALLED) $(PY_INSTALLED) ## Run all tests with the race detector, including the interop matrix of real clients and the conformance suite
-	MCP_OUTBOX_REQUIRE_INTEROP=1 go test -race -count=1 ./...
+	@# cmd/mcp-outbox runs the interop matrix and the conformance suite: about
+	@# 5 minutes alone, more on a busy machine than go test's default 10m allows.
+	MCP_OUTBOX_REQUIRE_INTEROP=1 go test -race -count=1 -timeout 30m ./...
 
 .PHONY: test/short
 test/short: ## Run the quick tests (-short, no race detector; the interop test is skipped)
