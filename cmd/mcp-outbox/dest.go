@@ -146,16 +146,21 @@ func buildDest(name, rawURL string, s map[string]string) (outbox.Destination, er
 			d.AtMostOnce, err = strconv.ParseBool(v)
 		case "auth_header":
 			d.AuthHeader = v
+			if !isHTTPToken(v) {
+				err = fmt.Errorf("want an HTTP header name")
+			}
 		case "auth":
 			d.AuthValue = v
+			if strings.ContainsFunc(v, func(r rune) bool { return r < ' ' && r != '\t' || r == 0x7f }) {
+				// Never quoted: the value is a credential.
+				return outbox.Destination{}, fmt.Errorf("auth: the credential contains a control character, which an HTTP header cannot carry")
+			}
 		case "probe":
 			method, path, found := strings.Cut(v, " ")
 			if !found {
 				method, path = "GET", v
 			}
-			if !strings.HasPrefix(path, "/") {
-				err = fmt.Errorf("want 'METHOD /path/{key}'")
-			}
+			err = checkProbe(method, path)
 			d.Probe = &outbox.Probe{Method: strings.ToUpper(method), Path: path}
 		default:
 			err = fmt.Errorf("unknown setting (known: %s)", strings.Join(destSettings, ", "))
@@ -171,6 +176,34 @@ func buildDest(name, rawURL string, s map[string]string) (outbox.Destination, er
 		return outbox.Destination{}, fmt.Errorf("probe is only for at_most_once destinations")
 	}
 	return d, nil
+}
+
+// checkProbe refuses a probe that would fail at every attempt (net/http
+// refuses the method) or ask something else than was written (the
+// dispatcher appends only the path and query to the destination's URL).
+func checkProbe(method, path string) error {
+	if !isHTTPToken(method) {
+		return fmt.Errorf("method %q: want 'METHOD /path/{key}'", method)
+	}
+	ref, err := url.Parse(strings.ReplaceAll(path, "{key}", "k"))
+	if err != nil || !strings.HasPrefix(path, "/") || ref.Host != "" || ref.Fragment != "" {
+		return fmt.Errorf("want 'METHOD /path/{key}', a path (and query) on the destination's URL")
+	}
+	return nil
+}
+
+// isHTTPToken reports whether s is an HTTP token (RFC 9110), as a header
+// name or a method must be: net/http refuses a request with anything else.
+func isHTTPToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("!#$%&'*+-.^_`|~", r)) {
+			return false
+		}
+	}
+	return true
 }
 
 func positiveDuration(v string) (time.Duration, error) {
