@@ -96,9 +96,15 @@ func (l *Layer) call(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest,
 
 // run identifies and claims a call, then has exec carry it out and decide
 // its outcome. An answer decided before exec (a replay, a conflict, a bad
-// key) is returned without running it.
+// key, a number the tool would not get as sent) is returned without running
+// it.
 func (l *Layer) run(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest, exec func(context.Context, *attempt) (mcp.Result, error)) (mcp.Result, error) {
 	start := time.Now()
+	if t.floatArgs {
+		if res := checkNumbers(req.Params.Arguments); res != nil {
+			return l.refuse(ctx, t, req, start, res)
+		}
+	}
 	// A tool that is never recorded needs no key: skip canonicalising and
 	// hashing its arguments on every call.
 	id, err := callIdentity{principal: principalOf(req)}, error(nil)
@@ -106,11 +112,7 @@ func (l *Layer) run(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest, 
 		id, err = identify(req, t, t.window > 0)
 	}
 	if err != nil {
-		// The key was unusable, so the event carries no hash of it.
-		d := time.Since(start)
-		l.opts.Metrics.call(t.name, outcomeNotRecorded, d)
-		l.logCall(ctx, &attempt{tool: t, id: callIdentity{principal: id.principal}, outcome: outcomeNotRecorded}, req, d)
-		return toolError(codeInvalidKey, "%v; nothing was executed.", err), nil
+		return l.refuse(ctx, t, req, start, toolError(codeInvalidKey, "%v; nothing was executed.", err))
 	}
 	a := &attempt{layer: l, tool: t, id: id, uid: randomUID()}
 	defer func() {
@@ -131,6 +133,15 @@ func (l *Layer) run(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest, 
 		}
 	}
 	return exec(ctx, a)
+}
+
+// refuse answers a call refused before its key was known (so its event
+// carries no hash of the key), and counts it.
+func (l *Layer) refuse(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest, start time.Time, res *mcp.CallToolResult) (mcp.Result, error) {
+	d := time.Since(start)
+	l.opts.Metrics.call(t.name, outcomeNotRecorded, d)
+	l.logCall(ctx, &attempt{tool: t, id: callIdentity{principal: principalOf(req)}, outcome: outcomeNotRecorded}, req, d)
+	return res, nil
 }
 
 // acquire claims the call for a, or returns the result to answer instead:

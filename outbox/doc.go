@@ -86,6 +86,28 @@
 //	           never re-sent automatically; a probe or an operator decides
 //	cancelled  stopped by an operator
 //
+// # Numbers in arguments
+//
+// The go-sdk validates a typed tool's arguments by decoding them into
+// map[string]any, where every number becomes a float64, and hands the tool
+// what that gives back. A number a float64 cannot hold would reach the tool
+// changed, silently: {"amount": 9007199254740993} as 9007199254740992,
+// 1e-400 as 0. So for tools registered with [AddTool] the layer refuses a
+// call holding any number literal whose value does not survive that round
+// trip, before claiming it: a tool error with code "invalid_arguments"
+// under [MetaKeyError] names the argument (a JSON Pointer such as
+// "/items/1/amount") and the value, and nothing runs or is recorded. Integers
+// between -(2^53-1) and 2^53-1 and every number a client writes from a
+// float64 (0.1, 1e20, -0) pass unchanged.
+//
+// Refusing, rather than carrying such literals through exactly, keeps the
+// SDK's validation and decoding for every tool (carrying them would replace
+// both, and the SDK's output step rounds structured results the same way),
+// follows RFC 8259 and I-JSON (RFC 7493), which call such numbers not
+// interoperable (JavaScript clients cannot send them at all), and turns a
+// silent change into an error the client can correct: send the value as a
+// string.
+//
 // # Keys
 //
 // The key of a call is the first found of: params._meta.idempotencyKey;

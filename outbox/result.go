@@ -19,11 +19,12 @@ const MetaKeyError = "io.github.mcp-outbox/error"
 
 // Codes under MetaKeyError.
 const (
-	codeInvalidKey  = "invalid_key"     // the key is unusable; nothing ran
-	codeConflict    = "key_conflict"    // the key named another call (HTTP 422 in the IETF draft)
-	codeInProgress  = "in_progress"     // the original is still running (HTTP 409)
-	codeNotRecorded = "not_recorded"    // nothing committed; a retry runs the call
-	codeUnknown     = "outcome_unknown" // the call may have run; it never runs again by itself
+	codeInvalidKey       = "invalid_key"       // the key is unusable; nothing ran
+	codeInvalidArguments = "invalid_arguments" // an argument would not reach the tool as sent (numbers.go); nothing ran
+	codeConflict         = "key_conflict"      // the key named another call (HTTP 422 in the IETF draft)
+	codeInProgress       = "in_progress"       // the original is still running (HTTP 409)
+	codeNotRecorded      = "not_recorded"      // nothing committed; a retry runs the call
+	codeUnknown          = "outcome_unknown"   // the call may have run; it never runs again by itself
 )
 
 // encodeResult stores a result in a protocol-neutral form: content,

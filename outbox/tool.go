@@ -45,6 +45,10 @@ type toolInfo struct {
 	// sharedClaim: another process reads the claim (a forwarded call's
 	// upstream), so it must be committed before the call goes on.
 	sharedClaim bool
+	// floatArgs: the arguments reach the handler through the go-sdk's
+	// schema step, which turns numbers into float64 (see numbers.go), so
+	// numbers a float64 cannot hold are refused.
+	floatArgs bool
 }
 
 func (t *toolInfo) onLostPolicy() string {
@@ -56,7 +60,10 @@ func (t *toolInfo) onLostPolicy() string {
 
 // AddTool registers a side-effecting tool on s, which must have the layer
 // installed. Like [mcp.AddTool], In and Out give the input and output
-// schemas, and arguments are validated before the handler runs.
+// schemas, and arguments are validated before the handler runs. A call
+// whose arguments hold a number that a float64 cannot hold, which the SDK's
+// validation would change, is refused and nothing runs (see "Numbers in
+// arguments" in the package doc).
 //
 // Tools annotated readOnlyHint run in a read-only transaction and are not
 // recorded. Tools annotated idempotentHint run in a transaction but are not
@@ -66,7 +73,8 @@ func AddTool[In, Out any](l *Layer, s *mcp.Server, t *mcp.Tool, h HandlerFor[In,
 	if opts != nil {
 		o = *opts
 	}
-	info := &toolInfo{name: t.Name, record: true, window: l.opts.FingerprintWindow, annotations: annotationsOf(t.Annotations)}
+	info := &toolInfo{name: t.Name, record: true, window: l.opts.FingerprintWindow, annotations: annotationsOf(t.Annotations),
+		floatArgs: true}
 	if o.FingerprintWindow != 0 {
 		info.window = o.FingerprintWindow
 	}
