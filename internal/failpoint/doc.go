@@ -8,6 +8,9 @@
 //	sleep(DUR)   sleep for a time.ParseDuration duration, then go on
 //	panic        panic
 //
+// An action followed by @N (crash@3) acts on the N-th time the point is
+// reached only; before and after that the point does nothing.
+//
 // for example MCP_OUTBOX_FAILPOINTS='call.after_commit=crash'. Without the tag
 // Inject is an empty function that the compiler removes, so production builds
 // carry none of this.

@@ -5,7 +5,9 @@ package failpoint
 import (
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -26,11 +28,33 @@ func parse(spec string) map[string]string {
 	return m
 }
 
+// hits counts how often each point with an "@N" action was reached.
+var (
+	hitsMu sync.Mutex
+	hits   = map[string]int{}
+)
+
 // Inject performs the action configured for name, if any.
 func Inject(name string) error {
 	action, ok := actions[name]
 	if !ok {
 		return nil
+	}
+	if a, nth, ok := strings.Cut(action, "@"); ok {
+		// action@N acts on the N-th time the point is reached only, so
+		// that a crash can land in the middle of a sequence of calls.
+		n, err := strconv.Atoi(nth)
+		if err != nil || n < 1 {
+			return fmt.Errorf("failpoint %s: bad count in %q", name, action)
+		}
+		hitsMu.Lock()
+		hits[name]++
+		reached := hits[name]
+		hitsMu.Unlock()
+		if reached != n {
+			return nil
+		}
+		action = a
 	}
 	switch {
 	case action == "crash":
