@@ -1,0 +1,234 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/failpoint"
+)
+
+// TestChaosSoak makes CHAOS_CALLS logical charge calls (keyed and keyless,
+// some whose real result is a tool error) from concurrent clients over
+// stdio and Streamable HTTP, while a monkey SIGKILLs the serve processes
+// and the downstream payments API and starts them again, the downstream
+// drops answers after charging and answers 503 at random, and the clients
+// time out. Every logical call is retried by its client until it gets its
+// real result. Then, after a final `mcp-outbox drain`:
+//
+//   - every logical call got its real result, the same (charge id, or tool
+//     error, and the layer's call id) on every answer;
+//   - exactly one charges row per charged call, none for the others;
+//   - no call left in_flight (or unknown);
+//   - one effect per charge, delivered, with a distinct Idempotency-Key,
+//     applied exactly once downstream.
+//
+// CHAOS_SEED (logged) replays the same plan, monkey and faults; the
+// interleaving of processes is the machine's. `make chaos` runs 10,000 calls.
+func TestChaosSoak(t *testing.T) {
+	t.Parallel()
+	n := chaosEnvInt(t, "CHAOS_CALLS", 500)
+	if testing.Short() && os.Getenv("CHAOS_CALLS") == "" {
+		n = 100
+	}
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("CHAOS_SEED"); s != "" {
+		v, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("CHAOS_SEED=%q: %v", s, err)
+		}
+		seed = v
+	}
+	t.Logf("chaos soak: CHAOS_CALLS=%d CHAOS_SEED=%d", n, seed)
+
+	dir := t.TempDir()
+	log, err := newChaosLog(filepath.Join(dir, "processes.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("replay with CHAOS_SEED=%d CHAOS_CALLS=%d; the processes' log ends:\n%s", seed, n, log.tail(60))
+		}
+		log.close()
+	})
+	h := &chaosHarness{
+		t: t, n: n, seed: seed, log: log,
+		db:      filepath.Join(dir, "ledger.db"),
+		journal: filepath.Join(dir, "downstream.jsonl"),
+	}
+	h.soak()
+	if t.Failed() {
+		return
+	}
+	h.check()
+}
+
+// chaosEnvInt reads a positive integer from the environment.
+func chaosEnvInt(t *testing.T, name string, def int) int {
+	t.Helper()
+	s := os.Getenv(name)
+	if s == "" {
+		return def
+	}
+	v, err := strconv.Atoi(s)
+	if err != nil || v < 1 {
+		t.Fatalf("%s=%q: want a positive integer", name, s)
+	}
+	return v
+}
+
+// The soak's knobs. The downstream's faults and the clients' timeouts are
+// per request; the monkey's pauses set how often a process dies.
+var (
+	chaosFaultRates = chaosFaults{Unavailable: 0.06, Drop: 0.05, Reset: 0.02, Slow: 0.02, SlowDelay: 1500 * time.Millisecond}
+	// The destination's timeout is below SlowDelay: a slow answer is lost.
+	chaosDest         = ";timeout=1s"
+	chaosClientTiming = chaosTiming{
+		shortTimeoutP:   0.15,
+		shortTimeoutMax: 60 * time.Millisecond,
+		longTimeout:     20 * time.Second,
+		perCall:         3 * time.Minute,
+		reaskP:          0.2,
+	}
+	// Failpoints that only sleep: they widen the windows between a commit
+	// and its answer, and between sending an effect and reading the
+	// response, so that kills land in them more often.
+	chaosFailpoints = "call.after_commit=sleep(2ms);dispatch.after_send=sleep(2ms)"
+)
+
+const (
+	chaosStdioClients   = 2 // each with its own serve process
+	chaosHTTPClients    = 3 // one stateful (2025-11-25), the others stateless (2026-07-28)
+	chaosWorkersPerConn = 3 // concurrent logical calls per client
+)
+
+type chaosHarness struct {
+	t                *testing.T
+	n                int
+	seed             uint64
+	log              *chaosLog
+	db, journal      string
+	calls            []chaosCall
+	answers          [][]chaosAnswer
+	stats            *chaosStats
+	monkey           *chaosMonkey
+	soakTime         time.Duration
+	stdio            []*chaosStdioClient
+	httpSrv          *chaosHTTPServer
+	http             []*chaosHTTPClient
+	downstreamStarts int
+}
+
+// soak runs the workload under the monkey, then stops every process.
+func (h *chaosHarness) soak() {
+	t := h.t
+	h.calls = chaosPlan(h.n, h.seed)
+	h.answers = make([][]chaosAnswer, h.n)
+	h.stats = newChaosStats()
+
+	ds, err := newChaosDownstream(h.log, h.journal, h.seed, chaosFaultRates)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serve := chaosServe{
+		binary: failpointBin, db: h.db, log: h.log,
+		dest: "payments=" + ds.URL() + chaosDest,
+		env:  []string{failpoint.EnvVar + "=" + chaosFailpoints},
+	}
+	// The HTTP server first: it creates the database, which the stdio
+	// servers then open.
+	h.httpSrv, err = newChaosHTTPServer(serve)
+	if err != nil {
+		ds.kill(context.Background())
+		t.Fatal(err)
+	}
+	var clients []chaosClient
+	for i := range chaosStdioClients {
+		c := &chaosStdioClient{id: fmt.Sprintf("stdio-%d", i+1), serve: serve}
+		h.stdio = append(h.stdio, c)
+		clients = append(clients, c)
+	}
+	for i := range chaosHTTPClients {
+		id, version := fmt.Sprintf("http-stateless-%d", i), ""
+		if i == 0 {
+			id, version = "http-stateful", statefulVersion
+		}
+		c := newChaosHTTPClient(id, version, h.httpSrv)
+		h.http = append(h.http, c)
+		clients = append(clients, c)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	if d, ok := t.Deadline(); ok {
+		// Leave time for the drain and the checks.
+		ctx, cancel = context.WithDeadline(context.Background(), d.Add(-90*time.Second))
+	}
+	defer cancel()
+	h.monkey = &chaosMonkey{
+		rng: rand.New(rand.NewPCG(h.seed, 1)), log: h.log,
+		stdio: h.stdio, http: h.httpSrv, downstream: ds,
+		pauseMin: 5 * time.Millisecond, pauseMax: 80 * time.Millisecond, downMax: 150 * time.Millisecond,
+	}
+	monkeyCtx, stopMonkey := context.WithCancel(ctx)
+	monkeyErr := make(chan error, 1)
+	go func() {
+		err := h.monkey.run(monkeyCtx)
+		if err != nil {
+			cancel() // the clients would wait for a server that will not come
+		}
+		monkeyErr <- err
+	}()
+
+	start := time.Now()
+	jobs := make(chan chaosCall)
+	go func() {
+		defer close(jobs)
+		for _, c := range h.calls {
+			select {
+			case jobs <- c:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	for ci, c := range clients {
+		for w := range chaosWorkersPerConn {
+			rng := rand.New(rand.NewPCG(h.seed, uint64(2+ci*chaosWorkersPerConn+w)))
+			wg.Go(func() { chaosWorker(ctx, c, clients, jobs, h.answers, rng, chaosClientTiming, h.stats) })
+		}
+	}
+	wg.Wait()
+	h.soakTime = time.Since(start)
+	stopMonkey()
+	if err := <-monkeyErr; err != nil {
+		t.Errorf("monkey: %v", err)
+	}
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		t.Errorf("the soak ran out of time after %s (the test's -timeout)", h.soakTime.Round(time.Millisecond))
+	}
+
+	// Stop everything for good: SIGKILL, like the monkey.
+	for _, c := range clients {
+		c.close()
+	}
+	kctx, kcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer kcancel()
+	if err := h.httpSrv.close(kctx); err != nil {
+		t.Errorf("stop the HTTP server: %v", err)
+	}
+	if _, err := ds.kill(kctx); err != nil {
+		t.Errorf("stop the downstream: %v", err)
+	}
+	ds.mu.Lock()
+	h.downstreamStarts = int(ds.cfg.Incarnation)
+	ds.mu.Unlock()
+}
