@@ -61,6 +61,13 @@ test: $(NPM_INSTALLED) $(PY_INSTALLED) ## Run all tests with the race detector, 
 test/short: ## Run the quick tests (-short, no race detector; the interop test is skipped)
 	go test -short -count=1 ./...
 
+# The chaos soak at full size; CHAOS_SEED=N replays a run (each run logs its
+# seed). `make test` runs the same test with 500 calls.
+CHAOS_CALLS ?= 10000
+.PHONY: chaos
+chaos: ## Chaos soak: 10,000 logical calls while servers and the downstream are SIGKILLed (CHAOS_CALLS=N, CHAOS_SEED=N)
+	CHAOS_CALLS=$(CHAOS_CALLS) go test -count=1 -run '^TestChaosSoak$$' -v -timeout 60m ./cmd/mcp-outbox/
+
 .PHONY: lint
 lint: ## Check formatting (gofmt), go vet and staticcheck
 	@unformatted=$$(find . -name node_modules -prune -o -name '*.go' -print | xargs gofmt -l); \
