@@ -173,87 +173,124 @@ func wantKilled(t *testing.T, cmd *exec.Cmd) {
 	}
 }
 
+// crashTransport starts a server of binary on dbPath, with env added, and
+// connects a client to it; over stdio or Streamable HTTP.
+type crashTransport struct {
+	name  string
+	start func(t *testing.T, binary, dbPath string, env []string) (*mcp.ClientSession, *exec.Cmd)
+	// reap waits for the server process after the client is closed.
+	reap func(cmd *exec.Cmd)
+}
+
+var crashTransports = []crashTransport{
+	{
+		name: "stdio",
+		start: func(t *testing.T, binary, dbPath string, env []string) (*mcp.ClientSession, *exec.Cmd) {
+			return serveStdio(t, binary, dbPath, env)
+		},
+		reap: func(*exec.Cmd) {}, // closing the session waited for it
+	},
+	{
+		// Stateless 2026-07-28, the go-sdk client's default.
+		name: "http",
+		start: func(t *testing.T, binary, dbPath string, env []string) (*mcp.ClientSession, *exec.Cmd) {
+			url, cmd := startHTTP(t, binary, dbPath, env)
+			return connectHTTP(t, url, "", httpClient(t, "")), cmd
+		},
+		reap: func(cmd *exec.Cmd) { _ = cmd.Wait() },
+	},
+}
+
 // TestCrashAtFailpoints kills the server with SIGKILL at each point of a
 // call's path, restarts it on the same database and retries: the charge
 // must exist exactly once, whether the retry replays (the outcome was
-// committed) or runs (nothing of the call was).
+// committed) or runs (nothing of the call was). Over stdio and over
+// Streamable HTTP, with a key and without one.
 func TestCrashAtFailpoints(t *testing.T) {
 	t.Parallel()
-	for _, fp := range []string{failpoint.CallAfterClaim, failpoint.CallBeforeCommit, failpoint.CallAfterCommit} {
-		for _, keyed := range []bool{true, false} {
-			name, key, source := fp+"/meta_key", "crash-"+fp, "meta"
-			if !keyed {
-				name, key, source = fp+"/no_key", "", "fingerprint"
+	for _, tr := range crashTransports {
+		for _, fp := range []string{failpoint.CallAfterClaim, failpoint.CallBeforeCommit, failpoint.CallAfterCommit} {
+			for _, keyed := range []bool{true, false} {
+				name, key, source := fp+"/meta_key", "crash-"+fp, "meta"
+				if !keyed {
+					name, key, source = fp+"/no_key", "", "fingerprint"
+				}
+				t.Run(tr.name+"/"+name, func(t *testing.T) {
+					t.Parallel()
+					testCrashAtFailpoint(t, tr, fp, key, source)
+				})
 			}
-			committed := fp == failpoint.CallAfterCommit
-			t.Run(name, func(t *testing.T) {
-				t.Parallel()
-				dbPath := filepath.Join(t.TempDir(), "ledger.db")
-				call := func() *mcp.CallToolParams { return chargeCall(key, 1250) }
-
-				cs, cmd := serveStdio(t, failpointBin, dbPath, []string{failpoint.EnvVar + "=" + fp + "=crash"})
-				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-				defer cancel()
-				res, err := cs.CallTool(ctx, call())
-				if err == nil {
-					t.Fatalf("call survived failpoint %s=crash: %v %s", fp, res.Meta, resultText(res))
-				}
-				// The SDK reports the server's end of the pipe as EOF.
-				if !errors.Is(err, io.EOF) && !errors.Is(err, mcp.ErrConnectionClosed) {
-					t.Errorf("call error = %v, want the connection closed", err)
-				}
-				cs.Close()
-				wantKilled(t, cmd)
-
-				db := openLedgerDB(t, dbPath)
-				crashed := onlyCall(t, db)
-				if committed {
-					if crashed.state != "completed" || onlyChargeID(t, db) == 0 {
-						t.Fatalf("after a crash after the commit: call %+v, want completed with its charge", crashed)
-					}
-				} else {
-					if crashed.state != "in_flight" || crashed.owner == "" {
-						t.Fatalf("after a crash before the commit: call %+v, want the dead attempt's in_flight claim", crashed)
-					}
-					if n := countRows(t, db, `SELECT count(*) FROM charges`) + countRows(t, db, `SELECT count(*) FROM effects`); n != 0 {
-						t.Fatalf("%d charges and effects on disk from an attempt that never committed", n)
-					}
-				}
-
-				cs2, _ := serveStdio(t, bin, dbPath, nil)
-				retry := mustSucceed(t, cs2, call())
-				m := wantReplay(t, retry, committed, source)
-
-				chargeID := onlyChargeID(t, db)
-				if got := structuredChargeID(t, retry); got != chargeID {
-					t.Errorf("retry answered charge_id %d, the ledger holds %d", got, chargeID)
-				}
-				if n := countRows(t, db, `SELECT count(*) FROM effects`); n != 1 {
-					t.Errorf("effects has %d rows, want 1", n)
-				}
-				if n := countRows(t, db, `SELECT count(*) FROM effects e JOIN calls c ON e.call_id = c.id`); n != 1 {
-					t.Errorf("%d effects belong to the recorded call, want 1", n)
-				}
-				if n := countRows(t, db, `SELECT count(*) FROM calls WHERE state = 'in_flight'`); n != 0 {
-					t.Errorf("%d calls left in_flight", n)
-				}
-				final := onlyCall(t, db)
-				if final.state != "completed" || final.owner != "" || m["callId"] != final.uid {
-					t.Errorf("recorded call %+v, result meta %v: want completed, no owner, same callId", final, m)
-				}
-				// A retry of an uncommitted call takes the dead attempt's row
-				// over (the call keeps its uid, so its effect keys stay stable)
-				// rather than starting a new one.
-				wantAttempts := 2
-				if committed {
-					wantAttempts = 1
-				}
-				if final.attempts != wantAttempts || final.uid != crashed.uid {
-					t.Errorf("call attempts %d uid %s, want %d attempts on the crashed call's uid %s",
-						final.attempts, final.uid, wantAttempts, crashed.uid)
-				}
-			})
 		}
+	}
+}
+
+func testCrashAtFailpoint(t *testing.T, tr crashTransport, fp, key, source string) {
+	committed := fp == failpoint.CallAfterCommit
+	dbPath := filepath.Join(t.TempDir(), "ledger.db")
+	call := func() *mcp.CallToolParams { return chargeCall(key, 1250) }
+
+	cs, cmd := tr.start(t, failpointBin, dbPath, []string{failpoint.EnvVar + "=" + fp + "=crash"})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := cs.CallTool(ctx, call())
+	if err == nil {
+		t.Fatalf("call survived failpoint %s=crash: %v %s", fp, res.Meta, resultText(res))
+	}
+	// The SDK reports the server's end of a pipe as EOF; over HTTP the
+	// request fails.
+	if tr.name == "stdio" && !errors.Is(err, io.EOF) && !errors.Is(err, mcp.ErrConnectionClosed) {
+		t.Errorf("call error = %v, want the connection closed", err)
+	}
+	cs.Close()
+	tr.reap(cmd)
+	wantKilled(t, cmd)
+
+	db := openLedgerDB(t, dbPath)
+	crashed := onlyCall(t, db)
+	if committed {
+		if crashed.state != "completed" || onlyChargeID(t, db) == 0 {
+			t.Fatalf("after a crash after the commit: call %+v, want completed with its charge", crashed)
+		}
+	} else {
+		if crashed.state != "in_flight" || crashed.owner == "" {
+			t.Fatalf("after a crash before the commit: call %+v, want the dead attempt's in_flight claim", crashed)
+		}
+		if n := countRows(t, db, `SELECT count(*) FROM charges`) + countRows(t, db, `SELECT count(*) FROM effects`); n != 0 {
+			t.Fatalf("%d charges and effects on disk from an attempt that never committed", n)
+		}
+	}
+
+	cs2, _ := tr.start(t, bin, dbPath, nil)
+	retry := mustSucceed(t, cs2, call())
+	m := wantReplay(t, retry, committed, source)
+
+	chargeID := onlyChargeID(t, db)
+	if got := structuredChargeID(t, retry); got != chargeID {
+		t.Errorf("retry answered charge_id %d, the ledger holds %d", got, chargeID)
+	}
+	if n := countRows(t, db, `SELECT count(*) FROM effects`); n != 1 {
+		t.Errorf("effects has %d rows, want 1", n)
+	}
+	if n := countRows(t, db, `SELECT count(*) FROM effects e JOIN calls c ON e.call_id = c.id`); n != 1 {
+		t.Errorf("%d effects belong to the recorded call, want 1", n)
+	}
+	if n := countRows(t, db, `SELECT count(*) FROM calls WHERE state = 'in_flight'`); n != 0 {
+		t.Errorf("%d calls left in_flight", n)
+	}
+	final := onlyCall(t, db)
+	if final.state != "completed" || final.owner != "" || m["callId"] != final.uid {
+		t.Errorf("recorded call %+v, result meta %v: want completed, no owner, same callId", final, m)
+	}
+	// A retry of an uncommitted call takes the dead attempt's row over (the
+	// call keeps its uid, so its effect keys stay stable) rather than
+	// starting a new one.
+	wantAttempts := 2
+	if committed {
+		wantAttempts = 1
+	}
+	if final.attempts != wantAttempts || final.uid != crashed.uid {
+		t.Errorf("call attempts %d uid %s, want %d attempts on the crashed call's uid %s",
+			final.attempts, final.uid, wantAttempts, crashed.uid)
 	}
 }
 
