@@ -164,12 +164,31 @@ func (l *Layer) acquire(ctx context.Context, a *attempt) *mcp.CallToolResult {
 		l.local[lk] = a
 		l.mu.Unlock()
 
-		c, err := l.claim(ctx, a)
+		c, err := l.claim(ctx, a, deadline)
 		if err != nil {
 			a.outcome = outcomeNotRecorded
 			l.leave(a)
 			if ctx.Err() != nil {
 				return toolError(codeNotRecorded, "call cancelled while waiting for the database; nothing was executed.")
+			}
+			if isBusy(err) {
+				// Another process holds SQLite's write lock, perhaps running
+				// this very call: the writer is busy, as an owner in
+				// another process is. Try again until the in-flight wait
+				// ends, then answer like a duplicate that waited in vain.
+				a.waited = true
+				l.logger.DebugContext(ctx, "database write lock held by another process; claim retried", "tool", a.tool.name)
+				t := time.NewTimer(poll)
+				res := waitFor(ctx, t.C, deadline, a)
+				t.Stop()
+				if res != nil {
+					if a.outcome == outcomeInProgress {
+						res = writerBusyError(a, l.opts.InFlightWait)
+					}
+					return res
+				}
+				poll = min(2*poll, 200*time.Millisecond)
+				continue
 			}
 			l.logger.ErrorContext(ctx, "claim call", "tool", a.tool.name, "error", err)
 			return toolError(codeNotRecorded, "could not record the call (%v); nothing was executed, a retry will run it.", err)

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"time"
 )
 
 type claimKind int
@@ -75,9 +76,13 @@ WHERE id = ? AND state = 'in_flight' AND owner = ?`
 // the only record that the call may have happened, so it commits with a full
 // fsync; and a claim another process reads (a cooperating upstream checks it
 // as its fence) must be committed before the call is forwarded.
-func (l *Layer) claim(ctx context.Context, a *attempt) (claimResult, error) {
+//
+// A claim that finds another connection holding SQLite's write lock (another
+// process on the same file) waits for it no later than deadline, then fails
+// with SQLITE_BUSY (see isBusy); acquire then tries again.
+func (l *Layer) claim(ctx context.Context, a *attempt, deadline time.Time) (claimResult, error) {
 	durable := a.tool.onLostPolicy() == onLostUnknown
-	u, err := l.group.enter(ctx, durable)
+	u, err := l.group.enterBy(ctx, durable, deadline)
 	if err != nil {
 		return claimResult{}, err
 	}
@@ -166,3 +171,16 @@ func (l *Layer) claimIn(ctx context.Context, u *unit, a *attempt) (claimResult, 
 	a.callID, a.uid, a.createdAt = r.id, r.uid, r.createdAt
 	return claimResult{kind: claimed}, nil
 }
+
+// isBusy reports whether err is SQLite's SQLITE_BUSY (or one of its extended
+// codes): another connection holds the lock the statement needed for longer
+// than it may wait. Within one layer every write goes through the one writer
+// connection, whose turns are taken in order, so the other connection is
+// another process (or another handle on the same file).
+func isBusy(err error) bool {
+	var e interface{ Code() int } // modernc.org/sqlite's *Error
+	return errors.As(err, &e) && e.Code()&0xff == sqliteBusy
+}
+
+// sqliteBusy is SQLite's primary result code SQLITE_BUSY.
+const sqliteBusy = 5

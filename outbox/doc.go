@@ -26,7 +26,14 @@
 //     commit of its own: it commits with whatever batch it rode in, at the
 //     latest with the call's outcome, and the outcome's full commit makes it
 //     durable. A claim lost to a crash only forgets a call that had
-//     committed nothing.
+//     committed nothing. Waiting is bounded by [Options.InFlightWait]: a
+//     duplicate whose original is still running then gets an in_progress
+//     error. So does a claim that finds SQLite's write lock held by
+//     another process (SQLITE_BUSY past the busy timeout, for instance
+//     while a handler there holds the writer): it tries again, with
+//     backoff, until the in-flight wait ends, and its error says that
+//     another process holds the database, that nothing was executed and
+//     that a retry later runs the call or replays its outcome.
 //  2. The outcome: the handler's unit, begun at the handler's first
 //     statement. It first checks that the row still names this attempt as
 //     owner (the fence), runs the handler's statements and effects, then

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
@@ -62,6 +63,12 @@ type groupCommit struct {
 	onCommit func(calls int) // after each commit of a batch that holds calls
 	stmts    *stmtCache
 
+	// busyMS is the writer connection's busy_timeout in milliseconds,
+	// read once (busyKnown) by the first begin that has a deadline; only
+	// the goroutine holding the turn touches them.
+	busyMS    int64
+	busyKnown bool
+
 	mu    sync.Mutex
 	held  bool          // some goroutine has the turn
 	queue []*turnWaiter // waiting for the turn, first come first served
@@ -103,10 +110,17 @@ func newGroupCommit(db *schema.DB, maxCalls int, maxWait time.Duration, now func
 // opens one, and begins the unit's savepoint. A durable unit's work is
 // committed with synchronous=FULL; the others' may commit with NORMAL.
 func (g *groupCommit) enter(ctx context.Context, durable bool) (*unit, error) {
+	return g.enterBy(ctx, durable, time.Time{})
+}
+
+// enterBy is enter for a unit that waits for another connection's write
+// lock (SQLITE_BUSY) no later than deadline, when it is not zero; see
+// capBusyWait.
+func (g *groupCommit) enterBy(ctx context.Context, durable bool, deadline time.Time) (*unit, error) {
 	if err := g.takeTurn(ctx); err != nil {
 		return nil, err
 	}
-	u, err := g.join(ctx, durable)
+	u, err := g.join(ctx, durable, deadline)
 	if err != nil {
 		g.yieldTurn()
 		return nil, err
@@ -148,12 +162,12 @@ func (g *groupCommit) takeTurn(ctx context.Context) error {
 }
 
 // join runs with the turn held.
-func (g *groupCommit) join(ctx context.Context, durable bool) (*unit, error) {
+func (g *groupCommit) join(ctx context.Context, durable bool, deadline time.Time) (*unit, error) {
 	if b := g.open; b != nil && durable && !b.durable {
 		g.finish(b)
 	}
 	if g.open == nil {
-		b, err := g.begin(ctx, durable)
+		b, err := g.begin(ctx, durable, deadline)
 		if err != nil {
 			return nil, err
 		}
@@ -171,8 +185,11 @@ func (g *groupCommit) join(ctx context.Context, durable bool) (*unit, error) {
 // begin opens a batch. It waits for the writer connection as long as ctx
 // allows (the dispatcher and operator commands use it between batches), then
 // begins under a context that cancellation does not reach: whether a batch
-// commits is decided by its units, not by one caller going away.
-func (g *groupCommit) begin(ctx context.Context, durable bool) (*batch, error) {
+// commits is decided by its units, not by one caller going away. A BEGIN
+// that finds another connection (another process) holding the write lock
+// waits for it up to busy_timeout, or until deadline if that comes first,
+// then fails with SQLITE_BUSY.
+func (g *groupCommit) begin(ctx context.Context, durable bool, deadline time.Time) (*batch, error) {
 	g.stmts.prepare(ctx)
 	conn, err := g.db.Write.Conn(ctx)
 	if err != nil {
@@ -185,12 +202,64 @@ func (g *groupCommit) begin(ctx context.Context, durable bool) (*batch, error) {
 			return nil, fmt.Errorf("relax synchronous: %w", err)
 		}
 	}
+	restore, err := g.capBusyWait(conn, deadline)
+	if err != nil {
+		g.release(conn, relax)
+		return nil, err
+	}
 	tx, err := conn.BeginTx(context.Background(), nil)
+	if restore > 0 {
+		if _, rerr := conn.ExecContext(context.Background(), setBusyTimeout(restore)); rerr != nil {
+			// A connection left with the short wait would give up early on
+			// every later transaction: discard it, once the transaction no
+			// longer holds it (database/sql would wait for that forever).
+			if err == nil {
+				_ = tx.Rollback()
+				err = fmt.Errorf("restore busy timeout: %w", rerr)
+			}
+			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+		}
+	}
 	if err != nil {
 		g.release(conn, relax)
 		return nil, fmt.Errorf("begin: %w", err)
 	}
 	return &batch{conn: conn, tx: tx, durable: !relax, opened: g.now(), done: make(chan struct{})}, nil
+}
+
+// capBusyWait shortens the busy_timeout of the writer connection so that a
+// BEGIN waiting for another connection's write lock gives up by deadline. It
+// returns the busy_timeout to restore after the BEGIN, or 0 if it changed
+// nothing, which is the case of every BEGIN whose deadline is further away
+// than busy_timeout (the claims of the default configuration: a 30 s
+// in-flight wait against a 5 s busy timeout). The BEGIN cannot take a
+// context with the deadline instead: database/sql rolls a transaction back
+// when its context ends, and the batch outlives the deadline of the unit
+// that opened it.
+func (g *groupCommit) capBusyWait(conn *sql.Conn, deadline time.Time) (restore int64, err error) {
+	if deadline.IsZero() {
+		return 0, nil
+	}
+	if !g.busyKnown {
+		if err := conn.QueryRowContext(context.Background(), `PRAGMA busy_timeout`).Scan(&g.busyMS); err != nil {
+			return 0, fmt.Errorf("read busy timeout: %w", err)
+		}
+		g.busyKnown = true
+	}
+	left := max(time.Until(deadline).Milliseconds(), 0)
+	if left >= g.busyMS {
+		return 0, nil
+	}
+	if _, err := conn.ExecContext(context.Background(), setBusyTimeout(left)); err != nil {
+		return 0, fmt.Errorf("shorten busy timeout: %w", err)
+	}
+	return g.busyMS, nil
+}
+
+// setBusyTimeout is the pragma that sets busy_timeout to ms milliseconds.
+// A pragma takes no bound parameters; ms is an integer of ours.
+func setBusyTimeout(ms int64) string {
+	return "PRAGMA busy_timeout = " + strconv.FormatInt(ms, 10)
 }
 
 // release hands the writer connection back, at the database's level. A

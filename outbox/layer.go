@@ -29,7 +29,9 @@ const (
 	// remembered (Stripe keeps keys at least 24 hours).
 	DefaultKeyRetention = 24 * time.Hour
 	// DefaultInFlightWait bounds how long a duplicate waits for the original
-	// attempt's outcome before it gets an "in progress" error.
+	// attempt's outcome, and how long a claim keeps trying while another
+	// process holds SQLite's write lock, before it gets an "in progress"
+	// error.
 	DefaultInFlightWait = 30 * time.Second
 	// DefaultLease is how long an in_flight claim protects a call whose owner
 	// cannot be checked for liveness (another machine, another layer in the
@@ -60,7 +62,8 @@ type Options struct {
 	// KeyRetention is how long explicit keys are remembered; zero means
 	// DefaultKeyRetention.
 	KeyRetention time.Duration
-	// InFlightWait bounds a duplicate's wait; zero means DefaultInFlightWait.
+	// InFlightWait bounds a duplicate's wait, and a claim's wait for the
+	// write lock of another process; zero means DefaultInFlightWait.
 	InFlightWait time.Duration
 	// Lease is the claim lease; zero means DefaultLease.
 	Lease time.Duration

@@ -119,6 +119,16 @@ func inProgressError(a *attempt) *mcp.CallToolResult {
 		a.id.key, StatusToolName)
 }
 
+// writerBusyError answers a call whose claim found SQLite's write lock held
+// by another process for the whole in-flight wait.
+func writerBusyError(a *attempt, waited time.Duration) *mcp.CallToolResult {
+	return toolError(codeInProgress,
+		"another process holds the database's write lock and did not release it within %s; the call with idempotency key %q "+
+			"was not recorded and nothing was executed. Retry later: the retry runs it, or replays its outcome if another "+
+			"attempt has completed it meanwhile (the %s tool tells).",
+		waited, a.id.key, StatusToolName)
+}
+
 func unknownError(r callRow, a *attempt) *mcp.CallToolResult {
 	return toolError(codeUnknown,
 		"the outcome of the call with idempotency key %q is unknown: it was handed to the tool server at %s and its answer was lost. "+

@@ -107,9 +107,10 @@ func TestCall_DatabaseLocked(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	b := setupOn(t, mustLedger(t, db), nil, nil)
+	b := setupOn(t, mustLedger(t, db), &outbox.Options{InFlightWait: 300 * time.Millisecond}, nil)
 
-	// Another connection holds the write lock past busy_timeout.
+	// Another connection holds the write lock past busy_timeout, and past
+	// the in-flight wait the claim keeps trying for.
 	other, err := schema.Open(context.Background(), path, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -120,7 +121,7 @@ func TestCall_DatabaseLocked(t *testing.T) {
 		t.Fatal(err)
 	}
 	res := callCharge(t, b.session, "locked", 100)
-	if !res.IsError || errorCode(res) != "not_recorded" || !strings.Contains(text(res), "locked") {
+	if !res.IsError || errorCode(res) != "in_progress" || !strings.Contains(text(res), "another process holds the database") {
 		t.Fatalf("call against a locked database: %v %s", res.Meta, text(res))
 	}
 	tx.Rollback()
