@@ -41,12 +41,16 @@ func (t *lineTransport) Connect(ctx context.Context) (mcp.Connection, error) {
 
 // filter copies well-formed lines of t.in to sdk and answers the others on
 // out. It returns nil at the end of the input, which the SDK sees as EOF.
-func (t *lineTransport) filter(sdk *io.PipeWriter, out io.Writer) error {
+func (t *lineTransport) filter(sdk *io.PipeWriter, out *lockedWriter) error {
 	br := bufio.NewReaderSize(t.in, 64*1024)
 	for {
 		line, tooLong, rerr := readLine(br, maxLineBytes)
 		if trimmed := bytes.TrimSpace(line); len(trimmed) > 0 || tooLong {
-			if reply := checkMessage(trimmed, tooLong); reply != nil {
+			reply := checkMessage(trimmed, tooLong)
+			if reply == nil && trimmed[0] == '[' {
+				reply = out.startBatch(trimmed)
+			}
+			if reply != nil {
 				t.logger.Warn("rejected a malformed JSON-RPC message on stdin", "error", reply.Error.Message)
 				if _, err := out.Write(reply.encode()); err != nil {
 					return fmt.Errorf("write error response: %w", err)
@@ -109,6 +113,12 @@ func checkMessage(line []byte, tooLong bool) *errorReply {
 	case !json.Valid(line):
 		r.Error.Code = jsonrpc.CodeParseError
 		r.Error.Message = "Parse error: the line is not valid JSON"
+		if id, tooDeep := idBeforeOverflow(line); tooDeep {
+			r.Error.Message = fmt.Sprintf("Parse error: JSON nested deeper than %d levels", jsonMaxDepth)
+			if id != nil {
+				r.ID = id
+			}
+		}
 		return r
 	}
 	msgs := []json.RawMessage{line}
@@ -123,8 +133,19 @@ func checkMessage(line []byte, tooLong bool) *errorReply {
 		}
 		msgs = batch
 	}
+	calls := map[jsonrpc.ID]bool{}
 	for _, m := range msgs {
-		if _, err := jsonrpc.DecodeMessage(m); err != nil {
+		msg, err := jsonrpc.DecodeMessage(m)
+		if req, ok := msg.(*jsonrpc.Request); ok && err == nil && req.IsCall() && len(msgs) > 1 {
+			// The SDK ends the whole session at a batch that repeats an id.
+			if calls[req.ID] {
+				r.Error.Code = jsonrpc.CodeInvalidRequest
+				r.Error.Message = fmt.Sprintf("Invalid Request: the batch repeats request id %v", req.ID.Raw())
+				return r
+			}
+			calls[req.ID] = true
+		}
+		if err != nil {
 			// Answer under the request's id when it has a usable one, so the
 			// client can match the error to its request.
 			var probe struct {
@@ -159,12 +180,61 @@ func validID(raw json.RawMessage) bool {
 type lockedWriter struct {
 	mu sync.Mutex
 	w  io.Writer
+	// batchCalls are the request ids of batches passed to the SDK and not
+	// answered yet. The SDK ends the session at a batch that reuses one of
+	// them, so the filter answers such a batch itself; the SDK's answer to
+	// a batch (the only array it writes) frees its ids.
+	batchCalls map[jsonrpc.ID]bool
 }
 
 func (l *lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if len(p) > 0 && p[0] == '[' {
+		var answers []json.RawMessage
+		_ = json.Unmarshal(p, &answers)
+		for _, a := range answers {
+			if resp, err := jsonrpc.DecodeMessage(a); err == nil {
+				if r, ok := resp.(*jsonrpc.Response); ok {
+					delete(l.batchCalls, r.ID)
+				}
+			}
+		}
+	}
 	return l.w.Write(p)
+}
+
+// startBatch records the request ids of a well-formed batch about to go to
+// the SDK, or returns the error answer for one that reuses an id of a batch
+// still in progress.
+func (l *lockedWriter) startBatch(line []byte) *errorReply {
+	var batch []json.RawMessage
+	_ = json.Unmarshal(line, &batch)
+	var ids []jsonrpc.ID
+	for _, m := range batch {
+		if msg, err := jsonrpc.DecodeMessage(m); err == nil {
+			if req, ok := msg.(*jsonrpc.Request); ok && req.IsCall() {
+				ids = append(ids, req.ID)
+			}
+		}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, id := range ids {
+		if l.batchCalls[id] {
+			r := &errorReply{JSONRPC: "2.0", ID: json.RawMessage("null")}
+			r.Error.Code = jsonrpc.CodeInvalidRequest
+			r.Error.Message = fmt.Sprintf("Invalid Request: request id %v is still in progress in an earlier batch", id.Raw())
+			return r
+		}
+	}
+	if l.batchCalls == nil {
+		l.batchCalls = map[jsonrpc.ID]bool{}
+	}
+	for _, id := range ids {
+		l.batchCalls[id] = true
+	}
+	return nil
 }
 
 // Close leaves the underlying stream open: it belongs to the command.
