@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"time"
 
@@ -190,9 +191,9 @@ func (s *session) onClientCall(m *jsonrpc.Request) {
 	case "tools/list":
 		s.forward(m, s.rewriteToolsList)
 	case "tools/call":
-		var params mcp.CallToolParamsRaw
-		if err := json.Unmarshal(m.Params, &params); err != nil || params.Name == "" {
-			s.replyError(m.ID, codeInvalidParams, "invalid tools/call params: a name and JSON arguments are required")
+		params, err := decodeCallParams(m.Params)
+		if err != nil {
+			s.replyError(m.ID, codeInvalidParams, "invalid tools/call params: "+err.Error())
 			return
 		}
 		ctx, cancel := context.WithCancel(s.ctx)
@@ -206,11 +207,36 @@ func (s *session) onClientCall(m *jsonrpc.Request) {
 				s.mu.Unlock()
 				cancel()
 			}()
-			s.callTool(ctx, m, &params)
+			s.callTool(ctx, m, params)
 		}()
 	default:
 		s.forward(m, nil)
 	}
+}
+
+// callParamFields are the members of tools/call params the proxy reads.
+var callParamFields = []string{"name", "arguments", "_meta", "inputResponses", "requestState"}
+
+// decodeCallParams reads tools/call params as the upstream will. Go's
+// decoder matches member names without regard to case, an upstream in
+// another language does not: {"name":"look","Name":"charge"} would be
+// recorded as a call of charge and run as one of look. Such params are
+// refused.
+func decodeCallParams(raw json.RawMessage) (*mcp.CallToolParamsRaw, error) {
+	var params mcp.CallToolParamsRaw
+	if err := json.Unmarshal(raw, &params); err != nil || params.Name == "" {
+		return nil, errors.New("a name and JSON arguments are required")
+	}
+	var members map[string]json.RawMessage
+	_ = json.Unmarshal(raw, &members)
+	for k := range members {
+		for _, field := range callParamFields {
+			if k != field && strings.EqualFold(k, field) {
+				return nil, fmt.Errorf("member %q: spell it %q", k, field)
+			}
+		}
+	}
+	return &params, nil
 }
 
 func (s *session) onClientNotification(m *jsonrpc.Request) {
@@ -766,6 +792,10 @@ func withClaim(clientParams json.RawMessage, claim *outbox.Claim) (json.RawMessa
 	if err := json.Unmarshal(clientParams, &params); err != nil {
 		return nil, err
 	}
+	if params == nil {
+		// null: assigning _meta below would panic, and take the proxy down.
+		return nil, errors.New("params: not an object")
+	}
 	meta := map[string]json.RawMessage{}
 	if raw, ok := params["_meta"]; ok && string(raw) != "null" {
 		if err := json.Unmarshal(raw, &meta); err != nil {
@@ -784,48 +814,76 @@ func withClaim(clientParams json.RawMessage, claim *outbox.Claim) (json.RawMessa
 
 // rewriteCapabilities advertises, in an initialize or server/discover
 // result, the layer, and tools (the status tool is
-// one even when the upstream has none).
+// one even when the upstream has none). Everything else passes member by
+// member as raw JSON, exactly as the upstream wrote it (through any,
+// numbers beyond 2^53 would round).
 func (s *session) rewriteCapabilities(result json.RawMessage) (json.RawMessage, error) {
-	var r map[string]any
-	if err := json.Unmarshal(result, &r); err != nil {
+	r, err := jsonObject(result)
+	if err != nil {
 		return nil, err
 	}
-	caps, _ := r["capabilities"].(map[string]any)
+	caps, _ := jsonObject(r["capabilities"])
 	if caps == nil {
-		caps = map[string]any{}
+		caps = map[string]json.RawMessage{}
 	}
-	if _, ok := caps["tools"].(map[string]any); !ok {
-		caps["tools"] = map[string]any{}
+	if tools, _ := jsonObject(caps["tools"]); tools == nil {
+		caps["tools"] = json.RawMessage(`{}`)
 	}
-	exp, _ := caps["experimental"].(map[string]any)
+	exp, _ := jsonObject(caps["experimental"])
 	if exp == nil {
-		exp = map[string]any{}
+		exp = map[string]json.RawMessage{}
 	}
-	exp[outbox.CapabilityName] = s.p.opts.Layer.Capability()
-	caps["experimental"] = exp
-	r["capabilities"] = caps
+	if exp[outbox.CapabilityName], err = json.Marshal(s.p.opts.Layer.Capability()); err != nil {
+		return nil, err
+	}
+	if caps["experimental"], err = json.Marshal(exp); err != nil {
+		return nil, err
+	}
+	if r["capabilities"], err = json.Marshal(caps); err != nil {
+		return nil, err
+	}
 	return json.Marshal(r)
+}
+
+// jsonObject decodes raw as a JSON object, keeping its members raw; null
+// and anything else that is not an object is an error.
+func jsonObject(raw json.RawMessage) (map[string]json.RawMessage, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return nil, err
+	}
+	if m == nil {
+		return nil, errors.New("not a JSON object")
+	}
+	return m, nil
 }
 
 // rewriteToolsList learns the tools' annotations and appends the status
 // tool to the last page.
 func (s *session) rewriteToolsList(result json.RawMessage) (json.RawMessage, error) {
-	var r map[string]json.RawMessage
-	if err := json.Unmarshal(result, &r); err != nil {
+	r, err := jsonObject(result)
+	if err != nil {
 		return nil, err
 	}
-	var tools []json.RawMessage
+	var listed []json.RawMessage
 	if raw, ok := r["tools"]; ok {
-		if err := json.Unmarshal(raw, &tools); err != nil {
+		if err := json.Unmarshal(raw, &listed); err != nil {
 			return nil, fmt.Errorf("tools: %w", err)
 		}
 	}
-	defs := make([]*mcp.Tool, 0, len(tools))
-	for _, raw := range tools {
+	tools := make([]json.RawMessage, 0, len(listed)+1)
+	defs := make([]*mcp.Tool, 0, len(listed))
+	for _, raw := range listed {
 		var t mcp.Tool
 		if json.Unmarshal(raw, &t) == nil {
+			if t.Name == outbox.StatusToolName {
+				// The proxy answers calls of this name itself; listing the
+				// upstream's too would give the client two tools of one name.
+				continue
+			}
 			defs = append(defs, &t)
 		}
+		tools = append(tools, raw)
 	}
 	s.p.learnTools(defs)
 	var cursor string
