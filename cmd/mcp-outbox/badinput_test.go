@@ -1,11 +1,15 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
+	"io"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -54,5 +58,90 @@ func TestServeRefusesInexactAmount(t *testing.T) {
 		if n := countRows(t, db, `SELECT count(*) FROM `+table); n != 0 {
 			t.Errorf("%s has %d rows, want 0", table, n)
 		}
+	}
+}
+
+// TestServeDeepJSONAnswersItsID: a request nested deeper than encoding/json
+// parses (10,000 levels), sent to the real binary over stdio, is answered
+// with an error under its own id, found among the top-level members before
+// the overflow, and the server goes on serving. Before, the answer had id
+// null, which no client can match to its request.
+func TestServeDeepJSONAnswersItsID(t *testing.T) {
+	t.Parallel()
+	cmd := exec.Command(bin, "serve", "--db", filepath.Join(t.TempDir(), "ledger.db"), "--log-level", "error")
+	cmd.Stderr = testWriter{t}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stdin.Close(); cmd.Wait() })
+	lines := make(chan []byte, 16)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(nil, 1<<20)
+		for sc.Scan() {
+			lines <- append([]byte(nil), sc.Bytes()...)
+		}
+	}()
+	exchange := func(line string) map[string]any {
+		t.Helper()
+		if _, err := io.WriteString(stdin, line+"\n"); err != nil {
+			t.Fatalf("write: %v", err)
+		}
+		select {
+		case out, ok := <-lines:
+			if !ok {
+				t.Fatalf("the server closed stdout after %.80s", line)
+			}
+			var m map[string]any
+			if err := json.Unmarshal(out, &m); err != nil {
+				t.Fatalf("answer %q is not a JSON object", out)
+			}
+			return m
+		case <-time.After(20 * time.Second):
+			t.Fatalf("no answer to %.80s", line)
+			return nil
+		}
+	}
+	if m := exchange(`{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"v0"}}}`); m["result"] == nil {
+		t.Fatalf("initialize: %v", m)
+	}
+	if _, err := io.WriteString(stdin, `{"jsonrpc":"2.0","method":"notifications/initialized"}`+"\n"); err != nil {
+		t.Fatal(err)
+	}
+
+	deep := strings.Repeat("[", 10000) + strings.Repeat("]", 10000)
+	for _, c := range []struct {
+		line string
+		id   any
+	}{
+		{`{"jsonrpc":"2.0","id":77,"method":"tools/call","params":{"name":"charge","arguments":{"amount":5,"x":` + deep + `}}}`, 77.0},
+		{`{"id":"req-9","jsonrpc":"2.0","method":"tools/call","params":{"name":"charge","arguments":{"amount":5,"x":` + deep + `}}}`, "req-9"},
+		// The id after the overflow is not looked for: nothing past it is parsed.
+		{`{"jsonrpc":"2.0","method":"tools/call","params":{"name":"charge","arguments":{"x":` + deep + `}},"id":78}`, nil},
+		// Malformed before the overflow: no id can be trusted.
+		{`{"jsonrpc":"2.0","id":79,"method" "tools/call","params":` + deep + `}`, nil},
+	} {
+		m := exchange(c.line)
+		e, _ := m["error"].(map[string]any)
+		if e == nil || e["code"] != -32700.0 || m["id"] != c.id {
+			t.Errorf("answer to a line nested 10,000 deep: %v, want a parse error with id %v", m, c.id)
+		}
+		if msg, _ := e["message"].(string); !strings.Contains(msg, "nested deeper than 10000 levels") {
+			t.Errorf("error message %q does not say why", msg)
+		}
+	}
+
+	// The server is still there and still answers its requests.
+	if m := exchange(`{"jsonrpc":"2.0","id":80,"method":"tools/call","params":{"name":"balance","arguments":{}}}`); m["id"] != 80.0 || m["result"] == nil {
+		t.Fatalf("a call after the deep lines: %v", m)
 	}
 }
