@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -65,8 +66,13 @@ func TestChaosSoak(t *testing.T) {
 		journal: filepath.Join(dir, "downstream.jsonl"),
 	}
 	h.soak()
-	if t.Failed() {
-		return
+	if n := h.stats.unexpectedN.Load(); n > 0 {
+		// The bug the soak is for: say so first, and stop if the soak
+		// was cut short for it (the end state would only repeat it).
+		t.Errorf("%d wrong answers; the first:\n  %s", n, strings.Join(h.stats.unexpected, "\n  "))
+	}
+	if t.Failed() && h.stats.unexpectedN.Load() >= chaosMaxWrong {
+		t.Fatalf("the soak stopped after %d wrong answers", chaosMaxWrong)
 	}
 	h.check()
 }
@@ -105,9 +111,10 @@ var (
 )
 
 const (
-	chaosStdioClients   = 2 // each with its own serve process
-	chaosHTTPClients    = 3 // one stateful (2025-11-25), the others stateless (2026-07-28)
-	chaosWorkersPerConn = 3 // concurrent logical calls per client
+	chaosMaxWrong       = 10 // wrong answers that end the soak early
+	chaosStdioClients   = 2  // each with its own serve process
+	chaosHTTPClients    = 3  // one stateful (2025-11-25), the others stateless (2026-07-28)
+	chaosWorkersPerConn = 3  // concurrent logical calls per client
 )
 
 type chaosHarness struct {
@@ -132,7 +139,13 @@ func (h *chaosHarness) soak() {
 	t := h.t
 	h.calls = chaosPlan(h.n, h.seed)
 	h.answers = make([][]chaosAnswer, h.n)
-	h.stats = newChaosStats()
+	ctx, cancel := context.WithCancel(context.Background())
+	if d, ok := t.Deadline(); ok {
+		// Leave time for the drain and the checks.
+		ctx, cancel = context.WithDeadline(context.Background(), d.Add(-90*time.Second))
+	}
+	defer cancel()
+	h.stats = newChaosStats(cancel, chaosMaxWrong)
 
 	ds, err := newChaosDownstream(h.log, h.journal, h.seed, chaosFaultRates)
 	if err != nil {
@@ -166,12 +179,6 @@ func (h *chaosHarness) soak() {
 		clients = append(clients, c)
 	}
 
-	ctx, cancel := context.WithCancel(context.Background())
-	if d, ok := t.Deadline(); ok {
-		// Leave time for the drain and the checks.
-		ctx, cancel = context.WithDeadline(context.Background(), d.Add(-90*time.Second))
-	}
-	defer cancel()
 	h.monkey = &chaosMonkey{
 		rng: rand.New(rand.NewPCG(h.seed, 1)), log: h.log,
 		stdio: h.stdio, http: h.httpSrv, downstream: ds,

@@ -95,13 +95,20 @@ type chaosStats struct {
 	unanswered                atomic.Int64 // logical calls without a real result by their deadline
 	unexpectedN               atomic.Int64 // wrong answers
 
+	// abort ends the soak once maxWrong answers were wrong: a bug is
+	// found, and retrying every call until its deadline would only take
+	// long to say so.
+	abort    func()
+	maxWrong int64
+
 	mu         sync.Mutex
 	errKinds   map[string]int // connErrors by kind
 	unexpected []string       // the first few wrong answers
+	wrongCalls map[int]bool   // the logical calls that got one
 }
 
-func newChaosStats() *chaosStats {
-	return &chaosStats{errKinds: map[string]int{}}
+func newChaosStats(abort func(), maxWrong int64) *chaosStats {
+	return &chaosStats{errKinds: map[string]int{}, wrongCalls: map[int]bool{}, abort: abort, maxWrong: maxWrong}
 }
 
 // chaosErrKind sums up a transport error without its variable parts (ports,
@@ -127,9 +134,12 @@ func (s *chaosStats) countErr(err error) {
 }
 
 func (s *chaosStats) wrong(c chaosCall, via, msg string) {
-	s.unexpectedN.Add(1)
+	if s.unexpectedN.Add(1) == s.maxWrong {
+		s.abort()
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.wrongCalls[c.i] = true
 	if len(s.unexpected) < 20 {
 		s.unexpected = append(s.unexpected, fmt.Sprintf("call %d (key %q, amount %d) via %s: %s", c.i, c.key, c.amount, via, msg))
 	}
@@ -220,8 +230,9 @@ type chaosTiming struct {
 	reaskP          float64       // share of answered calls asked again, through a random client
 }
 
-// runChaosCall makes the logical call c through client until it gets its real
-// result, or its deadline or ctx ends.
+// runChaosCall makes the logical call c through client until it gets its
+// real result, or a wrong answer (a bug: retrying would not make it right),
+// or its deadline or ctx ends. It reports whether it got the real result.
 func runChaosCall(ctx context.Context, client chaosClient, c chaosCall, rng *rand.Rand, tm chaosTiming, stats *chaosStats) (chaosAnswer, bool) {
 	deadline := time.Now().Add(tm.perCall)
 	backoff := 5 * time.Millisecond
@@ -274,6 +285,7 @@ func runChaosCall(ctx context.Context, client chaosClient, c chaosCall, rng *ran
 			return a, true
 		case chaosWrong:
 			stats.wrong(c, client.name(), msg)
+			return a, false
 		}
 	}
 }
