@@ -92,8 +92,8 @@ func hashToken(env *environment) error {
 	if token == "" {
 		return usagef("token hash: no token on stdin")
 	}
-	if strings.ContainsAny(token, " \t\r\n") {
-		return usagef("token hash: the token contains white space, which an Authorization header cannot carry")
+	if strings.ContainsFunc(token, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
+		return usagef("token hash: the token contains white space or a control character, which an Authorization header cannot carry")
 	}
 	sum := sha256.Sum256([]byte(token))
 	fmt.Fprintln(env.stdout, hex.EncodeToString(sum[:]))
