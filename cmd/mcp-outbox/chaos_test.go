@@ -103,6 +103,8 @@ var (
 		longTimeout:     20 * time.Second,
 		perCall:         3 * time.Minute,
 		reaskP:          0.2,
+		switchP:         0.3,
+		hedgeP:          0.1,
 	}
 	// Failpoints that only sleep: they widen the windows between a commit
 	// and its answer, and between sending an effect and reading the

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -88,6 +89,7 @@ func (a chaosAnswer) sameResult(b chaosAnswer) bool {
 // chaosStats counts what happened to the attempts.
 type chaosStats struct {
 	attempts, retries, reasks atomic.Int64
+	switched, hedged          atomic.Int64 // retries through another client; calls sent through two at once
 	timeouts, longTimeouts    atomic.Int64 // attempts cut by the client's timeout (long: the generous one)
 	connErrors                atomic.Int64 // the server died, or could not be reached
 	inProgress, notRecorded   atomic.Int64 // the layer's chaosTransient errors
@@ -228,20 +230,33 @@ type chaosTiming struct {
 	longTimeout     time.Duration // every other attempt's
 	perCall         time.Duration // a logical call without its real result by then is lost
 	reaskP          float64       // share of answered calls asked again, through a random client
+	// switchP is the share of retries sent through a random client rather
+	// than the call's own, as a client that fails over to another
+	// connection or replica does: the retry may reach another process
+	// while the first attempt still runs there, or after it was killed.
+	switchP float64
+	// hedgeP is the share of logical calls sent through two clients at
+	// once: two attempts of one call race for its claim.
+	hedgeP float64
 }
 
 // runChaosCall makes the logical call c through client until it gets its
 // real result, or a wrong answer (a bug: retrying would not make it right),
 // or its deadline or ctx ends. It reports whether it got the real result.
-func runChaosCall(ctx context.Context, client chaosClient, c chaosCall, rng *rand.Rand, tm chaosTiming, stats *chaosStats) (chaosAnswer, bool) {
+func runChaosCall(ctx context.Context, own chaosClient, all []chaosClient, c chaosCall, rng *rand.Rand, tm chaosTiming, stats *chaosStats) (chaosAnswer, bool) {
 	deadline := time.Now().Add(tm.perCall)
 	backoff := 5 * time.Millisecond
 	for attempt := 0; ; attempt++ {
 		if ctx.Err() != nil || time.Now().After(deadline) {
 			return chaosAnswer{}, false
 		}
+		client := own
 		if attempt > 0 {
 			stats.retries.Add(1)
+			if rng.Float64() < tm.switchP {
+				client = all[rng.IntN(len(all))]
+				stats.switched.Add(1)
+			}
 		}
 		stats.attempts.Add(1)
 		timeout, long := tm.longTimeout, true
@@ -290,31 +305,55 @@ func runChaosCall(ctx context.Context, client chaosClient, c chaosCall, rng *ran
 	}
 }
 
-// chaosWorker makes logical calls from jobs through its client, and asks
-// some of them again through another client, as an agent framework that
-// re-runs a step does: the answer must be the same, replayed.
+// chaosWorker makes logical calls from jobs through its client (some
+// through two clients at once), and asks some of them again through
+// another client, as an agent framework that re-runs a step does: the
+// answer must be the same, replayed.
 func chaosWorker(ctx context.Context, client chaosClient, all []chaosClient, jobs <-chan chaosCall,
 	answers [][]chaosAnswer, rng *rand.Rand, tm chaosTiming, stats *chaosStats) {
 	for c := range jobs {
-		a, ok := runChaosCall(ctx, client, c, rng, tm, stats)
-		if !ok {
-			if ctx.Err() == nil {
-				stats.unanswered.Add(1)
-			}
+		var got []chaosAnswer
+		if rng.Float64() < tm.hedgeP {
+			stats.hedged.Add(1)
+			other := all[rng.IntN(len(all))]
+			hedgeRNG := rand.New(rand.NewPCG(rng.Uint64(), rng.Uint64())) // a Rand is not for two goroutines
+			var b chaosAnswer
+			var okB bool
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				b, okB = runChaosCall(ctx, other, all, c, hedgeRNG, tm, stats)
+			}()
+			a, okA := runChaosCall(ctx, client, all, c, rng, tm, stats)
+			<-done
+			got = appendIf(ctx, appendIf(ctx, got, a, okA, stats), b, okB, stats)
+		} else {
+			a, ok := runChaosCall(ctx, client, all, c, rng, tm, stats)
+			got = appendIf(ctx, got, a, ok, stats)
+		}
+		if len(got) == 0 {
 			continue
 		}
-		answers[c.i] = append(answers[c.i], a)
-		if a.replayed {
+		if !slices.ContainsFunc(got, func(a chaosAnswer) bool { return !a.replayed }) {
 			stats.firstReplayed.Add(1)
 		}
 		if rng.Float64() < tm.reaskP {
 			stats.reasks.Add(1)
 			other := all[rng.IntN(len(all))]
-			if b, ok := runChaosCall(ctx, other, c, rng, tm, stats); ok {
-				answers[c.i] = append(answers[c.i], b)
-			} else if ctx.Err() == nil {
-				stats.unanswered.Add(1)
-			}
+			b, ok := runChaosCall(ctx, other, all, c, rng, tm, stats)
+			got = appendIf(ctx, got, b, ok, stats)
 		}
+		answers[c.i] = got
 	}
+}
+
+// appendIf appends a real result; a call that got none is counted.
+func appendIf(ctx context.Context, got []chaosAnswer, a chaosAnswer, ok bool, stats *chaosStats) []chaosAnswer {
+	if ok {
+		return append(got, a)
+	}
+	if ctx.Err() == nil {
+		stats.unanswered.Add(1)
+	}
+	return got
 }
