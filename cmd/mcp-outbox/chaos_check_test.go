@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os/exec"
+	"strings"
 	"time"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/downstream"
@@ -60,6 +61,7 @@ func (h *chaosHarness) check() {
 	h.checkCharges(db, byAmount, charged)
 	h.checkCalls(db, charged, failing)
 	before := chaosEffectStates(t, db)
+	waiting := chaosWaiting(t, db)
 
 	// A final drain, against the downstream as it comes back for good (its
 	// journal, no faults), delivers what the killed servers left.
@@ -73,7 +75,8 @@ func (h *chaosHarness) check() {
 	cmd := exec.Command(bin, "drain", "--db", h.db, "--dest", "payments="+fake.URL(), "--timeout", "3m", "--json")
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
-		t.Fatalf("mcp-outbox drain: %v\nstdout: %s\nstderr: %s", err, stdout.String(), stderr.String())
+		t.Fatalf("mcp-outbox drain: %v\nstdout: %s\nstderr: %s\neffects not delivered: %s",
+			err, stdout.String(), stderr.String(), chaosUndelivered(t, db))
 	}
 	drainTime := time.Since(drainStart)
 
@@ -97,7 +100,7 @@ func (h *chaosHarness) check() {
   transport errors: %d; the layer's transient answers: in_progress %d, not_recorded %d
   calls whose first answer was a replay (an earlier attempt committed, its answer was lost): %d
   kills (SIGKILL): stdio servers %d (stdio servers restarted by their clients %d), HTTP server %d, downstream %d (started %d times); HTTP (re)connects %d
-  effects: %d; pending after the soak %v; delivery attempts %d for %d effects; all applied once downstream
+  effects: %d; after the soak %v, %s; delivery attempts %d for %d effects; all applied once downstream
   wall time: soak %s, drain %s
   transport errors by kind:%s`,
 		h.seed,
@@ -107,7 +110,7 @@ func (h *chaosHarness) check() {
 		s.connErrors.Load(), s.inProgress.Load(), s.notRecorded.Load(),
 		s.firstReplayed.Load(),
 		m.stdioKills, stdioRestarts, m.httpKills, m.downstreamKills, h.downstreamStarts, httpConnects,
-		charged, before, deliveries, charged,
+		charged, before, waiting, deliveries, charged,
 		h.soakTime.Round(time.Millisecond), drainTime.Round(time.Millisecond),
 		s.errKindsReport())
 }
@@ -226,6 +229,44 @@ func chaosEffectStates(t interface{ Fatalf(string, ...any) }, db *sql.DB) map[st
 		out[state] = n
 	}
 	return out
+}
+
+// chaosWaiting sums up the effects not yet delivered: how many attempts
+// they failed and when the last of them is due again, which is what the
+// drain waits for.
+func chaosWaiting(t interface{ Fatalf(string, ...any) }, db *sql.DB) string {
+	var n, maxAttempts, lastDue int64
+	err := db.QueryRow(`SELECT count(*), coalesce(max(attempts), 0), coalesce(max(next_attempt_at), 0)
+		FROM effects WHERE state != 'delivered'`).Scan(&n, &maxAttempts, &lastDue)
+	if err != nil {
+		t.Fatalf("read effects: %v", err)
+	}
+	if n == 0 {
+		return "nothing waiting"
+	}
+	due := time.Until(time.UnixMilli(lastDue)).Round(time.Second)
+	return fmt.Sprintf("the most failed attempts of one %d, the last due again in %s", maxAttempts, max(due, 0))
+}
+
+// chaosUndelivered lists the effects not delivered, for a failure message.
+func chaosUndelivered(t interface{ Fatalf(string, ...any) }, db *sql.DB) string {
+	rows, err := db.Query(`SELECT id, idempotency_key, state, attempts, next_attempt_at, last_error FROM effects
+		WHERE state != 'delivered' ORDER BY id LIMIT 20`)
+	if err != nil {
+		t.Fatalf("read effects: %v", err)
+	}
+	defer rows.Close()
+	var b strings.Builder
+	for rows.Next() {
+		var id, attempts, next int64
+		var key, state, lastErr string
+		if err := rows.Scan(&id, &key, &state, &attempts, &next, &lastErr); err != nil {
+			t.Fatalf("read effects: %v", err)
+		}
+		fmt.Fprintf(&b, "\n  effect %d (%s): %s, %d attempts, due in %s, last error %q",
+			id, key, state, attempts, time.Until(time.UnixMilli(next)).Round(time.Millisecond), lastErr)
+	}
+	return b.String()
 }
 
 // checkEffects: after the drain, one effect per charge, made by the call

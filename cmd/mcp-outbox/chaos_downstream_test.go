@@ -133,11 +133,10 @@ type chaosDownstream struct {
 	log *chaosLog
 	exe string
 
-	mu    sync.Mutex
-	cfg   chaosDownstreamConfig
-	p     *chaosProc
-	url   string
-	kills int
+	mu  sync.Mutex
+	cfg chaosDownstreamConfig
+	p   *chaosProc
+	url string
 }
 
 func newChaosDownstream(log *chaosLog, journal string, seed uint64, faults chaosFaults) (*chaosDownstream, error) {
@@ -189,9 +188,6 @@ func (d *chaosDownstream) kill(ctx context.Context) (bool, error) {
 	d.mu.Unlock()
 	killed, err := p.kill(ctx)
 	if killed {
-		d.mu.Lock()
-		d.kills++
-		d.mu.Unlock()
 		d.log.printf("[monkey] SIGKILL downstream (pid %d)", p.cmd.Process.Pid)
 	}
 	return killed, err

@@ -21,7 +21,12 @@ type chaosMonkey struct {
 	downstream *chaosDownstream
 
 	pauseMin, pauseMax time.Duration // between kills
-	downMax            time.Duration // a killed HTTP server or downstream stays down up to this long
+	// A killed HTTP server or downstream stays down up to this long. The
+	// downstream's outages are kept short: what its kills are for is the
+	// requests they cut (applied or not, never answered). Long or frequent
+	// outages only pile up failed attempts, whose backoff (doubling to 10
+	// minutes) the final drain would then have to wait out.
+	httpDownMax, downstreamDownMax time.Duration
 
 	// What the monkey did; read after run returns.
 	stdioKills, httpKills, downstreamKills int
@@ -63,7 +68,7 @@ func (m *chaosMonkey) run(ctx context.Context) error {
 			}
 			// Restarted even when the soak just ended, so that the last
 			// calls are not left without a server.
-			chaosPause(ctx, m.between(0, m.downMax))
+			chaosPause(ctx, m.between(0, m.httpDownMax))
 			if err := m.http.start(); err != nil {
 				return fmt.Errorf("start the HTTP server again: %w", err)
 			}
@@ -75,7 +80,7 @@ func (m *chaosMonkey) run(ctx context.Context) error {
 			if killed {
 				m.downstreamKills++
 			}
-			chaosPause(ctx, m.between(0, m.downMax))
+			chaosPause(ctx, m.between(0, m.downstreamDownMax))
 			if err := m.downstream.start(); err != nil {
 				return fmt.Errorf("start the downstream again: %w", err)
 			}

@@ -58,7 +58,6 @@ type chaosStdioClient struct {
 	mu       sync.Mutex
 	cur      *chaosStdioServer // nil until the next call starts one
 	starts   int
-	kills    int
 	closed   bool
 	restarts int // servers started after the first
 }
@@ -150,7 +149,6 @@ func (c *chaosStdioClient) kill() bool {
 	if err := c.cur.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		return false
 	}
-	c.kills++
 	c.serve.log.printf("[monkey] SIGKILL %s#%d (pid %d)", c.id, c.starts, c.cur.cmd.Process.Pid)
 	return true
 }
@@ -177,7 +175,6 @@ type chaosHTTPServer struct {
 	url     string // the /mcp endpoint; "" while down
 	p       *chaosProc
 	starts  int
-	kills   int
 	closed  bool
 	changed chan struct{} // closed and replaced when url changes
 }
@@ -230,9 +227,6 @@ func (s *chaosHTTPServer) kill(ctx context.Context) (bool, error) {
 	s.mu.Unlock()
 	killed, err := p.kill(ctx)
 	if killed {
-		s.mu.Lock()
-		s.kills++
-		s.mu.Unlock()
 		s.serve.log.printf("[monkey] SIGKILL http#%d (pid %d)", s.starts, p.cmd.Process.Pid)
 	}
 	return killed, err
