@@ -52,6 +52,10 @@ type Options struct {
 	BusyTimeout time.Duration
 	// ReadConns bounds the read pool; zero means DefaultReadConns.
 	ReadConns int
+	// Driver is the database/sql driver name; empty means "sqlite"
+	// (modernc.org/sqlite). It is for tests that wrap that driver, to
+	// inject faults; any driver given must take modernc's DSN.
+	Driver string
 }
 
 // DB is an open mcp-outbox database.
@@ -86,6 +90,9 @@ func Open(ctx context.Context, path string, opts *Options) (*DB, error) {
 	if o.ReadConns <= 0 {
 		o.ReadConns = DefaultReadConns
 	}
+	if o.Driver == "" {
+		o.Driver = "sqlite"
+	}
 	if path == "" {
 		return nil, errors.New("open database: empty path")
 	}
@@ -95,7 +102,7 @@ func Open(ctx context.Context, path string, opts *Options) (*DB, error) {
 		}
 	}
 
-	write, err := sql.Open("sqlite", dsn(path, o, "immediate"))
+	write, err := sql.Open(o.Driver, dsn(path, o, "immediate"))
 	if err != nil {
 		return nil, fmt.Errorf("open database %s: %w", path, err)
 	}
@@ -104,7 +111,7 @@ func Open(ctx context.Context, path string, opts *Options) (*DB, error) {
 	write.SetConnMaxLifetime(0)
 	write.SetConnMaxIdleTime(0)
 
-	read, err := sql.Open("sqlite", dsn(path, o, "deferred"))
+	read, err := sql.Open(o.Driver, dsn(path, o, "deferred"))
 	if err != nil {
 		write.Close()
 		return nil, fmt.Errorf("open database %s: %w", path, err)
