@@ -153,9 +153,12 @@ func (l *Layer) acquire(ctx context.Context, a *attempt) *mcp.CallToolResult {
 	for {
 		l.mu.Lock()
 		if other := l.local[lk]; other != nil {
+			// Read under the lock: an attempt that left to retry its
+			// claim (busy) sets a new done when it comes back.
+			done := other.done
 			l.mu.Unlock()
 			a.waited = true
-			if res := waitFor(ctx, other.done, deadline, a); res != nil {
+			if res := waitFor(ctx, done, deadline, a); res != nil {
 				return res
 			}
 			continue
