@@ -108,11 +108,26 @@ func (a *attempt) openTx(ctx context.Context) error {
 	a.unit, a.tx = u, u.tx()
 	if a.recorded() {
 		var owner, state string
-		err := u.queryRow(`SELECT owner, state FROM calls WHERE id = ?`, a.callID).Scan(&owner, &state)
+		// By uid too: a claim whose batch did not commit gave back its
+		// row id, which the next insert takes (AUTOINCREMENT only skips
+		// committed ids), so the id alone may name another call now.
+		err := u.queryRow(`SELECT owner, state FROM calls WHERE id = ? AND uid = ?`, a.callID, a.uid).Scan(&owner, &state)
 		if errors.Is(err, sql.ErrNoRows) {
 			// The claim is gone: the batch it rode in did not commit, or an
 			// operator cleared it. Nobody else owns the call: a retry runs it.
 			return errClaimGone
+		}
+		if err == nil && state == "in_flight" && owner != a.owner {
+			switch a.layer.self.ownerLiveness(owner) {
+			case ownerSelf, ownerDead:
+				// The row names an attempt that is not running: one of
+				// this layer (a holds the key's place in Layer.local, so
+				// no other attempt here runs the call) or of a dead
+				// process. So nobody took the call over: this attempt's
+				// takeover was lost with the batch it rode in, and the
+				// call stands as it was, which a retry takes over again.
+				return errClaimGone
+			}
 		}
 		if err == nil && (owner != a.owner || state != "in_flight") {
 			return ErrOwnershipLost
@@ -211,19 +226,50 @@ func (r rowOf) Err() error             { return r.a.wrapStmt(r.row.Err()) }
 
 // wrapStmt keeps constraint violations and other statement errors as the
 // handler's to decide on, but remembers errors that mean the database is
-// unusable (busy, I/O, closed), which must never become a recorded outcome.
+// unusable (busy, I/O, full, read-only, closed), which must never become a
+// recorded outcome.
 func (a *attempt) wrapStmt(err error) error {
 	if err == nil {
 		return nil
 	}
 	msg := err.Error()
-	if errors.Is(err, sql.ErrConnDone) || errors.Is(err, sql.ErrTxDone) ||
+	if storeFailed(err) || errors.Is(err, sql.ErrConnDone) || errors.Is(err, sql.ErrTxDone) ||
 		strings.Contains(msg, "SQLITE_BUSY") || strings.Contains(msg, "database is locked") ||
 		strings.Contains(msg, "SQLITE_IOERR") || strings.Contains(msg, "disk I/O error") ||
 		strings.Contains(msg, "SQLITE_FULL") || strings.Contains(msg, "interrupted") {
 		return a.wrap(err)
 	}
 	return err
+}
+
+// storeFailed reports whether err is SQLite saying that the database
+// failed, not the statement: by the result code, not the text. The texts
+// differ from the code names ("database or disk is full (13)" for
+// SQLITE_FULL, "attempt to write a readonly database (8)"), so matching
+// text let a full or read-only database reach a handler as an ordinary
+// error, which the call then recorded as its failed outcome and replayed
+// for the key's lifetime. These codes may also have rolled back the whole
+// transaction, so the handler must not go on in it.
+func storeFailed(err error) bool {
+	var e interface{ Code() int } // modernc.org/sqlite's *Error
+	if !errors.As(err, &e) {
+		return false
+	}
+	switch e.Code() & 0xff { // the primary code; extended codes add bits above
+	case 5, // SQLITE_BUSY
+		6,  // SQLITE_LOCKED
+		7,  // SQLITE_NOMEM
+		8,  // SQLITE_READONLY
+		9,  // SQLITE_INTERRUPT
+		10, // SQLITE_IOERR
+		11, // SQLITE_CORRUPT
+		13, // SQLITE_FULL
+		14, // SQLITE_CANTOPEN
+		15, // SQLITE_PROTOCOL
+		26: // SQLITE_NOTADB
+		return true
+	}
+	return false
 }
 
 // Enqueue adds an effect to the call's transaction.
