@@ -66,6 +66,27 @@ func TestServeRefusesInexactAmount(t *testing.T) {
 // with an error under its own id, found among the top-level members before
 // the overflow, and the server goes on serving. Before, the answer had id
 // null, which no client can match to its request.
+// TestServeBareRefusesInexactAmount: without the layer (serve --bare) the
+// ledger's schema maximum refuses the amount the go-sdk would change.
+func TestServeBareRefusesInexactAmount(t *testing.T) {
+	t.Parallel()
+	dbPath := filepath.Join(t.TempDir(), "ledger.db")
+	cs, _ := serveStdio(t, bin, dbPath, nil, "--bare")
+	for _, amount := range []string{"9007199254740993", "9007199254740992"} {
+		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "charge",
+			Arguments: json.RawMessage(`{"amount":` + amount + `}`)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !res.IsError || !strings.Contains(resultText(res), "maximum") {
+			t.Errorf("bare charge %s: isError %v, %q; want the schema's maximum error", amount, res.IsError, resultText(res))
+		}
+	}
+	if n := countRows(t, openLedgerDB(t, dbPath), `SELECT count(*) FROM charges`); n != 0 {
+		t.Errorf("charges has %d rows, want 0", n)
+	}
+}
+
 func TestServeDeepJSONAnswersItsID(t *testing.T) {
 	t.Parallel()
 	cmd := exec.Command(bin, "serve", "--db", filepath.Join(t.TempDir(), "ledger.db"), "--log-level", "error")

@@ -20,6 +20,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox"
@@ -46,9 +47,17 @@ type Options struct {
 	Delay time.Duration
 }
 
+// MaxAmount is the largest amount charge takes: the largest integer that a
+// float64 holds exactly, and with it every integer below (2^53 - 1). The
+// go-sdk validates arguments as float64, so a larger amount could reach the
+// handler changed; the input schema says so with a maximum, which also
+// refuses such amounts where the outbox layer (which refuses them itself)
+// is not in front of the tool (serve --bare).
+const MaxAmount = 1<<53 - 1
+
 // ChargeIn is the input of charge.
 type ChargeIn struct {
-	Amount   int64  `json:"amount" jsonschema:"amount in minor units (cents), greater than 0"`
+	Amount   int64  `json:"amount" jsonschema:"amount in minor units (cents), greater than 0 and at most 9007199254740991"`
 	Currency string `json:"currency,omitempty" jsonschema:"ISO 4217 code, default usd"`
 }
 
@@ -85,6 +94,7 @@ var (
 		Name:        "charge",
 		Description: "Charge a payment: records it in the ledger and sends it to the payments API.",
 		Annotations: &mcp.ToolAnnotations{DestructiveHint: ptr(true), IdempotentHint: false},
+		InputSchema: chargeSchema(),
 	}
 	RefundTool = &mcp.Tool{
 		Name:        "refund",
@@ -99,6 +109,16 @@ var (
 )
 
 func ptr[T any](v T) *T { return &v }
+
+// chargeSchema is ChargeIn's schema with the amount's maximum.
+func chargeSchema() *jsonschema.Schema {
+	s, err := jsonschema.For[ChargeIn](nil)
+	if err != nil {
+		panic(fmt.Sprintf("ledger: charge input schema: %v", err))
+	}
+	s.Properties["amount"].Maximum = ptr(float64(MaxAmount))
+	return s
+}
 
 // Register adds the ledger's tools to s through the outbox layer l.
 func Register(l *outbox.Layer, s *mcp.Server, opts *Options) {
