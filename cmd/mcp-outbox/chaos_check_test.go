@@ -70,9 +70,16 @@ func (h *chaosHarness) check() {
 		t.Fatalf("start the downstream on its journal: %v", err)
 	}
 	defer fake.Close()
+	// The drain waits for retries to come due, and a retry's backoff
+	// doubles to 10 minutes: with more time than that, an effect left
+	// pending is stuck, not just unlucky.
+	drainTimeout := 11 * time.Minute
+	if d, ok := t.Deadline(); ok {
+		drainTimeout = min(drainTimeout, time.Until(d)-30*time.Second)
+	}
 	drainStart := time.Now()
 	var stdout, stderr bytes.Buffer
-	cmd := exec.Command(bin, "drain", "--db", h.db, "--dest", "payments="+fake.URL(), "--timeout", "3m", "--json")
+	cmd := exec.Command(bin, "drain", "--db", h.db, "--dest", "payments="+fake.URL(), "--timeout", drainTimeout.String(), "--json")
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("mcp-outbox drain: %v\nstdout: %s\nstderr: %s\neffects not delivered: %s",

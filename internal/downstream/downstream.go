@@ -217,22 +217,22 @@ func New(opts *Options) (*Server, error) {
 		changed:   make(chan struct{}),
 		keys:      make(map[string]*keyState),
 	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen: %w", err)
+	}
+	s.url = "http://" + ln.Addr().String()
+	// The journal is read once the address is ours: a server killed on
+	// it has let go of the port, so it appends nothing more.
 	if opts.Journal != "" {
 		f, entries, err := openJournal(opts.Journal)
 		if err != nil {
+			ln.Close()
 			return nil, err
 		}
 		s.journal = f
 		s.load(entries)
 	}
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		if s.journal != nil {
-			s.journal.Close()
-		}
-		return nil, fmt.Errorf("listen: %w", err)
-	}
-	s.url = "http://" + ln.Addr().String()
 	s.http = &http.Server{
 		Handler: http.HandlerFunc(s.handle),
 		// The fake breaks connections on purpose; net/http's complaints about
