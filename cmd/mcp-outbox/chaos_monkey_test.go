@@ -4,14 +4,17 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"time"
 )
 
-// The monkey SIGKILLs one of the soak's processes after each random chaosPause:
+// The monkey SIGKILLs one of the soak's processes after each random pause:
 // a stdio client's server (its client starts another on its next call), the
 // HTTP server (started again after a random downtime, on its address), or
 // the downstream (the same). Its pauses are the workload's rhythm, not a
-// wait for anything.
+// wait for anything. The workload keeps pace with it (waitKills), so that a
+// soak gets as many kills per logical call on a fast machine as on a slow
+// one.
 
 type chaosMonkey struct {
 	rng        *rand.Rand
@@ -30,6 +33,46 @@ type chaosMonkey struct {
 
 	// What the monkey did; read after run returns.
 	stdioKills, httpKills, downstreamKills int
+
+	mu     sync.Mutex
+	kills  int
+	killed chan struct{} // closed and replaced on every kill
+}
+
+// changed returns the channel the next kill closes. m.mu must be held.
+func (m *chaosMonkey) changed() chan struct{} {
+	if m.killed == nil {
+		m.killed = make(chan struct{})
+	}
+	return m.killed
+}
+
+// count records a kill and wakes waitKills.
+func (m *chaosMonkey) count(kind *int) {
+	*kind++
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.kills++
+	close(m.changed())
+	m.killed = nil
+}
+
+// waitKills waits until the monkey has killed n processes; it reports
+// false if ctx ended first.
+func (m *chaosMonkey) waitKills(ctx context.Context, n int) bool {
+	for {
+		m.mu.Lock()
+		kills, ch := m.kills, m.changed()
+		m.mu.Unlock()
+		if kills >= n {
+			return true
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return false
+		}
+	}
 }
 
 // between draws a duration uniform in [lo, hi].
@@ -56,7 +99,7 @@ func (m *chaosMonkey) run(ctx context.Context) error {
 		switch r := m.rng.Float64(); {
 		case r < 0.45:
 			if m.stdio[m.rng.IntN(len(m.stdio))].kill() {
-				m.stdioKills++
+				m.count(&m.stdioKills)
 			}
 		case r < 0.75:
 			killed, err := m.http.kill(ctx)
@@ -64,7 +107,7 @@ func (m *chaosMonkey) run(ctx context.Context) error {
 				return err
 			}
 			if killed {
-				m.httpKills++
+				m.count(&m.httpKills)
 			}
 			// Restarted even when the soak just ended, so that the last
 			// calls are not left without a server.
@@ -78,7 +121,7 @@ func (m *chaosMonkey) run(ctx context.Context) error {
 				return err
 			}
 			if killed {
-				m.downstreamKills++
+				m.count(&m.downstreamKills)
 			}
 			chaosPause(ctx, m.between(0, m.downstreamDownMax))
 			if err := m.downstream.start(); err != nil {

@@ -113,6 +113,7 @@ var (
 
 const (
 	chaosMaxWrong       = 10 // wrong answers that end the soak early
+	chaosCallsPerKill   = 10 // logical call i starts once the monkey has killed i/10 processes
 	chaosStdioClients   = 2  // each with its own serve process
 	chaosHTTPClients    = 3  // one stateful (2025-11-25), the others stateless (2026-07-28)
 	chaosWorkersPerConn = 3  // concurrent logical calls per client
@@ -204,6 +205,9 @@ func (h *chaosHarness) soak() {
 	go func() {
 		defer close(jobs)
 		for _, c := range h.calls {
+			if !h.monkey.waitKills(ctx, c.i/chaosCallsPerKill) {
+				return
+			}
 			select {
 			case jobs <- c:
 			case <-ctx.Done():
