@@ -89,10 +89,36 @@ type pendingRecord struct {
 // the outcomes are then written again without it, since they matter more.
 var errClaimAhead = errors.New("claim ahead")
 
+// Outcomes that could not be written are written again, after waits from
+// outcomeRetryFirst doubling up to outcomeRetryLast, for as long as their
+// leases hold. They are known only here: given up, each effect would wait
+// out its lease, be reclaimed and sent again, and at an at_most_once
+// destination become unknown although its answer had come.
+const (
+	outcomeRetryFirst = 10 * time.Millisecond
+	outcomeRetryLast  = time.Second
+)
+
 func (d *Dispatcher) writeOutcomes(ctx context.Context, batch []*pendingRecord) {
 	claimed, err := d.commitOutcomes(ctx, batch, !d.stopping.Load())
 	if errors.Is(err, errClaimAhead) {
 		d.logger.WarnContext(ctx, "claim with outcomes", "error", err)
+		claimed, err = d.commitOutcomes(ctx, batch, false)
+	}
+	// The writes are fenced by owner, so writing again can only record
+	// outcomes of effects still leased to this dispatcher; past the
+	// earliest lease an effect may have been reclaimed, and leased again
+	// by this same owner for another attempt, whose outcome is its own.
+	lease := batch[0].e.leaseUntil
+	for _, r := range batch[1:] {
+		if r.e.leaseUntil.Before(lease) {
+			lease = r.e.leaseUntil
+		}
+	}
+	for wait := outcomeRetryFirst; err != nil && d.now().Add(wait).Before(lease); wait = min(2*wait, outcomeRetryLast) {
+		d.logger.WarnContext(ctx, "record delivery outcomes; trying again", "error", err, "outcomes", len(batch), "wait", wait)
+		t := time.NewTimer(wait)
+		<-t.C
 		claimed, err = d.commitOutcomes(ctx, batch, false)
 	}
 	if err == nil {

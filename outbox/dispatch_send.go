@@ -43,6 +43,15 @@ func (d *Dispatcher) deliver(ctx context.Context, ds *destState, e *claimedEffec
 		ok, err := d.markSent(ctx, e)
 		if err != nil || !ok {
 			d.logger.WarnContext(ctx, "not sending: lease lost or database error", "effect", e.id, "error", err)
+			if err != nil {
+				// Nothing was sent and the lease is still ours: give the
+				// effect back now, not counted as an attempt, rather
+				// than leave it to wait out its lease. Should that fail
+				// too, the lease passes as below.
+				if rerr := d.release(ctx, d.stmts.Load(), []*claimedEffect{e}); rerr != nil {
+					d.logger.WarnContext(ctx, "release effect", "effect", e.id, "error", rerr)
+				}
+			}
 			d.done() // the lease passes to whoever reclaims it
 			return d.next(ds)
 		}
