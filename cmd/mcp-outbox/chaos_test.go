@@ -156,6 +156,8 @@ func (h *chaosHarness) soak() {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Normally stopped below; these only matter when the test ends early.
+	t.Cleanup(func() { ds.kill(context.Background()) })
 	serve := chaosServe{
 		binary: failpointBin, db: h.db, log: h.log,
 		dest: "payments=" + ds.URL() + chaosDest,
@@ -165,12 +167,13 @@ func (h *chaosHarness) soak() {
 	// servers then open.
 	h.httpSrv, err = newChaosHTTPServer(serve)
 	if err != nil {
-		ds.kill(context.Background())
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { h.httpSrv.close(context.Background()) })
 	var clients []chaosClient
 	for i := range chaosStdioClients {
 		c := &chaosStdioClient{id: fmt.Sprintf("stdio-%d", i+1), serve: serve}
+		t.Cleanup(c.close)
 		h.stdio = append(h.stdio, c)
 		clients = append(clients, c)
 	}
