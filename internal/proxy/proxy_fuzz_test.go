@@ -5,9 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"path/filepath"
 	"reflect"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -374,11 +376,12 @@ func decodeExact(b []byte) (any, error) {
 // fuzzUpstream is an in-process upstream whose tools all answer at once:
 // work (recorded) and look (read-only), so that no fuzzed call waits on
 // anything but the proxy.
-type fuzzUpstream struct{}
+type fuzzUpstream struct{ dials atomic.Int64 }
 
-func (fuzzUpstream) String() string { return "fuzz upstream" }
+func (*fuzzUpstream) String() string { return "fuzz upstream" }
 
-func (fuzzUpstream) Dial(ctx context.Context) (mcp.Connection, error) {
+func (u *fuzzUpstream) Dial(ctx context.Context) (mcp.Connection, error) {
+	u.dials.Add(1)
 	s := mcp.NewServer(&mcp.Implementation{Name: "upstream", Version: "v0"}, nil)
 	mcp.AddTool(s, &mcp.Tool{Name: "work"}, func(_ context.Context, _ *mcp.CallToolRequest, in workIn) (*mcp.CallToolResult, any, error) {
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: strings.Repeat("w", in.N%16)}}}, nil, nil
@@ -387,9 +390,11 @@ func (fuzzUpstream) Dial(ctx context.Context) (mcp.Connection, error) {
 		func(context.Context, *mcp.CallToolRequest, workIn) (*mcp.CallToolResult, any, error) {
 			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "looked"}}}, nil, nil
 		})
-	st, ct := mcp.NewInMemoryTransports()
-	if _, err := s.Connect(ctx, st, nil); err != nil {
+	// A stream, as to a process: messages are encoded on the way, as
+	// they are to a real upstream.
+	proxySide, serverSide := net.Pipe()
+	if _, err := s.Connect(ctx, &mcp.IOTransport{Reader: serverSide, Writer: serverSide}, nil); err != nil {
 		return nil, err
 	}
-	return ct.Connect(ctx)
+	return (&mcp.IOTransport{Reader: proxySide, Writer: proxySide}).Connect(ctx)
 }

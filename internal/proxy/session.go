@@ -19,8 +19,9 @@ import (
 
 // JSON-RPC error codes the proxy answers with.
 const (
-	codeInvalidParams = -32602
-	codeInternal      = -32603
+	codeInvalidRequest = -32600
+	codeInvalidParams  = -32602
+	codeInternal       = -32603
 )
 
 // errUpstreamGone is the fate of a request the upstream took with it when
@@ -179,6 +180,11 @@ func (s *session) readClient() error {
 
 func (s *session) onClientCall(m *jsonrpc.Request) {
 	switch m.Method {
+	case "":
+		// Written on, a request without a method loses its "method"
+		// member and reaches the upstream as an answer to its own request
+		// of that id, and this one is never answered.
+		s.replyError(m.ID, codeInvalidRequest, "invalid request: the method is empty")
 	case "initialize":
 		s.mu.Lock()
 		s.initParams = m.Params
@@ -241,6 +247,10 @@ func decodeCallParams(raw json.RawMessage) (*mcp.CallToolParamsRaw, error) {
 
 func (s *session) onClientNotification(m *jsonrpc.Request) {
 	switch m.Method {
+	case "":
+		// Written on, it would be {"jsonrpc":"2.0"}: no JSON-RPC message
+		// at all, and nothing for the upstream to act on.
+		return
 	case "notifications/cancelled":
 		var c struct {
 			RequestID any `json:"requestId"`

@@ -1,10 +1,11 @@
 package proxy
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
+	"io"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -22,14 +23,14 @@ import (
 // before it.
 const sessionFinalID = "fuzz-final-7f3a"
 
-// FuzzProxySession runs the proxy's JSON-RPC pump between a client and an
-// in-process upstream (tools work and look, which answer at once). The
-// client sends initialize, the fuzzed messages (one per line, as the
-// SDK's transport would decode them) and a final ping. Every request the
+// FuzzProxySession runs the proxy's JSON-RPC pump between a client on a
+// stdio-like stream and an in-process upstream (tools work and look, which
+// answer at once). The client writes initialize, the fuzzed lines that the
+// SDK's transport decodes as one message, and a final ping. Every request the
 // client sends alone gets exactly one answer, under its own id (unless the
 // input cancels something); no answer comes under an id the client never
-// used; the session survives to answer the final ping; and it ends when
-// told to.
+// used; the session survives to answer the final ping, with the upstream
+// it started with; and it ends when told to.
 func FuzzProxySession(f *testing.F) {
 	for _, s := range []string{
 		`{"jsonrpc":"2.0","id":2,"method":"tools/list"}`,
@@ -76,57 +77,65 @@ func FuzzProxySession(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	p, err := New(Options{Layer: layer, Upstream: fuzzUpstream{}, MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
+	up := &fuzzUpstream{}
+	p, err := New(Options{Layer: layer, Upstream: up, MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
 	if err != nil {
 		f.Fatal(err)
 	}
 	f.Fuzz(func(t *testing.T, input []byte) {
-		var msgs []jsonrpc.Message
-		sent := map[string]int{} // request ids, as JSON
+		// The client's lines, as a stdio client writes them: one message
+		// each (batches are the line filter's, see FuzzStdioLines).
+		lines := [][]byte{
+			[]byte(`{"jsonrpc":"2.0","id":"fuzz-init","method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"fuzz","version":"v0"}}}`),
+			[]byte(`{"jsonrpc":"2.0","method":"notifications/initialized","params":{}}`),
+		}
+		sent := map[string]int{`"fuzz-init"`: 1, `"` + sessionFinalID + `"`: 1} // request ids, as JSON
 		for _, line := range bytes.Split(input, []byte("\n")) {
-			msg, err := jsonrpc.DecodeMessage(bytes.TrimSpace(line))
-			if err != nil {
-				continue // the transport refuses it (see FuzzStdioLines)
+			line = bytes.TrimSpace(line)
+			msg, err := jsonrpc.DecodeMessage(line)
+			if err != nil || line[0] == '[' {
+				continue // the line filter answers it
 			}
-			msgs = append(msgs, msg)
+			var c bytes.Buffer
+			if json.Compact(&c, line) != nil {
+				continue
+			}
+			lines = append(lines, c.Bytes())
 			if req, ok := msg.(*jsonrpc.Request); ok && req.IsCall() {
 				sent[idJSON(req.ID)]++
 			}
 		}
+		lines = append(lines, []byte(`{"jsonrpc":"2.0","id":"`+sessionFinalID+`","method":"ping"}`))
+
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
 		serveCtx, stop := context.WithCancel(ctx)
-		ct, pt := mcp.NewInMemoryTransports()
-		pconn, err := pt.Connect(serveCtx)
+		toProxy, clientOut := io.Pipe()
+		clientIn, fromProxy := io.Pipe()
+		pconn, err := (&mcp.IOTransport{Reader: toProxy, Writer: fromProxy}).Connect(serveCtx)
 		if err != nil {
 			t.Fatal(err)
 		}
+		dials := up.dials.Load()
 		served := make(chan error, 1)
 		go func() { served <- p.Serve(serveCtx, pconn) }()
-		client, err := ct.Connect(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		answers := make(chan jsonrpc.Message, 64)
+		answers := make(chan []byte, 64)
 		go func() {
 			defer close(answers)
+			br := bufio.NewReader(clientIn)
 			for {
-				m, err := client.Read(ctx)
+				line, err := br.ReadBytes('\n')
+				if len(line) > 0 {
+					answers <- line
+				}
 				if err != nil {
 					return
 				}
-				answers <- m
 			}
 		}()
-		initialize := &jsonrpc.Request{ID: mustStringID("fuzz-init"), Method: "initialize",
-			Params: json.RawMessage(`{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"fuzz","version":"v0"}}`)}
-		out := append([]jsonrpc.Message{initialize, &jsonrpc.Request{Method: "notifications/initialized", Params: json.RawMessage(`{}`)}}, msgs...)
-		out = append(out, &jsonrpc.Request{ID: mustStringID(sessionFinalID), Method: "ping"})
-		sent[`"fuzz-init"`]++
-		sent[`"`+sessionFinalID+`"`]++
 		go func() {
-			for _, m := range out {
-				if client.Write(ctx, m) != nil {
+			for _, l := range lines {
+				if _, err := clientOut.Write(append(l, '\n')); err != nil {
 					return
 				}
 			}
@@ -139,23 +148,31 @@ func FuzzProxySession(f *testing.F) {
 					waiting[id] = true
 				}
 			}
+		} else {
+			waiting[`"`+sessionFinalID+`"`] = true
 		}
 		got := map[string]int{}
 		for len(waiting) > 0 {
 			select {
-			case m, ok := <-answers:
+			case a, ok := <-answers:
 				if !ok {
 					t.Fatalf("the client's connection ended; still waiting for %v", waiting)
 				}
-				resp, ok := m.(*jsonrpc.Response)
-				if !ok {
+				var m struct {
+					ID     json.RawMessage `json:"id"`
+					Method *string         `json:"method"`
+				}
+				if err := json.Unmarshal(a, &m); err != nil {
+					t.Fatalf("the proxy wrote %q: %v", a, err)
+				}
+				if m.Method != nil || m.ID == nil {
 					continue // a notification or a request of the upstream's
 				}
-				id := idJSON(resp.ID)
+				id := normalID(m.ID)
 				got[id]++
 				delete(waiting, id)
 				if sent[id] == 0 {
-					t.Fatalf("an answer under id %s, which the client never used: %+v", id, resp)
+					t.Fatalf("an answer under id %s, which the client never used: %q", id, a)
 				}
 				if sent[id] == 1 && got[id] > 1 {
 					t.Fatalf("request %s answered %d times", id, got[id])
@@ -163,6 +180,11 @@ func FuzzProxySession(f *testing.F) {
 			case <-ctx.Done():
 				t.Fatalf("no answer to %v: the session died or is stuck", waiting)
 			}
+		}
+		// Nothing a client sends may take the upstream down: it is started
+		// once.
+		if n := up.dials.Load() - dials; n != 1 {
+			t.Fatalf("the upstream was started %d times", n)
 		}
 		stop()
 		select {
@@ -173,21 +195,26 @@ func FuzzProxySession(f *testing.F) {
 		case <-ctx.Done():
 			t.Fatal("Serve did not return once its context ended")
 		}
-		cancel()
+		clientOut.Close()
+		clientIn.Close()
 		for range answers {
 		}
 	})
 }
 
-func idJSON(id jsonrpc.ID) string {
-	b, _ := json.Marshal(id.Raw())
+// normalID is an id as the proxy wrote it, in the form of idJSON.
+func normalID(raw json.RawMessage) string {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var v any
+	if dec.Decode(&v) != nil {
+		return string(raw)
+	}
+	b, _ := json.Marshal(v)
 	return string(b)
 }
 
-func mustStringID(s string) jsonrpc.ID {
-	id, err := jsonrpc.MakeID(s)
-	if err != nil {
-		panic(fmt.Sprintf("id %q: %v", s, err))
-	}
-	return id
+func idJSON(id jsonrpc.ID) string {
+	b, _ := json.Marshal(id.Raw())
+	return string(b)
 }
