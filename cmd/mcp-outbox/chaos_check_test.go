@@ -106,7 +106,7 @@ func (h *chaosHarness) check() {
   attempts: %d; retries: %d (%.2f per call, %d of them through another client); client timeouts: %d (%d of them the %s one)
   transport errors: %d; the layer's transient answers: in_progress %d, not_recorded %d
   calls whose first answer was a replay (an earlier attempt committed, its answer was lost): %d
-  kills (SIGKILL): %d, one per %.1f logical calls: stdio servers %d (stdio servers restarted by their clients %d), HTTP server %d, downstream %d (started %d times); HTTP (re)connects %d
+  kills (SIGKILL) and freezes (SIGSTOP): %d, one per %.1f logical calls: stdio servers killed %d (stdio servers restarted by their clients %d), HTTP server killed %d, downstream killed %d (started %d times), serve processes frozen %d (%d of them longer than the %s lease); HTTP (re)connects %d
   effects: %d; after the soak %v, %s; delivery attempts %d for %d effects; all applied once downstream
   wall time: soak %s, drain %s
   transport errors by kind:%s`,
@@ -116,7 +116,8 @@ func (h *chaosHarness) check() {
 		s.attempts.Load(), s.retries.Load(), float64(s.retries.Load())/float64(h.n), s.switched.Load(), s.timeouts.Load(), s.longTimeouts.Load(), chaosClientTiming.longTimeout,
 		s.connErrors.Load(), s.inProgress.Load(), s.notRecorded.Load(),
 		s.firstReplayed.Load(),
-		m.kills, float64(h.n)/float64(max(m.kills, 1)), m.stdioKills, stdioRestarts, m.httpKills, m.downstreamKills, h.downstreamStarts, httpConnects,
+		m.kills, float64(h.n)/float64(max(m.kills, 1)), m.stdioKills, stdioRestarts, m.httpKills, m.downstreamKills, h.downstreamStarts,
+		m.freezes, m.freezesPastLease, m.lease, httpConnects,
 		charged, before, waiting, deliveries, charged,
 		h.soakTime.Round(time.Millisecond), drainTime.Round(time.Millisecond),
 		s.errKindsReport())

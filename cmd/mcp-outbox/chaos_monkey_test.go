@@ -11,10 +11,13 @@ import (
 // The monkey SIGKILLs one of the soak's processes after each random pause:
 // a stdio client's server (its client starts another on its next call), the
 // HTTP server (started again after a random downtime, on its address), or
-// the downstream (the same). Its pauses are the workload's rhythm, not a
-// wait for anything. The workload keeps pace with it (waitKills), so that a
-// soak gets as many kills per logical call on a fast machine as on a slow
-// one.
+// the downstream (the same). Now and then it freezes a serve process
+// instead (SIGSTOP, then SIGCONT), for up to twice the claims' lease: the
+// calls it holds are taken over by the other processes, and when it wakes
+// the fence must stop it from committing them too. Its pauses are the
+// workload's rhythm, not a wait for anything. The workload keeps pace with
+// it (waitKills), so that a soak gets as many kills per logical call on a
+// fast machine as on a slow one.
 
 type chaosMonkey struct {
 	rng        *rand.Rand
@@ -30,9 +33,12 @@ type chaosMonkey struct {
 	// outages only pile up failed attempts, whose backoff (doubling to 10
 	// minutes) the final drain would then have to wait out.
 	httpDownMax, downstreamDownMax time.Duration
+	freezeMax                      time.Duration // a frozen serve process wakes after up to this long
 
 	// What the monkey did; read after run returns.
 	stdioKills, httpKills, downstreamKills int
+	freezes, freezesPastLease              int // the second: frozen longer than the lease
+	lease                                  time.Duration
 
 	mu     sync.Mutex
 	kills  int
@@ -97,6 +103,20 @@ func chaosPause(ctx context.Context, d time.Duration) bool {
 func (m *chaosMonkey) run(ctx context.Context) error {
 	for chaosPause(ctx, m.between(m.pauseMin, m.pauseMax)) {
 		switch r := m.rng.Float64(); {
+		case r < 0.1:
+			d := m.between(m.freezeMax/20, m.freezeMax)
+			var frozen bool
+			if i := m.rng.IntN(len(m.stdio) + 1); i < len(m.stdio) {
+				frozen = m.stdio[i].freeze(d)
+			} else {
+				frozen = m.http.freeze(d)
+			}
+			if frozen {
+				if d > m.lease {
+					m.freezesPastLease++
+				}
+				m.count(&m.freezes)
+			}
 		case r < 0.45:
 			if m.stdio[m.rng.IntN(len(m.stdio))].kill() {
 				m.count(&m.stdioKills)

@@ -28,11 +28,12 @@ type chaosServe struct {
 	db     string
 	dest   string   // --dest value
 	env    []string // added to the environment
+	lease  time.Duration
 	log    *chaosLog
 }
 
 func (s chaosServe) command(extra ...string) *exec.Cmd {
-	args := append([]string{"serve", "--db", s.db, "--log-level", "warn", "--dest", s.dest}, extra...)
+	args := append([]string{"serve", "--db", s.db, "--log-level", "warn", "--dest", s.dest, "--lease", s.lease.String()}, extra...)
 	cmd := exec.Command(s.binary, args...)
 	cmd.Env = append(os.Environ(), s.env...)
 	return cmd
@@ -153,6 +154,37 @@ func (c *chaosStdioClient) kill() bool {
 	return true
 }
 
+// freeze stops the client's server with SIGSTOP for d, then lets it go on
+// with SIGCONT, and reports whether there was a server to freeze.
+func (c *chaosStdioClient) freeze(d time.Duration) bool {
+	c.mu.Lock()
+	s := c.cur
+	c.mu.Unlock()
+	if s == nil {
+		return false
+	}
+	select {
+	case <-s.dead:
+		return false
+	default:
+	}
+	return freezeProcess(c.serve.log, fmt.Sprintf("%s (pid %d)", c.id, s.cmd.Process.Pid), s.cmd.Process, d)
+}
+
+// freezeProcess stops p for d. The pause is the monkey's: the frozen
+// process is the workload, and nothing waits for it.
+func freezeProcess(log *chaosLog, name string, p *os.Process, d time.Duration) bool {
+	if p.Signal(syscall.SIGSTOP) != nil {
+		return false // it died meanwhile
+	}
+	log.printf("[monkey] SIGSTOP %s for %s", name, d)
+	t := time.NewTimer(d)
+	<-t.C
+	p.Signal(syscall.SIGCONT)
+	log.printf("[monkey] SIGCONT %s", name)
+	return true
+}
+
 // close kills the running server, reaps it, and refuses further calls.
 func (c *chaosStdioClient) close() {
 	c.mu.Lock()
@@ -230,6 +262,14 @@ func (s *chaosHTTPServer) kill(ctx context.Context) (bool, error) {
 		s.serve.log.printf("[monkey] SIGKILL http#%d (pid %d)", s.starts, p.cmd.Process.Pid)
 	}
 	return killed, err
+}
+
+// freeze stops the server with SIGSTOP for d, then SIGCONT.
+func (s *chaosHTTPServer) freeze(d time.Duration) bool {
+	s.mu.Lock()
+	p := s.p
+	s.mu.Unlock()
+	return freezeProcess(s.serve.log, fmt.Sprintf("http (pid %d)", p.cmd.Process.Pid), p.cmd.Process, d)
 }
 
 // endpoint waits until the server is up and returns its URL.

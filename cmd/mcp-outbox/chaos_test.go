@@ -109,6 +109,9 @@ var (
 	// and its answer, and between sending an effect and reading the
 	// response, so that kills land in them more often.
 	chaosFailpoints = "call.after_commit=sleep(2ms);dispatch.after_send=sleep(2ms)"
+	// The claims' lease (--lease), short so that the monkey's freezes
+	// outlast it: another process then takes a frozen owner's call over.
+	chaosLease = time.Second
 )
 
 const (
@@ -160,8 +163,9 @@ func (h *chaosHarness) soak() {
 	t.Cleanup(func() { ds.kill(context.Background()) })
 	serve := chaosServe{
 		binary: failpointBin, db: h.db, log: h.log,
-		dest: "payments=" + ds.URL() + chaosDest,
-		env:  []string{failpoint.EnvVar + "=" + chaosFailpoints},
+		dest:  "payments=" + ds.URL() + chaosDest,
+		env:   []string{failpoint.EnvVar + "=" + chaosFailpoints},
+		lease: chaosLease,
 	}
 	// The HTTP server first: it creates the database, which the stdio
 	// servers then open.
@@ -192,6 +196,7 @@ func (h *chaosHarness) soak() {
 		stdio: h.stdio, http: h.httpSrv, downstream: ds,
 		pauseMin: 5 * time.Millisecond, pauseMax: 80 * time.Millisecond,
 		httpDownMax: 150 * time.Millisecond, downstreamDownMax: 50 * time.Millisecond,
+		freezeMax: 2 * chaosLease, lease: chaosLease,
 	}
 	monkeyCtx, stopMonkey := context.WithCancel(ctx)
 	monkeyErr := make(chan error, 1)
