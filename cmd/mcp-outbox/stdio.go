@@ -47,16 +47,21 @@ func (t *lineTransport) filter(sdk *io.PipeWriter, out *lockedWriter) error {
 		line, tooLong, rerr := readLine(br, maxLineBytes)
 		if trimmed := bytes.TrimSpace(line); len(trimmed) > 0 || tooLong {
 			reply := checkMessage(trimmed, tooLong)
+			forward := [][]byte{trimmed}
 			if reply == nil && trimmed[0] == '[' {
-				reply = out.startBatch(trimmed)
+				forward, reply = out.startBatch(trimmed)
 			}
 			if reply != nil {
 				t.logger.Warn("rejected a malformed JSON-RPC message on stdin", "error", reply.Error.Message)
 				if _, err := out.Write(reply.encode()); err != nil {
 					return fmt.Errorf("write error response: %w", err)
 				}
-			} else if _, err := sdk.Write(append(trimmed, '\n')); err != nil {
-				return err // the session is closed
+				forward = nil
+			}
+			for _, m := range forward {
+				if _, err := sdk.Write(append(m, '\n')); err != nil {
+					return err // the session is closed
+				}
 			}
 		}
 		if rerr == io.EOF {
@@ -204,19 +209,34 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	return l.w.Write(p)
 }
 
-// startBatch records the request ids of a well-formed batch about to go to
-// the SDK, or returns the error answer for one that reuses an id of a batch
-// still in progress.
-func (l *lockedWriter) startBatch(line []byte) *errorReply {
+// startBatch splits a well-formed batch into what goes to the SDK: its
+// notifications and responses one by one, then its requests as a batch,
+// whose ids it records. The SDK's batch tracking takes a notification for
+// a request that is never answered: a notification in a batch would hold
+// back the batch's answer for ever, and two would end the session. JSON-RPC
+// lets a batch be processed in any order, and answers only its requests.
+// A batch reusing an id of a batch still in progress gets the error
+// answer instead.
+func (l *lockedWriter) startBatch(line []byte) ([][]byte, *errorReply) {
 	var batch []json.RawMessage
 	_ = json.Unmarshal(line, &batch)
+	var forward [][]byte
+	var calls []json.RawMessage
 	var ids []jsonrpc.ID
 	for _, m := range batch {
-		if msg, err := jsonrpc.DecodeMessage(m); err == nil {
-			if req, ok := msg.(*jsonrpc.Request); ok && req.IsCall() {
-				ids = append(ids, req.ID)
-			}
+		msg, _ := jsonrpc.DecodeMessage(m) // checkMessage decoded each
+		if req, ok := msg.(*jsonrpc.Request); ok && req.IsCall() {
+			calls = append(calls, m)
+			ids = append(ids, req.ID)
+			continue
 		}
+		var c bytes.Buffer
+		_ = json.Compact(&c, m) // one line
+		forward = append(forward, c.Bytes())
+	}
+	if len(calls) > 0 {
+		b, _ := json.Marshal(calls) // compact: valid raw messages
+		forward = append(forward, b)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -225,7 +245,7 @@ func (l *lockedWriter) startBatch(line []byte) *errorReply {
 			r := &errorReply{JSONRPC: "2.0", ID: json.RawMessage("null")}
 			r.Error.Code = jsonrpc.CodeInvalidRequest
 			r.Error.Message = fmt.Sprintf("Invalid Request: request id %v is still in progress in an earlier batch", id.Raw())
-			return r
+			return nil, r
 		}
 	}
 	if l.batchCalls == nil {
@@ -234,7 +254,7 @@ func (l *lockedWriter) startBatch(line []byte) *errorReply {
 	for _, id := range ids {
 		l.batchCalls[id] = true
 	}
-	return nil
+	return forward, nil
 }
 
 // Close leaves the underlying stream open: it belongs to the command.

@@ -61,8 +61,8 @@ var stdioSeeds = []string{
 // initialize, the fuzzed lines and a final ping, and checks that every
 // non-empty line gets exactly one of: passed to the SDK, or one JSON-RPC
 // error answered by the filter (a valid error response: -32700 or -32600,
-// under id null or the request's own); that a request passed on as a
-// single message is answered under its id; and that the session survives
+// under id null or the request's own); that a request passed on alone
+// or in a batch is answered under its id; and that the session survives
 // it all: the final ping is answered.
 func FuzzStdioLines(f *testing.F) {
 	for _, s := range stdioSeeds {
@@ -114,7 +114,7 @@ func FuzzStdioLines(f *testing.F) {
 
 		// What the lines call for.
 		wantErrors := map[string]int{} // filter answers, by their bytes
-		wantIDs := map[string]int{}    // ids of single requests passed on
+		wantIDs := map[string]int{}    // ids of requests passed on, alone or in a batch
 		for _, line := range bytes.Split(input, []byte("\n")) {
 			trimmed := bytes.TrimSpace(line)
 			if len(trimmed) == 0 {
@@ -124,10 +124,18 @@ func FuzzStdioLines(f *testing.F) {
 				wantErrors[string(r.encode())]++
 				continue
 			}
-			if msg, err := jsonrpc.DecodeMessage(trimmed); err == nil {
-				if req, ok := msg.(*jsonrpc.Request); ok && req.IsCall() {
-					b, _ := json.Marshal(req.ID.Raw())
-					wantIDs[string(b)]++
+			// The requests of a line: itself, or those of its batch.
+			msgs := []json.RawMessage{trimmed}
+			if trimmed[0] == '[' {
+				msgs = nil
+				_ = json.Unmarshal(trimmed, &msgs)
+			}
+			for _, m := range msgs {
+				if msg, err := jsonrpc.DecodeMessage(m); err == nil {
+					if req, ok := msg.(*jsonrpc.Request); ok && req.IsCall() {
+						b, _ := json.Marshal(req.ID.Raw())
+						wantIDs[string(b)]++
+					}
 				}
 			}
 		}
@@ -159,13 +167,20 @@ func FuzzStdioLines(f *testing.F) {
 					wantErrors[string(a)]--
 					continue
 				}
-				var resp struct {
+				// One answer, or the answers to a batch.
+				var resps []struct {
 					ID json.RawMessage `json:"id"`
 				}
-				if json.Unmarshal(a, &resp) == nil && len(resp.ID) > 0 {
-					gotIDs[string(resp.ID)]++
-					delete(waiting, string(resp.ID))
-					final = final || string(resp.ID) == `"`+stdioFinalID+`"`
+				if a[0] != '[' {
+					a = append(append([]byte{'['}, a...), ']')
+				}
+				_ = json.Unmarshal(a, &resps)
+				for _, resp := range resps {
+					if len(resp.ID) > 0 {
+						gotIDs[string(resp.ID)]++
+						delete(waiting, string(resp.ID))
+						final = final || string(resp.ID) == `"`+stdioFinalID+`"`
+					}
 				}
 			case <-ctx.Done():
 				t.Fatalf("no answer to the final ping or to requests %v: the session died or is stuck; answers: %q", waiting, got)
