@@ -14,6 +14,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -40,7 +41,8 @@ const (
 var ErrInvalidKey = errors.New("invalid idempotency key")
 
 // Validate reports whether key is usable: non-empty, at most MaxKeyBytes,
-// valid UTF-8 without control characters.
+// valid UTF-8 of printable characters (unicode.IsPrint: letters, marks,
+// numbers, punctuation, symbols and the ASCII space).
 func Validate(key string) error {
 	switch {
 	case key == "":
@@ -51,8 +53,14 @@ func Validate(key string) error {
 		return fmt.Errorf("%w: not valid UTF-8", ErrInvalidKey)
 	}
 	for i, r := range key {
-		if r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) {
+		switch {
+		case r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0):
 			return fmt.Errorf("%w: control character %U at byte %d", ErrInvalidKey, r, i)
+		case !unicode.IsPrint(r):
+			// Spaces other than U+0020, zero-width and format characters,
+			// line separators: a key an operator cannot tell from another
+			// when reading or typing it.
+			return fmt.Errorf("%w: %U at byte %d is not printable", ErrInvalidKey, r, i)
 		}
 	}
 	return nil
