@@ -145,7 +145,13 @@ func dsn(path string, o Options, txlock string) string {
 // setWAL switches the file to WAL mode. The mode is stored in the file, so
 // one connection suffices; switching needs a moment of exclusive access and
 // SQLite reports SQLITE_BUSY without waiting on busy_timeout when another
-// process holds the file, hence the retry until the busy timeout.
+// process holds the file, hence the retry until the busy timeout. Other
+// errors are final: retrying a damaged file only kept the caller waiting
+// out the busy timeout before it heard why.
+//
+// This is the first statement that reads the file, so it is where a file
+// that is not a database, or one cut short, is found. SQLite writes
+// nothing to such a file; the error says so and names it.
 func (db *DB) setWAL(ctx context.Context, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
@@ -154,7 +160,13 @@ func (db *DB) setWAL(ctx context.Context, timeout time.Duration) error {
 		if err == nil && strings.EqualFold(mode, "wal") {
 			return nil
 		}
-		if err == nil {
+		switch code := sqliteCode(err); {
+		case code == sqliteNotADB || code == sqliteCorrupt:
+			return fmt.Errorf("open database %s: the file is not an SQLite database or is damaged (%w); "+
+				"it was left as it is: restore it from a backup, or give another file", db.Path, err)
+		case err != nil && code != sqliteBusy && code != sqliteLocked:
+			return fmt.Errorf("open database %s: set WAL: %w", db.Path, err)
+		case err == nil:
 			err = fmt.Errorf("journal mode is %q", mode)
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
@@ -167,6 +179,24 @@ func (db *DB) setWAL(ctx context.Context, timeout time.Duration) error {
 		case <-t.C:
 		}
 	}
+}
+
+// SQLite's primary result codes that Open tells apart.
+const (
+	sqliteBusy    = 5
+	sqliteLocked  = 6
+	sqliteCorrupt = 11
+	sqliteNotADB  = 26
+)
+
+// sqliteCode is the primary result code of a modernc.org/sqlite error, or
+// 0 for any other error.
+func sqliteCode(err error) int {
+	var e interface{ Code() int } // modernc.org/sqlite's *Error
+	if errors.As(err, &e) {
+		return e.Code() & 0xff
+	}
+	return 0
 }
 
 // Close closes both handles.
