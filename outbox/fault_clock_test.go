@@ -1,0 +1,218 @@
+package outbox_test
+
+import (
+	"context"
+	"log/slog"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/downstream"
+	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/schema"
+)
+
+// The wall clock jumping. Leases and expiries are wall-clock times in the
+// database, but what keeps a call from running twice is the owner fence,
+// checked under SQLite's write lock in the transaction that commits: a clock
+// can make a claim look expired or alive for longer, which changes who
+// waits, never how many run.
+
+// TestFault_ClockBackAndForwardAroundALease: process B's clock jumps back
+// two hours while A holds a claim (B waits: the lease looks longer), then
+// forward past the lease (B takes the call over, and A, waking, fails the
+// fence): one execution either way.
+func TestFault_ClockBackAndForwardAroundALease(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	clkA, clkB := &clock{t: time.Now()}, &clock{t: time.Now()}
+	a := setupOn(t, db, &outbox.Options{Now: clkA.Now, Lease: time.Minute}, nil)
+	b := setupOn(t, db, &outbox.Options{Now: clkB.Now, Lease: time.Minute, InFlightWait: 50 * time.Millisecond}, nil)
+	ga, gb := addGate(a.layer, a.server), addGate(b.layer, b.server)
+	close(gb.release)
+
+	resA := make(chan *mcp.CallToolResult, 1)
+	go func() {
+		r, _ := callErr(context.Background(), a.session, "gate", "jump", map[string]any{"n": 1})
+		resA <- r
+	}()
+	<-ga.started
+
+	clkB.Add(-2 * time.Hour)
+	if r := call(t, b.session, "gate", "jump", map[string]any{"n": 1}); errorCode(r) != "in_progress" {
+		t.Fatalf("B, clock two hours back, during A's lease: %v %s", r.Meta, text(r))
+	}
+	clkB.Add(2*time.Hour + time.Minute + time.Second)
+	if r := call(t, b.session, "gate", "jump", map[string]any{"n": 1}); r.IsError || callMeta(r)["replayed"] != false {
+		t.Fatalf("B, clock past A's lease: %v %s", r.Meta, text(r))
+	}
+	clkA.Add(-2 * time.Hour) // A's clock going back changes nothing for A's fence
+	close(ga.release)
+	if r := <-resA; r == nil || errorCode(r) != "in_progress" {
+		t.Fatalf("A after the takeover: %v", r)
+	}
+	if got := count(t, db.Read, `SELECT count(*) FROM charges`); got != 1 {
+		t.Errorf("charges = %d, want 1", got)
+	}
+	if r := call(t, a.session, "gate", "jump", map[string]any{"n": 1}); r.IsError || callMeta(r)["replayed"] != true {
+		t.Errorf("retry in A: %v %s", r.Meta, text(r))
+	}
+}
+
+// TestFault_ClockForwardWhileCommitting: A's handler is inside its
+// transaction, holding SQLite's write lock, when B's clock jumps past A's
+// lease. B's claim cannot take the call over before A commits (it needs the
+// lock), and after, finds the outcome: B replays it.
+func TestFault_ClockForwardWhileCommitting(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "shared.db")
+	held, release := make(chan struct{}), make(chan struct{})
+	retrying := make(chan struct{})
+	var heldOnce, retryOnce sync.Once
+	hold := func(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolRequest, in struct{ N int }) (*mcp.CallToolResult, struct{ N int }, error) {
+		if _, err := tx.Exec(ctx, `INSERT INTO charges (amount, currency, created_at) VALUES (?, 'usd', 0)`, in.N); err != nil {
+			return nil, in, err
+		}
+		heldOnce.Do(func() { close(held) })
+		<-release
+		return nil, in, nil
+	}
+	clkB := &clock{t: time.Now()}
+	var sessions []*mcp.ClientSession
+	for i, o := range []*outbox.Options{
+		{Lease: time.Minute},
+		{Lease: time.Minute, Now: clkB.Now, InFlightWait: 20 * time.Second,
+			Logger: slog.New(&signalHandler{msg: "claim retried", fire: func() { retryOnce.Do(func() { close(retrying) }) }})},
+	} {
+		db, err := schema.Open(context.Background(), path, &schema.Options{BusyTimeout: 50 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+		if i == 0 {
+			mustLedger(t, db)
+		}
+		l, err := outbox.New(db, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := l.NewServer(&mcp.Implementation{Name: "test", Version: "v0"}, nil)
+		outbox.AddTool(l, s, &mcp.Tool{Name: "hold"}, hold, nil)
+		sessions = append(sessions, connect(t, s))
+	}
+	resA := make(chan *mcp.CallToolResult, 1)
+	go func() {
+		r, _ := callErr(context.Background(), sessions[0], "hold", "committing", map[string]any{"N": 1})
+		resA <- r
+	}()
+	<-held
+	clkB.Add(time.Hour)
+	resB := make(chan *mcp.CallToolResult, 1)
+	go func() {
+		r, _ := callErr(context.Background(), sessions[1], "hold", "committing", map[string]any{"N": 1})
+		resB <- r
+	}()
+	<-retrying // B's claim found the write lock held, and waits
+	close(release)
+	if r := <-resA; r == nil || r.IsError {
+		t.Fatalf("A: %v", r)
+	}
+	if r := <-resB; r == nil || r.IsError || callMeta(r)["replayed"] != true {
+		t.Fatalf("B: %v", r)
+	}
+}
+
+// TestFault_ClockKeysAndRetention: fingerprints and keys are remembered by
+// expiry times; a clock going back keeps them longer (a retry replays), and
+// a purge then deletes nothing early. Forward past the window, a keyless
+// call runs anew: by design, that is what the window means.
+func TestFault_ClockKeysAndRetention(t *testing.T) {
+	t.Parallel()
+	clk := &clock{t: time.Now()}
+	b := setup(t, &outbox.Options{Now: clk.Now, FingerprintWindow: 5 * time.Minute}, nil)
+	first, keyed := callCharge(t, b.session, "", 300), callCharge(t, b.session, "kept", 301)
+	clk.Add(-3 * time.Hour)
+	for _, c := range []struct {
+		key    string
+		amount int
+		res    *mcp.CallToolResult
+	}{{"", 300, first}, {"kept", 301, keyed}} {
+		if r := callCharge(t, b.session, c.key, c.amount); r.IsError || callMeta(r)["replayed"] != true || chargeID(t, r) != chargeID(t, c.res) {
+			t.Errorf("key %q, clock three hours back: %v %s", c.key, r.Meta, text(r))
+		}
+	}
+	if c, err := outbox.Purge(context.Background(), b.db, outbox.Retention{}, clk.Now(), false); err != nil || c != (outbox.PurgeCounts{}) {
+		t.Errorf("purge with the clock back: %+v %v", c, err)
+	}
+	clk.Add(3*time.Hour + 5*time.Minute + time.Second)
+	if r := callCharge(t, b.session, "", 300); r.IsError || callMeta(r)["replayed"] != false {
+		t.Errorf("keyless call past its window: %v %s", r.Meta, text(r))
+	}
+	if r := callCharge(t, b.session, "kept", 301); r.IsError || callMeta(r)["replayed"] != true {
+		t.Errorf("keyed call within its retention: %v %s", r.Meta, text(r))
+	}
+}
+
+// TestFault_ClockDispatcher: a retry's backoff is a due time; with the clock
+// back it is later (nothing is sent early), forward it comes sooner, and
+// the effect goes with the same key. A clock jumping past the lease of an
+// attempt in flight makes the dispatcher reclaim and send the effect again:
+// with the same key, so the destination applies it once.
+func TestFault_ClockDispatcher(t *testing.T) {
+	t.Parallel()
+	t.Run("Backoff", func(t *testing.T) {
+		t.Parallel()
+		s := newDispatchSetup(t, 1, nil)
+		s.fake.FailNext(1, downstream.Status(503))
+		d := s.dispatcher(t, outbox.Destination{}, nil)
+		round(t, d)
+		if e := effect(t, s.db.Read, 1); e.state != "pending" {
+			t.Fatalf("after a 503: %+v", e)
+		}
+		s.clk.Add(-time.Hour)
+		round(t, d)
+		if got := len(s.fake.Requests()); got != 1 {
+			t.Fatalf("clock an hour back: %d requests, want the first only", got)
+		}
+		s.clk.Add(time.Hour + time.Second)
+		round(t, d)
+		if e := effect(t, s.db.Read, 1); e.state != "delivered" || e.attempts != 2 {
+			t.Fatalf("clock forward again: %+v", e)
+		}
+		if keys := s.fake.Keys(); len(keys) != 1 || len(s.fake.Applied()) != 1 {
+			t.Errorf("keys %v, applied %d; want one key, applied once", keys, len(s.fake.Applied()))
+		}
+	})
+	t.Run("LeasePassesInFlight", func(t *testing.T) {
+		t.Parallel()
+		s := newDispatchSetup(t, 1, nil)
+		hold := make(chan struct{})
+		s.fake.FailNext(1, downstream.Hold(hold))
+		d := s.dispatcher(t, outbox.Destination{Timeout: time.Minute}, &outbox.DispatcherOptions{
+			Lease: 2 * time.Minute, PollInterval: time.Millisecond, BackoffBase: time.Millisecond, BackoffMax: time.Millisecond})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- d.Run(ctx) }()
+		if err := s.fake.WaitRequests(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		s.clk.Add(3 * time.Minute) // past the lease of the attempt in flight
+		// The dispatcher reclaims its own attempt and sends again; the
+		// destination, holding the first, answers 409 (in progress).
+		if err := s.fake.WaitRequests(ctx, 2); err != nil {
+			t.Fatal(err)
+		}
+		close(hold)
+		waitUntil(t, 30*time.Second, func() bool { return effect(t, s.db.Read, 1).state == "delivered" })
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if keys := s.fake.Keys(); len(keys) != 1 || len(s.fake.Applied()) != 1 {
+			t.Errorf("keys %v, applied %d; want one key, applied once", keys, len(s.fake.Applied()))
+		}
+	})
+}
