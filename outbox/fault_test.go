@@ -146,8 +146,9 @@ func actionable(code, msg string) error {
 	if !strings.Contains(low, "nothing") || !strings.Contains(low, "retry") && !strings.Contains(msg, outbox.StatusToolName) {
 		return fmt.Errorf("does not say that nothing ran and what a retry does")
 	}
-	// Raw Go: formatting slips, nil values, package prefixes, pointers.
-	for _, soup := range []string{"%!", "<nil>", "sql: ", "driver: ", "0x", "goroutine", "panic", "context canceled"} {
+	// Raw Go: formatting slips, nil values, package prefixes, pointers;
+	// and the layer's own mechanics, which say nothing to a client.
+	for _, soup := range []string{"%!", "<nil>", "sql: ", "driver: ", "0x", "goroutine", "panic", "context canceled", "savepoint"} {
 		if strings.Contains(msg, soup) {
 			return fmt.Errorf("holds %q", soup)
 		}

@@ -4,8 +4,10 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -300,7 +302,7 @@ func (u *unit) queryRow(query string, args ...any) *sql.Row {
 // undo rolls the unit's work back to its savepoint and keeps the unit.
 func (u *unit) undo() error {
 	if _, err := u.exec(`ROLLBACK TO unit`); err != nil {
-		u.b.broken = fmt.Errorf("roll back to savepoint: %w", err)
+		u.b.broken = savepointFailed("roll back to savepoint", err)
 		return u.b.broken
 	}
 	return nil
@@ -327,7 +329,7 @@ func (u *unit) leave(keep bool) *batch {
 			_, err = u.exec(`RELEASE unit`)
 		}
 		if err != nil {
-			b.broken = fmt.Errorf("release savepoint: %w", err)
+			b.broken = savepointFailed("release savepoint", err)
 		}
 	}
 	if keep && u.outcome {
@@ -344,6 +346,22 @@ func (u *unit) leave(keep bool) *batch {
 	g.finish(b)
 	g.passTurn()
 	return b
+}
+
+// errTxEnded is why a batch whose savepoints are gone did not commit: an
+// error in one of its units ended the whole transaction (SQLite rolls it
+// back after some I/O errors and a full disk, and on ON CONFLICT ROLLBACK).
+// Every call of the batch is told this, in place of SQLite's "no such
+// savepoint", which says nothing to a client; the unit whose statement
+// failed reports that statement's own error.
+var errTxEnded = errors.New("the database ended the transaction this call shared with others, after an error in one of them")
+
+// savepointFailed is the batch's error when a savepoint operation fails.
+func savepointFailed(op string, err error) error {
+	if strings.Contains(err.Error(), "no such savepoint") {
+		return errTxEnded
+	}
+	return fmt.Errorf("%s: %w", op, err)
 }
 
 // wait waits for the batch to commit or roll back and returns its error.
