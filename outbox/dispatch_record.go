@@ -93,7 +93,9 @@ var errClaimAhead = errors.New("claim ahead")
 // outcomeRetryFirst doubling up to outcomeRetryLast, for as long as their
 // leases hold. They are known only here: given up, each effect would wait
 // out its lease, be reclaimed and sent again, and at an at_most_once
-// destination become unknown although its answer had come.
+// destination become unknown although its answer had come. Written again,
+// each goes in a transaction of its own, so that one outcome the database
+// keeps refusing does not hold back the others of its batch.
 const (
 	outcomeRetryFirst = 10 * time.Millisecond
 	outcomeRetryLast  = time.Second
@@ -105,6 +107,15 @@ func (d *Dispatcher) writeOutcomes(ctx context.Context, batch []*pendingRecord) 
 		d.logger.WarnContext(ctx, "claim with outcomes", "error", err)
 		claimed, err = d.commitOutcomes(ctx, batch, false)
 	}
+	if err == nil {
+		d.opts.Metrics.commit(commitDeliveries, len(batch))
+		d.enqueue(claimed)
+		for _, r := range batch {
+			d.report(ctx, r, nil)
+			d.done()
+		}
+		return
+	}
 	// The writes are fenced by owner, so writing again can only record
 	// outcomes of effects still leased to this dispatcher; past the
 	// earliest lease an effect may have been reclaimed, and leased again
@@ -115,17 +126,25 @@ func (d *Dispatcher) writeOutcomes(ctx context.Context, batch []*pendingRecord) 
 			lease = r.e.leaseUntil
 		}
 	}
-	for wait := outcomeRetryFirst; err != nil && d.now().Add(wait).Before(lease); wait = min(2*wait, outcomeRetryLast) {
-		d.logger.WarnContext(ctx, "record delivery outcomes; trying again", "error", err, "outcomes", len(batch), "wait", wait)
+	left := batch
+	for wait := outcomeRetryFirst; len(left) > 0 && d.now().Add(wait).Before(lease); wait = min(2*wait, outcomeRetryLast) {
+		d.logger.WarnContext(ctx, "record delivery outcomes; trying again", "error", err, "outcomes", len(left), "wait", wait)
 		t := time.NewTimer(wait)
 		<-t.C
-		claimed, err = d.commitOutcomes(ctx, batch, false)
+		var still []*pendingRecord
+		for _, r := range left {
+			if _, werr := d.commitOutcomes(ctx, []*pendingRecord{r}, false); werr != nil {
+				err = werr
+				still = append(still, r)
+				continue
+			}
+			d.opts.Metrics.commit(commitDeliveries, 1)
+			d.report(ctx, r, nil)
+			d.done()
+		}
+		left = still
 	}
-	if err == nil {
-		d.opts.Metrics.commit(commitDeliveries, len(batch))
-		d.enqueue(claimed)
-	}
-	for _, r := range batch {
+	for _, r := range left {
 		d.report(ctx, r, err)
 		d.done()
 	}
