@@ -76,6 +76,37 @@ lint: ## Check formatting (gofmt), go vet and staticcheck
 	go vet -tags failpoints ./...
 	go run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
 
+# Fuzzing: every Fuzz function in a file *fuzz_test.go, found by package.
+# Seed corpora live in each package's testdata/fuzz/<FuzzName>/; inputs the
+# fuzzer finds interesting stay in go's cache. go test fuzzes one target per
+# package per run, so targets run one after another.
+FUZZ_PKGS = $(sort $(patsubst %/,./%,$(dir $(shell find . -name node_modules -prune -o -name '*fuzz_test.go' -print | sed 's|^\./||'))))
+FUZZTIME ?= 1m
+FUZZTIME_SHORT ?= 5s
+# One worker per target: the machines this runs on have two shared cores.
+# A new input is minimized for at most 10 s (go's default is 60 s, which
+# the slower targets, whole sessions, spend on every input they find).
+FUZZFLAGS ?= -parallel 1 -fuzzminimizetime 10s
+
+.PHONY: fuzz
+fuzz: ## Run every fuzz target for FUZZTIME each (default 1m), one after another
+	@set -e; for p in $(FUZZ_PKGS); do \
+		targets=$$(go test -list '^Fuzz' $$p) || { echo "$$targets"; exit 1; }; \
+		for t in $$(echo "$$targets" | grep '^Fuzz'); do \
+			echo "==> $$p $$t for $(FUZZTIME)"; \
+			go test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) $(FUZZFLAGS) $$p; \
+		done; \
+	done
+
+.PHONY: fuzz/short
+fuzz/short: ## Run every fuzz target for 5s (CI); packages side by side, each package's targets in turn
+	@dir=$$(mktemp -d); pids=""; \
+	for p in $(FUZZ_PKGS); do \
+		$(MAKE) --no-print-directory fuzz FUZZ_PKGS=$$p FUZZTIME=$(FUZZTIME_SHORT) >"$$dir/$$(echo $$p | tr ./ __).log" 2>&1 & pids="$$pids $$!"; \
+	done; \
+	failed=0; for pid in $$pids; do wait $$pid || failed=1; done; \
+	cat "$$dir"/*.log; rm -rf "$$dir"; exit $$failed
+
 .PHONY: bench
 bench: ## Measure the performance targets against their baselines and print a table (ARGS=--json for JSON, ARGS=--help)
 	@# Not echoed: with --json, stdout is the report alone.
