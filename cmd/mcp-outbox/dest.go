@@ -127,7 +127,10 @@ func splitDest(v string) (string, map[string]string, error) {
 
 func buildDest(name, rawURL string, s map[string]string) (outbox.Destination, error) {
 	u, err := url.Parse(rawURL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+	// A host, not only a port ("http://:8080"), and a port a connection
+	// can use: net/http refuses the one, dialing fails on the other, at
+	// every delivery.
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" || !validPort(u.Port()) {
 		return outbox.Destination{}, fmt.Errorf("%q is not an http(s) URL", rawURL)
 	}
 	d := outbox.Destination{Name: name, URL: u, AuthHeader: "Authorization"}
@@ -204,6 +207,15 @@ func isHTTPToken(s string) bool {
 		}
 	}
 	return true
+}
+
+// validPort reports whether p, a URL's port, is absent or 1 to 65535.
+func validPort(p string) bool {
+	if p == "" {
+		return true
+	}
+	n, err := strconv.Atoi(p)
+	return err == nil && n >= 1 && n <= 65535
 }
 
 func positiveDuration(v string) (time.Duration, error) {

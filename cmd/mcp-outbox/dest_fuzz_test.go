@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/url"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -124,8 +125,13 @@ func checkNamesBadPart(t *testing.T, err error, flagValue, envName string) {
 // net/http check them, without sending anything.
 func checkUsable(t *testing.T, d outbox.Destination) {
 	t.Helper()
-	if d.Name == "" || d.URL == nil || (d.URL.Scheme != "http" && d.URL.Scheme != "https") || d.URL.Host == "" {
-		t.Fatalf("destination %+v: no name or not an http(s) URL", d)
+	if d.Name == "" || d.URL == nil || (d.URL.Scheme != "http" && d.URL.Scheme != "https") || d.URL.Hostname() == "" {
+		t.Fatalf("destination %+v: no name or not an http(s) URL with a host", d)
+	}
+	if p := d.URL.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			t.Fatalf("destination %+v: port %q, which no connection can use", d, p)
+		}
 	}
 	if d.Timeout < 0 || d.MaxAge < 0 || d.Concurrency < 0 || d.MaxAttempts < 0 {
 		t.Fatalf("destination %+v: a negative bound", d)
