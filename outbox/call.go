@@ -391,8 +391,8 @@ func (a *attempt) commit(ctx context.Context, cr *mcp.CallToolResult) error {
 }
 
 const recordOutcome = `
-UPDATE calls SET state = ?, result = ?, completed_at = ?, expires_at = ?, owner = '', lease_until = 0
-WHERE id = ? AND owner = ? AND state = 'in_flight'`
+UPDATE calls SET state = $1, result = $2, completed_at = $3, expires_at = $4, owner = '', lease_until = 0
+WHERE id = $5 AND owner = $6 AND state = 'in_flight'`
 
 // closeTx ends the handler's transaction. Committing a unit waits until
 // the batch it joined is durable (or failed), so no call answers before its
@@ -437,7 +437,7 @@ func (a *attempt) abandon(ctx context.Context) {
 		u, err = a.layer.group.enter(background(ctx), false)
 	}
 	if err == nil {
-		_, err = u.exec(`DELETE FROM calls WHERE id = ? AND owner = ? AND state = 'in_flight'`, a.callID, a.owner)
+		_, err = u.exec(`DELETE FROM calls WHERE id = $1 AND owner = $2 AND state = 'in_flight'`, a.callID, a.owner)
 	}
 	if u != nil {
 		u.leave(err == nil)

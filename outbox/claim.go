@@ -51,19 +51,19 @@ type claimResult struct {
 
 const selectCallForClaim = `
 SELECT id, uid, tool, args_hash, state, owner, lease_until, result, created_at, completed_at, expires_at, on_lost
-FROM calls WHERE principal = ? AND key = ?`
+FROM calls WHERE principal = $1 AND key = $2`
 
 const insertCall = `
 INSERT INTO calls (uid, principal, key, key_source, tool, args_hash, state, owner, lease_until, created_at, expires_at, on_lost)
-VALUES (?, ?, ?, ?, ?, ?, 'in_flight', ?, ?, ?, ?, ?)`
+VALUES ($1, $2, $3, $4, $5, $6, 'in_flight', $7, $8, $9, $10, $11)`
 
 const takeOverCall = `
-UPDATE calls SET owner = ?, lease_until = ?, attempts = attempts + 1
-WHERE id = ? AND state = 'in_flight' AND owner = ?`
+UPDATE calls SET owner = $1, lease_until = $2, attempts = attempts + 1
+WHERE id = $3 AND state = 'in_flight' AND owner = $4`
 
 const markUnknown = `
-UPDATE calls SET state = 'unknown', completed_at = ?, owner = '', lease_until = 0
-WHERE id = ? AND state = 'in_flight' AND owner = ?`
+UPDATE calls SET state = 'unknown', completed_at = $1, owner = '', lease_until = 0
+WHERE id = $2 AND state = 'in_flight' AND owner = $3`
 
 // claim runs the claim described in the package doc, as a unit of the
 // writer's group commit. It does not wait for an fsync of its own: the
@@ -113,7 +113,7 @@ func (l *Layer) claimIn(ctx context.Context, u *unit, a *attempt) (claimResult, 
 	if found && r.state != "in_flight" && r.state != "unknown" && r.expiresAt <= now {
 		// The key's record expired: the key is free to name a new call. The
 		// old call's effects keep their own Idempotency-Keys.
-		if _, err := u.exec(`DELETE FROM calls WHERE id = ?`, r.id); err != nil {
+		if _, err := u.exec(`DELETE FROM calls WHERE id = $1`, r.id); err != nil {
 			return claimResult{}, fmt.Errorf("delete expired call: %w", err)
 		}
 		found = false

@@ -82,7 +82,7 @@ func insertPending(b *testing.B, db *schema.DB, n int) {
 	defer tx.Rollback()
 	stmt, err := tx.PrepareContext(ctx, `
 INSERT INTO effects (seq, destination, method, path, headers, body, idempotency_key, state, next_attempt_at, created_at, updated_at)
-VALUES (1, 'sink', 'POST', '/v1/charges', '{"Content-Type":"application/json"}', ?, ?, 'pending', 0, ?, ?)`)
+VALUES (1, 'sink', 'POST', '/v1/charges', '{"Content-Type":"application/json"}', $1, $2, 'pending', 0, $3, $4)`)
 	if err != nil {
 		b.Fatal(err)
 	}

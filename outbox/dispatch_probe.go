@@ -15,16 +15,16 @@ func (ds *destState) unknownProbeDelay() time.Duration { return max(2*ds.Timeout
 
 const selectUnknownDue = `
 SELECT id, idempotency_key FROM effects
-WHERE destination = ?1 AND state = 'unknown' AND next_attempt_at <= ?2
-ORDER BY next_attempt_at LIMIT ?3`
+WHERE destination = $1 AND state = 'unknown' AND next_attempt_at <= $2
+ORDER BY next_attempt_at LIMIT $3`
 
 const resolveUnknown = `
-UPDATE effects SET state = ?1, delivered_at = ?2, last_status = ?3, response = ?4, last_error = ?5,
-    send_started_at = NULL, next_attempt_at = ?6, updated_at = ?6
-WHERE id = ?7 AND state = 'unknown'`
+UPDATE effects SET state = $1, delivered_at = $2, last_status = $3, response = $4, last_error = $5,
+    send_started_at = NULL, next_attempt_at = $6, updated_at = $6
+WHERE id = $7 AND state = 'unknown'`
 
 const deferProbe = `
-UPDATE effects SET last_error = ?1, next_attempt_at = ?2, updated_at = ?3 WHERE id = ?4 AND state = 'unknown'`
+UPDATE effects SET last_error = $1, next_attempt_at = $2, updated_at = $3 WHERE id = $4 AND state = 'unknown'`
 
 // probeUnknown asks an at_most_once destination about its unknown effects:
 // 2xx resolves them as delivered, 404 or 410 sends them again, anything

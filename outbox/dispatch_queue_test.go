@@ -27,7 +27,7 @@ func insertEffects(t *testing.T, db *schema.DB, n int) {
 	for i := range n {
 		if _, err := tx.Exec(`
 INSERT INTO effects (seq, destination, method, path, headers, body, idempotency_key, next_attempt_at, created_at, updated_at)
-VALUES (1, 'payments', 'POST', '/v1/charges', '{"Content-Type":"application/json"}', ?, ?, 0, ?, ?)`,
+VALUES (1, 'payments', 'POST', '/v1/charges', '{"Content-Type":"application/json"}', $1, $2, 0, $3, $4)`,
 			fmt.Sprintf(`{"charge_id":%d,"amount":100}`, i+1), fmt.Sprint("q-", i), time.Now().UnixMilli(), time.Now().UnixMilli()); err != nil {
 			t.Fatal(err)
 		}

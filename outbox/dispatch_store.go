@@ -11,20 +11,20 @@ import (
 // every earlier effect of its call is delivered or cancelled. Effects
 // without a call (unrecorded tools) have no order to keep.
 //
-// "LIMIT ?5 + 0", not "LIMIT ?5": SQLite plans with the value bound to a
+// "LIMIT $5 + 0", not "LIMIT $5": SQLite plans with the value bound to a
 // plain LIMIT parameter, so binding another one expires the prepared
 // statement and the next run compiles it again, which doubled the cost of
 // a claim. An expression is evaluated at run time instead.
 const claimEffects = `
-UPDATE effects SET state = 'in_flight', lease_owner = ?1, lease_until = ?2, attempts = attempts + 1, updated_at = ?3
+UPDATE effects SET state = 'in_flight', lease_owner = $1, lease_until = $2, attempts = attempts + 1, updated_at = $3
 WHERE id IN (
     SELECT e.id FROM effects e
-    WHERE e.destination = ?4 AND e.state = 'pending' AND e.next_attempt_at <= ?3
+    WHERE e.destination = $4 AND e.state = 'pending' AND e.next_attempt_at <= $3
       AND (e.call_id IS NULL OR NOT EXISTS (
           SELECT 1 FROM effects p
           WHERE p.call_id = e.call_id AND p.seq < e.seq AND p.state NOT IN ('delivered', 'cancelled')))
     ORDER BY e.next_attempt_at, e.id
-    LIMIT ?5 + 0)
+    LIMIT $5 + 0)
 RETURNING id, seq, method, path, headers, body, idempotency_key, attempts, created_at`
 
 // reclaimExpired returns effects whose dispatcher stopped holding them
@@ -33,32 +33,32 @@ RETURNING id, seq, method, path, headers, body, idempotency_key, attempts, creat
 // it again could apply it twice.
 const reclaimExpired = `
 UPDATE effects SET
-    state = CASE WHEN send_started_at IS NOT NULL AND destination IN (SELECT value FROM json_each(?2))
+    state = CASE WHEN send_started_at IS NOT NULL AND destination IN (SELECT value FROM json_each($2))
                  THEN 'unknown' ELSE 'pending' END,
-    last_error = CASE WHEN send_started_at IS NOT NULL AND destination IN (SELECT value FROM json_each(?2))
+    last_error = CASE WHEN send_started_at IS NOT NULL AND destination IN (SELECT value FROM json_each($2))
                  THEN 'delivery interrupted after the request was sent; the destination cannot dedup, so it is not re-sent'
                  ELSE 'delivery interrupted (dispatcher stopped or lost its lease); will retry with the same Idempotency-Key' END,
-    lease_owner = '', lease_until = 0, updated_at = ?1,
+    lease_owner = '', lease_until = 0, updated_at = $1,
     -- A probe waits its delay after the attempt that went unknown, as after
     -- a timeout: the destination may still be applying the request.
-    next_attempt_at = CASE WHEN send_started_at IS NOT NULL AND destination IN (SELECT value FROM json_each(?2))
-                      THEN ?1 + coalesce(json_extract(?5, '$."' || destination || '"'), 5000) ELSE ?1 END
-WHERE state = 'in_flight' AND (lease_until <= ?1 OR lease_owner IN (SELECT value FROM json_each(?4)))
-  AND destination IN (SELECT value FROM json_each(?3))`
+    next_attempt_at = CASE WHEN send_started_at IS NOT NULL AND destination IN (SELECT value FROM json_each($2))
+                      THEN $1 + coalesce(json_extract($5, '$."' || destination || '"'), 5000) ELSE $1 END
+WHERE state = 'in_flight' AND (lease_until <= $1 OR lease_owner IN (SELECT value FROM json_each($4)))
+  AND destination IN (SELECT value FROM json_each($3))`
 
 // releaseClaimed undoes claims of effects never attempted (see release).
 const releaseClaimed = `
-UPDATE effects SET state = 'pending', lease_owner = '', lease_until = 0, attempts = attempts - 1, updated_at = ?1
-WHERE id IN (SELECT value FROM json_each(?2)) AND lease_owner = ?3 AND state = 'in_flight'`
+UPDATE effects SET state = 'pending', lease_owner = '', lease_until = 0, attempts = attempts - 1, updated_at = $1
+WHERE id IN (SELECT value FROM json_each($2)) AND lease_owner = $3 AND state = 'in_flight'`
 
 const markSending = `
-UPDATE effects SET send_started_at = ?1, updated_at = ?1
-WHERE id = ?2 AND lease_owner = ?3 AND state = 'in_flight'`
+UPDATE effects SET send_started_at = $1, updated_at = $1
+WHERE id = $2 AND lease_owner = $3 AND state = 'in_flight'`
 
 const recordEffectOutcome = `
-UPDATE effects SET state = ?1, last_status = ?2, last_error = ?3, response = ?4, next_attempt_at = ?5,
-    delivered_at = ?6, lease_owner = '', lease_until = 0, send_started_at = ?7, updated_at = ?8
-WHERE id = ?9 AND lease_owner = ?10 AND state = 'in_flight'`
+UPDATE effects SET state = $1, last_status = $2, last_error = $3, response = $4, next_attempt_at = $5,
+    delivered_at = $6, lease_owner = '', lease_until = 0, send_started_at = $7, updated_at = $8
+WHERE id = $9 AND lease_owner = $10 AND state = 'in_flight'`
 
 // dispatchStmts are the writes of the delivery path, prepared once on the
 // writer connection and reused: parsing the claim statement cost more than
@@ -120,14 +120,14 @@ func (st *dispatchStmts) close() {
 // wait.
 const selectNextDue = `
 SELECT min(next_attempt_at) FROM effects
-WHERE destination = ?1 AND state = ?2 AND next_attempt_at > ?3`
+WHERE destination = $1 AND state = $2 AND next_attempt_at > $3`
 
 const selectOpen = `
-SELECT EXISTS (SELECT 1 FROM effects WHERE destination = ?1 AND state IN ('pending', 'in_flight'))`
+SELECT EXISTS (SELECT 1 FROM effects WHERE destination = $1 AND state IN ('pending', 'in_flight'))`
 
 const selectLeaseOwners = `
 SELECT DISTINCT lease_owner FROM effects
-WHERE state = 'in_flight' AND lease_owner != ?1 AND destination IN (SELECT value FROM json_each(?2))`
+WHERE state = 'in_flight' AND lease_owner != $1 AND destination IN (SELECT value FROM json_each($2))`
 
 // deadOwners lists the dispatchers holding leases whose process is gone
 // (same host, pid no longer running that process): their effects need not

@@ -78,7 +78,7 @@ type effectState struct {
 func effect(t *testing.T, db *sql.DB, id int) effectState {
 	t.Helper()
 	var e effectState
-	err := db.QueryRow(`SELECT state, attempts, next_attempt_at, last_status, last_error, idempotency_key FROM effects WHERE id = ?`, id).
+	err := db.QueryRow(`SELECT state, attempts, next_attempt_at, last_status, last_error, idempotency_key FROM effects WHERE id = $1`, id).
 		Scan(&e.state, &e.attempts, &e.next, &e.lastStatus, &e.lastError, &e.key)
 	if err != nil {
 		t.Fatal(err)
@@ -450,7 +450,7 @@ func TestDispatch_ReclaimsDeadOwnerAtOnce(t *testing.T) {
 	t.Parallel()
 	s := newDispatchSetup(t, 1, nil)
 	far := s.clk.Now().Add(time.Hour).UnixMilli()
-	if _, err := s.db.Write.Exec(`UPDATE effects SET state = 'in_flight', lease_owner = ?, lease_until = ?, attempts = 1`,
+	if _, err := s.db.Write.Exec(`UPDATE effects SET state = 'in_flight', lease_owner = $1, lease_until = $2, attempts = 1`,
 		deadOwner(t), far); err != nil {
 		t.Fatal(err)
 	}
@@ -462,7 +462,7 @@ func TestDispatch_ReclaimsDeadOwnerAtOnce(t *testing.T) {
 	}
 	// A live owner's lease is respected.
 	s2 := newDispatchSetup(t, 1, nil)
-	if _, err := s2.db.Write.Exec(`UPDATE effects SET state = 'in_flight', lease_owner = 'elsewhere/1/1/ab#dispatch', lease_until = ?`, far); err != nil {
+	if _, err := s2.db.Write.Exec(`UPDATE effects SET state = 'in_flight', lease_owner = 'elsewhere/1/1/ab#dispatch', lease_until = $1`, far); err != nil {
 		t.Fatal(err)
 	}
 	round(t, s2.dispatcher(t, outbox.Destination{}, nil))

@@ -65,12 +65,12 @@ func TestFault_LostTakeover(t *testing.T) {
 	canonical, _ := callkey.Canonical([]byte(`{"amount":100}`))
 	now := time.Now().UnixMilli()
 	_, err := fb.db.Write.Exec(`INSERT INTO calls (uid, principal, key, key_source, tool, args_hash, state, owner, lease_until, created_at, expires_at)
-		VALUES ('call_dead', 'local', 'left-behind', 'meta', 'charge', ?, 'in_flight', ?, ?, ?, ?)`,
+		VALUES ('call_dead', 'local', 'left-behind', 'meta', 'charge', $1, 'in_flight', $2, $3, $4, $5)`,
 		callkey.ArgsHash(canonical), deadOwner(t), now+time.Hour.Milliseconds(), now, now+time.Hour.Milliseconds())
 	if err != nil {
 		t.Fatal(err)
 	}
-	fb.inj.Set(faultdb.Rule{Name: "takeover", Op: faultdb.Commit, Tx: faultdb.Ran("UPDATE calls SET owner = ?, lease_until = ?"),
+	fb.inj.Set(faultdb.Rule{Name: "takeover", Op: faultdb.Commit, Tx: faultdb.Ran("UPDATE calls SET owner = $1, lease_until = $2"),
 		Kind: faultdb.IOErr, Rate: 1, Max: 1})
 	res := callCharge(t, fb.session, "left-behind", 100)
 	if fb.inj.Faults("takeover") != 1 {

@@ -27,8 +27,8 @@ var dispatchFaultOps = []struct {
 	{name: "lease", rule: faultdb.Rule{Stmt: faultdb.Contains("UPDATE effects SET state = 'in_flight'")}},
 	{name: "lease_commit", rule: faultdb.Rule{Op: faultdb.Commit, Tx: faultdb.Ran("UPDATE effects SET state = 'in_flight'")}},
 	{name: "mark_sent", rule: faultdb.Rule{Stmt: faultdb.Contains("UPDATE effects SET send_started_at")}, amo: true},
-	{name: "outcome", rule: faultdb.Rule{Stmt: faultdb.Contains("UPDATE effects SET state = ?1, last_status"), Rate: 0.1}},
-	{name: "outcome_commit", rule: faultdb.Rule{Op: faultdb.Commit, Tx: faultdb.Ran("UPDATE effects SET state = ?1, last_status")}},
+	{name: "outcome", rule: faultdb.Rule{Stmt: faultdb.Contains("UPDATE effects SET state = $1, last_status"), Rate: 0.1}},
+	{name: "outcome_commit", rule: faultdb.Rule{Op: faultdb.Commit, Tx: faultdb.Ran("UPDATE effects SET state = $1, last_status")}},
 }
 
 // dispatchSeed is a case's fixed seed, chosen like faultSeed's: each rule

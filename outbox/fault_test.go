@@ -53,19 +53,19 @@ var faultOps = []struct {
 	// so that the next attempt takes the row over (calls.attempts > 1).
 	takeovers bool
 }{
-	{name: "claim_read", rule: faultdb.Rule{Stmt: faultdb.Contains("FROM calls WHERE principal = ? AND key = ?")}, busyClaim: true},
+	{name: "claim_read", rule: faultdb.Rule{Stmt: faultdb.Contains("FROM calls WHERE principal = $1 AND key = $2")}, busyClaim: true},
 	{name: "claim_insert", rule: faultdb.Rule{Stmt: faultdb.Contains("INSERT INTO calls (")}, busyClaim: true},
 	{name: "claim_commit", rule: faultdb.Rule{Op: faultdb.Commit, Tx: claimsOnly, Rate: 0.6}, scale: 3, errors: perBatch},
 	// A BEGIN opens a batch for a claim (busy: retried), a handler, or the
 	// release of a failed attempt's claim (no error of its own; the claim
 	// stays for the next attempt to take over).
 	{name: "begin", rule: faultdb.Rule{Op: faultdb.Begin}, errors: atMostPerFault, takeovers: true},
-	{name: "fence", rule: faultdb.Rule{Stmt: faultdb.Contains("SELECT owner, state FROM calls WHERE id = ?")}},
+	{name: "fence", rule: faultdb.Rule{Stmt: faultdb.Contains("SELECT owner, state FROM calls WHERE id = $1")}},
 	{name: "handler", rule: faultdb.Rule{Stmt: faultdb.Contains("INSERT INTO charges")}},
 	{name: "handler_txlost", rule: faultdb.Rule{Stmt: faultdb.Contains("INSERT INTO charges"), Rollback: true}, errors: perBatch, takeovers: true},
 	{name: "enqueue", rule: faultdb.Rule{Stmt: faultdb.Contains("INSERT INTO effects")}},
-	{name: "outcome", rule: faultdb.Rule{Stmt: faultdb.Contains("UPDATE calls SET state = ?, result = ?")}},
-	{name: "outcome_commit", rule: faultdb.Rule{Op: faultdb.Commit, Tx: faultdb.Ran("UPDATE calls SET state = ?, result = ?")}, scale: 2, errors: perBatch, takeovers: true},
+	{name: "outcome", rule: faultdb.Rule{Stmt: faultdb.Contains("UPDATE calls SET state = $1, result = $2")}},
+	{name: "outcome_commit", rule: faultdb.Rule{Op: faultdb.Commit, Tx: faultdb.Ran("UPDATE calls SET state = $1, result = $2")}, scale: 2, errors: perBatch, takeovers: true},
 }
 
 type errorsPerFault int
@@ -79,7 +79,7 @@ const (
 // claimsOnly picks the commits of batches that hold claims and no outcome:
 // a claim does not wait for its commit, so its failure shows only later.
 func claimsOnly(stmts []string) bool {
-	return faultdb.Ran("INSERT INTO calls (")(stmts) && !faultdb.Ran("UPDATE calls SET state = ?, result = ?")(stmts)
+	return faultdb.Ran("INSERT INTO calls (")(stmts) && !faultdb.Ran("UPDATE calls SET state = $1, result = $2")(stmts)
 }
 
 // faultCalls is how many logical calls each case makes, half with a key
@@ -239,7 +239,7 @@ func (fb *faultBundle) checkOnce(t *testing.T, calls []logicalCall, ans *faultAn
 		}
 		seen[ids[0]] = c
 		var amount int
-		if err := fb.db.Read.QueryRow(`SELECT amount FROM charges WHERE id = ?`, ids[0]).Scan(&amount); err != nil || amount != c.amount {
+		if err := fb.db.Read.QueryRow(`SELECT amount FROM charges WHERE id = $1`, ids[0]).Scan(&amount); err != nil || amount != c.amount {
 			t.Errorf("call %+v answered with charge %d, which holds amount %d (%v)", c, ids[0], amount, err)
 		}
 	}

@@ -46,7 +46,7 @@ func TestGroupCommit_WaiterGivingUpCommits(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := first.exec(`INSERT INTO t VALUES (?)`, i); err != nil {
+		if _, err := first.exec(`INSERT INTO t VALUES ($1)`, i); err != nil {
 			t.Fatal(err)
 		}
 		ctx, cancel := context.WithCancel(context.Background())
@@ -84,7 +84,7 @@ func TestGroupCommit_WaiterGivingUpCommits(t *testing.T) {
 // again, rather than marking it as not preparable.
 func TestStmtCache_PreparesBetweenBatches(t *testing.T) {
 	g := openGroup(t)
-	const q = `INSERT INTO t VALUES (?)`
+	const q = `INSERT INTO t VALUES ($1)`
 	for i := range 3 {
 		u, err := g.enter(context.Background(), true)
 		if err != nil {

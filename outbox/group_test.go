@@ -61,11 +61,11 @@ func addSteps(t *testing.T, b *bundle) *steps {
 			c.startOne.Do(func() { close(c.started) })
 			<-c.first
 			var row int64
-			if err := tx.QueryRow(ctx, `INSERT INTO notes (name) VALUES (?) RETURNING id`, in.Name).Scan(&row); err != nil {
+			if err := tx.QueryRow(ctx, `INSERT INTO notes (name) VALUES ($1) RETURNING id`, in.Name).Scan(&row); err != nil {
 				return nil, stepOut{}, err
 			}
 			if in.Rollback != "" {
-				if _, err := tx.Exec(ctx, `INSERT OR ROLLBACK INTO notes (name) VALUES (?)`, in.Rollback); err != nil {
+				if _, err := tx.Exec(ctx, `INSERT OR ROLLBACK INTO notes (name) VALUES ($1)`, in.Rollback); err != nil {
 					return nil, stepOut{}, err
 				}
 			}
@@ -179,7 +179,7 @@ func notes(t *testing.T, b *bundle) map[string]bool {
 func callState(t *testing.T, b *bundle, key string) string {
 	t.Helper()
 	var state string
-	if err := b.db.Read.QueryRow(`SELECT state FROM calls WHERE key = ?`, key).Scan(&state); err != nil {
+	if err := b.db.Read.QueryRow(`SELECT state FROM calls WHERE key = $1`, key).Scan(&state); err != nil {
 		t.Fatalf("call %s: %v", key, err)
 	}
 	return state
@@ -294,7 +294,7 @@ func TestGroupCommit_BrokenBatchFailsWhole(t *testing.T) {
 		if res := got[name]; res == nil || !res.IsError || errorCode(res) != "not_recorded" {
 			t.Fatalf("call %s: %+v, want not_recorded", name, res)
 		}
-		if n := count(t, b.db.Read, `SELECT count(*) FROM calls WHERE key = ? AND state != 'in_flight'`, name); n != 0 {
+		if n := count(t, b.db.Read, `SELECT count(*) FROM calls WHERE key = $1 AND state != 'in_flight'`, name); n != 0 {
 			t.Errorf("call %s has a recorded outcome", name)
 		}
 	}

@@ -272,7 +272,7 @@ func TestMetrics_UnknownCalls(t *testing.T) {
 	expectMetrics(t, reg, head+"mcp_outbox_calls_unknown 0\n", "mcp_outbox_calls_unknown")
 	for i, state := range []string{"unknown", "unknown", "completed", "in_flight"} {
 		if _, err := db.Write.Exec(`INSERT INTO calls (uid, principal, key, key_source, tool, args_hash, state, created_at, expires_at, on_lost)
-			VALUES (?1, 'local', ?1, 'meta', 'charge', '', ?2, 1, 2, 'unknown')`, "call-"+string(rune('a'+i)), state); err != nil {
+			VALUES ($1, 'local', $1, 'meta', 'charge', '', $2, 1, 2, 'unknown')`, "call-"+string(rune('a'+i)), state); err != nil {
 			t.Fatal(err)
 		}
 	}

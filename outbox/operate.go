@@ -25,24 +25,24 @@ var (
 // effect in flight is never changed under its lease.
 const (
 	retryEffect = `
-UPDATE effects SET state = 'pending', attempts = 0, next_attempt_at = ?1, send_started_at = NULL,
-    last_error = 'retry requested by an operator', updated_at = ?1
-WHERE id = ?2 AND state IN ('dead', 'unknown', 'pending', 'cancelled')`
+UPDATE effects SET state = 'pending', attempts = 0, next_attempt_at = $1, send_started_at = NULL,
+    last_error = 'retry requested by an operator', updated_at = $1
+WHERE id = $2 AND state IN ('dead', 'unknown', 'pending', 'cancelled')`
 	retryAllDead = `
-UPDATE effects SET state = 'pending', attempts = 0, next_attempt_at = ?1, send_started_at = NULL,
-    last_error = 'retry requested by an operator', updated_at = ?1
+UPDATE effects SET state = 'pending', attempts = 0, next_attempt_at = $1, send_started_at = NULL,
+    last_error = 'retry requested by an operator', updated_at = $1
 WHERE state = 'dead'`
 	cancelEffect = `
-UPDATE effects SET state = 'cancelled', last_error = 'cancelled by an operator', send_started_at = NULL, updated_at = ?1
-WHERE id = ?2 AND state IN ('pending', 'dead', 'unknown')`
+UPDATE effects SET state = 'cancelled', last_error = 'cancelled by an operator', send_started_at = NULL, updated_at = $1
+WHERE id = $2 AND state IN ('pending', 'dead', 'unknown')`
 	resolveRetry = `
-UPDATE effects SET state = 'pending', attempts = 0, next_attempt_at = ?1, send_started_at = NULL,
-    last_error = 'resolved as not applied by an operator; sending again', updated_at = ?1
-WHERE id = ?2 AND state IN ('unknown', 'dead')`
+UPDATE effects SET state = 'pending', attempts = 0, next_attempt_at = $1, send_started_at = NULL,
+    last_error = 'resolved as not applied by an operator; sending again', updated_at = $1
+WHERE id = $2 AND state IN ('unknown', 'dead')`
 	resolveDelivered = `
-UPDATE effects SET state = 'delivered', delivered_at = ?1, send_started_at = NULL,
-    last_error = 'resolved as delivered by an operator', updated_at = ?1
-WHERE id = ?2 AND state IN ('unknown', 'dead')`
+UPDATE effects SET state = 'delivered', delivered_at = $1, send_started_at = NULL,
+    last_error = 'resolved as delivered by an operator', updated_at = $1
+WHERE id = $2 AND state IN ('unknown', 'dead')`
 )
 
 // RetryEffect makes a dead, unknown or cancelled effect pending again, with
@@ -91,7 +91,7 @@ func changeEffect(ctx context.Context, db *schema.DB, id int64, stmt string, arg
 		return nil
 	}
 	var state string
-	err = db.Read.QueryRowContext(ctx, `SELECT state FROM effects WHERE id = ?`, id).Scan(&state)
+	err = db.Read.QueryRowContext(ctx, `SELECT state FROM effects WHERE id = $1`, id).Scan(&state)
 	if errors.Is(err, sql.ErrNoRows) {
 		return fmt.Errorf("effect %d: %w", id, ErrNoEffect)
 	}
@@ -133,15 +133,15 @@ const ResolvedPrefix = "[resolved by an operator]"
 // running it again.
 const (
 	resolveCallOutcome = `
-UPDATE calls SET state = ?1, result = ?2, completed_at = ?3, owner = '', lease_until = 0,
-    expires_at = max(expires_at, ?3 + max(expires_at - created_at, 0))
+UPDATE calls SET state = $1, result = $2, completed_at = $3, owner = '', lease_until = 0,
+    expires_at = max(expires_at, $3 + max(expires_at - created_at, 0))
 WHERE state = 'unknown' AND `
 	resolveCallRerun = `DELETE FROM calls WHERE state = 'unknown' AND `
 	resolveCallState = `SELECT state FROM calls WHERE `
 )
 
 // callName is how a resolution names its call: a condition on calls whose
-// parameters start at ?4, their values, and the call's name in errors.
+// parameters start at $4, their values, and the call's name in errors.
 type callName struct {
 	match string
 	args  []any
@@ -155,7 +155,7 @@ type callName struct {
 // replay; rerun deletes the call, so that the next retry runs it. The
 // call's effects, if any, are not touched.
 func ResolveCall(ctx context.Context, db *schema.DB, principal, key, outcome, note string) error {
-	return resolveCall(ctx, db, callName{`principal = ?4 AND key = ?5`, []any{principal, key},
+	return resolveCall(ctx, db, callName{`principal = $4 AND key = $5`, []any{principal, key},
 		fmt.Sprintf("call %q of %s", key, principal)}, outcome, note)
 }
 
@@ -165,7 +165,7 @@ func ResolveCall(ctx context.Context, db *schema.DB, principal, key, outcome, no
 // resolution meant for the old call cannot reach the new one. Its errors
 // name the uid, never the key.
 func ResolveCallUID(ctx context.Context, db *schema.DB, uid, outcome, note string) error {
-	return resolveCall(ctx, db, callName{`uid = ?4`, []any{uid}, "call " + uid}, outcome, note)
+	return resolveCall(ctx, db, callName{`uid = $4`, []any{uid}, "call " + uid}, outcome, note)
 }
 
 func resolveCall(ctx context.Context, db *schema.DB, c callName, outcome, note string) error {

@@ -217,7 +217,7 @@ func (a *attempt) readRow(ctx context.Context) (callRow, error) {
 	r := callRow{id: a.callID}
 	err := a.layer.db.Read.QueryRowContext(ctx,
 		`SELECT uid, tool, args_hash, state, owner, lease_until, result, created_at, completed_at, expires_at, on_lost
-		 FROM calls WHERE id = ?`, a.callID).Scan(
+		 FROM calls WHERE id = $1`, a.callID).Scan(
 		&r.uid, &r.tool, &r.argsHash, &r.state, &r.owner, &r.leaseUntil,
 		&r.result, &r.createdAt, &r.completedAt, &r.expiresAt, &r.onLost)
 	if errors.Is(err, sql.ErrNoRows) {

@@ -107,7 +107,7 @@ type PurgeCounts struct {
 // Effects is the number of effects of both kinds.
 func (c PurgeCounts) Effects() int64 { return c.DeliveredEffects + c.CancelledEffects }
 
-// The purge statements. Each delete takes at most ?2 rows, picked by the
+// The purge statements. Each delete takes at most $2 rows, picked by the
 // same condition as its count, so a dry run reports what a purge would
 // delete. The calls condition leaves a call alone while any effect of it
 // still needs work or a decision; delivered and cancelled effects do not
@@ -115,40 +115,40 @@ func (c PurgeCounts) Effects() int64 { return c.DeliveredEffects + c.CancelledEf
 const (
 	// effects_delivered, named: without statistics SQLite prefers the
 	// equality on effects_state and reads every delivered effect.
-	countDelivered  = `SELECT count(*) FROM effects INDEXED BY effects_delivered WHERE state = 'delivered' AND delivered_at <= ?1`
+	countDelivered  = `SELECT count(*) FROM effects INDEXED BY effects_delivered WHERE state = 'delivered' AND delivered_at <= $1`
 	deleteDelivered = `
 DELETE FROM effects WHERE id IN (
-    SELECT id FROM effects INDEXED BY effects_delivered WHERE state = 'delivered' AND delivered_at <= ?1 LIMIT ?2)`
+    SELECT id FROM effects INDEXED BY effects_delivered WHERE state = 'delivered' AND delivered_at <= $1 LIMIT $2)`
 
-	countCancelled  = `SELECT count(*) FROM effects WHERE state = 'cancelled' AND updated_at <= ?1`
+	countCancelled  = `SELECT count(*) FROM effects WHERE state = 'cancelled' AND updated_at <= $1`
 	deleteCancelled = `
 DELETE FROM effects WHERE id IN (
-    SELECT id FROM effects WHERE state = 'cancelled' AND updated_at <= ?1 LIMIT ?2)`
+    SELECT id FROM effects WHERE state = 'cancelled' AND updated_at <= $1 LIMIT $2)`
 
 	// An abandoned claim of a forwarded call (on_lost = 'unknown') is not
 	// deleted: it becomes unknown, owned by nobody. It leaves the in_flight
 	// state, so each batch finds the next ones.
-	countLost = `SELECT count(*) FROM calls WHERE state = 'in_flight' AND on_lost = 'unknown' AND lease_until <= ?3`
+	countLost = `SELECT count(*) FROM calls WHERE state = 'in_flight' AND on_lost = 'unknown' AND lease_until <= $3`
 	markLost  = `
 UPDATE calls SET state = 'unknown', owner = '', lease_until = 0 WHERE id IN (
-    SELECT id FROM calls WHERE state = 'in_flight' AND on_lost = 'unknown' AND lease_until <= ?3 LIMIT ?2)`
+    SELECT id FROM calls WHERE state = 'in_flight' AND on_lost = 'unknown' AND lease_until <= $3 LIMIT $2)`
 
 	// Calls in state unknown are never deleted: only an operator settles
 	// them.
 	countCalls = `
 SELECT count(*) FROM calls c
-WHERE ((c.state IN ('completed', 'failed') AND c.expires_at <= ?1 AND coalesce(c.completed_at, c.created_at) <= ?3)
-       OR (c.state = 'in_flight' AND c.on_lost = 'rerun' AND c.lease_until <= ?3))
+WHERE ((c.state IN ('completed', 'failed') AND c.expires_at <= $1 AND coalesce(c.completed_at, c.created_at) <= $3)
+       OR (c.state = 'in_flight' AND c.on_lost = 'rerun' AND c.lease_until <= $3))
   AND NOT EXISTS (SELECT 1 FROM effects e
                   WHERE e.call_id = c.id AND e.state IN ('pending', 'in_flight', 'dead', 'unknown'))`
 	deleteCalls = `
 DELETE FROM calls WHERE id IN (
     SELECT c.id FROM calls c
-    WHERE ((c.state IN ('completed', 'failed') AND c.expires_at <= ?1 AND coalesce(c.completed_at, c.created_at) <= ?3)
-           OR (c.state = 'in_flight' AND c.on_lost = 'rerun' AND c.lease_until <= ?3))
+    WHERE ((c.state IN ('completed', 'failed') AND c.expires_at <= $1 AND coalesce(c.completed_at, c.created_at) <= $3)
+           OR (c.state = 'in_flight' AND c.on_lost = 'rerun' AND c.lease_until <= $3))
       AND NOT EXISTS (SELECT 1 FROM effects e
                       WHERE e.call_id = c.id AND e.state IN ('pending', 'in_flight', 'dead', 'unknown'))
-    LIMIT ?2)`
+    LIMIT $2)`
 )
 
 // Purge deletes the records r no longer keeps at time now (see [Retention])
@@ -180,7 +180,7 @@ func Purge(ctx context.Context, db *schema.DB, r Retention, now time.Time, dryRu
 	completedBefore := nowMS - r.Calls.Milliseconds()
 	for _, s := range steps {
 		if dryRun {
-			// ?2 is a delete's batch size; the counts have none.
+			// $2 is a delete's batch size; the counts have none.
 			if err := db.Read.QueryRowContext(ctx, s.count, s.cutoff, nil, completedBefore).Scan(s.n); err != nil {
 				return c, fmt.Errorf("count %s: %w", s.what, err)
 			}

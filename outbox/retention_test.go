@@ -19,8 +19,8 @@ import (
 func settle(t *testing.T, db *schema.DB, key, state string, at time.Time) {
 	t.Helper()
 	_, err := db.Write.Exec(`
-UPDATE effects SET state = ?1, updated_at = ?2, delivered_at = CASE WHEN ?1 = 'delivered' THEN ?2 END
-WHERE call_id = (SELECT id FROM calls WHERE key = ?3)`, state, at.UnixMilli(), key)
+UPDATE effects SET state = $1, updated_at = $2, delivered_at = CASE WHEN $1 = 'delivered' THEN $2 END
+WHERE call_id = (SELECT id FROM calls WHERE key = $3)`, state, at.UnixMilli(), key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +141,7 @@ func TestPurge_CallRetention(t *testing.T) {
 	b := setup(t, &outbox.Options{Now: clk.Now, FingerprintWindow: time.Minute}, nil)
 	callCharge(t, b.session, "", 100)    // fingerprint: forgotten after a minute
 	callCharge(t, b.session, "keyed", 7) // explicit key: after 24 hours
-	if _, err := b.db.Write.Exec(`UPDATE effects SET state = 'delivered', delivered_at = ?1, updated_at = ?1`, clk.Now().UnixMilli()); err != nil {
+	if _, err := b.db.Write.Exec(`UPDATE effects SET state = 'delivered', delivered_at = $1, updated_at = $1`, clk.Now().UnixMilli()); err != nil {
 		t.Fatal(err)
 	}
 	r := outbox.Retention{Calls: time.Hour}
@@ -168,7 +168,7 @@ func TestPurge_ManyBatches(t *testing.T) {
 	_, err := db.Write.Exec(`
 WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 2500)
 INSERT INTO effects (seq, destination, method, path, idempotency_key, state, next_attempt_at, created_at, updated_at, delivered_at)
-SELECT 1, 'payments', 'POST', '/v1/charges', 'batch-' || i, 'delivered', ?1, ?1, ?1, ?1 FROM n`, aged)
+SELECT 1, 'payments', 'POST', '/v1/charges', 'batch-' || i, 'delivered', $1, $1, $1, $1 FROM n`, aged)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +200,7 @@ func TestPurge_SteadyLoadDoesNotGrowTheFile(t *testing.T) {
 		for i := range perRound {
 			callCharge(t, b.session, fmt.Sprintf("load-%d-%d", round, i), 100+i)
 		}
-		if _, err := b.db.Write.Exec(`UPDATE effects SET state = 'delivered', delivered_at = ?1, updated_at = ?1 WHERE state = 'pending'`,
+		if _, err := b.db.Write.Exec(`UPDATE effects SET state = 'delivered', delivered_at = $1, updated_at = $1 WHERE state = 'pending'`,
 			clk.Now().UnixMilli()); err != nil {
 			t.Fatal(err)
 		}
@@ -272,7 +272,7 @@ func TestPurge_AbandonedClaims(t *testing.T) {
 		lease time.Time
 	}{{"abandoned", now.Add(-48 * time.Hour)}, {"running", now.Add(time.Minute)}} {
 		if _, err := b.db.Write.Exec(`INSERT INTO calls (uid, principal, key, key_source, tool, args_hash, state, owner, lease_until, created_at, expires_at)
-			VALUES (?, 'local', ?, 'meta', 'charge', '', 'in_flight', 'elsewhere/1/1/ab#1', ?, ?, ?)`,
+			VALUES ($1, 'local', $2, 'meta', 'charge', '', 'in_flight', 'elsewhere/1/1/ab#1', $3, $4, $5)`,
 			"call_"+c.key, c.key, c.lease.UnixMilli(), c.lease.UnixMilli(), now.Add(time.Hour).UnixMilli()); err != nil {
 			t.Fatal(err)
 		}
@@ -309,7 +309,7 @@ func TestPurge_AbandonedForwardedClaimsBecomeUnknown(t *testing.T) {
 			owner = ""
 		}
 		if _, err := b.db.Write.Exec(`INSERT INTO calls (uid, principal, key, key_source, tool, args_hash, state, owner, lease_until, created_at, expires_at, on_lost)
-			VALUES (?, 'local', ?, 'meta', 'charge', '', ?, ?, ?, ?, ?, ?)`,
+			VALUES ($1, 'local', $2, 'meta', 'charge', '', $3, $4, $5, $6, $7, $8)`,
 			"call_"+c.key, c.key, c.state, owner, c.lease.UnixMilli(), long.UnixMilli(), c.expires.UnixMilli(), c.onLost); err != nil {
 			t.Fatal(err)
 		}

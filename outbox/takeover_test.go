@@ -73,7 +73,7 @@ func TestTakeover_DeadOwner(t *testing.T) {
 	canonical, _ := callkey.Canonical([]byte(`{"amount":100}`))
 	now := time.Now().UnixMilli()
 	_, err := b.db.Write.Exec(`INSERT INTO calls (uid, principal, key, key_source, tool, args_hash, state, owner, lease_until, created_at, expires_at)
-		VALUES ('call_dead', 'local', 'left-behind', 'meta', 'charge', ?, 'in_flight', ?, ?, ?, ?)`,
+		VALUES ('call_dead', 'local', 'left-behind', 'meta', 'charge', $1, 'in_flight', $2, $3, $4, $5)`,
 		callkey.ArgsHash(canonical), deadOwner(t), now+time.Hour.Milliseconds(), now, now+time.Hour.Milliseconds())
 	if err != nil {
 		t.Fatal(err)

@@ -111,7 +111,7 @@ func (a *attempt) openTx(ctx context.Context) error {
 		// By uid too: a claim whose batch did not commit gave back its
 		// row id, which the next insert takes (AUTOINCREMENT only skips
 		// committed ids), so the id alone may name another call now.
-		err := u.queryRow(`SELECT owner, state FROM calls WHERE id = ? AND uid = ?`, a.callID, a.uid).Scan(&owner, &state)
+		err := u.queryRow(`SELECT owner, state FROM calls WHERE id = $1 AND uid = $2`, a.callID, a.uid).Scan(&owner, &state)
 		if errors.Is(err, sql.ErrNoRows) {
 			// The claim is gone: the batch it rode in did not commit, or an
 			// operator cleared it. Nobody else owns the call: a retry runs it.
@@ -309,7 +309,7 @@ func (a *attempt) Enqueue(ctx context.Context, e Effect) (string, error) {
 const insertEffect = `
 INSERT INTO effects (call_id, seq, destination, method, path, headers, body, idempotency_key,
                      next_attempt_at, created_at, updated_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`
 
 // EffectKey is the Idempotency-Key of a call's n-th effect (from 1). The
 // call's uid is random and fixed when the call is first claimed, so the key

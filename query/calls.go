@@ -25,7 +25,7 @@ const selectUnknownCalls = `
 SELECT principal, key, key_source, tool, uid, attempts, created_at
 FROM calls WHERE state = 'unknown'
 ORDER BY created_at, id
-LIMIT ?`
+LIMIT $1`
 
 // ListUnknownCalls returns up to limit calls in state unknown, the oldest
 // first: none of them changes without an operator.

@@ -109,9 +109,9 @@ SELECT e.id, coalesce(c.key, ''), coalesce(c.tool, ''), e.seq, e.destination, e.
        e.state, e.attempts, e.last_status, e.last_error, coalesce(e.response, ''), e.created_at, e.updated_at,
        e.next_attempt_at, e.delivered_at
 FROM effects e LEFT JOIN calls c ON c.id = e.call_id
-WHERE (?1 = '' OR e.state = ?1) AND (?2 = '' OR e.destination = ?2) AND (?3 = 0 OR e.id = ?3)
+WHERE ($1 = '' OR e.state = $1) AND ($2 = '' OR e.destination = $2) AND ($3 = 0 OR e.id = $3)
 ORDER BY e.id DESC
-LIMIT ?4`
+LIMIT $4`
 
 // ListEffects returns effects, newest first.
 func ListEffects(ctx context.Context, db *sql.DB, f EffectFilter) ([]EffectRow, error) {

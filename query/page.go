@@ -57,7 +57,7 @@ SELECT e.id, coalesce(c.principal, ''), coalesce(c.key, ''), coalesce(c.tool, ''
 FROM effects e LEFT JOIN calls c ON c.id = e.call_id
 WHERE e.state IN ('dead', 'unknown')
 ORDER BY e.updated_at DESC, e.id DESC
-LIMIT ?`
+LIMIT $1`
 
 // ListStuckEffects returns up to limit dead and unknown effects, the most
 // recently stuck first: neither state changes without an operator. The
@@ -109,7 +109,7 @@ SELECT c.id, c.principal, c.key, c.key_source, c.tool, c.state, c.attempts, c.cr
        (SELECT count(*) FROM effects e WHERE e.call_id = c.id AND e.state = 'delivered')
 FROM calls c
 ORDER BY c.id DESC
-LIMIT ?`
+LIMIT $1`
 
 // RecentCalls returns the newest limit calls, with how many effects each
 // enqueued and how many of them are delivered.
@@ -146,7 +146,7 @@ func RecentCalls(ctx context.Context, db *sql.DB, limit int) ([]CallRow, error) 
 // EffectIDs maps the positions of the effects of the call named uid (its
 // Status.CallID) to their ids, which the operator actions take.
 func EffectIDs(ctx context.Context, db *sql.DB, uid string) (map[int]int64, error) {
-	rows, err := db.QueryContext(ctx, `SELECT e.seq, e.id FROM effects e JOIN calls c ON c.id = e.call_id WHERE c.uid = ?`, uid)
+	rows, err := db.QueryContext(ctx, `SELECT e.seq, e.id FROM effects e JOIN calls c ON c.id = e.call_id WHERE c.uid = $1`, uid)
 	if err != nil {
 		return nil, fmt.Errorf("effect ids of call %s: %w", uid, err)
 	}
@@ -183,12 +183,12 @@ type Bucket struct {
 // effect the retention keeps (250 ms per million here, against 2 ms).
 const (
 	selectDeliveredBuckets = `
-SELECT (delivered_at - ?1) / ?2, count(*) FROM effects INDEXED BY effects_delivered
-WHERE state = 'delivered' AND delivered_at >= ?1 AND delivered_at < ?3
+SELECT (delivered_at - $1) / $2, count(*) FROM effects INDEXED BY effects_delivered
+WHERE state = 'delivered' AND delivered_at >= $1 AND delivered_at < $3
 GROUP BY 1`
 	selectFailedBuckets = `
-SELECT (updated_at - ?1) / ?2, count(*) FROM effects
-WHERE state IN ('dead', 'unknown') AND updated_at >= ?1 AND updated_at < ?3
+SELECT (updated_at - $1) / $2, count(*) FROM effects
+WHERE state IN ('dead', 'unknown') AND updated_at >= $1 AND updated_at < $3
 GROUP BY 1`
 )
 

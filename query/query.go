@@ -69,12 +69,12 @@ type Effect struct {
 
 const selectCall = `
 SELECT id, uid, key_source, tool, state, attempts, result, created_at, completed_at, expires_at
-FROM calls WHERE principal = ? AND key = ?`
+FROM calls WHERE principal = $1 AND key = $2`
 
 const selectEffects = `
 SELECT seq, destination, method, path, idempotency_key, state, attempts, last_status, last_error,
        next_attempt_at, delivered_at
-FROM effects WHERE call_id = ? ORDER BY seq`
+FROM effects WHERE call_id = $1 ORDER BY seq`
 
 // Lookup reports the status of principal's call with key at time now. A
 // principal sees only its own calls: another principal's key is not found.

@@ -128,7 +128,7 @@ func migrate(ctx context.Context, conn *sql.Conn, set string, ms []Migration) er
 	}
 	var applied int
 	if err := tx.QueryRowContext(ctx,
-		`SELECT coalesce(max(version), 0) FROM schema_migrations WHERE set_name = ?`, set,
+		`SELECT coalesce(max(version), 0) FROM schema_migrations WHERE set_name = $1`, set,
 	).Scan(&applied); err != nil {
 		return fmt.Errorf("migrate %s: read version: %w", set, err)
 	}
@@ -140,7 +140,7 @@ func migrate(ctx context.Context, conn *sql.Conn, set string, ms []Migration) er
 			return fmt.Errorf("migrate %s: apply %s: %w", set, m.Name, err)
 		}
 		if _, err := tx.ExecContext(ctx,
-			`INSERT INTO schema_migrations (set_name, version, name) VALUES (?, ?, ?)`, set, m.Version, m.Name,
+			`INSERT INTO schema_migrations (set_name, version, name) VALUES ($1, $2, $3)`, set, m.Version, m.Name,
 		); err != nil {
 			return fmt.Errorf("migrate %s: record %s: %w", set, m.Name, err)
 		}
@@ -194,7 +194,7 @@ func checkForeignKeys(ctx context.Context, tx *sql.Tx) error {
 func (db *DB) Version(ctx context.Context, set string) (int, error) {
 	var v int
 	err := db.Read.QueryRowContext(ctx,
-		`SELECT coalesce(max(version), 0) FROM schema_migrations WHERE set_name = ?`, set).Scan(&v)
+		`SELECT coalesce(max(version), 0) FROM schema_migrations WHERE set_name = $1`, set).Scan(&v)
 	if err != nil {
 		return 0, fmt.Errorf("read %s version: %w", set, err)
 	}

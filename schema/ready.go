@@ -25,7 +25,7 @@ func (db *DB) CheckReady(ctx context.Context) error {
 	}
 	err = db.Relaxed(ctx, func(c *sql.Conn) error {
 		_, err := c.ExecContext(ctx, `
-INSERT INTO readiness (id, checked_at) VALUES (1, ?1)
+INSERT INTO readiness (id, checked_at) VALUES (1, $1)
 ON CONFLICT (id) DO UPDATE SET checked_at = excluded.checked_at`, time.Now().UnixMilli())
 		if err != nil {
 			return err

@@ -191,7 +191,7 @@ func TestCheckReady(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := db.Write.Exec(`DELETE FROM schema_migrations WHERE set_name = 'outbox' AND version = ?`, len(ms)); err != nil {
+	if _, err := db.Write.Exec(`DELETE FROM schema_migrations WHERE set_name = 'outbox' AND version = $1`, len(ms)); err != nil {
 		t.Fatal(err)
 	}
 	if err := db.CheckReady(ctx); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("version %d", len(ms)-1)) {
@@ -283,7 +283,7 @@ func TestMigrate3_RebuildsCallsKeepingRows(t *testing.T) {
 		}
 		if _, err := old.Write.Exec(`
 INSERT INTO calls (uid, principal, key, key_source, tool, args_hash, state, owner, lease_until, attempts, result, created_at, completed_at, expires_at)
-VALUES (?, 'local', ?, 'meta', 'charge', 'hash', ?, ?, ?, ?, ?, ?, ?, ?)`,
+VALUES ($1, 'local', $2, 'meta', 'charge', 'hash', $3, $4, $5, $6, $7, $8, $9, $10)`,
 			fmt.Sprintf("call_%d", i+1), fmt.Sprintf("key-%d", i+1), st, map[bool]string{true: "owner/1"}[st == "in_flight"],
 			3000+i, 1+i%2, result, 1000+i, completed, 90000+i); err != nil {
 			t.Fatal(err)
@@ -293,7 +293,7 @@ VALUES (?, 'local', ?, 'meta', 'charge', 'hash', ?, ?, ?, ?, ?, ?, ?, ?)`,
 	for i, callID := range []any{1, 1, 2, 4, nil} {
 		if _, err := old.Write.Exec(`
 INSERT INTO effects (call_id, seq, destination, method, path, body, idempotency_key, state, next_attempt_at, created_at, updated_at)
-VALUES (?, ?, 'payments', 'POST', '/v1/charges', x'7b7d', ?, 'pending', 5000, 4000, 4000)`,
+VALUES ($1, $2, 'payments', 'POST', '/v1/charges', x'7b7d', $3, 'pending', 5000, 4000, 4000)`,
 			callID, i+1, fmt.Sprintf("idem-%d", i+1)); err != nil {
 			t.Fatal(err)
 		}
@@ -357,7 +357,7 @@ VALUES (?, ?, 'payments', 'POST', '/v1/charges', x'7b7d', ?, 'pending', 5000, 40
 	insert := func(uid, key, state, onLost string) (int64, error) {
 		res, err := db.Write.Exec(`
 INSERT INTO calls (uid, principal, key, key_source, tool, args_hash, state, created_at, expires_at, on_lost)
-VALUES (?, 'local', ?, 'meta', 'charge', 'hash', ?, 1, 2, ?)`, uid, key, state, onLost)
+VALUES ($1, 'local', $2, 'meta', 'charge', 'hash', $3, 1, 2, $4)`, uid, key, state, onLost)
 		if err != nil {
 			return 0, err
 		}

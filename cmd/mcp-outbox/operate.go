@@ -341,10 +341,10 @@ func resolveUnknownCall(ctx context.Context, db *schema.DB, ref callRef, outcome
 	// unknown call, and says what the call is if it is not one.
 	var err error
 	if ref.CallID != "" {
-		err = db.Read.QueryRowContext(ctx, `SELECT tool, principal, key FROM calls WHERE uid = ?`, ref.CallID).
+		err = db.Read.QueryRowContext(ctx, `SELECT tool, principal, key FROM calls WHERE uid = $1`, ref.CallID).
 			Scan(&res.Tool, &res.Principal, &res.Key)
 	} else {
-		err = db.Read.QueryRowContext(ctx, `SELECT tool, uid FROM calls WHERE principal = ? AND key = ?`, ref.Principal, ref.Key).
+		err = db.Read.QueryRowContext(ctx, `SELECT tool, uid FROM calls WHERE principal = $1 AND key = $2`, ref.Principal, ref.Key).
 			Scan(&res.Tool, &res.CallID)
 	}
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {

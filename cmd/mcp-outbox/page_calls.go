@@ -61,7 +61,7 @@ const selectPageUnknownCalls = `
 SELECT id, uid, principal, key, key_source, tool, attempts, created_at, completed_at
 FROM calls WHERE state = 'unknown'
 ORDER BY created_at DESC, id DESC
-LIMIT ?`
+LIMIT $1`
 
 func listPageUnknownCalls(ctx context.Context, db *sql.DB, limit int) ([]pageUnknownCall, error) {
 	rows, err := db.QueryContext(ctx, selectPageUnknownCalls, limit)
@@ -108,7 +108,7 @@ type pageCallRef struct {
 // such call.
 func readPageCall(ctx context.Context, db *schema.DB, id int64) (*pageCallRef, error) {
 	var c pageCallRef
-	err := db.Read.QueryRowContext(ctx, `SELECT principal, key, uid, tool, state FROM calls WHERE id = ?`, id).
+	err := db.Read.QueryRowContext(ctx, `SELECT principal, key, uid, tool, state FROM calls WHERE id = $1`, id).
 		Scan(&c.Principal, &c.Key, &c.UID, &c.Tool, &c.State)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, fmt.Errorf("call %d: %w (settled and forgotten, or purged)", id, outbox.ErrNoCall)

@@ -364,7 +364,7 @@ func (e *env) commitCost(ctx context.Context) (time.Duration, error) {
 	d := make([]time.Duration, 0, n)
 	for i := range n {
 		start := time.Now()
-		if _, err := db.Write.ExecContext(ctx, `INSERT INTO bench_commit (v) VALUES (?)`, i); err != nil {
+		if _, err := db.Write.ExecContext(ctx, `INSERT INTO bench_commit (v) VALUES ($1)`, i); err != nil {
 			return 0, err
 		}
 		d = append(d, time.Since(start))

@@ -67,7 +67,7 @@ func effectKey(i int) string { return fmt.Sprintf("bench_%d", i) }
 
 const insertEffect = `
 INSERT INTO effects (seq, destination, method, path, headers, body, idempotency_key, state, next_attempt_at, created_at, updated_at)
-VALUES (1, ?1, 'POST', '/v1/charges', '{"Content-Type":"application/json"}', ?2, ?3, 'pending', 0, ?4, ?4)`
+VALUES (1, $1, 'POST', '/v1/charges', '{"Content-Type":"application/json"}', $2, $3, 'pending', 0, $4, $4)`
 
 // insertPending writes n pending effects for destination dest in one
 // transaction.

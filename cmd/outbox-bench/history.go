@@ -31,20 +31,20 @@ func historyKey(i int) string { return fmt.Sprintf("h-%d", i) }
 // apart), ?4 the id of the first pending effect.
 const (
 	insertHistoryCalls = `
-WITH RECURSIVE n(i) AS (SELECT ?1 UNION ALL SELECT i + 1 FROM n WHERE i < ?2)
+WITH RECURSIVE n(i) AS (SELECT $1 UNION ALL SELECT i + 1 FROM n WHERE i < $2)
 INSERT INTO calls (id, uid, principal, key, key_source, tool, args_hash, state, result, created_at, completed_at, expires_at)
-SELECT i, printf('call_%012d', i), ?5, 'h-' || i, 'meta', 'charge', printf('%064x', i), 'completed',
+SELECT i, printf('call_%012d', i), $5, 'h-' || i, 'meta', 'charge', printf('%064x', i), 'completed',
     printf('{"content":[{"type":"text","text":"{\"charge_id\":%d,\"amount\":100,\"currency\":\"usd\"}"}],"structuredContent":{"charge_id":%d,"amount":100,"currency":"usd"}}', i, i),
-    ?3 - (?6 - i), ?3 - (?6 - i), ?3 + 2592000000
+    $3 - ($6 - i), $3 - ($6 - i), $3 + 2592000000
 FROM n`
 	insertHistoryEffects = `
-WITH RECURSIVE n(i) AS (SELECT ?1 UNION ALL SELECT i + 1 FROM n WHERE i < ?2)
+WITH RECURSIVE n(i) AS (SELECT $1 UNION ALL SELECT i + 1 FROM n WHERE i < $2)
 INSERT INTO effects (id, call_id, seq, destination, method, path, headers, body, idempotency_key, state, attempts,
     next_attempt_at, last_status, response, created_at, updated_at, delivered_at)
 SELECT i, i, 1, 'payments', 'POST', '/v1/charges', '{"Content-Type":"application/json"}',
     printf('{"charge_id":%d,"amount":100,"currency":"usd"}', i), printf('call_%012d-1', i),
-    iif(i >= ?4, 'pending', 'delivered'), iif(i >= ?4, 0, 1), ?3 - (?6 - i), iif(i >= ?4, 0, 200),
-    iif(i >= ?4, NULL, '{"id":"ch_1","object":"charge"}'), ?3 - (?6 - i), ?3 - (?6 - i), iif(i >= ?4, NULL, ?3 - (?6 - i))
+    iif(i >= $4, 'pending', 'delivered'), iif(i >= $4, 0, 1), $3 - ($6 - i), iif(i >= $4, 0, 200),
+    iif(i >= $4, NULL, '{"id":"ch_1","object":"charge"}'), $3 - ($6 - i), $3 - ($6 - i), iif(i >= $4, NULL, $3 - ($6 - i))
 FROM n`
 )
 

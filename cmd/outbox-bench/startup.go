@@ -19,7 +19,7 @@ import (
 const repend = `
 UPDATE effects SET state = 'pending', attempts = 0, lease_owner = '', lease_until = 0, next_attempt_at = 0,
     send_started_at = NULL, delivered_at = NULL, last_status = 0, last_error = '', response = NULL
-WHERE id >= ?`
+WHERE id >= $1`
 
 func (e *env) measureStartup(ctx context.Context, big *history) (Result, error) {
 	s, err := startSink()

@@ -80,7 +80,7 @@ func TestStatementFaults(t *testing.T) {
 	in.Set(faultdb.Rule{Name: "ins", Stmt: faultdb.Contains("INSERT INTO t"), Kind: faultdb.Full, Rate: 0.5})
 	failed := 0
 	for i := range 200 {
-		_, err := db.Write.Exec(`INSERT INTO t VALUES (?)`, i)
+		_, err := db.Write.Exec(`INSERT INTO t VALUES ($1)`, i)
 		if err != nil {
 			if err != faultdb.Err(faultdb.Full) {
 				t.Fatalf("insert: %v, want the injected SQLITE_FULL itself", err)
@@ -100,7 +100,7 @@ func TestStatementFaults(t *testing.T) {
 	}
 	// Prepared statements carry their text to the rule.
 	in.Set(faultdb.Rule{Name: "prep", Stmt: faultdb.Contains("DELETE FROM t"), Kind: faultdb.IOErr, Rate: 1, Max: 1})
-	st, err := db.Write.Prepare(`DELETE FROM t WHERE x = ?`)
+	st, err := db.Write.Prepare(`DELETE FROM t WHERE x = $1`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +122,7 @@ func TestSeeded(t *testing.T) {
 		in.Set(faultdb.Rule{Name: "r", Kind: faultdb.Busy, Rate: 0.3})
 		var out []bool
 		for i := range 50 {
-			_, err := db.Write.Exec(`INSERT INTO t VALUES (?)`, i)
+			_, err := db.Write.Exec(`INSERT INTO t VALUES ($1)`, i)
 			out = append(out, err != nil)
 		}
 		return out

@@ -63,7 +63,7 @@ func insertBareEffect(ctx context.Context, db interface {
 	now := time.Now().UnixMilli()
 	_, err := db.ExecContext(ctx, `
 INSERT INTO effects (seq, destination, method, path, headers, body, idempotency_key, next_attempt_at, created_at, updated_at)
-VALUES (1, ?, ?, ?, ?, ?, ?, ?, ?, ?)`, e.Destination, e.Method, e.Path, string(headers), e.Body, key, now, now, now)
+VALUES (1, $1, $2, $3, $4, $5, $6, $7, $8, $9)`, e.Destination, e.Method, e.Path, string(headers), e.Body, key, now, now, now)
 	return key, err
 }
 
