@@ -96,6 +96,9 @@ func (db *DB) Migrate(ctx context.Context, set string, fsys fs.FS) (err error) {
 	if err != nil {
 		return fmt.Errorf("migrate %s: %w", set, err)
 	}
+	if db.Dialect == Postgres {
+		return db.migratePostgres(ctx, set, ms)
+	}
 	conn, err := db.Write.Conn(ctx)
 	if err != nil {
 		return fmt.Errorf("migrate %s: take writer connection: %w", set, err)
@@ -126,26 +129,11 @@ func migrate(ctx context.Context, conn *sql.Conn, set string, ms []Migration) er
 	if _, err := tx.ExecContext(ctx, createMigrationsTable); err != nil {
 		return fmt.Errorf("migrate %s: create schema_migrations: %w", set, err)
 	}
-	var applied int
-	if err := tx.QueryRowContext(ctx,
-		`SELECT coalesce(max(version), 0) FROM schema_migrations WHERE set_name = $1`, set,
-	).Scan(&applied); err != nil {
-		return fmt.Errorf("migrate %s: read version: %w", set, err)
+	n, err := applyMigrations(ctx, tx, set, ms)
+	if err != nil {
+		return err
 	}
-	if applied > len(ms) {
-		return fmt.Errorf("migrate %s: database is at version %d, this binary knows %d: upgrade the binary", set, applied, len(ms))
-	}
-	for _, m := range ms[applied:] {
-		if _, err := tx.ExecContext(ctx, m.SQL); err != nil {
-			return fmt.Errorf("migrate %s: apply %s: %w", set, m.Name, err)
-		}
-		if _, err := tx.ExecContext(ctx,
-			`INSERT INTO schema_migrations (set_name, version, name) VALUES ($1, $2, $3)`, set, m.Version, m.Name,
-		); err != nil {
-			return fmt.Errorf("migrate %s: record %s: %w", set, m.Name, err)
-		}
-	}
-	if applied < len(ms) {
+	if n > 0 {
 		if err := checkForeignKeys(ctx, tx); err != nil {
 			return fmt.Errorf("migrate %s: %w", set, err)
 		}
@@ -154,6 +142,31 @@ func migrate(ctx context.Context, conn *sql.Conn, set string, ms []Migration) er
 		return fmt.Errorf("migrate %s: commit: %w", set, err)
 	}
 	return nil
+}
+
+// applyMigrations applies, in tx, the migrations of ms that the set has
+// not applied yet, and says how many it applied. The caller commits.
+func applyMigrations(ctx context.Context, tx *sql.Tx, set string, ms []Migration) (int, error) {
+	var applied int
+	if err := tx.QueryRowContext(ctx,
+		`SELECT coalesce(max(version), 0) FROM schema_migrations WHERE set_name = $1`, set,
+	).Scan(&applied); err != nil {
+		return 0, fmt.Errorf("migrate %s: read version: %w", set, err)
+	}
+	if applied > len(ms) {
+		return 0, fmt.Errorf("migrate %s: database is at version %d, this binary knows %d: upgrade the binary", set, applied, len(ms))
+	}
+	for _, m := range ms[applied:] {
+		if _, err := tx.ExecContext(ctx, m.SQL); err != nil {
+			return 0, fmt.Errorf("migrate %s: apply %s: %w", set, m.Name, err)
+		}
+		if _, err := tx.ExecContext(ctx,
+			`INSERT INTO schema_migrations (set_name, version, name) VALUES ($1, $2, $3)`, set, m.Version, m.Name,
+		); err != nil {
+			return 0, fmt.Errorf("migrate %s: record %s: %w", set, m.Name, err)
+		}
+	}
+	return len(ms) - applied, nil
 }
 
 // checkForeignKeys fails if any row refers to a row that does not exist,

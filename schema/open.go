@@ -56,24 +56,35 @@ type Options struct {
 	// (modernc.org/sqlite). It is for tests that wrap that driver, to
 	// inject faults; any driver given must take modernc's DSN.
 	Driver string
+	// PostgresConns bounds the connections to a PostgreSQL store; zero
+	// means DefaultPostgresConns. SQLite ignores it.
+	PostgresConns int
 }
 
 // DB is an open mcp-outbox database.
 type DB struct {
-	// Write has exactly one connection; its transactions begin IMMEDIATE.
+	// Write has exactly one connection on SQLite; its transactions begin
+	// IMMEDIATE. On PostgreSQL it is the pool, the same as Read.
 	Write *sql.DB
 	// Read is a pool for queries that write nothing.
 	Read *sql.DB
-	// Path is the file the database lives in.
+	// Path is the file the database lives in, or on PostgreSQL its URL
+	// without password or settings, for messages.
 	Path string
 	// Durability is the synchronous level every connection uses.
 	Durability Durability
+	// Dialect is SQLite or Postgres. The zero value means SQLite.
+	Dialect Dialect
+
+	url string // PostgreSQL's connection string, see URL
 }
 
-// Open opens (creating if needed) the SQLite database at path, sets WAL,
-// busy_timeout, foreign keys and the durability level on every connection,
-// and applies the outbox migrations.
-func Open(ctx context.Context, path string, opts *Options) (*DB, error) {
+// Open opens a database and applies the outbox migrations. target is the
+// path of an SQLite file (created if needed; WAL, busy_timeout, foreign
+// keys and the durability level are set on every connection), or a
+// postgres:// URL of an existing PostgreSQL database.
+func Open(ctx context.Context, target string, opts *Options) (*DB, error) {
+	path := target
 	var o Options
 	if opts != nil {
 		o = *opts
@@ -95,6 +106,9 @@ func Open(ctx context.Context, path string, opts *Options) (*DB, error) {
 	}
 	if path == "" {
 		return nil, errors.New("open database: empty path")
+	}
+	if IsPostgresURL(target) {
+		return openPostgres(ctx, target, o)
 	}
 	if dir := filepath.Dir(path); dir != "" {
 		if _, err := os.Stat(dir); err != nil {
@@ -119,7 +133,7 @@ func Open(ctx context.Context, path string, opts *Options) (*DB, error) {
 	read.SetMaxOpenConns(o.ReadConns)
 	read.SetMaxIdleConns(o.ReadConns)
 
-	db := &DB{Write: write, Read: read, Path: path, Durability: o.Durability}
+	db := &DB{Write: write, Read: read, Path: path, Durability: o.Durability, Dialect: SQLite}
 	if err := db.setWAL(ctx, o.BusyTimeout); err != nil {
 		db.Close()
 		return nil, err
@@ -201,6 +215,9 @@ func sqliteCode(err error) int {
 
 // Close closes both handles.
 func (db *DB) Close() error {
+	if db.Read == db.Write {
+		return db.Write.Close()
+	}
 	return errors.Join(db.Write.Close(), db.Read.Close())
 }
 
@@ -214,6 +231,10 @@ func (db *DB) Close() error {
 //
 // If the level cannot be restored the connection is discarded, so that no
 // later transaction runs with less durability than configured.
+//
+// On PostgreSQL the level is synchronous_commit, and relaxed means off:
+// a commit returns before its WAL is flushed, and PostgreSQL flushes the
+// WAL in order, so the same holds.
 func (db *DB) Relaxed(ctx context.Context, fn func(*sql.Conn) error) error {
 	conn, err := db.Write.Conn(ctx)
 	if err != nil {
@@ -223,11 +244,15 @@ func (db *DB) Relaxed(ctx context.Context, fn func(*sql.Conn) error) error {
 	if db.Durability == DurabilityNormal {
 		return fn(conn)
 	}
-	if _, err := conn.ExecContext(ctx, "PRAGMA synchronous=NORMAL"); err != nil {
+	relax, restore := "PRAGMA synchronous=NORMAL", "PRAGMA synchronous=FULL"
+	if db.Dialect == Postgres {
+		relax, restore = "SET synchronous_commit = off", "RESET synchronous_commit"
+	}
+	if _, err := conn.ExecContext(ctx, relax); err != nil {
 		return fmt.Errorf("relax synchronous: %w", err)
 	}
 	ferr := fn(conn)
-	if _, err := conn.ExecContext(context.WithoutCancel(ctx), "PRAGMA synchronous=FULL"); err != nil {
+	if _, err := conn.ExecContext(context.WithoutCancel(ctx), restore); err != nil {
 		_ = conn.Raw(func(any) error { return driver.ErrBadConn })
 		return errors.Join(ferr, fmt.Errorf("restore synchronous: %w", err))
 	}

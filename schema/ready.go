@@ -12,7 +12,11 @@ import (
 // has room to grow. The write is relaxed (no fsync of its own), so probing
 // every few seconds costs next to nothing.
 func (db *DB) CheckReady(ctx context.Context) error {
-	ms, err := ReadMigrations(outboxMigrations)
+	set := outboxMigrations
+	if db.Dialect == Postgres {
+		set = postgresMigrations
+	}
+	ms, err := ReadMigrations(set)
 	if err != nil {
 		return err
 	}
@@ -27,7 +31,7 @@ func (db *DB) CheckReady(ctx context.Context) error {
 		_, err := c.ExecContext(ctx, `
 INSERT INTO readiness (id, checked_at) VALUES (1, $1)
 ON CONFLICT (id) DO UPDATE SET checked_at = excluded.checked_at`, time.Now().UnixMilli())
-		if err != nil {
+		if err != nil || db.Dialect == Postgres {
 			return err
 		}
 		return roomToGrow(ctx, c)

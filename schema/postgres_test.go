@@ -1,0 +1,63 @@
+package schema_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/pgtest"
+	"github.com/mcp-outbox/mcp-outbox/schema"
+)
+
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+func TestPostgresOpenMigratesOnceAndIsReady(t *testing.T) {
+	url := pgtest.Database(t)
+	ctx := context.Background()
+	// Replicas starting at once: every Open succeeds and the outbox set is
+	// applied once.
+	var wg sync.WaitGroup
+	dbs := make([]*schema.DB, 4)
+	errs := make([]error, 4)
+	for i := range dbs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			dbs[i], errs[i] = schema.Open(ctx, url, nil)
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("open %d: %v", i, err)
+		}
+		defer dbs[i].Close()
+	}
+	db := dbs[0]
+	if db.Dialect != schema.Postgres {
+		t.Fatalf("dialect %q", db.Dialect)
+	}
+	var n int
+	if err := db.Read.QueryRow(`SELECT count(*) FROM schema_migrations WHERE set_name = $1`, schema.OutboxSet).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Fatalf("outbox migrations recorded %d times, want once", n)
+	}
+	if err := db.CheckReady(ctx); err != nil {
+		t.Fatalf("CheckReady: %v", err)
+	}
+}
+
+func TestPostgresUnreachableFailsWithItsName(t *testing.T) {
+	// A port nothing listens on: Open fails at once, naming the database
+	// without its password.
+	_, err := schema.Open(context.Background(), "postgres://u:secret@127.0.0.1:1/outbox?sslmode=disable", nil)
+	if err == nil {
+		t.Fatal("Open of an unreachable server succeeded")
+	}
+	if strings.Contains(err.Error(), "secret") || !strings.Contains(err.Error(), "127.0.0.1:1/outbox") {
+		t.Fatalf("error %q: want the URL without its password", err)
+	}
+}
