@@ -118,6 +118,7 @@ func (h *signalHandler) WithGroup(string) slog.Handler      { return h }
 // Before, it got "could not record the call (begin: database is locked
 // (5) (SQLITE_BUSY))" after busy_timeout.
 func TestClaim_WriterBusyInAnotherProcess(t *testing.T) {
+	sqliteOnly(t, "SQLITE_BUSY: another process holds the file's write lock")
 	t.Parallel()
 	const busy, wait = 100 * time.Millisecond, time.Second
 	p := newTwoProcesses(t, busy, wait)
@@ -154,6 +155,7 @@ func TestClaim_WriterBusyInAnotherProcess(t *testing.T) {
 // TestClaim_WriterBusyJoins: a duplicate in b that keeps finding the writer
 // busy gets the original's result once a commits within the in-flight wait.
 func TestClaim_WriterBusyJoins(t *testing.T) {
+	sqliteOnly(t, "SQLITE_BUSY: another process holds the file's write lock")
 	t.Parallel()
 	p := newTwoProcesses(t, 50*time.Millisecond, time.Minute)
 	first := p.holdInA(t, "k")
@@ -188,6 +190,7 @@ func TestClaim_WriterBusyJoins(t *testing.T) {
 // than busy_timeout, the claim's wait for the other process's write lock
 // ends with the in-flight wait, not with busy_timeout.
 func TestClaim_WriterBusyWaitBelowBusyTimeout(t *testing.T) {
+	sqliteOnly(t, "SQLITE_BUSY: another process holds the file's write lock")
 	t.Parallel()
 	const busy, wait = 4 * time.Second, 300 * time.Millisecond
 	p := newTwoProcesses(t, busy, wait)

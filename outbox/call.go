@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -45,6 +46,12 @@ type attempt struct {
 	waited  bool   // a replay after waiting for another attempt is a join, not a retry
 
 	done chan struct{} // closed when the attempt leaves Layer.local
+
+	// fenced: the handler's transaction passed the fence and, on
+	// PostgreSQL, holds the call's row lock, so its lease needs no renewal.
+	fenced atomic.Bool
+	// claimed: the claim committed to its unit; callID is set.
+	claimed atomic.Bool
 }
 
 func (a *attempt) recorded() bool { return a.tool.record && a.id.source != "" }
@@ -165,6 +172,7 @@ func (l *Layer) acquire(ctx context.Context, a *attempt) *mcp.CallToolResult {
 		}
 		a.done = make(chan struct{})
 		l.local[lk] = a
+		l.startRenewingLocked()
 		l.mu.Unlock()
 
 		c, err := l.claim(ctx, a, deadline)
@@ -198,6 +206,7 @@ func (l *Layer) acquire(ctx context.Context, a *attempt) *mcp.CallToolResult {
 		}
 		switch c.kind {
 		case claimed:
+			a.claimed.Store(true)
 			return nil
 		case finished:
 			a.outcome = outcomeReplayed

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
 type claimKind int
@@ -55,7 +57,11 @@ FROM calls WHERE principal = $1 AND key = $2`
 
 const insertCall = `
 INSERT INTO calls (uid, principal, key, key_source, tool, args_hash, state, owner, lease_until, created_at, expires_at, on_lost)
-VALUES ($1, $2, $3, $4, $5, $6, 'in_flight', $7, $8, $9, $10, $11)`
+VALUES ($1, $2, $3, $4, $5, $6, 'in_flight', $7, $8, $9, $10, $11)
+RETURNING id`
+
+const deleteExpiredCall = `
+DELETE FROM calls WHERE id = $1 AND state = $2 AND expires_at <= $3`
 
 const takeOverCall = `
 UPDATE calls SET owner = $1, lease_until = $2, attempts = attempts + 1
@@ -97,8 +103,47 @@ func (l *Layer) claim(ctx context.Context, a *attempt, deadline time.Time) (clai
 	return res, nil
 }
 
-// claimIn reads and writes the call's row in the unit u.
+// errClaimRaced: another claim changed the call's row between this one's
+// read and its write. Only PostgreSQL's concurrent transactions see it;
+// claimIn then reads again.
+var errClaimRaced = errors.New("the call's row changed under the claim")
+
+// maxClaimReads bounds how often a claim reads the row again after losing
+// a race; each loss means another attempt made progress.
+const maxClaimReads = 8
+
+// claimIn reads and writes the call's row in the unit u. Every write is a
+// compare-and-set on the state it read (and the owner, for a takeover):
+// on SQLite the one writer makes the read and the write atomic anyway; on
+// PostgreSQL, under READ COMMITTED, a write whose condition no longer
+// holds changes nothing, or the insert of a key another claim inserted
+// first fails, and the claim reads the row again from its savepoint.
 func (l *Layer) claimIn(ctx context.Context, u *unit, a *attempt) (claimResult, error) {
+	for range maxClaimReads {
+		res, err := l.claimOnce(ctx, u, a)
+		if !errors.Is(err, errClaimRaced) {
+			return res, err
+		}
+		if err := u.undo(); err != nil {
+			return claimResult{}, err
+		}
+	}
+	return claimResult{}, fmt.Errorf("claim: %w %d times in a row", errClaimRaced, maxClaimReads)
+}
+
+// raced turns a write of the claim that found the row changed into
+// errClaimRaced.
+func raced(r sql.Result, err error) error {
+	if err != nil {
+		return err
+	}
+	if n, err := r.RowsAffected(); err != nil || n != 1 {
+		return errClaimRaced
+	}
+	return nil
+}
+
+func (l *Layer) claimOnce(ctx context.Context, u *unit, a *attempt) (claimResult, error) {
 	now := l.nowMS()
 	var r callRow
 	err := u.queryRow(selectCallForClaim, a.id.principal, a.id.key).Scan(
@@ -113,20 +158,20 @@ func (l *Layer) claimIn(ctx context.Context, u *unit, a *attempt) (claimResult, 
 	if found && r.state != "in_flight" && r.state != "unknown" && r.expiresAt <= now {
 		// The key's record expired: the key is free to name a new call. The
 		// old call's effects keep their own Idempotency-Keys.
-		if _, err := u.exec(`DELETE FROM calls WHERE id = $1`, r.id); err != nil {
+		if err := raced(u.exec(deleteExpiredCall, r.id, r.state, now)); err != nil {
 			return claimResult{}, fmt.Errorf("delete expired call: %w", err)
 		}
 		found = false
 	}
 
 	if !found {
-		res, err := u.exec(insertCall, a.uid, a.id.principal, a.id.key, string(a.id.source),
+		err := u.queryRow(insertCall, a.uid, a.id.principal, a.id.key, string(a.id.source),
 			a.tool.name, a.id.argsHash, a.owner, now+l.opts.Lease.Milliseconds(), now, now+a.retention().Milliseconds(),
-			a.tool.onLostPolicy())
-		if err != nil {
-			return claimResult{}, fmt.Errorf("insert call: %w", err)
+			a.tool.onLostPolicy()).Scan(&a.callID)
+		if schema.PgCode(err) == schema.PgUniqueViolation {
+			return claimResult{}, errClaimRaced
 		}
-		if a.callID, err = res.LastInsertId(); err != nil {
+		if err != nil {
 			return claimResult{}, fmt.Errorf("insert call: %w", err)
 		}
 		a.createdAt = now
@@ -147,7 +192,7 @@ func (l *Layer) claimIn(ctx context.Context, u *unit, a *attempt) (claimResult, 
 	// key's entry there, so an owner of this layer is not running: it ended
 	// without releasing its claim. An owner in a dead process is not running
 	// either. Anyone else is trusted until the lease passes.
-	switch l.self.ownerLiveness(r.owner) {
+	switch l.liveness(r.owner) {
 	case ownerSelf, ownerDead:
 	default:
 		if r.leaseUntil > now {
@@ -157,14 +202,14 @@ func (l *Layer) claimIn(ctx context.Context, u *unit, a *attempt) (claimResult, 
 	if r.onLost == onLostUnknown {
 		// The abandoned attempt handed the call to a process whose work
 		// commits on its own: it may have run. Never run it again.
-		if _, err := u.exec(markUnknown, now, r.id, r.owner); err != nil {
+		if err := raced(u.exec(markUnknown, now, r.id, r.owner)); err != nil {
 			return claimResult{}, fmt.Errorf("mark call unknown: %w", err)
 		}
 		l.logger.WarnContext(ctx, "outcome of an abandoned call is unknown", "tool", a.tool.name, "previous_owner", r.owner)
 		r.state, r.completedAt = "unknown", sql.NullInt64{Int64: now, Valid: true}
 		return claimResult{kind: lost, row: r}, nil
 	}
-	if _, err := u.exec(takeOverCall, a.owner, now+l.opts.Lease.Milliseconds(), r.id, r.owner); err != nil {
+	if err := raced(u.exec(takeOverCall, a.owner, now+l.opts.Lease.Milliseconds(), r.id, r.owner)); err != nil {
 		return claimResult{}, fmt.Errorf("take over call: %w", err)
 	}
 	l.logger.InfoContext(ctx, "took over call", "tool", a.tool.name, "previous_owner", r.owner)
@@ -177,7 +222,15 @@ func (l *Layer) claimIn(ctx context.Context, u *unit, a *attempt) (claimResult, 
 // than it may wait. Within one layer every write goes through the one writer
 // connection, whose turns are taken in order, so the other connection is
 // another process (or another handle on the same file).
+//
+// On PostgreSQL the counterpart is a claim that waited for a row lock until
+// its lock_timeout (another attempt's transaction holds the call's row), or
+// that lost to a deadlock or a serialization failure.
 func isBusy(err error) bool {
+	switch schema.PgCode(err) {
+	case schema.PgLockNotAvailable, schema.PgDeadlockDetected, schema.PgSerializationFailure:
+		return true
+	}
 	var e interface{ Code() int } // modernc.org/sqlite's *Error
 	return errors.As(err, &e) && e.Code()&0xff == sqliteBusy
 }

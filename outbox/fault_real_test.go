@@ -27,6 +27,7 @@ func fillToLimit(t *testing.T, b *bundle) {
 }
 
 func TestFault_RealFullDatabase(t *testing.T) {
+	sqliteOnly(t, "a full or read-only database file")
 	t.Parallel()
 	b := setup(t, nil, nil)
 	fillToLimit(t, b)
@@ -69,6 +70,7 @@ func TestFault_RealFullDatabase(t *testing.T) {
 }
 
 func TestFault_RealReadOnlyDatabase(t *testing.T) {
+	sqliteOnly(t, "a full or read-only database file")
 	t.Parallel()
 	b := setup(t, nil, nil)
 	if res := callCharge(t, b.session, "ro-before", 1); res.IsError {

@@ -271,6 +271,7 @@ func faultSeed(op int, kind faultdb.Kind) uint64 {
 }
 
 func TestFault_Matrix(t *testing.T) {
+	sqliteOnly(t, "faults injected by wrapping the SQLite driver (internal/faultdb)")
 	t.Parallel()
 	n := faultCalls(t)
 	for i, op := range faultOps {

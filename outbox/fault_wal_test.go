@@ -19,6 +19,7 @@ import (
 // under a new call id, whose effects carry new Idempotency-Keys. See
 // schema's package doc, "Files".
 func TestFault_DeletedWAL(t *testing.T) {
+	sqliteOnly(t, "the -wal file")
 	t.Parallel()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "live.db")

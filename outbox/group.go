@@ -71,6 +71,10 @@ type groupCommit struct {
 	busyMS    int64
 	busyKnown bool
 
+	// own: every unit gets a transaction of its own (PostgreSQL); see
+	// enterOwn.
+	own bool
+
 	mu    sync.Mutex
 	held  bool          // some goroutine has the turn
 	queue []*turnWaiter // waiting for the turn, first come first served
@@ -91,6 +95,8 @@ type batch struct {
 	calls   int   // call outcomes kept in it
 	broken  error // the transaction can no longer commit
 
+	own     bool  // the transaction of one unit alone (PostgreSQL)
+
 	done chan struct{} // closed after the commit or rollback
 	err  error         // nil if the batch committed; valid once done is closed
 }
@@ -105,7 +111,8 @@ type unit struct {
 }
 
 func newGroupCommit(db *schema.DB, maxCalls int, maxWait time.Duration, now func() time.Time) *groupCommit {
-	return &groupCommit{db: db, maxCalls: maxCalls, maxWait: maxWait, now: now, stmts: newStmtCache(db.Write)}
+	own := db.Dialect == schema.Postgres
+	return &groupCommit{db: db, maxCalls: maxCalls, maxWait: maxWait, now: now, stmts: newStmtCache(db.Write, !own), own: own}
 }
 
 // enter waits for the turn (as long as ctx allows), joins the open batch or
@@ -119,6 +126,9 @@ func (g *groupCommit) enter(ctx context.Context, durable bool) (*unit, error) {
 // lock (SQLITE_BUSY) no later than deadline, when it is not zero; see
 // capBusyWait.
 func (g *groupCommit) enterBy(ctx context.Context, durable bool, deadline time.Time) (*unit, error) {
+	if g.own {
+		return g.enterOwn(ctx, durable, deadline)
+	}
 	if err := g.takeTurn(ctx); err != nil {
 		return nil, err
 	}
@@ -180,6 +190,51 @@ func (g *groupCommit) join(ctx context.Context, durable bool, deadline time.Time
 		u.b.broken = fmt.Errorf("savepoint: %w", err)
 		g.finish(u.b)
 		return nil, u.b.err
+	}
+	return u, nil
+}
+
+// enterOwn gives the unit a transaction of its own on a pooled
+// connection. PostgreSQL runs transactions side by side and shares WAL
+// flushes among concurrent commits itself, so sharing one transaction, as
+// SQLite's single writer needs, would only make calls wait for each other.
+// What the batch gives SQLite's units holds here too: the unit's work sits
+// in a savepoint (a handler's failed statement is undone without losing
+// the claim), and a unit that needs no durability commits with
+// synchronous_commit off (PostgreSQL flushes its WAL in order, so a later
+// durable commit makes it durable too).
+//
+// A unit with a deadline waits for row locks no longer than the deadline
+// (lock_timeout): a claim blocked behind another attempt's transaction
+// then fails as busy, like SQLite's SQLITE_BUSY, and is tried again until
+// the in-flight wait ends.
+func (g *groupCommit) enterOwn(ctx context.Context, durable bool, deadline time.Time) (*unit, error) {
+	conn, err := g.db.Write.Conn(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("take database connection: %w", err)
+	}
+	tx, err := conn.BeginTx(context.Background(), nil)
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("begin: %w", err)
+	}
+	b := &batch{conn: conn, tx: tx, durable: true, opened: g.now(), own: true, done: make(chan struct{})}
+	var set []string
+	if !durable && g.db.Durability != schema.DurabilityNormal {
+		set = append(set, "SET LOCAL synchronous_commit = off")
+		b.durable = false
+	}
+	if !deadline.IsZero() {
+		set = append(set, "SET LOCAL lock_timeout = "+strconv.FormatInt(max(time.Until(deadline).Milliseconds(), 1), 10))
+	}
+	set = append(set, "SAVEPOINT unit")
+	u := &unit{g: g, b: b, durable: durable}
+	// One round trip: without arguments pgx sends the statements as one
+	// simple query.
+	if _, err := tx.ExecContext(context.Background(), strings.Join(set, "; ")); err != nil {
+		b.broken = fmt.Errorf("begin unit: %w", err)
+		g.finish(b)
+		return nil, b.err
 	}
 	return u, nil
 }
@@ -266,9 +321,10 @@ func setBusyTimeout(ms int64) string {
 
 // release hands the writer connection back, at the database's level. A
 // connection whose level cannot be restored is discarded, so that no later
-// transaction runs with less durability than configured.
+// transaction runs with less durability than configured. (PostgreSQL's
+// SET LOCAL ends with the transaction: nothing to restore.)
 func (g *groupCommit) release(conn *sql.Conn, relaxed bool) {
-	if relaxed {
+	if relaxed && !g.own {
 		if _, err := conn.ExecContext(context.Background(), `PRAGMA synchronous=FULL`); err != nil {
 			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
 		}
@@ -336,6 +392,10 @@ func (u *unit) leave(keep bool) *batch {
 		b.calls++
 	}
 	g := u.g
+	if b.own {
+		g.finish(b)
+		return b
+	}
 	g.mu.Lock()
 	if b.broken == nil && len(g.queue) > 0 && b.calls < g.maxCalls && g.now().Sub(b.opened) < g.maxWait {
 		g.grantLocked()
@@ -385,7 +445,9 @@ func (g *groupCommit) finish(b *batch) {
 		b.err = fmt.Errorf("commit: %w", err)
 	}
 	g.release(b.conn, !b.durable)
-	g.open = nil
+	if !b.own {
+		g.open = nil
+	}
 	if b.err == nil && b.calls > 1 {
 		_ = failpoint.Inject(failpoint.BatchAfterCommit)
 	}

@@ -189,6 +189,7 @@ func callState(t *testing.T, b *bundle, key string) string {
 // are rolled back and its failure recorded, while the others' writes and
 // results commit, all in one commit.
 func TestGroupCommit_FailingHandlerInBatch(t *testing.T) {
+	sqliteOnly(t, "group commit: SQLite's one writer shares its transactions among calls; on PostgreSQL each unit has its own")
 	t.Parallel()
 	reg := prometheus.NewRegistry()
 	b := setup(t, &outbox.Options{MaxBatchWait: time.Hour, Metrics: outbox.NewMetrics(reg)}, nil)
@@ -227,6 +228,7 @@ func TestGroupCommit_FailingHandlerInBatch(t *testing.T) {
 
 // With MaxBatchCalls 1, the same scenario commits each call on its own.
 func TestGroupCommit_MaxBatchCalls(t *testing.T) {
+	sqliteOnly(t, "group commit: SQLite's one writer shares its transactions among calls; on PostgreSQL each unit has its own")
 	t.Parallel()
 	reg := prometheus.NewRegistry()
 	b := setup(t, &outbox.Options{MaxBatchCalls: 1, MaxBatchWait: time.Hour, Metrics: outbox.NewMetrics(reg)}, nil)
@@ -244,6 +246,7 @@ func TestGroupCommit_MaxBatchCalls(t *testing.T) {
 // the original, whose outcome commits in the batch, and then gets that
 // outcome; the handler runs once.
 func TestGroupCommit_DuplicatesInOneBatch(t *testing.T) {
+	sqliteOnly(t, "group commit: SQLite's one writer shares its transactions among calls; on PostgreSQL each unit has its own")
 	t.Parallel()
 	b := setup(t, &outbox.Options{MaxBatchWait: time.Hour}, nil)
 	s := addSteps(t, b)
@@ -285,6 +288,7 @@ func TestGroupCommit_DuplicatesInOneBatch(t *testing.T) {
 // then fail as a whole: no call of it is recorded as done, and each one runs
 // on retry. Calls queued behind it start a new batch and commit.
 func TestGroupCommit_BrokenBatchFailsWhole(t *testing.T) {
+	sqliteOnly(t, "group commit: SQLite's one writer shares its transactions among calls; on PostgreSQL each unit has its own")
 	t.Parallel()
 	b := setup(t, &outbox.Options{MaxBatchWait: time.Hour}, nil)
 	s := addSteps(t, b)
@@ -328,6 +332,7 @@ func equalSets(a, b map[string]bool) bool {
 // or rides in an open batch) has no row a reader could see; the status tool
 // still answers in_flight for it, from the attempts of this process.
 func TestGroupCommit_StatusOfUncommittedClaim(t *testing.T) {
+	sqliteOnly(t, "group commit: SQLite's one writer shares its transactions among calls; on PostgreSQL each unit has its own")
 	t.Parallel()
 	b := setup(t, &outbox.Options{MaxBatchWait: time.Hour}, nil)
 	s := addSteps(t, b)

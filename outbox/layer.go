@@ -107,6 +107,8 @@ type Layer struct {
 	local  map[localKey]*attempt // attempts of this layer between claim and outcome
 	nextID uint64
 	notify func() // called after a commit that enqueued effects
+
+	renewing bool // the lease renewal loop runs (PostgreSQL; renew.go)
 }
 
 // New returns a layer on db. The database must have been opened with

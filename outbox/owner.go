@@ -7,6 +7,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+
+	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
 // processID names one layer in one process: host, pid, the process's start
@@ -79,4 +81,20 @@ func (p processID) ownerLiveness(owner string) liveness {
 		return ownerDead // no such process, or the pid now names another one
 	}
 	return ownerUnknown
+}
+
+// liveness is what the layer can know of owner. On SQLite every owner runs
+// on this machine, so /proc tells a dead one. On PostgreSQL an owner may run
+// on another machine, where /proc says nothing, and the same host name and
+// pid may name another container's process: only this layer's own
+// attempts are known, and every other owner is trusted until its lease
+// passes. Live owners renew their leases (see renew.go).
+func (l *Layer) liveness(owner string) liveness {
+	if l.db.Dialect == schema.Postgres {
+		if proc, _, _ := strings.Cut(owner, "#"); proc == string(l.self) {
+			return ownerSelf
+		}
+		return ownerUnknown
+	}
+	return l.self.ownerLiveness(owner)
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
+	"github.com/mcp-outbox/mcp-outbox/internal/pgtest"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -23,9 +24,47 @@ type bundle struct {
 	session *mcp.ClientSession
 }
 
+// TestMain stops the PostgreSQL server the tests started, if any.
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// The tests of this package are one suite for both stores: they run on
+// SQLite by default and on PostgreSQL when MCP_OUTBOX_TEST_STORE=postgres
+// (make test runs both). Tests of what only one store has say so with
+// sqliteOnly.
+const envTestStore = "MCP_OUTBOX_TEST_STORE"
+
+func onPostgres() bool { return os.Getenv(envTestStore) == "postgres" }
+
+// sqliteOnly skips a test of something only the SQLite store has (one
+// file and its WAL, SQLITE_BUSY between processes, /proc liveness).
+func sqliteOnly(tb testing.TB, what string) {
+	tb.Helper()
+	if onPostgres() {
+		tb.Skip("SQLite only: " + what)
+	}
+}
+
+// postgresOnly skips a test of something only the PostgreSQL store has.
+func postgresOnly(tb testing.TB) {
+	tb.Helper()
+	if !onPostgres() {
+		tb.Skip("PostgreSQL only (" + envTestStore + "=postgres)")
+	}
+}
+
+// testTarget is where a test's database lives: a file in tb.TempDir, or
+// a database of its own on the tests' PostgreSQL server.
+func testTarget(tb testing.TB) string {
+	tb.Helper()
+	if onPostgres() {
+		return pgtest.Database(tb)
+	}
+	return filepath.Join(tb.TempDir(), "test.db")
+}
+
 func openDB(tb testing.TB) *schema.DB {
 	tb.Helper()
-	db, err := schema.Open(context.Background(), filepath.Join(tb.TempDir(), "test.db"), nil)
+	db, err := schema.Open(context.Background(), testTarget(tb), nil)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -32,13 +32,23 @@ type stmtCache struct {
 // call would otherwise grow it without end.
 const maxCachedStmts = 256
 
-func newStmtCache(db *sql.DB) *stmtCache {
+// newStmtCache returns a cache, or nil when on is false: pgx keeps a
+// cache of prepared statements per connection itself (PostgreSQL), and a
+// statement prepared for database/sql's pool would be prepared again on
+// each connection a transaction takes.
+func newStmtCache(db *sql.DB, on bool) *stmtCache {
+	if !on {
+		return nil
+	}
 	return &stmtCache{db: db, stmts: map[string]*sql.Stmt{}, pending: map[string]bool{}}
 }
 
 // lookup returns the prepared statement of query, or nil, noting query for
 // preparing.
 func (c *stmtCache) lookup(query string) *sql.Stmt {
+	if c == nil {
+		return nil
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	st, ok := c.stmts[query]
@@ -51,6 +61,9 @@ func (c *stmtCache) lookup(query string) *sql.Stmt {
 // prepare prepares the statements noted since the last call. The caller
 // must not hold the writer connection.
 func (c *stmtCache) prepare(ctx context.Context) {
+	if c == nil {
+		return
+	}
 	c.mu.Lock()
 	if len(c.pending) == 0 {
 		c.mu.Unlock()

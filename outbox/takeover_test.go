@@ -68,6 +68,7 @@ func TestTakeover_FenceStopsOldOwner(t *testing.T) {
 // A claim left by a process that died is taken over at once, without
 // waiting for its lease: the retry after a restart runs immediately.
 func TestTakeover_DeadOwner(t *testing.T) {
+	sqliteOnly(t, "an owner's death seen in /proc; on PostgreSQL its lease decides (TestPostgres_TakeoverAfterLease)")
 	t.Parallel()
 	b := setup(t, nil, nil)
 	canonical, _ := callkey.Canonical([]byte(`{"amount":100}`))
@@ -100,6 +101,7 @@ func deadOwner(t *testing.T) string {
 }
 
 func TestCall_DatabaseLocked(t *testing.T) {
+	sqliteOnly(t, "SQLite's write lock held by another connection")
 	t.Parallel()
 	path := t.TempDir() + "/locked.db"
 	db, err := schema.Open(context.Background(), path, &schema.Options{BusyTimeout: 50 * time.Millisecond})

@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+
+	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
 // Tx is the transaction a handler works in: its own statements and the
@@ -107,34 +109,65 @@ func (a *attempt) openTx(ctx context.Context) error {
 	u.outcome = a.recorded()
 	a.unit, a.tx = u, u.tx()
 	if a.recorded() {
-		var owner, state string
-		// By uid too: a claim whose batch did not commit gave back its
-		// row id, which the next insert takes (AUTOINCREMENT only skips
-		// committed ids), so the id alone may name another call now.
-		err := u.queryRow(`SELECT owner, state FROM calls WHERE id = $1 AND uid = $2`, a.callID, a.uid).Scan(&owner, &state)
-		if errors.Is(err, sql.ErrNoRows) {
-			// The claim is gone: the batch it rode in did not commit, or an
-			// operator cleared it. Nobody else owns the call: a retry runs it.
+		if err := a.fence(u); err != nil {
+			return err
+		}
+		a.fenced.Store(true)
+	}
+	return nil
+}
+
+// fenceSQLite and fencePostgres read the call's row at the handler's first
+// statement. By uid too: a claim whose batch did not commit gave back its
+// row id, which the next insert takes (SQLite's AUTOINCREMENT only skips
+// committed ids), so the id alone may name another call now. On
+// PostgreSQL the row is locked until the outcome commits: from the
+// handler's first statement on, no other attempt can take the call over,
+// and one that tries waits for this transaction (and then finds the
+// outcome) or gives up as busy. SQLite's single writer gives the same.
+const (
+	fenceSQLite   = `SELECT owner, state, lease_until FROM calls WHERE id = $1 AND uid = $2`
+	fencePostgres = `SELECT owner, state, lease_until FROM calls WHERE id = $1 AND uid = $2 FOR UPDATE`
+)
+
+// fence checks, in the unit that will hold the outcome, that the call's
+// row still names this attempt as owner.
+func (a *attempt) fence(u *unit) error {
+	var (
+		owner, state string
+		leaseUntil   int64
+	)
+	err := u.queryRow(a.layer.db.Pick(fenceSQLite, fencePostgres), a.callID, a.uid).Scan(&owner, &state, &leaseUntil)
+	if errors.Is(err, sql.ErrNoRows) {
+		// The claim is gone: the batch it rode in did not commit, or an
+		// operator cleared it. Nobody else owns the call: a retry runs it.
+		return errClaimGone
+	}
+	if err != nil {
+		return fmt.Errorf("check ownership: %w", err)
+	}
+	if state == "in_flight" && owner != a.owner {
+		switch a.layer.liveness(owner) {
+		case ownerSelf, ownerDead:
+			// The row names an attempt that is not running: one of
+			// this layer (a holds the key's place in Layer.local, so
+			// no other attempt here runs the call) or of a dead
+			// process. So nobody took the call over: this attempt's
+			// takeover was lost with the batch it rode in, and the
+			// call stands as it was, which a retry takes over again.
 			return errClaimGone
 		}
-		if err == nil && state == "in_flight" && owner != a.owner {
-			switch a.layer.self.ownerLiveness(owner) {
-			case ownerSelf, ownerDead:
-				// The row names an attempt that is not running: one of
-				// this layer (a holds the key's place in Layer.local, so
-				// no other attempt here runs the call) or of a dead
-				// process. So nobody took the call over: this attempt's
-				// takeover was lost with the batch it rode in, and the
-				// call stands as it was, which a retry takes over again.
-				return errClaimGone
-			}
-		}
-		if err == nil && (owner != a.owner || state != "in_flight") {
-			return ErrOwnershipLost
-		}
-		if err != nil {
-			return fmt.Errorf("check ownership: %w", err)
-		}
+	}
+	if owner != a.owner || state != "in_flight" {
+		return ErrOwnershipLost
+	}
+	if a.layer.db.Dialect == schema.Postgres && leaseUntil <= a.layer.nowMS() {
+		// The lease passed before the handler's first statement (this
+		// process was paused, or cut off from the database, longer than
+		// the lease): another replica may be about to take the call
+		// over, and an owner whose lease expired never commits. The
+		// call stays claimed by nobody alive; a retry takes it over.
+		return fmt.Errorf("%w: its lease expired before its first statement", ErrOwnershipLost)
 	}
 	return nil
 }
@@ -250,7 +283,13 @@ func (a *attempt) wrapStmt(err error) error {
 // error, which the call then recorded as its failed outcome and replayed
 // for the key's lifetime. These codes may also have rolled back the whole
 // transaction, so the handler must not go on in it.
+//
+// On PostgreSQL the store failed when the server cannot be reached or
+// refuses work for want of resources (schema.PgUnavailable).
 func storeFailed(err error) bool {
+	if schema.PgUnavailable(err) {
+		return true
+	}
 	var e interface{ Code() int } // modernc.org/sqlite's *Error
 	if !errors.As(err, &e) {
 		return false

@@ -27,13 +27,19 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
-//go:embed migrations/*.up.sql
+//go:embed migrations/*.up.sql migrations_postgres/*.up.sql
 var embedded embed.FS
 
-// Migrate creates the ledger's tables (migration set "ledger").
+// Migrate creates the ledger's tables (migration set "ledger"), in the
+// dialect of db.
 func Migrate(ctx context.Context, db *schema.DB) error {
-	sub, _ := fs.Sub(embedded, "migrations")
-	return db.Migrate(ctx, "ledger", sub)
+	sqlite, _ := fs.Sub(embedded, "migrations")
+	postgres, _ := fs.Sub(embedded, "migrations_postgres")
+	m, err := db.MigrationsFor(sqlite, postgres)
+	if err != nil {
+		return err
+	}
+	return db.Migrate(ctx, "ledger", m)
 }
 
 // Destination is where the ledger's effects go.

@@ -1,0 +1,84 @@
+package outbox
+
+import (
+	"context"
+	"time"
+
+	"github.com/mcp-outbox/mcp-outbox/schema"
+)
+
+// Lease renewal (PostgreSQL).
+//
+// On SQLite a claim's owner runs on this machine, and a dead one is known
+// from /proc; the lease only covers owners that cannot be checked. On
+// PostgreSQL every other replica's owner is such an owner: it is trusted
+// exactly as long as its lease. So a layer on PostgreSQL renews the leases
+// of its attempts that are claimed and have not reached their handler's
+// first statement, every third of the lease, in one statement for all of
+// them. An attempt past its first statement needs no renewal: its
+// transaction holds the call's row lock until its outcome commits (see
+// fence).
+//
+// A process that stops renewing (it died, was paused by SIGSTOP, a GC or
+// a VM freeze, or lost its connection) loses its claims a lease later:
+// another attempt takes them over, and the old owner, if it ever resumes,
+// fails the fence (the row names another owner, or its lease passed) and
+// commits nothing.
+
+// renewLeases is the renewal statement. Its ANY($3) takes a text[].
+const renewLeases = `
+UPDATE calls SET lease_until = $1
+WHERE state = 'in_flight' AND lease_until > $2 AND owner = ANY($3)`
+
+// startRenewingLocked starts the renewal loop if the layer is on
+// PostgreSQL and it is not running; l.mu is held. The loop ends when the
+// layer has no attempts left.
+func (l *Layer) startRenewingLocked() {
+	if l.db.Dialect != schema.Postgres || l.renewing {
+		return
+	}
+	l.renewing = true
+	go l.renewLoop()
+}
+
+func (l *Layer) renewLoop() {
+	every := l.opts.Lease / 3
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for range t.C {
+		owners := l.renewable()
+		if owners == nil {
+			return
+		}
+		if len(owners) == 0 {
+			continue
+		}
+		now := l.nowMS()
+		ctx, cancel := context.WithTimeout(context.Background(), every)
+		_, err := l.db.Write.ExecContext(ctx, renewLeases, now+l.opts.Lease.Milliseconds(), now, owners)
+		cancel()
+		if err != nil {
+			// The next tick tries again; a lease that passes meanwhile is
+			// lost, and its attempt fails the fence.
+			l.logger.Warn("renew claim leases", "claims", len(owners), "error", err)
+		}
+	}
+}
+
+// renewable lists the owners whose leases need renewal, or returns nil,
+// ending the loop, when the layer has no attempts.
+func (l *Layer) renewable() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.local) == 0 {
+		l.renewing = false
+		return nil
+	}
+	owners := []string{}
+	for _, a := range l.local {
+		if a.claimed.Load() && !a.fenced.Load() {
+			owners = append(owners, a.owner)
+		}
+	}
+	return owners
+}
