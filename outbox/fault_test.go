@@ -60,7 +60,7 @@ var faultOps = []struct {
 	// release of a failed attempt's claim (no error of its own; the claim
 	// stays for the next attempt to take over).
 	{name: "begin", rule: faultdb.Rule{Op: faultdb.Begin}, errors: atMostPerFault, takeovers: true},
-	{name: "fence", rule: faultdb.Rule{Stmt: faultdb.Contains("SELECT owner, state FROM calls WHERE id = $1")}},
+	{name: "fence", rule: faultdb.Rule{Stmt: faultdb.Contains("SELECT owner, state, lease_until FROM calls WHERE id = $1")}},
 	{name: "handler", rule: faultdb.Rule{Stmt: faultdb.Contains("INSERT INTO charges")}},
 	{name: "handler_txlost", rule: faultdb.Rule{Stmt: faultdb.Contains("INSERT INTO charges"), Rollback: true}, errors: perBatch, takeovers: true},
 	{name: "enqueue", rule: faultdb.Rule{Stmt: faultdb.Contains("INSERT INTO effects")}},

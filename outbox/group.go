@@ -95,7 +95,7 @@ type batch struct {
 	calls   int   // call outcomes kept in it
 	broken  error // the transaction can no longer commit
 
-	own     bool  // the transaction of one unit alone (PostgreSQL)
+	own bool // the transaction of one unit alone (PostgreSQL)
 
 	done chan struct{} // closed after the commit or rollback
 	err  error         // nil if the batch committed; valid once done is closed
