@@ -62,6 +62,10 @@ var ErrOwnershipLost = errors.New("outbox: call was taken over by another attemp
 // begins.
 var errClaimGone = errors.New("the call's claim is gone")
 
+// errLeaseExpired: on PostgreSQL, the attempt's lease passed before its
+// handler's first statement; see fence.
+var errLeaseExpired = errors.New("the attempt's lease expired before its first statement, so it may not commit")
+
 // txError marks errors from the database under a handler: they are never
 // recorded as the call's outcome.
 type txError struct{ err error }
@@ -167,7 +171,7 @@ func (a *attempt) fence(u *unit) error {
 		// the lease): another replica may be about to take the call
 		// over, and an owner whose lease expired never commits. The
 		// call stays claimed by nobody alive; a retry takes it over.
-		return fmt.Errorf("%w: its lease expired before its first statement", ErrOwnershipLost)
+		return errLeaseExpired
 	}
 	return nil
 }
