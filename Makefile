@@ -52,10 +52,13 @@ $(PY_DIR)/.venv-%/.installed: $(PY_DIR)/requirements-%.txt
 .PHONY: py
 py: $(PY_INSTALLED) ## Create the Python virtual environments the interop tests use
 .PHONY: test
-test: $(NPM_INSTALLED) $(PY_INSTALLED) ## Run all tests with the race detector, including the interop matrix of real clients and the conformance suite
+test: $(NPM_INSTALLED) $(PY_INSTALLED) ## Run all tests with the race detector (interop matrix, conformance suite), then the store suites on PostgreSQL
 	@# cmd/mcp-outbox runs the interop matrix and the conformance suite: about
 	@# 5 minutes alone, more on a busy machine than go test's default 10m allows.
-	MCP_OUTBOX_REQUIRE_INTEROP=1 go test -race -count=1 -timeout 30m ./...
+	MCP_OUTBOX_REQUIRE_INTEROP=1 MCP_OUTBOX_REQUIRE_POSTGRES=1 go test -race -count=1 -timeout 30m ./...
+	@# The store-level suites once more, on PostgreSQL (a throwaway cluster
+	@# the tests start; MCP_OUTBOX_TEST_POSTGRES=URL uses a running server).
+	MCP_OUTBOX_REQUIRE_POSTGRES=1 MCP_OUTBOX_TEST_STORE=postgres go test -race -count=1 -timeout 15m ./outbox ./query ./schema
 
 .PHONY: test/short
 test/short: ## Run the quick tests (-short, no race detector; the interop test is skipped)
