@@ -1,6 +1,7 @@
 // Package outbox makes side-effecting MCP tool calls happen once per logical
 // call on a github.com/modelcontextprotocol/go-sdk server whose state lives in
-// SQLite.
+// SQLite, or in PostgreSQL when several replicas share it (see "On
+// PostgreSQL" below).
 //
 // # The invariant
 //
@@ -92,6 +93,51 @@
 //	unknown    an at_most_once destination may or may not have applied it;
 //	           never re-sent automatically; a probe or an operator decides
 //	cancelled  stopped by an operator
+//
+// # On PostgreSQL
+//
+// The invariant is the same: a call's writes, its effects and its outcome
+// commit in one transaction, as long as the tool's own tables live in the
+// same database. What differs, and why:
+//
+//   - No group commit. Each unit (a claim, an outcome, a release) is a
+//     transaction of its own on a pooled connection: PostgreSQL runs them
+//     side by side and shares WAL flushes among concurrent commits itself.
+//     A unit's work still sits in a savepoint, and a claim or a release
+//     commits with synchronous_commit off, the counterpart of SQLite's
+//     relaxed claims.
+//   - Claims are compare-and-set writes. Replicas claim at the same time,
+//     so every transition of a call row names the state it read (and, for
+//     a takeover or an abandoned forwarded call, the owner): a write that
+//     finds the row changed changes nothing, and the claim reads the row
+//     again. Two inserts of one key meet at the unique index; the loser
+//     reads the winner's row.
+//   - Ownership by lease, not by /proc. A replica cannot see another
+//     machine's processes, so every owner but the layer's own attempts is
+//     trusted for exactly its lease. A layer renews the leases of its
+//     claimed attempts every third of the lease, in one statement, until
+//     the handler's first statement. From that statement until the
+//     outcome commits the attempt's transaction holds the call row's lock
+//     (the fence is SELECT ... FOR UPDATE), so no other attempt can take
+//     the call over meanwhile; one that tries waits behind the lock,
+//     bounded by its in-flight wait, and then finds the outcome. An
+//     attempt whose lease passed before its first statement (its process
+//     was paused, or cut off, longer than the lease) does not commit, even
+//     if nobody took the call over; and one whose call was taken over
+//     fails the fence. So a paused replica that resumes never commits a
+//     call another replica ran.
+//   - Clocks. Leases are written in the replicas' own clocks, so they need
+//     clocks in step to well within a lease (NTP does this). A clock that
+//     is off changes only when a takeover happens, never whether two
+//     attempts can both commit: that is decided by the owner in the row,
+//     under its lock.
+//   - Waiting. A duplicate on another replica cannot be woken by the
+//     original: it polls the row with backoff, as one in another process
+//     does on SQLite.
+//   - A handler statement that fails ends PostgreSQL's transaction up to
+//     the last savepoint: the handler gets the error and should return
+//     it; further statements fail until the layer rolls back to the
+//     call's savepoint.
 //
 // # Numbers in arguments
 //
