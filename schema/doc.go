@@ -1,6 +1,23 @@
-// Package schema owns the SQLite database behind mcp-outbox: the embedded,
+// Package schema owns the database behind mcp-outbox: the embedded,
 // numbered migrations that create the outbox tables, and the one way to open a
-// database file with the settings the rest of the project relies on.
+// database with the settings the rest of the project relies on. SQLite (one
+// file, modernc.org/sqlite) is the embedded default; PostgreSQL (pgx through
+// database/sql) is the store that several replicas share.
+//
+// # PostgreSQL
+//
+// [Open] with a postgres:// or postgresql:// URL opens a pool of
+// connections (Write and Read are the same pool) to an existing database
+// and applies the outbox migrations of migrations_postgres/: the same
+// tables, columns and states, in PostgreSQL's types. Migrations run in one
+// transaction under an advisory lock, so replicas that start together
+// apply each one once. Durability maps to synchronous_commit (full: on;
+// normal: off). The statements of the project are written once, with $N
+// placeholders, which modernc.org/sqlite binds by number as PostgreSQL
+// does; the few that cannot be the same text are chosen with [DB.Pick].
+// Applications give their own migrations per dialect ([DB.MigrationsFor]).
+// The URL's password never appears in errors or logs (DB.Path is the URL
+// without it).
 //
 // # Opening
 //
