@@ -47,7 +47,7 @@ const DefaultPostgresConns = 32
 const migrateLock = 0x6d63702d6f7574
 
 func openPostgres(ctx context.Context, target string, o Options) (*DB, error) {
-	name := redact(target)
+	name := Redact(target)
 	cfg, err := url.Parse(target)
 	if err != nil {
 		return nil, fmt.Errorf("open database %s: %w", name, err)
@@ -98,8 +98,12 @@ func openPostgres(ctx context.Context, target string, o Options) (*DB, error) {
 // listener).
 func (db *DB) URL() string { return db.url }
 
-// redact is target without its password, for errors and logs.
-func redact(target string) string {
+// Redact is a database target fit for logs and errors: an SQLite path as
+// it is, a PostgreSQL URL without its password and settings.
+func Redact(target string) string {
+	if !IsPostgresURL(target) {
+		return target
+	}
 	u, err := url.Parse(target)
 	if err != nil {
 		return "postgres://(unparsable URL)"

@@ -12,7 +12,12 @@ import (
 // openExisting opens the database of an operator command. Opening would
 // create a missing file, and a mistyped path would then look like an empty
 // outbox instead of saying what is wrong.
+//
+// A PostgreSQL URL names a database that exists or fails to connect.
 func openExisting(ctx context.Context, path string) (*schema.DB, error) {
+	if schema.IsPostgresURL(path) {
+		return schema.Open(ctx, path, nil)
+	}
 	if _, err := os.Stat(path); err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("database %s does not exist; give the file serve uses with --db or MCP_OUTBOX_DB", path)

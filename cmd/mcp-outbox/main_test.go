@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/pgtest"
 )
 
 // Binaries built once for the tests that need a real process: bin is a
@@ -49,6 +51,7 @@ func TestMain(m *testing.M) {
 		}
 	}
 	code := m.Run()
+	pgtest.StopShared()
 	os.RemoveAll(dir)
 	os.Exit(code)
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/proxy"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
 const proxyUsage = `Usage: mcp-outbox proxy [flags] -- COMMAND [ARGS...]
@@ -97,7 +98,7 @@ func runProxy(ctx context.Context, env *environment, args []string) error {
 	defer stopDispatch()
 	defer a.startReaper(ctx)()
 
-	a.logger.Info("proxying MCP", "upstream", upstream.String(), "cooperating", *cooperating, "db", cfg.db)
+	a.logger.Info("proxying MCP", "upstream", upstream.String(), "cooperating", *cooperating, "db", schema.Redact(cfg.db))
 	if *httpAddr != "" {
 		a.mcpHTTP = p.HTTPHandler(ctx)
 		return serveHTTP(ctx, a, *httpAddr, a.logger, env.stderr)

@@ -251,7 +251,7 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 	if *httpAddr != "" {
 		return serveHTTP(ctx, a, *httpAddr, logger, env.stderr)
 	}
-	logger.Info("serving MCP on stdio", "db", cfg.db, "outbox", !cfg.bare)
+	logger.Info("serving MCP on stdio", "db", schema.Redact(cfg.db), "outbox", !cfg.bare)
 	err = a.server.Run(ctx, outbox.WrapTransport(&lineTransport{in: env.stdin, out: env.stdout, logger: logger}))
 	if ctx.Err() != nil || err == io.EOF {
 		return nil

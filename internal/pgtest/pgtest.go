@@ -229,12 +229,18 @@ func Shared(tb testing.TB) string {
 // Packages that use [Database] call it from TestMain.
 func Main(m *testing.M) {
 	code := m.Run()
+	StopShared()
+	os.Exit(code)
+}
+
+// StopShared stops the shared server, if one was started; a TestMain that
+// does more than [Main] calls it after m.Run.
+func StopShared() {
 	if shared.srv != nil {
 		if err := shared.srv.Stop(); err != nil {
 			fmt.Fprintln(os.Stderr, "pgtest: stop:", err)
 		}
 	}
-	os.Exit(code)
 }
 
 // Database creates an empty database for the test on the shared server
@@ -274,3 +280,6 @@ func WithDatabase(u, name string) string {
 	p.Path = "/" + name
 	return p.String()
 }
+
+// Required reports whether tests must fail, not skip, without PostgreSQL.
+func Required() bool { return os.Getenv(EnvRequire) != "" }

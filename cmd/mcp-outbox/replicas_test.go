@@ -1,0 +1,221 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"net/http"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/pgtest"
+)
+
+// Replicas: several `serve --http` processes on one PostgreSQL database,
+// with the retry of a call sent to another replica than the one that ran
+// it, as a load balancer without sticky sessions does.
+
+// replicaDB creates a database for the test and returns its URL and a
+// handle for the assertions.
+func replicaDB(t *testing.T) (string, *sql.DB) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts PostgreSQL and servers")
+	}
+	url := pgtest.Database(t)
+	db, err := sql.Open("pgx", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return url, db
+}
+
+// pollReplicas checks cond every 20 ms until it holds, for at most d.
+func pollReplicas(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("gave up waiting (%s) for %s", d, what)
+		}
+		<-tick.C
+	}
+}
+
+// The replica that ran the call is SIGKILLed after its commit and before
+// answering; the retry goes to another replica and gets the recorded
+// result.
+func TestReplicas_KilledAfterCommitRetryOnAnother(t *testing.T) {
+	t.Parallel()
+	url, db := replicaDB(t)
+	aURL, aCmd := startHTTP(t, failpointBin, url, []string{"MCP_OUTBOX_FAILPOINTS=call.after_commit=crash"})
+	bURL, _ := startHTTP(t, bin, url, nil)
+	a := connectHTTP(t, aURL, "", httpClient(t, ""))
+	if _, err := a.CallTool(context.Background(), chargeCall("k-killed", 250)); err == nil {
+		t.Fatal("the call answered although its replica was killed after the commit")
+	}
+	_ = aCmd.Wait()
+	wantKilled(t, aCmd)
+	b := connectHTTP(t, bURL, "", httpClient(t, ""))
+	res := mustSucceed(t, b, chargeCall("k-killed", 250))
+	wantReplay(t, res, true, "meta")
+	if n := countRows(t, db, `SELECT count(*) FROM charges`); n != 1 {
+		t.Fatalf("charges = %d, want 1", n)
+	}
+}
+
+// A replica is SIGSTOPped between its claim and its handler, past its
+// lease (it cannot renew it while stopped); the retry on another replica
+// takes the call over and runs it; the stopped replica, resumed, must not
+// commit.
+func TestReplicas_StoppedPastLeaseDoesNotCommit(t *testing.T) {
+	t.Parallel()
+	url, db := replicaDB(t)
+	aURL, aCmd := startHTTP(t, failpointBin, url, []string{"MCP_OUTBOX_FAILPOINTS=call.after_claim=sleep(2s)"}, "--lease", "1s")
+	bURL, _ := startHTTP(t, bin, url, nil, "--lease", "1s")
+	a := connectHTTP(t, aURL, "", httpClient(t, ""))
+	first := make(chan *mcp.CallToolResult, 1)
+	go func() {
+		res, err := a.CallTool(context.Background(), chargeCall("k-stopped", 300))
+		if err != nil {
+			t.Errorf("stopped replica's call: %v", err)
+		}
+		first <- res
+	}()
+	pollReplicas(t, 10*time.Second, "the claim", func() bool {
+		return countRows(t, db, `SELECT count(*) FROM calls WHERE key = 'k-stopped' AND state = 'in_flight'`) == 1
+	})
+	if err := aCmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := true
+	defer func() {
+		if stopped {
+			_ = aCmd.Process.Signal(syscall.SIGCONT)
+		}
+	}()
+	pollReplicas(t, 10*time.Second, "the lease to pass", func() bool {
+		return countRows(t, db, `SELECT count(*) FROM calls WHERE key = 'k-stopped' AND lease_until < $1`, time.Now().UnixMilli()) == 1
+	})
+	b := connectHTTP(t, bURL, "", httpClient(t, ""))
+	res := mustSucceed(t, b, chargeCall("k-stopped", 300))
+	if meta := callMetaOf(res); meta["replayed"] == true {
+		t.Fatalf("the retry replayed, but nobody had committed: %v", meta)
+	}
+	if err := aCmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	stopped = false
+	old := <-first
+	if old == nil || !old.IsError || !strings.Contains(resultText(old), "taken over") {
+		t.Fatalf("the resumed replica answered %v; want an error saying the call was taken over", old)
+	}
+	if n := countRows(t, db, `SELECT count(*) FROM charges`); n != 1 {
+		t.Fatalf("charges = %d, want 1", n)
+	}
+	if n := countRows(t, db, `SELECT attempts FROM calls WHERE key = 'k-stopped'`); n != 2 {
+		t.Fatalf("attempts = %d, want 2 (the claim and the takeover)", n)
+	}
+}
+
+// Three replicas receive the same key at the same instant: one charge,
+// three answers with its result.
+func TestReplicas_SameKeyAtOnce(t *testing.T) {
+	t.Parallel()
+	url, db := replicaDB(t)
+	var sessions []*mcp.ClientSession
+	for range 3 {
+		u, _ := startHTTP(t, bin, url, nil)
+		sessions = append(sessions, connectHTTP(t, u, "", httpClient(t, "")))
+	}
+	const keys = 10
+	ids := make([][3]int64, keys)
+	var wg sync.WaitGroup
+	for k := range keys {
+		for i, cs := range sessions {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				res, err := cs.CallTool(context.Background(), chargeCall("k-same-"+string(rune('a'+k)), 100+k))
+				if err != nil || res.IsError {
+					t.Errorf("key %d replica %d: %v %s", k, i, err, resultText(res))
+					return
+				}
+				ids[k][i] = structuredChargeID(t, res)
+			}()
+		}
+	}
+	wg.Wait()
+	if n := countRows(t, db, `SELECT count(*) FROM charges`); n != keys {
+		t.Fatalf("charges = %d, want %d", n, keys)
+	}
+	for k, got := range ids {
+		if got[0] != got[1] || got[1] != got[2] {
+			t.Errorf("key %d: charge ids %v differ across replicas", k, got)
+		}
+	}
+}
+
+// PostgreSQL restarts under a replica: while it is down calls fail with a
+// clear error and /readyz says 503; once it is back the replica recovers
+// by itself, and nothing is lost or done twice.
+func TestReplicas_PostgresRestart(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("starts PostgreSQL and servers")
+	}
+	srv, err := pgtest.Start()
+	if err != nil {
+		if pgtest.Required() {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+	defer srv.Stop()
+	db, err := sql.Open("pgx", srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	u, _ := startHTTP(t, bin, srv.URL, nil, "--in-flight-wait", "2s")
+	base := strings.TrimSuffix(u, "/mcp")
+	cs := connectHTTP(t, u, "", httpClient(t, ""))
+	mustSucceed(t, cs, chargeCall("k-before", 100))
+
+	if err := srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	res, err := cs.CallTool(context.Background(), chargeCall("k-down", 100))
+	if err != nil || !res.IsError || !strings.Contains(resultText(res), "nothing was executed") {
+		t.Fatalf("with PostgreSQL down: %v %s", err, resultText(res))
+	}
+	if code := getStatus(t, base+"/readyz"); code != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz with PostgreSQL down: %d, want 503", code)
+	}
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	pollReplicas(t, 30*time.Second, "/readyz after the restart", func() bool { return getStatus(t, base+"/readyz") == http.StatusOK })
+	mustSucceed(t, cs, chargeCall("k-down", 100))
+	wantReplay(t, mustSucceed(t, cs, chargeCall("k-before", 100)), true, "meta")
+	if n := countRows(t, db, `SELECT count(*) FROM charges`); n != 2 {
+		t.Fatalf("charges = %d, want 2", n)
+	}
+}
+
+func getStatus(t *testing.T, url string) int {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
