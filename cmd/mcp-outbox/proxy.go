@@ -7,7 +7,6 @@ import (
 	"net/url"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/proxy"
-	"github.com/mcp-outbox/mcp-outbox/outbox"
 )
 
 const proxyUsage = `Usage: mcp-outbox proxy [flags] -- COMMAND [ARGS...]
@@ -102,7 +101,7 @@ func runProxy(ctx context.Context, env *environment, args []string) error {
 		a.mcpHTTP = p.HTTPHandler(ctx)
 		return serveHTTP(ctx, a, *httpAddr, a.logger, env.stderr)
 	}
-	conn, err := outbox.WrapTransport(&lineTransport{in: env.stdin, out: env.stdout, logger: a.logger}).Connect(ctx)
+	conn, err := env.stdio(a.logger).Connect(ctx)
 	if err != nil {
 		return err
 	}

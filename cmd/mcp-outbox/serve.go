@@ -252,7 +252,7 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 		return serveHTTP(ctx, a, *httpAddr, logger, env.stderr)
 	}
 	logger.Info("serving MCP on stdio", "db", cfg.db, "outbox", !cfg.bare)
-	err = a.server.Run(ctx, outbox.WrapTransport(&lineTransport{in: env.stdin, out: env.stdout, logger: logger}))
+	err = a.server.Run(ctx, env.stdio(logger))
 	if ctx.Err() != nil || err == io.EOF {
 		return nil
 	}

@@ -1,4 +1,4 @@
-package main
+package outbox
 
 import (
 	"bufio"
@@ -6,15 +6,12 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-
-	"github.com/mcp-outbox/mcp-outbox/outbox"
 )
 
 // stdioFinalID is the id of the ping that ends every run of FuzzStdioLines:
@@ -56,8 +53,8 @@ var stdioSeeds = []string{
 	"",
 }
 
-// FuzzStdioLines runs serve's stdio transport (lineTransport, under
-// WrapTransport as serve has it) in front of a go-sdk server, feeds it an
+// FuzzStdioLines runs the hardened stdio transport (WrapTransport around an
+// *mcp.IOTransport, as serve has it) in front of a go-sdk server, feeds it an
 // initialize, the fuzzed lines and a final ping, and checks that every
 // non-empty line gets exactly one of: passed to the SDK, or one JSON-RPC
 // error answered by the filter (a valid error response: -32700 or -32600,
@@ -82,8 +79,7 @@ func FuzzStdioLines(f *testing.F) {
 		defer cancel()
 		inR, inW := io.Pipe()
 		outR, outW := io.Pipe()
-		lt := &lineTransport{in: inR, out: outW, logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
-		ss, err := server.Connect(ctx, outbox.WrapTransport(lt), nil)
+		ss, err := server.Connect(ctx, WrapTransport(&mcp.IOTransport{Reader: inR, Writer: outW}), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -120,7 +116,7 @@ func FuzzStdioLines(f *testing.F) {
 			if len(trimmed) == 0 {
 				continue
 			}
-			if r := checkMessage(trimmed, false); r != nil {
+			if r := checkMessage(trimmed, false, mcp.DefaultMaxLineLength); r != nil {
 				wantErrors[string(r.encode())]++
 				continue
 			}

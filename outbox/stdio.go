@@ -1,4 +1,4 @@
-package main
+package outbox
 
 import (
 	"bufio"
@@ -8,14 +8,17 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
+	"os"
 	"sync"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
-// lineTransport is serve's stdio transport: newline-delimited JSON-RPC on
-// the command's own streams. The go-sdk's stdio transport ends the whole
+// lineTransport is the hardened stdio transport WrapTransport puts in place
+// of an *mcp.StdioTransport or *mcp.IOTransport: newline-delimited JSON-RPC
+// on the same streams. The go-sdk's own stdio transport ends the whole
 // session at the first line that is not a JSON-RPC message, taking every
 // call in flight with it; a client's one bad line should cost one error
 // response, as JSON-RPC 2.0 asks. So lineTransport answers such lines itself
@@ -24,13 +27,53 @@ type lineTransport struct {
 	in     io.Reader
 	out    io.Writer
 	logger *slog.Logger
+	// limit bounds one inbound message, as the wrapped transport's
+	// MaxLineLength did (0 there means mcp.DefaultMaxLineLength).
+	limit int
+	// close runs when the SDK closes the connection: it closes the
+	// wrapped transport's streams, as the SDK would have (stdout excepted).
+	close func() error
 }
 
-// maxLineBytes bounds one inbound message, as the SDK's own default does.
-const maxLineBytes = mcp.DefaultMaxLineLength
+// newLineTransport returns the hardened form of t, or nil when t is not a
+// stdio transport.
+func newLineTransport(t mcp.Transport, logger *slog.Logger) *lineTransport {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	switch t := t.(type) {
+	case *mcp.StdioTransport:
+		// Like the SDK's: closing the session closes stdin, never stdout.
+		return &lineTransport{in: os.Stdin, out: os.Stdout, logger: logger, limit: lineLimit(t.MaxLineLength), close: os.Stdin.Close}
+	case *mcp.IOTransport:
+		return &lineTransport{in: t.Reader, out: t.Writer, logger: logger, limit: lineLimit(t.MaxLineLength), close: func() error {
+			rerr := t.Reader.Close()
+			if t.Writer == nil {
+				return rerr
+			}
+			if werr := t.Writer.Close(); rerr == nil {
+				return werr
+			}
+			return rerr
+		}}
+	}
+	return nil
+}
+
+// lineLimit reads MaxLineLength as the SDK does: 0 is the default, a
+// negative value no cap.
+func lineLimit(n int) int {
+	switch {
+	case n == 0:
+		return mcp.DefaultMaxLineLength
+	case n < 0:
+		return math.MaxInt
+	}
+	return n
+}
 
 func (t *lineTransport) Connect(ctx context.Context) (mcp.Connection, error) {
-	out := &lockedWriter{w: t.out}
+	out := &lockedWriter{w: t.out, close: t.close}
 	pr, pw := io.Pipe()
 	// This goroutine outlives the session if t.in never returns from Read,
 	// like the SDK's own reader of stdin: there is no portable way to
@@ -44,9 +87,9 @@ func (t *lineTransport) Connect(ctx context.Context) (mcp.Connection, error) {
 func (t *lineTransport) filter(sdk *io.PipeWriter, out *lockedWriter) error {
 	br := bufio.NewReaderSize(t.in, 64*1024)
 	for {
-		line, tooLong, rerr := readLine(br, maxLineBytes)
+		line, tooLong, rerr := readLine(br, t.limit)
 		if trimmed := bytes.TrimSpace(line); len(trimmed) > 0 || tooLong {
-			reply := checkMessage(trimmed, tooLong)
+			reply := checkMessage(trimmed, tooLong, t.limit)
 			forward := [][]byte{trimmed}
 			if reply == nil && trimmed[0] == '[' {
 				forward, reply = out.startBatch(trimmed)
@@ -108,12 +151,13 @@ func (r *errorReply) encode() []byte {
 
 // checkMessage returns the error response for a line that is not a
 // JSON-RPC message (or a non-empty batch of them), or nil for a good one.
-func checkMessage(line []byte, tooLong bool) *errorReply {
+// A line that was tooLong is longer than limit.
+func checkMessage(line []byte, tooLong bool, limit int) *errorReply {
 	r := &errorReply{JSONRPC: "2.0", ID: json.RawMessage("null")}
 	switch {
 	case tooLong:
 		r.Error.Code = jsonrpc.CodeInvalidRequest
-		r.Error.Message = fmt.Sprintf("Invalid Request: message longer than %d bytes", maxLineBytes)
+		r.Error.Message = fmt.Sprintf("Invalid Request: message longer than %d bytes", limit)
 		return r
 	case !json.Valid(line):
 		r.Error.Code = jsonrpc.CodeParseError
@@ -190,6 +234,8 @@ type lockedWriter struct {
 	// them, so the filter answers such a batch itself; the SDK's answer to
 	// a batch (the only array it writes) frees its ids.
 	batchCalls map[jsonrpc.ID]bool
+	// close closes the streams underneath; nil leaves them open.
+	close func() error
 }
 
 func (l *lockedWriter) Write(p []byte) (int, error) {
@@ -257,5 +303,11 @@ func (l *lockedWriter) startBatch(line []byte) ([][]byte, *errorReply) {
 	return forward, nil
 }
 
-// Close leaves the underlying stream open: it belongs to the command.
-func (l *lockedWriter) Close() error { return nil }
+// Close closes the wrapped transport's streams as the SDK would have;
+// the SDK calls it once, when the session ends.
+func (l *lockedWriter) Close() error {
+	if l.close == nil {
+		return nil
+	}
+	return l.close()
+}
