@@ -1,9 +1,8 @@
-package main
+package operator
 
 import (
 	"context"
 	"encoding/json"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -11,18 +10,24 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
 func TestReadyz(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	env := testEnv(nil, nil, io.Discard, io.Discard)
-	a, err := openApp(ctx, env, &appConfig{db: filepath.Join(t.TempDir(), "ready.db"), durability: "full", logLevel: "error"})
+	db, err := schema.Open(ctx, filepath.Join(t.TempDir(), "ready.db"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer a.Close()
-	router := newRouter(a, a.logger)
+	defer db.Close()
+	d, err := outbox.NewDispatcher(db, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	router := NewHandler(db, &Options{Dispatcher: d})
 	get := func() (int, map[string]any) {
 		t.Helper()
 		rec := httptest.NewRecorder()
@@ -37,12 +42,12 @@ func TestReadyz(t *testing.T) {
 	if code, body := get(); code != http.StatusServiceUnavailable {
 		t.Errorf("before the dispatcher starts: %d %v, want 503", code, body)
 	}
-	stop, err := a.startDispatcher(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	dctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = d.Run(dctx) }()
+	stop := func() { cancel(); <-done }
 	// Run marks itself running as its goroutine starts: poll for it.
-	for deadline := time.Now().Add(10 * time.Second); !a.dispatcher.Running(); {
+	for deadline := time.Now().Add(10 * time.Second); !d.Running(); {
 		if time.Now().After(deadline) {
 			t.Fatal("dispatcher not running within 10s")
 		}
@@ -53,7 +58,7 @@ func TestReadyz(t *testing.T) {
 	}
 
 	// The database stops taking writes: not ready, and says why.
-	if _, err := a.db.Write.Exec(`PRAGMA query_only = 1`); err != nil {
+	if _, err := db.Write.Exec(`PRAGMA query_only = 1`); err != nil {
 		t.Fatal(err)
 	}
 	code, body := get()
@@ -61,7 +66,7 @@ func TestReadyz(t *testing.T) {
 	if code != http.StatusServiceUnavailable || checks["database"] == "ok" {
 		t.Errorf("read-only database: %d %v, want 503 naming the database", code, body)
 	}
-	if _, err := a.db.Write.Exec(`PRAGMA query_only = 0`); err != nil {
+	if _, err := db.Write.Exec(`PRAGMA query_only = 0`); err != nil {
 		t.Fatal(err)
 	}
 	if code, _ := get(); code != http.StatusOK {
@@ -74,19 +79,19 @@ func TestReadyz(t *testing.T) {
 	}
 }
 
-// serve's router serves the metrics, under the admin rule.
+// The handler serves the metrics, under the admin rule.
 func TestMetricsEndpoint(t *testing.T) {
 	t.Parallel()
-	env := testEnv(nil, nil, io.Discard, io.Discard)
-	a, err := openApp(context.Background(), env, &appConfig{db: filepath.Join(t.TempDir(), "m.db"), durability: "full", logLevel: "error"})
+	db, err := schema.Open(context.Background(), filepath.Join(t.TempDir(), "m.db"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer a.Close()
-	router := newRouter(a, a.logger)
+	defer db.Close()
+	metrics, _ := NewMetrics(db)
+	router := NewHandler(db, &Options{Metrics: metrics})
 
 	req := httptest.NewRequest(http.MethodGet, "/metrics", nil)
-	fromLoopback(req)
+	req.RemoteAddr, req.Host = "127.0.0.1:50123", "127.0.0.1:8080" // a client on this host
 	rec := httptest.NewRecorder()
 	router.ServeHTTP(rec, req)
 	if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), "go_goroutines ") {

@@ -1,4 +1,4 @@
-package main
+package operator
 
 import (
 	"net/http"
@@ -11,11 +11,13 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
-// metricsHandler serves GET /metrics from a registry of its own rather than
-// the global one, so nothing a dependency registers leaks into the scrape.
-// The returned Metrics go into outbox.Options and outbox.DispatcherOptions;
-// the outbox depth is read from db at each scrape.
-func metricsHandler(db *schema.DB) (http.Handler, *outbox.Metrics) {
+// NewMetrics returns the handler of GET /metrics (for Options.Metrics) and
+// the outbox's metrics to record into (for outbox.Options and
+// outbox.DispatcherOptions). It serves a registry of its own rather than
+// the global one, so nothing a dependency registers leaks into the scrape:
+// the Go runtime's and the process's metrics, the outbox's, and the outbox
+// depth read from db at each scrape.
+func NewMetrics(db *schema.DB) (http.Handler, *outbox.Metrics) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(
 		collectors.NewGoCollector(),

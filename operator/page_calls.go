@@ -1,4 +1,4 @@
-package main
+package operator
 
 import (
 	"context"
@@ -33,9 +33,9 @@ import (
 // names one call for good: after a rerun deletes it, the next call with
 // the same key has another id.
 
-// pageUnknownCallsLimit bounds the list, as pageStuckLimit does the stuck
+// PageUnknownCalls bounds the list, as pageStuckLimit does the stuck
 // effects.
-const pageUnknownCallsLimit = 50
+const PageUnknownCalls = 50
 
 // pageUnknownCall is a row of the page's list of unknown calls. It holds
 // the raw key for the template's keyHash; the page never prints it.
@@ -94,7 +94,7 @@ func listPageUnknownCalls(ctx context.Context, db *sql.DB, limit int) ([]pageUnk
 func parseCallID(s string) (int64, error) {
 	id, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || id < 1 {
-		return 0, badInputf("call id %q: want a positive integer", shorten(s, 40))
+		return 0, badInputf("call id %q: want a positive integer", Shorten(s, 40))
 	}
 	return id, nil
 }
@@ -135,8 +135,8 @@ func (p *pageHandler) resolveCall(w http.ResponseWriter, r *http.Request) {
 	}
 	outcome, note := form.Get("outcome"), strings.TrimSpace(form.Get("note"))
 	// The outcome first, so that a bad one is refused whatever the call.
-	if !slices.Contains(callOutcomeNames(), outcome) {
-		p.redirectFailed(w, r, action, badInputf("outcome %q: want %s", shorten(outcome, 40), orList(callOutcomeNames())))
+	if !slices.Contains(CallOutcomeNames(), outcome) {
+		p.redirectFailed(w, r, action, badInputf("outcome %q: want %s", Shorten(outcome, 40), orList(CallOutcomeNames())))
 		return
 	}
 	call, err := readPageCall(r.Context(), p.db, id)
@@ -144,14 +144,14 @@ func (p *pageHandler) resolveCall(w http.ResponseWriter, r *http.Request) {
 		p.redirectFailed(w, r, action, err)
 		return
 	}
-	name := fmt.Sprintf("Call %d (%s of %s, key %s)", id, shorten(call.Tool, 40), shorten(call.Principal, 60), pageKeyHash(call.Principal, call.Key))
+	name := fmt.Sprintf("Call %d (%s of %s, key %s)", id, Shorten(call.Tool, 40), Shorten(call.Principal, 60), KeyHash(call.Principal, call.Key))
 	if call.State != string(query.OutcomeUnknown) {
 		p.redirectFailed(w, r, action, fmt.Errorf("%s is %s: %w", name, call.State, outbox.ErrCallNotUnknown))
 		return
 	}
 	// By uid, never reused: if this call was settled as rerun meanwhile
 	// and a new call with its key became unknown, that one is not touched.
-	if err := checkResolveCall(callRef{CallID: call.UID}, outcome, note); err != nil {
+	if err := CheckResolveCall(CallRef{CallID: call.UID}, outcome, note); err != nil {
 		p.redirectFailed(w, r, action, err)
 		return
 	}

@@ -1,4 +1,4 @@
-package main
+package operator
 
 import (
 	"bytes"
@@ -22,9 +22,9 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
-// maxAdminBody bounds a request body; the largest legitimate one is a few
-// bytes of {"outcome": ...}.
-const maxAdminBody = 1 << 20
+// MaxAdminBody bounds an admin API request body; the largest legitimate
+// one is a few bytes of {"outcome": ...}.
+const MaxAdminBody = 1 << 20
 
 // adminRouter is the operator API that serve mounts at /admin: the same
 // actions and validation as `mcp-outbox outbox` (operate.go), in JSON.
@@ -43,7 +43,7 @@ const maxAdminBody = 1 << 20
 // Errors are {"error": "..."}: 400 bad input, 403 refused, 404 no such
 // effect or call, 409 not in a state the action applies to, 413 body too
 // large.
-func adminRouter(db *schema.DB, logger *slog.Logger, ac *authConfig) http.Handler {
+func adminRouter(db *schema.DB, logger *slog.Logger, ac *adminAuth) http.Handler {
 	h := &adminHandler{db: db, logger: logger}
 	r := chi.NewRouter()
 	r.Use(adminGuard(ac))
@@ -86,7 +86,7 @@ var adminCSRF = http.NewCrossOriginProtection()
 // Cross-origin browser requests are refused either way. A reverse proxy on
 // this host would make every client look local: without a token, /admin
 // must not be proxied.
-func adminGuard(ac *authConfig) func(http.Handler) http.Handler {
+func adminGuard(ac *adminAuth) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if ac != nil && ac.adminHash != nil {
@@ -121,26 +121,14 @@ func checkAdminClient(r *http.Request) error {
 	if ip, err := netip.ParseAddr(host); err != nil || !ip.Unmap().IsLoopback() {
 		return fmt.Errorf("without an admin token (--admin-token-sha256) the admin API answers only clients on this host over loopback; %s is not a loopback address", host)
 	}
-	if !isLoopbackHost(r.Host) {
+	if !LoopbackHost(r.Host) {
 		return fmt.Errorf("the admin API answers only requests addressed to localhost or a loopback address, not %q", r.Host)
 	}
 	return nil
 }
 
-func isLoopbackHost(hostport string) bool {
-	host, _, err := net.SplitHostPort(hostport)
-	if err != nil {
-		host = strings.TrimSuffix(strings.TrimPrefix(hostport, "["), "]")
-	}
-	if strings.EqualFold(host, "localhost") {
-		return true
-	}
-	ip, err := netip.ParseAddr(host)
-	return err == nil && ip.Unmap().IsLoopback()
-}
-
 func (h *adminHandler) summary(w http.ResponseWriter, r *http.Request) {
-	sum, err := summarizeEffects(r.Context(), h.db)
+	sum, err := SummarizeEffects(r.Context(), h.db)
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -153,8 +141,8 @@ func (h *adminHandler) summary(w http.ResponseWriter, r *http.Request) {
 var listParams = []string{"state", "dest", "limit"}
 
 // listQuery reads a list endpoint's query: only the parameters allowed,
-// each at most once, and a limit from 1 to maxListLimit (default
-// defaultListLimit).
+// each at most once, and a limit from 1 to MaxListLimit (default
+// DefaultListLimit).
 func listQuery(r *http.Request, allowed ...string) (url.Values, int, error) {
 	q := r.URL.Query()
 	for k, v := range q {
@@ -165,11 +153,11 @@ func listQuery(r *http.Request, allowed ...string) (url.Values, int, error) {
 			return nil, 0, badInputf("parameter %q given %d times", k, len(v))
 		}
 	}
-	limit := defaultListLimit
+	limit := DefaultListLimit
 	if s := q.Get("limit"); s != "" {
 		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 || n > maxListLimit {
-			return nil, 0, badInputf("limit %q: want a number from 1 to %d", s, maxListLimit)
+		if err != nil || n < 1 || n > MaxListLimit {
+			return nil, 0, badInputf("limit %q: want a number from 1 to %d", s, MaxListLimit)
 		}
 		limit = n
 	}
@@ -182,7 +170,7 @@ func (h *adminHandler) list(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	f, err := effectFilter(q.Get("state"), q.Get("dest"), limit)
+	f, err := ParseEffectFilter(q.Get("state"), q.Get("dest"), limit)
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -198,7 +186,7 @@ func (h *adminHandler) list(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *adminHandler) get(w http.ResponseWriter, r *http.Request) {
-	id, err := parseEffectID(chi.URLParam(r, "id"))
+	id, err := ParseEffectID(chi.URLParam(r, "id"))
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -227,9 +215,9 @@ func (h *adminHandler) retryDead(w http.ResponseWriter, r *http.Request) {
 	}{n})
 }
 
-func (h *adminHandler) action(a effectAction) http.HandlerFunc {
+func (h *adminHandler) action(a EffectAction) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		id, err := parseEffectID(chi.URLParam(r, "id"))
+		id, err := ParseEffectID(chi.URLParam(r, "id"))
 		if err != nil {
 			h.fail(w, r, err)
 			return
@@ -245,7 +233,7 @@ func (h *adminHandler) action(a effectAction) http.HandlerFunc {
 			h.fail(w, r, err)
 			return
 		}
-		res, err := applyEffectAction(r.Context(), h.db, a, id, body.Outcome)
+		res, err := ApplyEffectAction(r.Context(), h.db, a, id, body.Outcome)
 		if err != nil {
 			h.fail(w, r, err)
 			return
@@ -288,7 +276,7 @@ func (h *adminHandler) resolveCall(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	ref := callRef{Key: body.Key, CallID: body.CallID}
+	ref := CallRef{Key: body.Key, CallID: body.CallID}
 	if body.CallID == "" {
 		ref.Principal = outbox.ParsePrincipal(body.Principal)
 	} else if body.Principal != "" {
@@ -296,7 +284,7 @@ func (h *adminHandler) resolveCall(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	body.Principal = ref.Principal
-	res, err := resolveUnknownCall(r.Context(), h.db, ref, body.Outcome, body.Note)
+	res, err := ResolveUnknownCall(r.Context(), h.db, ref, body.Outcome, body.Note)
 	if err != nil {
 		h.failLogging(w, r, err, redactKey(err, body.Principal, body.Key))
 		return
@@ -312,10 +300,10 @@ func (h *adminHandler) resolveCall(w http.ResponseWriter, r *http.Request) {
 // field is more likely a mistake (an outcome sent to /retry) than
 // something to ignore.
 func readAdminBody(w http.ResponseWriter, r *http.Request, v any) error {
-	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxAdminBody))
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxAdminBody))
 	if err != nil {
 		if errors.As(err, new(*http.MaxBytesError)) {
-			return fmt.Errorf("body larger than %d bytes: %w", maxAdminBody, err)
+			return fmt.Errorf("body larger than %d bytes: %w", MaxAdminBody, err)
 		}
 		return badInputf("read body: %v", err)
 	}
@@ -346,7 +334,7 @@ func (h *adminHandler) failLogging(w http.ResponseWriter, r *http.Request, err, 
 	switch {
 	case errors.As(err, new(*http.MaxBytesError)):
 		status = http.StatusRequestEntityTooLarge
-	case errors.As(err, new(badInput)):
+	case errors.As(err, new(BadInput)):
 		status = http.StatusBadRequest
 	case errors.Is(err, outbox.ErrNoEffect), errors.Is(err, outbox.ErrNoCall):
 		status = http.StatusNotFound

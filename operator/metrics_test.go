@@ -1,4 +1,4 @@
-package main
+package operator
 
 import (
 	"context"
@@ -25,7 +25,7 @@ func TestMetricsHandler(t *testing.T) {
 		VALUES (1, 'payments', 'POST', '/v1/charges', 'k1', 'dead', 0, 0, 0)`); err != nil {
 		t.Fatal(err)
 	}
-	h, m := metricsHandler(db)
+	h, m := NewMetrics(db)
 	if m == nil {
 		t.Fatal("no outbox metrics")
 	}

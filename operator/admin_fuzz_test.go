@@ -1,4 +1,4 @@
-package main
+package operator
 
 import (
 	"bytes"
@@ -94,7 +94,7 @@ UPDATE effects SET state = 'unknown', send_started_at = ?1, last_error = 'timed 
 		}
 		path := targets[int(target)%len(targets)]
 		req := httptest.NewRequest(http.MethodPost, path, bytes.NewReader(body))
-		fromLoopback(req)
+		req.RemoteAddr, req.Host = "127.0.0.1:50123", "127.0.0.1:8080" // a client on this host
 		rec := httptest.NewRecorder()
 		router.ServeHTTP(rec, req)
 

@@ -1,4 +1,4 @@
-package main
+package operator
 
 import (
 	"bytes"
@@ -53,12 +53,12 @@ import (
 var pageFiles embed.FS
 
 var pageTemplates = template.Must(template.New("page").Funcs(template.FuncMap{
-	"keyHash":  pageKeyHash,
+	"keyHash":  KeyHash,
 	"utc":      func(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05 UTC") },
 	"iso":      func(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) },
 	"ago":      func(t time.Time) string { return ago(time.Since(t)) },
 	"took":     func(from, to time.Time) string { return tookText(to.Sub(from)) },
-	"clip":     func(n int, s string) string { return shorten(s, n) },
+	"clip":     func(n int, s string) string { return Shorten(s, n) },
 	"px":       func(v float64) string { return strconv.FormatFloat(v, 'f', 1, 64) },
 	"ref":      func(id int64, state string) effectRef { return effectRef{id, state} },
 	"needsOps": func(c query.Counts) int { return c.Dead + c.Unknown },
@@ -94,21 +94,23 @@ func tookText(d time.Duration) string {
 // Bounds of what the page shows and reads, so that it stays fast and
 // legible however large the tables grow.
 const (
-	pageStuckLimit   = 50
-	pageCallsLimit   = 20
-	pageResultLimit  = 2000    // characters of a looked-up call's result
-	maxPageForm      = 8 << 10 // bytes of a form body; the largest is a key
+	pageStuckLimit  = 50
+	pageCallsLimit  = 20
+	pageResultLimit = 2000 // characters of a looked-up call's result
+	// MaxPageForm bounds a form body in bytes; the largest form is a key.
+	MaxPageForm      = 8 << 10
 	maxFlashLen      = 500
 	maxPagePrincipal = 256
-	pageSessionTTL   = 12 * time.Hour
+	// PageSessionTTL is how long a login session of the page lasts.
+	PageSessionTTL   = 12 * time.Hour
 	maxPageSessions  = 1000
 	pageSessionBytes = 32
 	pageCookie       = "mcp_outbox_session"
-	// After maxLoginFailures wrong tokens from one client within
+	// After MaxLoginFailures wrong tokens from one client within
 	// loginWindow of the first, its logins are refused with 429 until the
 	// window ends, the token unchecked. At most maxLoginClients addresses
 	// are tracked.
-	maxLoginFailures = 5
+	MaxLoginFailures = 5
 	loginWindow      = time.Minute
 	maxLoginClients  = 1000
 )
@@ -117,7 +119,7 @@ const (
 type pageHandler struct {
 	db       *schema.DB
 	logger   *slog.Logger
-	auth     *authConfig // nil or without an admin token: loopback only
+	auth     *adminAuth // nil or without an admin token: loopback only
 	sessions pageSessions
 	logins   loginLimiter
 	// now is the clock of sessions and the login limit; tests replace it.
@@ -127,16 +129,11 @@ type pageHandler struct {
 	flashKey []byte
 }
 
-func newPageHandler(db *schema.DB, logger *slog.Logger, ac *authConfig) *pageHandler {
+func newPageHandler(db *schema.DB, logger *slog.Logger, ac *adminAuth) *pageHandler {
 	key := make([]byte, 32)
 	rand.Read(key) // never fails (crypto/rand panics rather than return an error)
 	return &pageHandler{db: db, logger: logger, auth: ac, flashKey: key, now: time.Now,
 		sessions: pageSessions{byHash: map[[32]byte]time.Time{}}, logins: loginLimiter{byClient: map[string]loginFailures{}}}
-}
-
-// mountPage adds the page's routes to serve's router.
-func mountPage(r chi.Router, db *schema.DB, logger *slog.Logger, ac *authConfig) {
-	newPageHandler(db, logger, ac).mount(r)
 }
 
 func (p *pageHandler) mount(r chi.Router) {
@@ -229,7 +226,7 @@ func (s *pageSessions) create(now time.Time) string {
 	if len(s.byHash) >= maxPageSessions {
 		s.evict(now)
 	}
-	s.byHash[sha256.Sum256([]byte(id))] = now.Add(pageSessionTTL)
+	s.byHash[sha256.Sum256([]byte(id))] = now.Add(PageSessionTTL)
 	return id
 }
 
@@ -327,12 +324,12 @@ func (p *pageHandler) login(w http.ResponseWriter, r *http.Request) {
 		p.logger.Warn("operator page login refused", "remote", r.RemoteAddr)
 		if p.logins.fail(client, now) {
 			p.logger.Warn("operator page logins refused for a while", "client", client,
-				"failures", maxLoginFailures, "for", loginWindow.String())
+				"failures", MaxLoginFailures, "for", loginWindow.String())
 		}
 		p.render(w, http.StatusUnauthorized, "login", loginData{Error: "That is not the admin token."})
 		return
 	}
-	setSessionCookie(w, r, p.sessions.create(now), int(pageSessionTTL.Seconds()))
+	setSessionCookie(w, r, p.sessions.create(now), int(PageSessionTTL.Seconds()))
 	p.logger.Info("operator page login", "remote", r.RemoteAddr)
 	http.Redirect(w, r, "/", http.StatusSeeOther)
 }
@@ -357,7 +354,7 @@ func loginClient(r *http.Request) string {
 }
 
 // loginLimiter counts failed logins per client in fixed windows: the first
-// failure opens a window of loginWindow; maxLoginFailures in it close the
+// failure opens a window of loginWindow; MaxLoginFailures in it close the
 // login to that client until it ends. A successful login neither counts nor
 // resets the count. The table is bounded: when full, ended windows go
 // first, then the oldest.
@@ -385,7 +382,7 @@ func (l *loginLimiter) blocked(client string, now time.Time) time.Duration {
 		delete(l.byClient, client)
 		return 0
 	}
-	if f.n < maxLoginFailures {
+	if f.n < MaxLoginFailures {
 		return 0
 	}
 	return end.Sub(now)
@@ -405,7 +402,7 @@ func (l *loginLimiter) fail(client string, now time.Time) bool {
 	}
 	f.n++
 	l.byClient[client] = f
-	return f.n == maxLoginFailures
+	return f.n == MaxLoginFailures
 }
 
 // evict drops the ended windows and, if none had ended, the oldest one: a
@@ -448,7 +445,7 @@ func (p *pageHandler) logout(w http.ResponseWriter, r *http.Request) {
 // fields, each at most once. A stray field is more likely a mistake than
 // something to ignore, as in the admin API's bodies.
 func readPageForm(w http.ResponseWriter, r *http.Request, fields ...string) (url.Values, error) {
-	r.Body = http.MaxBytesReader(w, r.Body, maxPageForm)
+	r.Body = http.MaxBytesReader(w, r.Body, MaxPageForm)
 	if err := r.ParseForm(); err != nil {
 		return nil, badInputf("read form: %v", err)
 	}
@@ -469,7 +466,7 @@ type indexData struct {
 	Now      time.Time
 	LoggedIn bool // with a session cookie: offer to log out
 	Flash    *flash
-	Summary  effectSummary
+	Summary  EffectSummary
 	ByDest   []query.DestinationCounts
 	Stuck    []query.StuckEffect
 	// UnknownCalls are the newest of Summary.UnknownCalls.
@@ -531,11 +528,11 @@ func (p *pageHandler) read(ctx context.Context, d *indexData, window chartWindow
 	if err != nil {
 		return err
 	}
-	d.Summary = effectSummary{Counts: all, Total: all.Total(), UnknownCalls: unknownCalls}
+	d.Summary = EffectSummary{Counts: all, Total: all.Total(), UnknownCalls: unknownCalls}
 	if d.Stuck, err = query.ListStuckEffects(ctx, p.db.Read, pageStuckLimit); err != nil {
 		return err
 	}
-	if d.UnknownCalls, err = listPageUnknownCalls(ctx, p.db.Read, pageUnknownCallsLimit); err != nil {
+	if d.UnknownCalls, err = listPageUnknownCalls(ctx, p.db.Read, PageUnknownCalls); err != nil {
 		return err
 	}
 	if d.Calls, err = query.RecentCalls(ctx, p.db.Read, pageCallsLimit); err != nil {
@@ -557,7 +554,7 @@ func (p *pageHandler) lookupCall(w http.ResponseWriter, r *http.Request) {
 		err = p.findCall(r.Context(), res)
 	}
 	if err != nil {
-		if !errors.As(err, new(badInput)) {
+		if !errors.As(err, new(BadInput)) {
 			p.logger.Error("operator page lookup failed", "error", err)
 		}
 		res.Error = err.Error()
@@ -574,13 +571,13 @@ func (p *pageHandler) findCall(ctx context.Context, res *lookupResult) error {
 	// (user:alice).
 	principal := outbox.ParsePrincipal(res.Principal)
 	if len(principal) > maxPagePrincipal || strings.ContainsFunc(principal, unicode.IsControl) {
-		return badInputf("principal %q: want local, or a token's principal such as alice", shorten(res.Principal, 40))
+		return badInputf("principal %q: want local, or a token's principal such as alice", Shorten(res.Principal, 40))
 	}
 	if res.Key == "" {
 		return badInputf("give the call's idempotency key")
 	}
 	if err := callkey.Validate(res.Key); err != nil {
-		return badInput{err}
+		return BadInput{err}
 	}
 	st, err := query.Lookup(ctx, p.db.Read, principal, res.Key, time.Now())
 	if err != nil {
@@ -606,13 +603,13 @@ func (p *pageHandler) findCall(ctx context.Context, res *lookupResult) error {
 	return nil
 }
 
-func (p *pageHandler) action(a effectAction) http.HandlerFunc {
+func (p *pageHandler) action(a EffectAction) http.HandlerFunc {
 	var fields []string
 	if a.outcome {
 		fields = []string{"outcome"}
 	}
 	return func(w http.ResponseWriter, r *http.Request) {
-		id, err := parseEffectID(chi.URLParam(r, "id"))
+		id, err := ParseEffectID(chi.URLParam(r, "id"))
 		if err != nil {
 			p.redirectFailed(w, r, a.name, err)
 			return
@@ -623,15 +620,15 @@ func (p *pageHandler) action(a effectAction) http.HandlerFunc {
 			return
 		}
 		outcome := form.Get("outcome")
-		res, err := applyEffectAction(r.Context(), p.db, a, id, outcome)
+		res, err := ApplyEffectAction(r.Context(), p.db, a, id, outcome)
 		if err != nil {
 			p.redirectFailed(w, r, a.name, err)
 			return
 		}
 		p.logger.Info("operator page action", "action", a.name, "outcome", outcome, "effect", id,
 			"from", res.PreviousState, "to", res.Effect.State, "remote", r.RemoteAddr)
-		msg := fmt.Sprintf("Effect %d (%s %s to %s): %s, now %s.", id, res.Effect.Method, shorten(res.Effect.Path, 60),
-			shorten(res.Effect.Destination, 40), res.PreviousState, res.Effect.State)
+		msg := fmt.Sprintf("Effect %d (%s %s to %s): %s, now %s.", id, res.Effect.Method, Shorten(res.Effect.Path, 60),
+			Shorten(res.Effect.Destination, 40), res.PreviousState, res.Effect.State)
 		if res.Warning != "" {
 			p.logger.Warn(res.Warning, "effect", id)
 			msg += " Warning: " + res.Warning + "."
@@ -656,7 +653,7 @@ func (p *pageHandler) retryDead(w http.ResponseWriter, r *http.Request) {
 
 func (p *pageHandler) redirectFailed(w http.ResponseWriter, r *http.Request, action string, err error) {
 	var known *stateError
-	if !errors.As(err, new(badInput)) && !errors.As(err, &known) && !errors.Is(err, outbox.ErrNoEffect) &&
+	if !errors.As(err, new(BadInput)) && !errors.As(err, &known) && !errors.Is(err, outbox.ErrNoEffect) &&
 		!errors.Is(err, outbox.ErrNoCall) && !errors.Is(err, outbox.ErrCallNotUnknown) {
 		p.logger.Error("operator page action failed", "action", action, "error", err)
 	}
@@ -681,7 +678,7 @@ func (p *pageHandler) flashSig(kind, msg string) string {
 }
 
 func (p *pageHandler) redirectFlash(w http.ResponseWriter, r *http.Request, kind, msg string) {
-	msg = shorten(msg, maxFlashLen)
+	msg = Shorten(msg, maxFlashLen)
 	q := url.Values{kind: {msg}, "sig": {p.flashSig(kind, msg)}}
 	http.Redirect(w, r, "/?"+q.Encode(), http.StatusSeeOther)
 }
@@ -728,8 +725,9 @@ func (p *pageHandler) render(w http.ResponseWriter, status int, name string, dat
 	w.Write(b.Bytes())
 }
 
-// pageKeyHash is how the logs name a call; a call without a key has none.
-func pageKeyHash(principal, key string) string {
+// KeyHash is how the page and the logs name a call: outbox.KeyHash of its
+// principal and key, never the key itself. A call without a key has none.
+func KeyHash(principal, key string) string {
 	if key == "" {
 		return ""
 	}

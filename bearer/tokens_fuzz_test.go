@@ -1,4 +1,4 @@
-package main
+package bearer
 
 import (
 	"bufio"
@@ -45,7 +45,7 @@ func FuzzTokensFile(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, file []byte) {
-		toks, err := parseTokensFile(file)
+		toks, err := ParseFile(file)
 		if err != nil {
 			msg := err.Error()
 			if !strings.Contains(msg, "line ") && !strings.Contains(msg, "scan lines") {
@@ -73,12 +73,12 @@ func FuzzTokensFile(f *testing.F) {
 		}
 		var back strings.Builder
 		for _, tok := range toks {
-			if !principalPattern.MatchString(tok.principal) || len(tok.hash) != sha256.Size {
+			if !principalPattern.MatchString(tok.Principal) || len(tok.Hash) != sha256.Size {
 				t.Fatalf("token %+v: bad principal or hash", tok)
 			}
-			fmt.Fprintf(&back, "%s %s\n", tok.principal, hex.EncodeToString(tok.hash))
+			fmt.Fprintf(&back, "%s %s\n", tok.Principal, hex.EncodeToString(tok.Hash))
 		}
-		again, err := parseTokensFile([]byte(back.String()))
+		again, err := ParseFile([]byte(back.String()))
 		if err != nil || fmt.Sprint(again) != fmt.Sprint(toks) {
 			t.Fatalf("written back as %q: %v, %v; want %v", back.String(), again, err, toks)
 		}
@@ -103,7 +103,7 @@ func FuzzTokensEnv(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, v string) {
-		toks, err := parseTokensEnv(v)
+		toks, err := ParseEnv(v)
 		if err != nil {
 			msg := err.Error()
 			if !strings.Contains(msg, "entry ") {
@@ -124,12 +124,12 @@ func FuzzTokensEnv(f *testing.F) {
 		}
 		var parts []string
 		for _, tok := range toks {
-			if !principalPattern.MatchString(tok.principal) || len(tok.hash) != sha256.Size {
+			if !principalPattern.MatchString(tok.Principal) || len(tok.Hash) != sha256.Size {
 				t.Fatalf("token %+v: bad principal or hash", tok)
 			}
-			parts = append(parts, tok.principal+"="+hex.EncodeToString(tok.hash))
+			parts = append(parts, tok.Principal+"="+hex.EncodeToString(tok.Hash))
 		}
-		again, err := parseTokensEnv(strings.Join(parts, ","))
+		again, err := ParseEnv(strings.Join(parts, ","))
 		if err != nil || fmt.Sprint(again) != fmt.Sprint(toks) {
 			t.Fatalf("written back: %v, %v; want %v", again, err, toks)
 		}
@@ -152,55 +152,24 @@ func lines(b []byte) []string {
 // checkVerify: when the set of tokens is consistent (load's check), the
 // token whose hash is "test"'s maps to its principal, and no other token
 // is accepted.
-func checkVerify(t *testing.T, toks []principalToken) {
+func checkVerify(t *testing.T, toks []Token) {
 	t.Helper()
-	if checkDistinctHashes(toks) != nil {
+	if CheckDistinct(toks) != nil {
 		return
 	}
-	c := &authConfig{tokens: toks}
+	c := NewVerifier(toks)
 	want := ""
 	for _, tok := range toks {
-		if hex.EncodeToString(tok.hash) == fuzzHash {
-			want = tok.principal
+		if hex.EncodeToString(tok.Hash) == fuzzHash {
+			want = tok.Principal
 			break
 		}
 	}
-	info, err := c.verify(context.Background(), "test", nil)
+	info, err := c.Verify(context.Background(), "test", nil)
 	switch {
 	case want == "" && err == nil:
 		t.Fatalf("verify accepted a token no line has: %+v", info)
 	case want != "" && (err != nil || info.UserID != want):
 		t.Fatalf("verify(test) = %+v, %v; want principal %s", info, err, want)
 	}
-}
-
-// FuzzTokenHash checks 'mcp-outbox token hash': it prints the SHA-256 of
-// the token on stdin (white space around it is not part of it) and nothing
-// else, or refuses; the token itself never appears in what it prints.
-func FuzzTokenHash(f *testing.F) {
-	for _, s := range []string{"test", "test\n", "  test\r\n", "", "\n", "two words", "tab\tinside", "\xef\xbb\xbftest", "\x00", strings.Repeat("t", 100)} {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, stdin []byte) {
-		var stdout, stderr bytes.Buffer
-		env := &environment{stdin: bytes.NewReader(stdin), stdout: &stdout, stderr: &stderr,
-			getenv: func(string) string { return "" }, environ: func() []string { return nil }}
-		err := runToken(context.Background(), env, []string{"hash"})
-		token := strings.TrimSpace(string(stdin))
-		printed := stdout.String() + stderr.String()
-		if err != nil {
-			if len(token) >= 4 && strings.Contains(printed+err.Error(), token) {
-				t.Fatalf("token hash %q: refused (%v) and repeated the token", stdin, err)
-			}
-			return
-		}
-		sum := sha256.Sum256([]byte(token))
-		if want := hex.EncodeToString(sum[:]) + "\n"; stdout.String() != want || stderr.Len() != 0 {
-			t.Fatalf("token hash %q printed %q / %q, want %q", stdin, stdout.String(), stderr.String(), want)
-		}
-		// Accepted only what an Authorization header can carry.
-		if token == "" || strings.ContainsFunc(token, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
-			t.Fatalf("token hash accepted %q", token)
-		}
-	})
 }
