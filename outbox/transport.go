@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -25,9 +26,43 @@ import (
 // params.idempotencyKey of tools/call requests into _meta. Use it around
 // stdio, command and in-memory transports; for Streamable HTTP use
 // LiftParamsKey.
-func WrapTransport(t mcp.Transport) mcp.Transport { return &liftTransport{t} }
+//
+// Around an *mcp.StdioTransport or an *mcp.IOTransport it also reads the
+// lines itself, on the same streams and with the same MaxLineLength: a line
+// that is not a JSON-RPC message (not JSON, too long, too deeply nested, a
+// bad batch) gets a JSON-RPC error response, under the request's id when it
+// has a usable one, and the session goes on. The go-sdk alone would end the
+// session there, with every call in flight. WrapTransport is
+// WrapTransportWithOptions with nil options: rejected lines are not logged.
+func WrapTransport(t mcp.Transport) mcp.Transport { return WrapTransportWithOptions(t, nil) }
 
-type liftTransport struct{ mcp.Transport }
+// TransportOptions configures WrapTransportWithOptions. The zero value is
+// usable.
+type TransportOptions struct {
+	// Logger receives a warning for every line of stdio that is answered
+	// with an error instead of reaching the SDK. Nil discards them. Like
+	// every log of an MCP server on stdio, it must not write to stdout.
+	Logger *slog.Logger
+}
+
+// WrapTransportWithOptions is WrapTransport with options; opts may be nil.
+func WrapTransportWithOptions(t mcp.Transport, opts *TransportOptions) mcp.Transport {
+	var logger *slog.Logger
+	if opts != nil {
+		logger = opts.Logger
+	}
+	if lt := newLineTransport(t, logger); lt != nil {
+		return &liftTransport{Transport: lt, supporter: t}
+	}
+	return &liftTransport{Transport: t, supporter: t}
+}
+
+type liftTransport struct {
+	mcp.Transport
+	// supporter is the transport the caller gave, whose optional
+	// interfaces liftTransport forwards (Transport may stand in for it).
+	supporter mcp.Transport
+}
 
 func (t *liftTransport) Connect(ctx context.Context) (mcp.Connection, error) {
 	c, err := t.Transport.Connect(ctx)
@@ -40,7 +75,7 @@ func (t *liftTransport) Connect(ctx context.Context) (mcp.Connection, error) {
 // SupportsProtocolVersion forwards the optional interface of the wrapped
 // transport, which Server.Connect consults for server/discover.
 func (t *liftTransport) SupportsProtocolVersion(v string) bool {
-	if s, ok := t.Transport.(mcp.ProtocolVersionSupporter); ok {
+	if s, ok := t.supporter.(mcp.ProtocolVersionSupporter); ok {
 		return s.SupportsProtocolVersion(v)
 	}
 	return true

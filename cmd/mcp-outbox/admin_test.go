@@ -15,6 +15,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcp-outbox/mcp-outbox/operator"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -199,7 +200,7 @@ func TestAdminActions(t *testing.T) {
 
 	t.Run("refusals change nothing", func(t *testing.T) {
 		before := readEffectRecord(t, db, 7)
-		big := `{"outcome": "` + strings.Repeat("x", maxAdminBody) + `"}`
+		big := `{"outcome": "` + strings.Repeat("x", operator.MaxAdminBody) + `"}`
 		for _, tc := range []struct {
 			target, body string
 			status       int
@@ -219,7 +220,7 @@ func TestAdminActions(t *testing.T) {
 			{"/admin/effects/retry-dead", big, http.StatusRequestEntityTooLarge, "larger than"},
 		} {
 			status, m := f.do(t, http.MethodPost, tc.target, tc.body)
-			wantError(t, "POST "+tc.target+" "+shorten(tc.body, 50), status, m, tc.status, tc.want)
+			wantError(t, "POST "+tc.target+" "+operator.Shorten(tc.body, 50), status, m, tc.status, tc.want)
 		}
 		if after := readEffectRecord(t, db, 7); after != before {
 			t.Errorf("effect 7 changed: %+v -> %+v", before, after)
@@ -377,7 +378,7 @@ func TestAdminUnknownCalls(t *testing.T) {
 			{"POST", "/admin/calls/resolve", `{"callId": "call_nobody", "outcome": "rerun"}`, http.StatusNotFound, "call call_nobody: no such call"},
 		} {
 			status, m := f.do(t, tc.method, tc.target, tc.body)
-			wantError(t, tc.method+" "+tc.target+" "+shorten(tc.body, 50), status, m, tc.status, tc.want)
+			wantError(t, tc.method+" "+tc.target+" "+operator.Shorten(tc.body, 50), status, m, tc.status, tc.want)
 		}
 		if n := countRows(t, db, `SELECT count(*) FROM calls WHERE state = 'unknown'`); n != 3 {
 			t.Errorf("%d unknown calls after refusals, want 3", n)

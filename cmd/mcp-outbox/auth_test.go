@@ -37,9 +37,9 @@ func newTokenFor(t *testing.T, principal string) (token, line string) {
 	return strings.TrimSpace(r.stdout), r.stderr
 }
 
-// bearer returns an HTTP client of its own that sends token on every
+// bearerClient returns an HTTP client of its own that sends token on every
 // request.
-func bearer(t *testing.T, token string) *http.Client {
+func bearerClient(t *testing.T, token string) *http.Client {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	t.Cleanup(tr.CloseIdleConnections)
 	return &http.Client{Transport: authHeader{"Bearer " + token, tr}, Timeout: 30 * time.Second}
@@ -147,8 +147,8 @@ func TestAuthMCP(t *testing.T) {
 		t.Errorf("right token: status %d, want 200", status)
 	}
 
-	alice := connectHTTP(t, url, statefulVersion, bearer(t, aliceToken))
-	bob := connectHTTP(t, url, "", bearer(t, bobToken))
+	alice := connectHTTP(t, url, statefulVersion, bearerClient(t, aliceToken))
+	bob := connectHTTP(t, url, "", bearerClient(t, bobToken))
 	wantTools(t, alice)
 
 	// The same key and arguments from two principals are two calls.
@@ -181,7 +181,7 @@ func TestAuthMCP(t *testing.T) {
 	req.Header.Set("Accept", "application/json, text/event-stream")
 	req.Header.Set("Mcp-Session-Id", alice.ID())
 	req.Header.Set("Mcp-Protocol-Version", statefulVersion)
-	resp, err := bearer(t, bobToken).Do(req)
+	resp, err := bearerClient(t, bobToken).Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}

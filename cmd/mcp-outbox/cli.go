@@ -12,6 +12,10 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/outbox"
 )
 
 // command is one subcommand. run returns an error to print; a usageError
@@ -219,6 +223,18 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	}
 	return nil, usagef("log format %q: want text or json", format)
 }
+
+// stdio is the MCP transport on the command's own streams, hardened
+// against malformed lines by the library; the streams stay open when the
+// session ends: they belong to the command.
+func (env *environment) stdio(logger *slog.Logger) mcp.Transport {
+	return outbox.WrapTransportWithOptions(&mcp.IOTransport{Reader: io.NopCloser(env.stdin), Writer: nopWriteCloser{env.stdout}},
+		&outbox.TransportOptions{Logger: logger})
+}
+
+type nopWriteCloser struct{ io.Writer }
+
+func (nopWriteCloser) Close() error { return nil }
 
 // multiFlag collects a repeated flag.
 type multiFlag []string

@@ -16,11 +16,12 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcp-outbox/mcp-outbox/mcphttp"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 )
 
 // statefulVersion is the last protocol version with sessions; clients get
-// statelessVersion (http.go) by default.
+// mcphttp.StatelessVersion (http.go) by default.
 const statefulVersion = "2025-11-25"
 
 // httpClient returns a client of its own for one test, optionally adding
@@ -64,13 +65,13 @@ func connectHTTP(t *testing.T, url, version string, hc *http.Client) *mcp.Client
 	t.Cleanup(func() { cs.Close() })
 	want := version
 	if want == "" {
-		want = statelessVersion
+		want = mcphttp.StatelessVersion
 	}
 	ir := cs.InitializeResult()
 	if ir.ProtocolVersion != want {
 		t.Fatalf("negotiated protocol %s, want %s", ir.ProtocolVersion, want)
 	}
-	if stateful := cs.ID() != ""; stateful != (want < statelessVersion) {
+	if stateful := cs.ID() != ""; stateful != (want < mcphttp.StatelessVersion) {
 		t.Errorf("protocol %s: session id %q", want, cs.ID())
 	}
 	if ir.Capabilities == nil || ir.Capabilities.Experimental[outbox.CapabilityName] == nil {

@@ -2,399 +2,21 @@ package main
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
-	"unicode"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
+	"github.com/mcp-outbox/mcp-outbox/operator"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/query"
-	"github.com/mcp-outbox/mcp-outbox/schema"
 )
-
-// This file holds the operator actions on effects and unknown calls twice over: as
-// `mcp-outbox outbox` and as the shared pieces (validation, the action
-// table, error kinds) that admin.go serves over HTTP, so that the command
-// line and the API accept and refuse exactly the same things.
-
-// effectStates are the states of an effect and what each means to an
-// operator. Validation and help text both come from this list.
-var effectStates = []struct{ name, meaning string }{
-	{"pending", "waiting for its next attempt: new, or retrying after a failure"},
-	{"in_flight", "a dispatcher holds it under a lease and an attempt is under way; no\noperator action applies. If that dispatcher died, the next serve or\ndrain takes it back (at once on this host, else when the lease passes)"},
-	{"delivered", "the destination answered 2xx (or a probe or an operator said it has it)"},
-	{"dead", "given up: the destination refused it (any answer but 2xx, 408, 409,\n425, 429 or 5xx), or max_attempts or max_age was reached"},
-	{"unknown", "at an at_most_once destination, a request left and no answer came:\nit may or may not have been applied, so it is never sent again by\nitself; a probe or an operator settles it"},
-	{"cancelled", "stopped by an operator; it will not be delivered"},
-}
-
-func effectStateNames() []string {
-	names := make([]string, len(effectStates))
-	for i, s := range effectStates {
-		names[i] = s.name
-	}
-	return names
-}
-
-func statesHelp() string {
-	var b strings.Builder
-	for _, s := range effectStates {
-		lines := strings.Split(s.meaning, "\n")
-		fmt.Fprintf(&b, "  %-10s %s\n", s.name, lines[0])
-		for _, l := range lines[1:] {
-			fmt.Fprintf(&b, "  %-10s %s\n", "", l)
-		}
-	}
-	return b.String()
-}
-
-// badInput is a request the operator got wrong: a usage error on the
-// command line, 400 from the API.
-type badInput struct{ error }
-
-func badInputf(format string, args ...any) error { return badInput{fmt.Errorf(format, args...)} }
-
-// Bounds of a listing. The upper bound keeps an API response (each row
-// may carry a recorded response of a few KiB) to a sane size.
-const (
-	defaultListLimit = 100
-	maxListLimit     = 1000
-)
-
-// effectFilter validates a listing's filters.
-func effectFilter(state, dest string, limit int) (query.EffectFilter, error) {
-	if state != "" && !slices.Contains(effectStateNames(), state) {
-		return query.EffectFilter{}, badInputf("state %q: want one of %s", state, strings.Join(effectStateNames(), ", "))
-	}
-	if limit < 1 || limit > maxListLimit {
-		return query.EffectFilter{}, badInputf("limit %d: want 1 to %d", limit, maxListLimit)
-	}
-	return query.EffectFilter{State: state, Destination: dest, Limit: limit}, nil
-}
-
-// parseEffectID reads an effect id from the command line or a URL.
-func parseEffectID(s string) (int64, error) {
-	id, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || id < 1 {
-		return 0, badInputf("effect id %q: want a positive integer", s)
-	}
-	return id, nil
-}
-
-// Outcomes an operator can resolve an effect to.
-const (
-	outcomeDelivered = "delivered"
-	outcomeRetry     = "retry"
-)
-
-// effectAction is an operator action on one effect.
-type effectAction struct {
-	name string
-	// from lists the states the action applies to. The library's
-	// statements are the authority; TestEffectActionStates checks that this
-	// list says the same, since help and errors quote it.
-	from []string
-	// outcome is set for resolve, which takes delivered or retry.
-	outcome bool
-	run     func(ctx context.Context, db *schema.DB, id int64, outcome string) error
-}
-
-var effectActions = []effectAction{
-	{
-		name: "retry",
-		from: []string{"dead", "unknown", "pending", "cancelled"},
-		run: func(ctx context.Context, db *schema.DB, id int64, _ string) error {
-			return outbox.RetryEffect(ctx, db, id)
-		},
-	},
-	{
-		name: "cancel",
-		from: []string{"pending", "dead", "unknown"},
-		run: func(ctx context.Context, db *schema.DB, id int64, _ string) error {
-			return outbox.CancelEffect(ctx, db, id)
-		},
-	},
-	{
-		name:    "resolve",
-		from:    []string{"unknown", "dead"},
-		outcome: true,
-		run: func(ctx context.Context, db *schema.DB, id int64, outcome string) error {
-			return outbox.ResolveEffect(ctx, db, id, outcome == outcomeDelivered)
-		},
-	},
-}
-
-// checkOutcome validates resolve's outcome; other actions take none.
-func (a effectAction) checkOutcome(outcome string) error {
-	switch {
-	case !a.outcome && outcome != "":
-		return badInputf("%s takes no outcome", a.name)
-	case a.outcome && outcome != outcomeDelivered && outcome != outcomeRetry:
-		return badInputf("outcome %q: want %s (the destination has it) or %s (it does not; send it again)",
-			outcome, outcomeDelivered, outcomeRetry)
-	}
-	return nil
-}
-
-func findAction(name string) (effectAction, bool) {
-	for _, a := range effectActions {
-		if a.name == name {
-			return a, true
-		}
-	}
-	return effectAction{}, false
-}
-
-// actionResult is what an action did, for the command line and the API.
-type actionResult struct {
-	Effect        query.EffectRow `json:"effect"`
-	PreviousState string          `json:"previousState"`
-	Warning       string          `json:"warning,omitempty"`
-}
-
-// applyEffectAction validates and runs an action on effect id.
-func applyEffectAction(ctx context.Context, db *schema.DB, a effectAction, id int64, outcome string) (*actionResult, error) {
-	if err := a.checkOutcome(outcome); err != nil {
-		return nil, err
-	}
-	before, err := readEffect(ctx, db, id)
-	if err != nil {
-		return nil, err
-	}
-	// ResolveEffect with retry is RetryEffect, which also takes pending and
-	// cancelled effects; resolving either would be a mistake (un-cancelling
-	// one, for instance), so resolve keeps to its own states here. The check
-	// reads before it writes, but RetryEffect's own statement still never
-	// touches an effect in flight.
-	if a.outcome && !slices.Contains(a.from, before.State) {
-		return nil, newStateError(a, id, before.State, outbox.ErrNotResolvable)
-	}
-	if err := a.run(ctx, db, id, outcome); err != nil {
-		if errors.Is(err, outbox.ErrEffectState) || errors.Is(err, outbox.ErrNotResolvable) {
-			now, rerr := readEffect(ctx, db, id)
-			if rerr != nil {
-				return nil, rerr
-			}
-			return nil, newStateError(a, id, now.State, outbox.ErrEffectState)
-		}
-		return nil, err
-	}
-	after, err := readEffect(ctx, db, id)
-	if err != nil {
-		return nil, err
-	}
-	res := &actionResult{Effect: *after, PreviousState: before.State}
-	if before.State == "unknown" && after.State == "pending" {
-		// Only at_most_once destinations make effects unknown.
-		res.Warning = fmt.Sprintf("effect %d was unknown and will be sent again; its destination cannot dedup, "+
-			"so if it applied the first request it applies this one too", id)
-	}
-	return res, nil
-}
-
-// stateError says what the effect's state is and what the action needs;
-// it matches the library's sentinel without repeating its text.
-type stateError struct {
-	msg      string
-	sentinel error
-}
-
-func (e *stateError) Error() string { return e.msg }
-func (e *stateError) Unwrap() error { return e.sentinel }
-
-func newStateError(a effectAction, id int64, state string, sentinel error) error {
-	return &stateError{fmt.Sprintf("effect %d is %s; %s applies only to %s effects", id, state, a.name, orList(a.from)), sentinel}
-}
-
-func readEffect(ctx context.Context, db *schema.DB, id int64) (*query.EffectRow, error) {
-	rows, err := query.ListEffects(ctx, db.Read, query.EffectFilter{ID: id, Limit: 1})
-	if err != nil {
-		return nil, fmt.Errorf("read effect %d: %w", id, err)
-	}
-	if len(rows) == 0 {
-		return nil, fmt.Errorf("effect %d: %w", id, outbox.ErrNoEffect)
-	}
-	return &rows[0], nil
-}
-
-// effectSummary is the count of effects by state, with the total, and
-// the number of calls in state unknown: the other thing that waits for an
-// operator.
-type effectSummary struct {
-	query.Counts
-	Total        int `json:"total"`
-	UnknownCalls int `json:"unknownCalls"`
-}
-
-func summarizeEffects(ctx context.Context, db *schema.DB) (effectSummary, error) {
-	c, err := query.CountEffects(ctx, db.Read)
-	if err != nil {
-		return effectSummary{}, err
-	}
-	n, err := query.CountUnknownCalls(ctx, db.Read)
-	if err != nil {
-		return effectSummary{}, err
-	}
-	return effectSummary{Counts: c, Total: c.Total(), UnknownCalls: n}, nil
-}
-
-// Unknown calls: a call forwarded to a tool server whose work is outside
-// the call's transaction (mcp-outbox proxy), whose outcome was lost. It may
-// or may not have run; an operator finds out and settles it.
-
-// callOutcomes are the outcomes an operator can resolve an unknown call to,
-// and what each means. Validation and help text both come from this list.
-var callOutcomes = []struct{ name, meaning string }{
-	{outbox.ResolveCompleted, "it ran and its work is done: record it as completed; a retry\nreplays the note as its result"},
-	{outbox.ResolveFailed, "it ran and failed, or must not run: record it as failed; a retry\nreplays the note as a tool error"},
-	{outbox.ResolveRerun, "it did not run: forget it, so that the next retry with its key\nruns it"},
-}
-
-func callOutcomeNames() []string {
-	names := make([]string, len(callOutcomes))
-	for i, o := range callOutcomes {
-		names[i] = o.name
-	}
-	return names
-}
-
-func callOutcomesHelp() string {
-	var b strings.Builder
-	for _, o := range callOutcomes {
-		lines := strings.Split(o.meaning, "\n")
-		fmt.Fprintf(&b, "  %-10s %s\n", o.name, lines[0])
-		for _, l := range lines[1:] {
-			fmt.Fprintf(&b, "  %-10s %s\n", "", l)
-		}
-	}
-	return b.String()
-}
-
-// maxNoteBytes bounds an operator's note: it becomes the text of the
-// call's recorded result, which every retry replays to the client.
-const maxNoteBytes = 1000
-
-// callResolution is what resolving an unknown call did, for the command
-// line and the API.
-type callResolution struct {
-	Principal     string      `json:"principal"`
-	Key           string      `json:"key"`
-	Tool          string      `json:"tool"`
-	CallID        string      `json:"callId"`
-	Outcome       string      `json:"outcome"`
-	PreviousState query.State `json:"previousState"`
-	// State is the call's state now: completed, failed, or not_found for
-	// rerun (the call is forgotten; the next retry runs it).
-	State query.State `json:"state"`
-}
-
-// callRef names the call a resolution is for: by principal and key, or by
-// its call id (calls.uid, which the status tool, the logs and the page show
-// and which is never reused).
-type callRef struct {
-	Principal, Key string
-	CallID         string
-}
-
-// checkResolveCall validates a resolution before anything is opened.
-func checkResolveCall(ref callRef, outcome, note string) error {
-	switch {
-	case ref.CallID != "" && ref.Key != "":
-		return badInputf("give the call's key or its call id, not both")
-	case ref.CallID != "":
-		if len(ref.CallID) > 64 || strings.ContainsFunc(ref.CallID, func(r rune) bool { return r <= ' ' || r > '~' }) {
-			return badInputf("call id %q: want the callId the status tool shows, such as call_0123abcd", shorten(ref.CallID, 40))
-		}
-	default:
-		if ref.Principal == "" {
-			return badInputf("principal: empty")
-		}
-		if err := callkey.Validate(ref.Key); err != nil {
-			return badInputf("key: %v", err)
-		}
-	}
-	if !slices.Contains(callOutcomeNames(), outcome) {
-		return badInputf("outcome %q: want %s", outcome, orList(callOutcomeNames()))
-	}
-	if len(note) > maxNoteBytes {
-		return badInputf("note: %d bytes, the limit is %d", len(note), maxNoteBytes)
-	}
-	return nil
-}
-
-// resolveUnknownCall validates and settles the unknown call ref names.
-func resolveUnknownCall(ctx context.Context, db *schema.DB, ref callRef, outcome, note string) (*callResolution, error) {
-	if err := checkResolveCall(ref, outcome, note); err != nil {
-		return nil, err
-	}
-	res := &callResolution{Principal: ref.Principal, Key: ref.Key, CallID: ref.CallID, Outcome: outcome, PreviousState: query.OutcomeUnknown}
-	// For the report only: ResolveCall's own statement applies only to an
-	// unknown call, and says what the call is if it is not one.
-	var err error
-	if ref.CallID != "" {
-		err = db.Read.QueryRowContext(ctx, `SELECT tool, principal, key FROM calls WHERE uid = $1`, ref.CallID).
-			Scan(&res.Tool, &res.Principal, &res.Key)
-	} else {
-		err = db.Read.QueryRowContext(ctx, `SELECT tool, uid FROM calls WHERE principal = $1 AND key = $2`, ref.Principal, ref.Key).
-			Scan(&res.Tool, &res.CallID)
-	}
-	if err != nil && !errors.Is(err, sql.ErrNoRows) {
-		return nil, fmt.Errorf("read the call: %w", err)
-	}
-	if ref.CallID != "" {
-		err = outbox.ResolveCallUID(ctx, db, ref.CallID, outcome, note)
-	} else {
-		err = outbox.ResolveCall(ctx, db, ref.Principal, ref.Key, outcome, note)
-	}
-	if err != nil {
-		if errors.Is(err, outbox.ErrCallOutcome) {
-			return nil, badInput{err}
-		}
-		return nil, err
-	}
-	res.State = query.State(outcome)
-	if outcome == outbox.ResolveRerun {
-		res.State = query.NotFound
-	}
-	return res, nil
-}
-
-// keyRedacted is an error whose message names a call by its key's hash
-// where the error it wraps quoted the raw key (outbox's and
-// resolveUnknownCall's messages say `call "KEY" of PRINCIPAL`).
-type keyRedacted struct {
-	msg string
-	err error
-}
-
-func (e *keyRedacted) Error() string { return e.msg }
-func (e *keyRedacted) Unwrap() error { return e.err }
-
-func redactKey(err error, principal, key string) error {
-	if err == nil || key == "" {
-		return err
-	}
-	return &keyRedacted{strings.ReplaceAll(err.Error(), strconv.Quote(key), "with key "+pageKeyHash(principal, key)), err}
-}
-
-func orList(items []string) string {
-	switch len(items) {
-	case 0:
-		return ""
-	case 1:
-		return items[0]
-	}
-	return strings.Join(items[:len(items)-1], ", ") + " or " + items[len(items)-1]
-}
 
 // The command line.
 
@@ -426,7 +48,7 @@ Subcommands:
                            settle an unknown call by what you found out
 
 Effect states:
-` + statesHelp() + `
+` + operator.EffectStatesHelp() + `
 Retrying an unknown effect sends its request again. Effects become unknown only
 at at_most_once destinations, which do not dedup on Idempotency-Key: if the
 first request was applied, the destination applies it a second time. Check the
@@ -441,7 +63,7 @@ keeps its work outside the outbox's transaction, and the outcome was lost (a
 process died after forwarding). It may or may not have run. It never runs
 again by itself: a retry with its key gets an "outcome unknown" error until
 you check the tool server's own records and settle it with resolve-call:
-` + callOutcomesHelp() + `
+` + operator.CallOutcomesHelp() + `
 Unknown calls are never purged.
 
 Every subcommand takes --db FILE (default $MCP_OUTBOX_DB, else ./mcp-outbox.db)
@@ -466,7 +88,7 @@ last change otherwise; in UTC), the call's key and the last error, the long
 ones shortened. --json prints every field of each row, unshortened.
 
 States (--state):
-` + statesHelp(), runOutboxList},
+` + operator.EffectStatesHelp(), runOutboxList},
 		{"summary", `Usage: mcp-outbox outbox summary [--json] [--db FILE]
 
 Counts effects in each state, and the calls in state unknown. pending and
@@ -510,7 +132,7 @@ every field of each row.`, runOutboxCalls},
 
 Settles a call in state unknown by what you found out in the tool server's
 own records. OUTCOME is one of:
-` + callOutcomesHelp() + `
+` + operator.CallOutcomesHelp() + `
 The note (at most 1000 bytes) is recorded after "[resolved by an operator]"
 as the text of the call's result, which retries replay to the client: say
 what you found. The principal is "local" unless given: calls over stdio and
@@ -570,7 +192,7 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 // cliError turns an input mistake found by the shared validation into a
 // usage error (exit 2).
 func cliError(err error) error {
-	if errors.As(err, new(badInput)) {
+	if errors.As(err, new(operator.BadInput)) {
 		return usageError{err}
 	}
 	return err
@@ -578,9 +200,9 @@ func cliError(err error) error {
 
 func runOutboxList(ctx context.Context, env *environment, s outboxSub, args []string) error {
 	fs, dbPath := subFlags(env, s)
-	state := fs.String("state", "", "only effects in this `state`: "+strings.Join(effectStateNames(), ", "))
+	state := fs.String("state", "", "only effects in this `state`: "+strings.Join(operator.EffectStateNames(), ", "))
 	dest := fs.String("dest", "", "only effects for this destination `name`")
-	limit := fs.Int("limit", defaultListLimit, fmt.Sprintf("at most `N` effects, the newest (1 to %d)", maxListLimit))
+	limit := fs.Int("limit", operator.DefaultListLimit, fmt.Sprintf("at most `N` effects, the newest (1 to %d)", operator.MaxListLimit))
 	asJSON := fs.Bool("json", false, "print the rows as JSON")
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
@@ -589,7 +211,7 @@ func runOutboxList(ctx context.Context, env *environment, s outboxSub, args []st
 	if len(pos) > 0 {
 		return usagef("list: unexpected argument %q", pos[0])
 	}
-	f, err := effectFilter(*state, *dest, *limit)
+	f, err := operator.ParseEffectFilter(*state, *dest, *limit)
 	if err != nil {
 		return cliError(err)
 	}
@@ -636,8 +258,8 @@ func writeEffectTable(w io.Writer, rows []query.EffectRow) error {
 			when = "since " + tableTime(r.UpdatedAt)
 		}
 		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n",
-			r.ID, r.State, shorten(r.Destination, 20), shorten(r.Method+" "+r.Path, 40), r.Attempts, status,
-			when, orDash(shorten(r.CallKey, 20)), orDash(shorten(r.LastError, 60)))
+			r.ID, r.State, operator.Shorten(r.Destination, 20), operator.Shorten(r.Method+" "+r.Path, 40), r.Attempts, status,
+			when, orDash(operator.Shorten(r.CallKey, 20)), orDash(operator.Shorten(r.LastError, 60)))
 	}
 	return tw.Flush()
 }
@@ -647,20 +269,6 @@ func tableTime(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05"
 func orDash(s string) string {
 	if s == "" {
 		return "-"
-	}
-	return s
-}
-
-// shorten makes s printable on one line and at most n characters long.
-func shorten(s string, n int) string {
-	s = strings.Map(func(r rune) rune {
-		if unicode.IsControl(r) {
-			return ' '
-		}
-		return r
-	}, s)
-	if r := []rune(s); len(r) > n {
-		return string(r[:n-1]) + "…"
 	}
 	return s
 }
@@ -680,7 +288,7 @@ func runOutboxSummary(ctx context.Context, env *environment, s outboxSub, args [
 		return err
 	}
 	defer db.Close()
-	sum, err := summarizeEffects(ctx, db)
+	sum, err := operator.SummarizeEffects(ctx, db)
 	if err != nil {
 		return err
 	}
@@ -761,12 +369,12 @@ func runOutboxResolve(ctx context.Context, env *environment, s outboxSub, args [
 // runEffectAction validates everything it can before it opens the
 // database, so that a mistyped command changes nothing.
 func runEffectAction(ctx context.Context, env *environment, dbPath, name, idArg, outcome string) error {
-	a, _ := findAction(name)
-	id, err := parseEffectID(idArg)
+	a, _ := operator.FindEffectAction(name)
+	id, err := operator.ParseEffectID(idArg)
 	if err != nil {
 		return cliError(err)
 	}
-	if err := a.checkOutcome(outcome); err != nil {
+	if err := a.CheckOutcome(outcome); err != nil {
 		return cliError(err)
 	}
 	db, err := openExisting(ctx, dbPath)
@@ -774,13 +382,13 @@ func runEffectAction(ctx context.Context, env *environment, dbPath, name, idArg,
 		return err
 	}
 	defer db.Close()
-	res, err := applyEffectAction(ctx, db, a, id, outcome)
+	res, err := operator.ApplyEffectAction(ctx, db, a, id, outcome)
 	if err != nil {
 		return cliError(err)
 	}
 	e := res.Effect
 	fmt.Fprintf(env.stdout, "effect %d (%s %s to %s): was %s, now %s\n",
-		e.ID, e.Method, shorten(e.Path, 60), shorten(e.Destination, 40), res.PreviousState, e.State)
+		e.ID, e.Method, operator.Shorten(e.Path, 60), operator.Shorten(e.Destination, 40), res.PreviousState, e.State)
 	if res.Warning != "" {
 		fmt.Fprintf(env.stderr, "warning: %s\n", res.Warning)
 	}
@@ -789,7 +397,7 @@ func runEffectAction(ctx context.Context, env *environment, dbPath, name, idArg,
 
 func runOutboxCalls(ctx context.Context, env *environment, s outboxSub, args []string) error {
 	fs, dbPath := subFlags(env, s)
-	limit := fs.Int("limit", defaultListLimit, fmt.Sprintf("at most `N` calls, the oldest (1 to %d)", maxListLimit))
+	limit := fs.Int("limit", operator.DefaultListLimit, fmt.Sprintf("at most `N` calls, the oldest (1 to %d)", operator.MaxListLimit))
 	asJSON := fs.Bool("json", false, "print the rows as JSON")
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
@@ -798,8 +406,8 @@ func runOutboxCalls(ctx context.Context, env *environment, s outboxSub, args []s
 	if len(pos) > 0 {
 		return usagef("calls: unexpected argument %q", pos[0])
 	}
-	if *limit < 1 || *limit > maxListLimit {
-		return usagef("limit %d: want 1 to %d", *limit, maxListLimit)
+	if *limit < 1 || *limit > operator.MaxListLimit {
+		return usagef("limit %d: want 1 to %d", *limit, operator.MaxListLimit)
 	}
 	db, err := openExisting(ctx, *dbPath)
 	if err != nil {
@@ -822,8 +430,8 @@ func runOutboxCalls(ctx context.Context, env *environment, s outboxSub, args []s
 	tw := tabwriter.NewWriter(env.stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "PRINCIPAL\tKEY\tTOOL\tATTEMPTS\tCREATED (UTC)\tCALL ID")
 	for _, c := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", shorten(c.Principal, 60), shorten(c.Key, callkey.MaxKeyBytes),
-			shorten(c.Tool, 40), c.Attempts, tableTime(c.CreatedAt), c.CallID)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", operator.Shorten(c.Principal, 60), operator.Shorten(c.Key, callkey.MaxKeyBytes),
+			operator.Shorten(c.Tool, 40), c.Attempts, tableTime(c.CreatedAt), c.CallID)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -837,7 +445,7 @@ func runOutboxResolveCall(ctx context.Context, env *environment, s outboxSub, ar
 	key := fs.String("key", "", "the idempotency `key` of the call")
 	principal := fs.String("principal", outbox.LocalPrincipal, "whose call it is: local, or a token's principal (alice or user:alice)")
 	callID := fs.String("call-id", "", "instead of --key and --principal: the call's `id` (callId in the status tool, call_id in the logs)")
-	outcome := fs.String("outcome", "", "what you found out: "+strings.Join(callOutcomeNames(), ", "))
+	outcome := fs.String("outcome", "", "what you found out: "+strings.Join(operator.CallOutcomeNames(), ", "))
 	note := fs.String("note", "", "what you found, recorded in the call's result (at most 1000 bytes)")
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
@@ -849,11 +457,11 @@ func runOutboxResolveCall(ctx context.Context, env *environment, s outboxSub, ar
 	if *principal != "" { // an explicit empty principal is refused below
 		*principal = outbox.ParsePrincipal(*principal)
 	}
-	ref := callRef{Principal: *principal, Key: *key, CallID: *callID}
+	ref := operator.CallRef{Principal: *principal, Key: *key, CallID: *callID}
 	if *callID != "" {
 		ref.Principal = ""
 	}
-	if err := checkResolveCall(ref, *outcome, *note); err != nil {
+	if err := operator.CheckResolveCall(ref, *outcome, *note); err != nil {
 		return cliError(err)
 	}
 	db, err := openExisting(ctx, *dbPath)
@@ -861,7 +469,7 @@ func runOutboxResolveCall(ctx context.Context, env *environment, s outboxSub, ar
 		return err
 	}
 	defer db.Close()
-	res, err := resolveUnknownCall(ctx, db, ref, *outcome, *note)
+	res, err := operator.ResolveUnknownCall(ctx, db, ref, *outcome, *note)
 	if err != nil {
 		return cliError(err)
 	}
@@ -870,7 +478,7 @@ func runOutboxResolveCall(ctx context.Context, env *environment, s outboxSub, ar
 		what = "forgotten: the next retry with its key runs it"
 	}
 	_, err = fmt.Fprintf(env.stdout, "call %q of %s (%s, %s): was unknown, %s\n",
-		shorten(res.Key, callkey.MaxKeyBytes), shorten(res.Principal, 60), shorten(res.Tool, 40), res.CallID, what)
+		operator.Shorten(res.Key, callkey.MaxKeyBytes), operator.Shorten(res.Principal, 60), operator.Shorten(res.Tool, 40), res.CallID, what)
 	return err
 }
 

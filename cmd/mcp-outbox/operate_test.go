@@ -17,6 +17,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
+	"github.com/mcp-outbox/mcp-outbox/operator"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -228,7 +229,7 @@ func TestEffectActionStates(t *testing.T) {
 	}
 	// The table that help and errors quote says the same as the library.
 	for _, ac := range actionOutcomes[:3] {
-		a, ok := findAction(ac.args[0])
+		a, ok := operator.FindEffectAction(ac.args[0])
 		if !ok {
 			t.Fatalf("no action %s", ac.args[0])
 		}
@@ -238,9 +239,9 @@ func TestEffectActionStates(t *testing.T) {
 				want = append(want, s)
 			}
 		}
-		got := slices.Sorted(slices.Values(a.from))
+		got := slices.Sorted(slices.Values(a.From()))
 		if slices.Sort(want); !slices.Equal(got, want) {
-			t.Errorf("action %s claims to apply to %v, the library applies it to %v", a.name, got, want)
+			t.Errorf("action %s claims to apply to %v, the library applies it to %v", a.Name(), got, want)
 		}
 	}
 }

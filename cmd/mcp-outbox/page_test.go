@@ -23,14 +23,20 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
-	"github.com/go-chi/chi/v5"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/downstream"
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
+	"github.com/mcp-outbox/mcp-outbox/operator"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
+)
+
+// The query parameters of the message an action redirects with.
+const (
+	flashDone   = "done"
+	flashFailed = "failed"
 )
 
 // pageServer is serve's router on a database file, behind ac, on a real
@@ -53,20 +59,16 @@ func newPageServer(t *testing.T, path string, ac *authConfig) *pageServer {
 	return startPageServer(t, newRouter(a, logger))
 }
 
-// newPageOnlyServer is the page alone on a real loopback listener, with
-// its handler set up by configure first (a clock of the test's).
-func newPageOnlyServer(t *testing.T, path string, ac *authConfig, configure func(*pageHandler)) *pageServer {
+// newPageOnlyServer is the operator surface alone on a real loopback
+// listener, on the clock now (a test's).
+func newPageOnlyServer(t *testing.T, path string, ac *authConfig, now func() time.Time) *pageServer {
 	t.Helper()
 	db, err := schema.Open(context.Background(), path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	p := newPageHandler(db, slog.New(slog.NewTextHandler(io.Discard, nil)), ac)
-	configure(p)
-	r := chi.NewRouter()
-	p.mount(r)
-	return startPageServer(t, r)
+	return startPageServer(t, operator.NewHandler(db, &operator.Options{AdminTokenSHA256: ac.adminHash, Now: now}))
 }
 
 func startPageServer(t *testing.T, router http.Handler) *pageServer {
@@ -221,7 +223,7 @@ func TestPageShowsOutbox(t *testing.T) {
 	}
 	// Seven calls, each named by the logs' hash of its key, never the key.
 	for i := 1; i <= 7; i++ {
-		wantContains(t, "recent calls", r.raw, pageKeyHash(outbox.LocalPrincipal, fmt.Sprintf("operate-%d", i)))
+		wantContains(t, "recent calls", r.raw, operator.KeyHash(outbox.LocalPrincipal, fmt.Sprintf("operate-%d", i)))
 	}
 	if strings.Contains(r.body, "operate-") {
 		t.Error("the page shows a raw idempotency key")
@@ -311,7 +313,7 @@ func TestPageBadInput(t *testing.T) {
 		{"/effects/5/resolve", nil, `outcome "": want delivered`},
 		{"/effects/4/retry", outcome("delivered"), `unexpected form field "outcome"`},
 		{"/effects/5/resolve", url.Values{"outcome": {"delivered", "retry"}}, `form field "outcome" given 2 times`},
-		{"/effects/4/cancel", url.Values{"x": {strings.Repeat("y", maxPageForm)}}, "request body too large"},
+		{"/effects/4/cancel", url.Values{"x": {strings.Repeat("y", operator.MaxPageForm)}}, "request body too large"},
 		{"/effects/retry-dead", url.Values{"all": {"1"}}, `unexpected form field "all"`},
 	} {
 		r := s.post(t, tc.path, tc.form)
@@ -468,7 +470,7 @@ func TestPageLogin(t *testing.T) {
 		t.Fatalf("login set cookies %q, want one", r.header.Values("Set-Cookie"))
 	}
 	c := cookies[0]
-	if !c.HttpOnly || c.SameSite != http.SameSiteStrictMode || c.Secure || c.Path != "/" || c.MaxAge != int(pageSessionTTL.Seconds()) ||
+	if !c.HttpOnly || c.SameSite != http.SameSiteStrictMode || c.Secure || c.Path != "/" || c.MaxAge != int(operator.PageSessionTTL.Seconds()) ||
 		strings.Contains(c.Value, adminToken) || strings.Contains(c.Value, sha256Hex(adminToken)) {
 		t.Errorf("session cookie %+v: want HttpOnly, SameSite=Strict, not Secure over plain HTTP, holding no token", c)
 	}
@@ -529,26 +531,6 @@ func TestPageLogin(t *testing.T) {
 	}
 }
 
-// TestPageSessions: sessions expire, and the store stays bounded.
-func TestPageSessions(t *testing.T) {
-	t.Parallel()
-	s := pageSessions{byHash: map[[32]byte]time.Time{}}
-	now := time.Now()
-	first := s.create(now)
-	if !s.valid(first, now) || s.valid(first, now.Add(pageSessionTTL)) || s.valid("", now) || s.valid("forged", now) {
-		t.Error("a session is valid only until it expires, and only its own id")
-	}
-	for i := 0; i < maxPageSessions+10; i++ {
-		s.create(now.Add(time.Duration(i+1) * time.Millisecond))
-	}
-	if n := len(s.byHash); n > maxPageSessions {
-		t.Errorf("%d sessions kept, want at most %d", n, maxPageSessions)
-	}
-	if s.valid(first, now) {
-		t.Error("the oldest session survived a full store")
-	}
-}
-
 // addPageUnknownCall adds an unknown call as addUnknownCall does, with a
 // call id like the layer's (addUnknownCall's holds the key, which the
 // page shows nowhere) and the time it became unknown (0: not recorded), and
@@ -600,7 +582,7 @@ FROM calls WHERE id = ?`, id).Scan(&c.state, &c.owner, &c.leaseUntil, &c.attempt
 }
 
 // TestPageUnknownCalls: the page lists unknown calls newest first, at most
-// pageUnknownCallsLimit of them, with the total, each named by its key's
+// operator.PageUnknownCalls of them, with the total, each named by its key's
 // hash and with a form to settle it; without any it says so.
 func TestPageUnknownCalls(t *testing.T) {
 	t.Parallel()
@@ -621,7 +603,7 @@ func TestPageUnknownCalls(t *testing.T) {
 		t.Fatalf("GET /: %d", r.status)
 	}
 	wantContains(t, "unknown calls", r.raw, `Unknown calls <span class="badge s-unknown">3</span>`,
-		pageKeyHash("local", "lost-1"), pageKeyHash("local", "lost-2"), pageKeyHash("user:alice", "lost-1"),
+		operator.KeyHash("local", "lost-1"), operator.KeyHash("local", "lost-2"), operator.KeyHash("user:alice", "lost-1"),
 		"call_"+sha256Hex("user:alice\x00lost-1")[:24], "<td>user:alice</td>",
 		fmt.Sprintf(`action="/calls/%d/resolve"`, lost1), `name="outcome" required`,
 		`<option value="completed">`, `<option value="failed">`, `<option value="rerun">`, `name="note" maxlength="1000"`,
@@ -650,16 +632,16 @@ func TestPageUnknownCalls(t *testing.T) {
 		t.Error("a completed call is listed as unknown")
 	}
 
-	// Bounded: the newest pageUnknownCallsLimit, and how many there are.
-	for i := range pageUnknownCallsLimit - 2 {
+	// Bounded: the newest operator.PageUnknownCalls, and how many there are.
+	for i := range operator.PageUnknownCalls - 2 {
 		addPageUnknownCall(t, db, "local", fmt.Sprintf("more-%d", i), base+10000+int64(i), 0)
 	}
 	r = s.get(t, "/")
-	total := pageUnknownCallsLimit + 1
-	if n := strings.Count(r.raw, `<tr id="call-`); n != pageUnknownCallsLimit {
-		t.Errorf("%d unknown calls listed, want %d", n, pageUnknownCallsLimit)
+	total := operator.PageUnknownCalls + 1
+	if n := strings.Count(r.raw, `<tr id="call-`); n != operator.PageUnknownCalls {
+		t.Errorf("%d unknown calls listed, want %d", n, operator.PageUnknownCalls)
 	}
-	wantContains(t, "a long list", r.body, fmt.Sprintf("Showing the %d newest of %d.", pageUnknownCallsLimit, total),
+	wantContains(t, "a long list", r.body, fmt.Sprintf("Showing the %d newest of %d.", operator.PageUnknownCalls, total),
 		fmt.Sprintf(`Unknown calls <span class="badge s-unknown">%d</span>`, total))
 	if strings.Contains(r.raw, fmt.Sprintf(`id="call-%d"`, lost1)) {
 		t.Error("the oldest unknown call is listed beyond the limit")
@@ -701,7 +683,7 @@ func TestPageResolveCall(t *testing.T) {
 		id := addPageUnknownCall(t, db, "user:alice", key, base+int64(i), base+int64(i)+500)
 		twin := addPageUnknownCall(t, db, "user:twin", key, base+int64(i), base+int64(i)+500)
 		done, msg := settle(id, tc.outcome, tc.note)
-		wantName := fmt.Sprintf("Call %d (charge of user:alice, key %s): ", id, pageKeyHash("user:alice", key))
+		wantName := fmt.Sprintf("Call %d (charge of user:alice, key %s): ", id, operator.KeyHash("user:alice", key))
 		if !done || !strings.HasPrefix(msg, wantName) || !strings.Contains(msg, tc.want) {
 			t.Errorf("settle %s: done %v, %q; want %q...%q", tc.outcome, done, msg, wantName, tc.want)
 		}
@@ -734,7 +716,7 @@ func TestPageResolveCall(t *testing.T) {
 	before, _ := readCallRow(t, db, id)
 	done, msg := settle(id, outbox.ResolveFailed, "second")
 	if after, _ := readCallRow(t, db, id); done || after != before ||
-		!strings.Contains(msg, fmt.Sprintf("settle refused: Call %d (charge of local, key %s) is completed: only a call in state unknown can be resolved", id, pageKeyHash("local", "lost-twice"))) {
+		!strings.Contains(msg, fmt.Sprintf("settle refused: Call %d (charge of local, key %s) is completed: only a call in state unknown can be resolved", id, operator.KeyHash("local", "lost-twice"))) {
 		t.Errorf("settling twice: done %v, %q; row %+v -> %+v", done, msg, before, after)
 	}
 }
@@ -785,14 +767,14 @@ func TestPageResolveCallRefusals(t *testing.T) {
 		{target, form("outcome", "completed", "outcome", "rerun"), `form field "outcome" given 2 times`},
 		{target, form("outcome", "rerun", "key", "lost-1"), `unexpected form field "key"`},
 		{target, form("outcome", "completed", "note", strings.Repeat("n", 1001)), "note: 1001 bytes, the limit is 1000"},
-		{target, form("outcome", "completed", "note", strings.Repeat("n", maxPageForm)), "request body too large"},
+		{target, form("outcome", "completed", "note", strings.Repeat("n", operator.MaxPageForm)), "request body too large"},
 		{fmt.Sprintf("/calls/%d/resolve", done), form("outcome", "rerun"),
-			fmt.Sprintf("Call %d (charge of local, key %s) is completed: only a call in state unknown can be resolved", done, pageKeyHash("local", "operate-1"))},
+			fmt.Sprintf("Call %d (charge of local, key %s) is completed: only a call in state unknown can be resolved", done, operator.KeyHash("local", "operate-1"))},
 	} {
 		r := s.post(t, tc.path, tc.form)
 		ok, msg := flashOf(t, r)
 		if ok || !strings.Contains(msg, tc.want) {
-			t.Errorf("POST %s %v: done %v, %q; want refused with %q", tc.path, shorten(tc.form.Encode(), 80), ok, msg, tc.want)
+			t.Errorf("POST %s %v: done %v, %q; want refused with %q", tc.path, operator.Shorten(tc.form.Encode(), 80), ok, msg, tc.want)
 		}
 		if strings.Contains(msg, "operate-1") || strings.Contains(msg, "lost-1") {
 			t.Errorf("POST %s: the message names a raw key: %q", tc.path, msg)
@@ -843,7 +825,7 @@ func (c *fakeClock) advance(d time.Duration) {
 	c.now = c.now.Add(d)
 }
 
-// TestPageLoginRateLimit: after maxLoginFailures wrong tokens from one
+// TestPageLoginRateLimit: after operator.MaxLoginFailures wrong tokens from one
 // address within loginWindow, its logins get 429 with Retry-After, the
 // token unchecked, until the window ends; other addresses, and logins
 // that succeed, are not held against it.
@@ -852,7 +834,7 @@ func TestPageLoginRateLimit(t *testing.T) {
 	adminToken, _ := newTokenFor(t, "admin")
 	path, _ := newEffectsDB(t, 1)
 	clock := &fakeClock{now: time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)}
-	s := newPageOnlyServer(t, path, loadAuth(t, sha256Hex(adminToken)), func(p *pageHandler) { p.now = clock.Now })
+	s := newPageOnlyServer(t, path, loadAuth(t, sha256Hex(adminToken)), clock.Now)
 	login := func(token string, mods ...func(*http.Request)) *pageResponse {
 		t.Helper()
 		return s.post(t, "/login", url.Values{"token": {token}}, mods...)
@@ -880,7 +862,7 @@ func TestPageLoginRateLimit(t *testing.T) {
 	}
 
 	wantLogin("the right token first", login(adminToken))
-	for i := 1; i < maxLoginFailures; i++ {
+	for i := 1; i < operator.MaxLoginFailures; i++ {
 		wantRefused(fmt.Sprintf("failure %d", i), login("wrong"))
 		clock.advance(time.Second)
 	}
@@ -911,61 +893,11 @@ func TestPageLoginRateLimit(t *testing.T) {
 	wantLimited("half a second before the window ends", login(adminToken), "1")
 	clock.advance(500 * time.Millisecond)
 	wantLogin("the right token after the window", login(adminToken))
-	for i := 1; i < maxLoginFailures; i++ {
+	for i := 1; i < operator.MaxLoginFailures; i++ {
 		wantRefused(fmt.Sprintf("failure %d of a new window", i), login("wrong"))
 	}
 	wantRefused("the last failure of a new window", login("wrong"))
 	wantLimited("over the limit again", login("wrong"), "60")
-}
-
-// TestPageLoginLimiter: windows end, the table stays bounded, and clients
-// are told apart by address (an IPv6 client by its /64).
-func TestPageLoginLimiter(t *testing.T) {
-	t.Parallel()
-	l := loginLimiter{byClient: map[string]loginFailures{}}
-	now := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
-	for i := 1; i <= maxLoginFailures; i++ {
-		if reached := l.fail("a", now); reached != (i == maxLoginFailures) {
-			t.Errorf("failure %d: limit reached %v", i, reached)
-		}
-	}
-	if w := l.blocked("a", now.Add(10*time.Second)); w != loginWindow-10*time.Second {
-		t.Errorf("blocked for %v, want %v", w, loginWindow-10*time.Second)
-	}
-	if w := l.blocked("b", now); w != 0 {
-		t.Errorf("another client blocked for %v", w)
-	}
-	if w := l.blocked("a", now.Add(loginWindow)); w != 0 || len(l.byClient) != 0 {
-		t.Errorf("after the window: blocked %v, %d clients kept", w, len(l.byClient))
-	}
-	// Full: ended windows go first, then the oldest.
-	l.fail("old", now)
-	for i := range maxLoginClients - 1 {
-		l.fail(fmt.Sprintf("c%d", i), now.Add(time.Second+time.Duration(i)*time.Millisecond))
-	}
-	for range maxLoginFailures {
-		l.fail("c0", now.Add(2*time.Second))
-	}
-	l.fail("new-1", now.Add(loginWindow)) // "old"'s window has ended
-	if _, ok := l.byClient["old"]; ok || len(l.byClient) != maxLoginClients {
-		t.Errorf("a full table with an ended window: %d clients, old kept %v", len(l.byClient), ok)
-	}
-	l.fail("new-2", now.Add(loginWindow+time.Second/2))
-	if _, ok := l.byClient["c0"]; ok || len(l.byClient) != maxLoginClients {
-		t.Errorf("a full table: %d clients, the oldest (c0) kept %v", len(l.byClient), ok)
-	}
-	for remote, want := range map[string]string{
-		"192.0.2.7:40000":              "192.0.2.7",
-		"[::ffff:192.0.2.7]:40000":     "192.0.2.7",
-		"[2001:db8:1:2:3:4:5:6]:40000": "2001:db8:1:2::/64",
-		"[2001:db8:1:2:ff::1]:1":       "2001:db8:1:2::/64",
-		"[fe80::1%eth0]:1":             "fe80::/64",
-		"not-an-address":               "not-an-address",
-	} {
-		if got := loginClient(&http.Request{RemoteAddr: remote}); got != want {
-			t.Errorf("loginClient(%q) = %q, want %q", remote, got, want)
-		}
-	}
 }
 
 // TestPageLookup: a call is found by principal and key, with its effects
@@ -986,7 +918,7 @@ func TestPageLookup(t *testing.T) {
 	r := lookup("", "operate-4")
 	wantContains(t, "known key", r.raw, `<span class="badge s-completed">completed</span>`, "<dd>charge</dd>",
 		`id="lookup-effect-4"`, `<span class="badge s-dead">dead</span>`, `action="/effects/4/retry"`,
-		pageKeyHash(outbox.LocalPrincipal, "operate-4"), "Recorded result", "charge_id")
+		operator.KeyHash(outbox.LocalPrincipal, "operate-4"), "Recorded result", "charge_id")
 	if r := lookup("local", "operate-5"); !strings.Contains(r.raw, `id="lookup-effect-5"`) || !strings.Contains(r.raw, `value="retry"`) {
 		t.Error("lookup by the explicit principal local: not effect 5 with its resolve buttons")
 	}
@@ -1055,7 +987,7 @@ func TestPageKeyHashMatchesLogs(t *testing.T) {
 			logged = append(logged, rec.Key)
 		}
 	}
-	if want := pageKeyHash(outbox.LocalPrincipal, "hash-me"); !slices.Equal(logged, []string{want}) {
+	if want := operator.KeyHash(outbox.LocalPrincipal, "hash-me"); !slices.Equal(logged, []string{want}) {
 		t.Errorf("call events carry keys %q, the page shows %s", logged, want)
 	}
 }
@@ -1107,16 +1039,7 @@ func TestPageDeliveryHistory(t *testing.T) {
 			t.Errorf("bucket %d: %+v, want %d delivered, %d failed", i, got[i], w[0], w[1])
 		}
 	}
-	c := newChart(chartWindows[0], buckets)
-	if c.Max != 2 || c.Delivered != 2 || c.Fail != 2 || len(c.Bars) != 60 || len(c.Ticks) != 6 {
-		t.Errorf("chart: max %d, %d delivered, %d failed, %d bars, %d ticks", c.Max, c.Delivered, c.Fail, len(c.Bars), len(c.Ticks))
-	}
-	if top := c.Bars[59]; top.DeliveredH+top.FailedH != float64(c.PlotH) || top.FailedY != float64(c.Top) {
-		t.Errorf("the tallest bar %+v does not fill the plot (%d high from %d)", top, c.PlotH, c.Top)
-	}
-	if empty := c.Bars[30]; empty.Delivered || empty.Failed {
-		t.Errorf("an empty bucket draws a bar: %+v", empty)
-	}
+	// operator's TestNewChart draws these buckets.
 	if _, err := query.DeliveryHistory(context.Background(), read, end, 0, 60); err == nil {
 		t.Error("a zero step: no error")
 	}
@@ -1157,8 +1080,8 @@ func TestOperatorPageBrowser(t *testing.T) {
 	mcpURL, _ := startHTTP(t, bin, dbPath, []string{"MCP_OUTBOX_TOKENS=alice=" + sha256Hex(aliceToken) + ",bob=" + sha256Hex(bobToken)},
 		"--dest", paymentsDest(fake, "at_most_once", "timeout=500ms"), "--admin-token-sha256", sha256Hex(adminToken))
 	base := strings.TrimSuffix(mcpURL, "/mcp")
-	alice := connectHTTP(t, mcpURL, "", bearer(t, aliceToken))
-	bob := connectHTTP(t, mcpURL, "", bearer(t, bobToken))
+	alice := connectHTTP(t, mcpURL, "", bearerClient(t, aliceToken))
+	bob := connectHTTP(t, mcpURL, "", bearerClient(t, bobToken))
 	db := openLedgerDB(t, dbPath)
 	if screenshot != "" {
 		stageHistory(t, alice, bob, db)

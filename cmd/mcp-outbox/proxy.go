@@ -6,9 +6,8 @@ import (
 	"io"
 	"net/url"
 
-	"github.com/mcp-outbox/mcp-outbox/internal/proxy"
-	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/schema"
+	"github.com/mcp-outbox/mcp-outbox/sidecar"
 )
 
 const proxyUsage = `Usage: mcp-outbox proxy [flags] -- COMMAND [ARGS...]
@@ -59,7 +58,7 @@ func runProxy(ctx context.Context, env *environment, args []string) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	var upstream proxy.Dialer
+	var upstream sidecar.Dialer
 	switch {
 	case *upstreamURL != "" && fs.NArg() > 0:
 		return usagef("give the upstream either as --upstream URL or as a command after --, not both")
@@ -68,9 +67,9 @@ func runProxy(ctx context.Context, env *environment, args []string) error {
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			return usagef("--upstream %q: want an http:// or https:// URL", *upstreamURL)
 		}
-		upstream = &proxy.HTTP{URL: *upstreamURL}
+		upstream = &sidecar.HTTP{URL: *upstreamURL}
 	case fs.NArg() > 0:
-		upstream = &proxy.Command{Path: fs.Arg(0), Args: fs.Args()[1:], Stderr: env.stderr, Prefix: "[upstream] "}
+		upstream = &sidecar.Command{Path: fs.Arg(0), Args: fs.Args()[1:], Stderr: env.stderr, Prefix: "[upstream] "}
 	default:
 		return usagef("no upstream: give a command after -- (mcp-outbox proxy -- python server.py) or --upstream URL")
 	}
@@ -84,10 +83,10 @@ func runProxy(ctx context.Context, env *environment, args []string) error {
 	}
 	defer a.Close()
 	a.auth = &ac
-	if h, ok := upstream.(*proxy.HTTP); ok {
+	if h, ok := upstream.(*sidecar.HTTP); ok {
 		h.Logger = a.logger // its standalone SSE stream's warnings
 	}
-	p, err := proxy.New(proxy.Options{Layer: a.layer, Upstream: upstream, Cooperating: *cooperating, Logger: a.logger})
+	p, err := sidecar.New(sidecar.Options{Layer: a.layer, Upstream: upstream, Cooperating: *cooperating, Logger: a.logger})
 	if err != nil {
 		return err
 	}
@@ -103,7 +102,7 @@ func runProxy(ctx context.Context, env *environment, args []string) error {
 		a.mcpHTTP = p.HTTPHandler(ctx)
 		return serveHTTP(ctx, a, *httpAddr, a.logger, env.stderr)
 	}
-	conn, err := outbox.WrapTransport(&lineTransport{in: env.stdin, out: env.stdout, logger: a.logger}).Connect(ctx)
+	conn, err := env.stdio(a.logger).Connect(ctx)
 	if err != nil {
 		return err
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
+	"github.com/mcp-outbox/mcp-outbox/operator"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -168,7 +169,7 @@ func openStore(ctx context.Context, env *environment, cfg *appConfig) (*app, err
 		return nil, err
 	}
 	a := &app{db: db, dests: dests, logger: logger, logSensitive: cfg.logSensitive, retention: cfg.retention}
-	a.metricsHandler, a.metrics = metricsHandler(db)
+	a.metricsHandler, a.metrics = operator.NewMetrics(db)
 	if cfg.bare {
 		return a, nil
 	}
@@ -252,7 +253,7 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 		return serveHTTP(ctx, a, *httpAddr, logger, env.stderr)
 	}
 	logger.Info("serving MCP on stdio", "db", schema.Redact(cfg.db), "outbox", !cfg.bare)
-	err = a.server.Run(ctx, outbox.WrapTransport(&lineTransport{in: env.stdin, out: env.stdout, logger: logger}))
+	err = a.server.Run(ctx, env.stdio(logger))
 	if ctx.Err() != nil || err == io.EOF {
 		return nil
 	}

@@ -2,14 +2,12 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"crypto/sha256"
-	"encoding/base64"
-	"encoding/hex"
 	"flag"
 	"fmt"
 	"io"
 	"strings"
+
+	"github.com/mcp-outbox/mcp-outbox/bearer"
 )
 
 const tokenUsage = `Usage: mcp-outbox token new PRINCIPAL
@@ -63,17 +61,15 @@ func runToken(_ context.Context, env *environment, args []string) error {
 }
 
 func newToken(env *environment, principal string) error {
-	if !principalPattern.MatchString(principal) {
-		return usagef("principal %q: want 1 to 128 letters, digits and ._@:- starting with a letter or digit", principal)
+	if !bearer.ValidPrincipal(principal) {
+		return usagef("principal %q: %s", principal, bearer.PrincipalRule)
 	}
-	b := make([]byte, 32)
-	if _, err := rand.Read(b); err != nil {
-		return fmt.Errorf("read random bytes: %w", err)
+	token, err := bearer.NewToken()
+	if err != nil {
+		return err
 	}
-	token := base64.RawURLEncoding.EncodeToString(b)
-	sum := sha256.Sum256([]byte(token))
 	fmt.Fprintln(env.stdout, token)
-	fmt.Fprintf(env.stderr, "%s %s\n", principal, hex.EncodeToString(sum[:]))
+	fmt.Fprintf(env.stderr, "%s %s\n", principal, bearer.Hash(token))
 	return nil
 }
 
@@ -95,7 +91,6 @@ func hashToken(env *environment) error {
 	if strings.ContainsFunc(token, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
 		return usagef("token hash: the token contains white space or a control character, which an Authorization header cannot carry")
 	}
-	sum := sha256.Sum256([]byte(token))
-	fmt.Fprintln(env.stdout, hex.EncodeToString(sum[:]))
+	fmt.Fprintln(env.stdout, bearer.Hash(token))
 	return nil
 }

@@ -1,0 +1,15 @@
+// Package bearer authenticates MCP clients over Streamable HTTP by static
+// bearer tokens, each naming a principal: the principal the outbox layer
+// scopes idempotency keys and call_status by.
+//
+// Tokens are never stored in clear. A tokens file holds one line per
+// token, 'PRINCIPAL SHA256HEX' ([ParseFile]); the same pairs fit in one
+// environment variable as 'principal=sha256hex,...' ([ParseEnv]). A
+// [Verifier] checks a request's token against every hash in constant time
+// and is a go-sdk auth.TokenVerifier; [Verifier.Require] wraps an MCP
+// handler. [Matches] checks a single token, such as the operator's admin
+// token (package operator).
+//
+// In the layers of this module bearer sits with the surfaces (operator,
+// mcphttp, sidecar), and imports nothing of the library.
+package bearer

@@ -1,0 +1,107 @@
+package bearer
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/auth"
+)
+
+// noExpiry stands in for "never": the SDK's middleware refuses a TokenInfo
+// without an expiration, and these tokens live until removed from the file.
+var noExpiry = time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)
+
+// A Verifier maps bearer tokens to their principals. A nil or empty
+// Verifier authenticates nothing: Require then lets every request through.
+type Verifier struct {
+	tokens []Token
+}
+
+// NewVerifier returns a Verifier of toks. Check them with CheckDistinct
+// first: of two principals with one token, the first listed wins.
+func NewVerifier(toks []Token) *Verifier {
+	return &Verifier{tokens: append([]Token(nil), toks...)}
+}
+
+// Enabled reports whether v has any token, that is whether Require asks
+// for one.
+func (v *Verifier) Enabled() bool { return v != nil && len(v.tokens) > 0 }
+
+// Principals counts the distinct principals, for a start-up message.
+func (v *Verifier) Principals() int {
+	if v == nil {
+		return 0
+	}
+	seen := map[string]bool{}
+	for _, t := range v.tokens {
+		seen[t.Principal] = true
+	}
+	return len(seen)
+}
+
+// Verify is a go-sdk auth.TokenVerifier. It compares against every
+// configured hash, in constant time, so the answer's timing tells nothing
+// about which entry (if any) came close.
+func (v *Verifier) Verify(_ context.Context, token string, _ *http.Request) (*auth.TokenInfo, error) {
+	sum := sha256.Sum256([]byte(token))
+	principal := ""
+	for _, t := range v.tokens {
+		if subtle.ConstantTimeCompare(sum[:], t.Hash) == 1 && principal == "" {
+			principal = t.Principal
+		}
+	}
+	if principal == "" {
+		return nil, auth.ErrInvalidToken
+	}
+	return &auth.TokenInfo{UserID: principal, Expiration: noExpiry}, nil
+}
+
+// Require puts h behind the bearer tokens, when there are any. The SDK's
+// middleware answers 401 itself and hands the principal to the outbox layer
+// as TokenInfo.UserID, which scopes keys and call_status.
+func (v *Verifier) Require(h http.Handler) http.Handler {
+	if !v.Enabled() {
+		return h
+	}
+	return auth.RequireBearerToken(v.Verify, nil)(h)
+}
+
+// FromRequest returns the token of r's 'Authorization: Bearer' header.
+func FromRequest(r *http.Request) (token string, ok bool) {
+	scheme, token, ok := strings.Cut(strings.TrimSpace(r.Header.Get("Authorization")), " ")
+	if !ok || !strings.EqualFold(scheme, "bearer") {
+		return "", false
+	}
+	return token, true
+}
+
+// Matches reports, in constant time, whether token (white space around it
+// aside) has the SHA-256 hash.
+func Matches(hash []byte, token string) bool {
+	sum := sha256.Sum256([]byte(strings.TrimSpace(token)))
+	return subtle.ConstantTimeCompare(sum[:], hash) == 1
+}
+
+// Hash returns the hex SHA-256 of token: what a tokens file line and
+// serve's --admin-token-sha256 hold.
+func Hash(token string) string {
+	sum := sha256.Sum256([]byte(token))
+	return hex.EncodeToString(sum[:])
+}
+
+// NewToken returns a new random token: 32 bytes, base64url.
+func NewToken() (string, error) {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("read random bytes: %w", err)
+	}
+	return base64.RawURLEncoding.EncodeToString(b), nil
+}

@@ -1,0 +1,41 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"strings"
+	"testing"
+)
+
+// FuzzTokenHash checks 'mcp-outbox token hash': it prints the SHA-256 of
+// the token on stdin (white space around it is not part of it) and nothing
+// else, or refuses; the token itself never appears in what it prints.
+func FuzzTokenHash(f *testing.F) {
+	for _, s := range []string{"test", "test\n", "  test\r\n", "", "\n", "two words", "tab\tinside", "\xef\xbb\xbftest", "\x00", strings.Repeat("t", 100)} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, stdin []byte) {
+		var stdout, stderr bytes.Buffer
+		env := &environment{stdin: bytes.NewReader(stdin), stdout: &stdout, stderr: &stderr,
+			getenv: func(string) string { return "" }, environ: func() []string { return nil }}
+		err := runToken(context.Background(), env, []string{"hash"})
+		token := strings.TrimSpace(string(stdin))
+		printed := stdout.String() + stderr.String()
+		if err != nil {
+			if len(token) >= 4 && strings.Contains(printed+err.Error(), token) {
+				t.Fatalf("token hash %q: refused (%v) and repeated the token", stdin, err)
+			}
+			return
+		}
+		sum := sha256.Sum256([]byte(token))
+		if want := hex.EncodeToString(sum[:]) + "\n"; stdout.String() != want || stderr.Len() != 0 {
+			t.Fatalf("token hash %q printed %q / %q, want %q", stdin, stdout.String(), stderr.String(), want)
+		}
+		// Accepted only what an Authorization header can carry.
+		if token == "" || strings.ContainsFunc(token, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
+			t.Fatalf("token hash accepted %q", token)
+		}
+	})
+}

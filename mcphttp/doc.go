@@ -1,0 +1,15 @@
+// Package mcphttp serves a go-sdk MCP server over Streamable HTTP the way
+// the outbox needs it: one endpoint for both protocol generations, routed
+// by the Mcp-Protocol-Version header (stateful sessions up to 2025-11-25,
+// stateless requests from 2026-07-28, which the go-sdk serves only from a
+// stateless handler), with a top-level params.idempotencyKey lifted into
+// _meta before the SDK drops it. [Serve] runs an http.Server until its
+// context ends, then shuts it down gracefully.
+//
+// It is the HTTP front of `mcp-outbox serve`: mount [NewHandler] at /mcp,
+// behind bearer.Verifier.Require when clients authenticate, and the
+// operator surface (package operator) at the root.
+//
+// In the layers of this module mcphttp is a surface on the library
+// (outbox), beside operator and sidecar.
+package mcphttp

@@ -1,0 +1,412 @@
+package operator
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"unicode"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
+	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/query"
+	"github.com/mcp-outbox/mcp-outbox/schema"
+)
+
+// The operator actions on effects and unknown calls, shared by the admin
+// API, the page and the command line (cmd/mcp-outbox's outbox command),
+// so that all three accept and refuse exactly the same things.
+
+// effectStates are the states of an effect and what each means to an
+// operator. Validation and help text both come from this list.
+var effectStates = []struct{ name, meaning string }{
+	{"pending", "waiting for its next attempt: new, or retrying after a failure"},
+	{"in_flight", "a dispatcher holds it under a lease and an attempt is under way; no\noperator action applies. If that dispatcher died, the next serve or\ndrain takes it back (at once on this host, else when the lease passes)"},
+	{"delivered", "the destination answered 2xx (or a probe or an operator said it has it)"},
+	{"dead", "given up: the destination refused it (any answer but 2xx, 408, 409,\n425, 429 or 5xx), or max_attempts or max_age was reached"},
+	{"unknown", "at an at_most_once destination, a request left and no answer came:\nit may or may not have been applied, so it is never sent again by\nitself; a probe or an operator settles it"},
+	{"cancelled", "stopped by an operator; it will not be delivered"},
+}
+
+func EffectStateNames() []string {
+	names := make([]string, len(effectStates))
+	for i, s := range effectStates {
+		names[i] = s.name
+	}
+	return names
+}
+
+func EffectStatesHelp() string {
+	var b strings.Builder
+	for _, s := range effectStates {
+		lines := strings.Split(s.meaning, "\n")
+		fmt.Fprintf(&b, "  %-10s %s\n", s.name, lines[0])
+		for _, l := range lines[1:] {
+			fmt.Fprintf(&b, "  %-10s %s\n", "", l)
+		}
+	}
+	return b.String()
+}
+
+// BadInput is a request the operator got wrong: a usage error on the
+// command line, 400 from the API.
+type BadInput struct{ error }
+
+func badInputf(format string, args ...any) error { return BadInput{fmt.Errorf(format, args...)} }
+
+// Bounds of a listing. The upper bound keeps an API response (each row
+// may carry a recorded response of a few KiB) to a sane size.
+const (
+	DefaultListLimit = 100
+	MaxListLimit     = 1000
+)
+
+// ParseEffectFilter validates a listing's filters.
+func ParseEffectFilter(state, dest string, limit int) (query.EffectFilter, error) {
+	if state != "" && !slices.Contains(EffectStateNames(), state) {
+		return query.EffectFilter{}, badInputf("state %q: want one of %s", state, strings.Join(EffectStateNames(), ", "))
+	}
+	if limit < 1 || limit > MaxListLimit {
+		return query.EffectFilter{}, badInputf("limit %d: want 1 to %d", limit, MaxListLimit)
+	}
+	return query.EffectFilter{State: state, Destination: dest, Limit: limit}, nil
+}
+
+// ParseEffectID reads an effect id from the command line or a URL.
+func ParseEffectID(s string) (int64, error) {
+	id, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || id < 1 {
+		return 0, badInputf("effect id %q: want a positive integer", s)
+	}
+	return id, nil
+}
+
+// Outcomes an operator can resolve an effect to.
+const (
+	outcomeDelivered = "delivered"
+	outcomeRetry     = "retry"
+)
+
+// EffectAction is an operator action on one effect.
+type EffectAction struct {
+	name string
+	// from lists the states the action applies to. The library's
+	// statements are the authority; TestEffectActionStates checks that this
+	// list says the same, since help and errors quote it.
+	from []string
+	// outcome is set for resolve, which takes delivered or retry.
+	outcome bool
+	run     func(ctx context.Context, db *schema.DB, id int64, outcome string) error
+}
+
+var effectActions = []EffectAction{
+	{
+		name: "retry",
+		from: []string{"dead", "unknown", "pending", "cancelled"},
+		run: func(ctx context.Context, db *schema.DB, id int64, _ string) error {
+			return outbox.RetryEffect(ctx, db, id)
+		},
+	},
+	{
+		name: "cancel",
+		from: []string{"pending", "dead", "unknown"},
+		run: func(ctx context.Context, db *schema.DB, id int64, _ string) error {
+			return outbox.CancelEffect(ctx, db, id)
+		},
+	},
+	{
+		name:    "resolve",
+		from:    []string{"unknown", "dead"},
+		outcome: true,
+		run: func(ctx context.Context, db *schema.DB, id int64, outcome string) error {
+			return outbox.ResolveEffect(ctx, db, id, outcome == outcomeDelivered)
+		},
+	},
+}
+
+// Name is the action's name: retry, cancel or resolve.
+func (a EffectAction) Name() string { return a.name }
+
+// From lists the states of an effect the action applies to.
+func (a EffectAction) From() []string { return slices.Clone(a.from) }
+
+// CheckOutcome validates resolve's outcome; other actions take none.
+func (a EffectAction) CheckOutcome(outcome string) error {
+	switch {
+	case !a.outcome && outcome != "":
+		return badInputf("%s takes no outcome", a.name)
+	case a.outcome && outcome != outcomeDelivered && outcome != outcomeRetry:
+		return badInputf("outcome %q: want %s (the destination has it) or %s (it does not; send it again)",
+			outcome, outcomeDelivered, outcomeRetry)
+	}
+	return nil
+}
+
+func FindEffectAction(name string) (EffectAction, bool) {
+	for _, a := range effectActions {
+		if a.name == name {
+			return a, true
+		}
+	}
+	return EffectAction{}, false
+}
+
+// ActionResult is what an action did, for the command line and the API.
+type ActionResult struct {
+	Effect        query.EffectRow `json:"effect"`
+	PreviousState string          `json:"previousState"`
+	Warning       string          `json:"warning,omitempty"`
+}
+
+// ApplyEffectAction validates and runs an action on effect id.
+func ApplyEffectAction(ctx context.Context, db *schema.DB, a EffectAction, id int64, outcome string) (*ActionResult, error) {
+	if err := a.CheckOutcome(outcome); err != nil {
+		return nil, err
+	}
+	before, err := readEffect(ctx, db, id)
+	if err != nil {
+		return nil, err
+	}
+	// ResolveEffect with retry is RetryEffect, which also takes pending and
+	// cancelled effects; resolving either would be a mistake (un-cancelling
+	// one, for instance), so resolve keeps to its own states here. The check
+	// reads before it writes, but RetryEffect's own statement still never
+	// touches an effect in flight.
+	if a.outcome && !slices.Contains(a.from, before.State) {
+		return nil, newStateError(a, id, before.State, outbox.ErrNotResolvable)
+	}
+	if err := a.run(ctx, db, id, outcome); err != nil {
+		if errors.Is(err, outbox.ErrEffectState) || errors.Is(err, outbox.ErrNotResolvable) {
+			now, rerr := readEffect(ctx, db, id)
+			if rerr != nil {
+				return nil, rerr
+			}
+			return nil, newStateError(a, id, now.State, outbox.ErrEffectState)
+		}
+		return nil, err
+	}
+	after, err := readEffect(ctx, db, id)
+	if err != nil {
+		return nil, err
+	}
+	res := &ActionResult{Effect: *after, PreviousState: before.State}
+	if before.State == "unknown" && after.State == "pending" {
+		// Only at_most_once destinations make effects unknown.
+		res.Warning = fmt.Sprintf("effect %d was unknown and will be sent again; its destination cannot dedup, "+
+			"so if it applied the first request it applies this one too", id)
+	}
+	return res, nil
+}
+
+// stateError says what the effect's state is and what the action needs;
+// it matches the library's sentinel without repeating its text.
+type stateError struct {
+	msg      string
+	sentinel error
+}
+
+func (e *stateError) Error() string { return e.msg }
+func (e *stateError) Unwrap() error { return e.sentinel }
+
+func newStateError(a EffectAction, id int64, state string, sentinel error) error {
+	return &stateError{fmt.Sprintf("effect %d is %s; %s applies only to %s effects", id, state, a.name, orList(a.from)), sentinel}
+}
+
+func readEffect(ctx context.Context, db *schema.DB, id int64) (*query.EffectRow, error) {
+	rows, err := query.ListEffects(ctx, db.Read, query.EffectFilter{ID: id, Limit: 1})
+	if err != nil {
+		return nil, fmt.Errorf("read effect %d: %w", id, err)
+	}
+	if len(rows) == 0 {
+		return nil, fmt.Errorf("effect %d: %w", id, outbox.ErrNoEffect)
+	}
+	return &rows[0], nil
+}
+
+// EffectSummary is the count of effects by state, with the total, and
+// the number of calls in state unknown: the other thing that waits for an
+// operator.
+type EffectSummary struct {
+	query.Counts
+	Total        int `json:"total"`
+	UnknownCalls int `json:"unknownCalls"`
+}
+
+func SummarizeEffects(ctx context.Context, db *schema.DB) (EffectSummary, error) {
+	c, err := query.CountEffects(ctx, db.Read)
+	if err != nil {
+		return EffectSummary{}, err
+	}
+	n, err := query.CountUnknownCalls(ctx, db.Read)
+	if err != nil {
+		return EffectSummary{}, err
+	}
+	return EffectSummary{Counts: c, Total: c.Total(), UnknownCalls: n}, nil
+}
+
+// Unknown calls: a call forwarded to a tool server whose work is outside
+// the call's transaction (mcp-outbox proxy), whose outcome was lost. It may
+// or may not have run; an operator finds out and settles it.
+
+// callOutcomes are the outcomes an operator can resolve an unknown call to,
+// and what each means. Validation and help text both come from this list.
+var callOutcomes = []struct{ name, meaning string }{
+	{outbox.ResolveCompleted, "it ran and its work is done: record it as completed; a retry\nreplays the note as its result"},
+	{outbox.ResolveFailed, "it ran and failed, or must not run: record it as failed; a retry\nreplays the note as a tool error"},
+	{outbox.ResolveRerun, "it did not run: forget it, so that the next retry with its key\nruns it"},
+}
+
+func CallOutcomeNames() []string {
+	names := make([]string, len(callOutcomes))
+	for i, o := range callOutcomes {
+		names[i] = o.name
+	}
+	return names
+}
+
+func CallOutcomesHelp() string {
+	var b strings.Builder
+	for _, o := range callOutcomes {
+		lines := strings.Split(o.meaning, "\n")
+		fmt.Fprintf(&b, "  %-10s %s\n", o.name, lines[0])
+		for _, l := range lines[1:] {
+			fmt.Fprintf(&b, "  %-10s %s\n", "", l)
+		}
+	}
+	return b.String()
+}
+
+// maxNoteBytes bounds an operator's note: it becomes the text of the
+// call's recorded result, which every retry replays to the client.
+const maxNoteBytes = 1000
+
+// CallResolution is what resolving an unknown call did, for the command
+// line and the API.
+type CallResolution struct {
+	Principal     string      `json:"principal"`
+	Key           string      `json:"key"`
+	Tool          string      `json:"tool"`
+	CallID        string      `json:"callId"`
+	Outcome       string      `json:"outcome"`
+	PreviousState query.State `json:"previousState"`
+	// State is the call's state now: completed, failed, or not_found for
+	// rerun (the call is forgotten; the next retry runs it).
+	State query.State `json:"state"`
+}
+
+// CallRef names the call a resolution is for: by principal and key, or by
+// its call id (calls.uid, which the status tool, the logs and the page show
+// and which is never reused).
+type CallRef struct {
+	Principal, Key string
+	CallID         string
+}
+
+// CheckResolveCall validates a resolution before anything is opened.
+func CheckResolveCall(ref CallRef, outcome, note string) error {
+	switch {
+	case ref.CallID != "" && ref.Key != "":
+		return badInputf("give the call's key or its call id, not both")
+	case ref.CallID != "":
+		if len(ref.CallID) > 64 || strings.ContainsFunc(ref.CallID, func(r rune) bool { return r <= ' ' || r > '~' }) {
+			return badInputf("call id %q: want the callId the status tool shows, such as call_0123abcd", Shorten(ref.CallID, 40))
+		}
+	default:
+		if ref.Principal == "" {
+			return badInputf("principal: empty")
+		}
+		if err := callkey.Validate(ref.Key); err != nil {
+			return badInputf("key: %v", err)
+		}
+	}
+	if !slices.Contains(CallOutcomeNames(), outcome) {
+		return badInputf("outcome %q: want %s", outcome, orList(CallOutcomeNames()))
+	}
+	if len(note) > maxNoteBytes {
+		return badInputf("note: %d bytes, the limit is %d", len(note), maxNoteBytes)
+	}
+	return nil
+}
+
+// ResolveUnknownCall validates and settles the unknown call ref names.
+func ResolveUnknownCall(ctx context.Context, db *schema.DB, ref CallRef, outcome, note string) (*CallResolution, error) {
+	if err := CheckResolveCall(ref, outcome, note); err != nil {
+		return nil, err
+	}
+	res := &CallResolution{Principal: ref.Principal, Key: ref.Key, CallID: ref.CallID, Outcome: outcome, PreviousState: query.OutcomeUnknown}
+	// For the report only: ResolveCall's own statement applies only to an
+	// unknown call, and says what the call is if it is not one.
+	var err error
+	if ref.CallID != "" {
+		err = db.Read.QueryRowContext(ctx, `SELECT tool, principal, key FROM calls WHERE uid = $1`, ref.CallID).
+			Scan(&res.Tool, &res.Principal, &res.Key)
+	} else {
+		err = db.Read.QueryRowContext(ctx, `SELECT tool, uid FROM calls WHERE principal = $1 AND key = $2`, ref.Principal, ref.Key).
+			Scan(&res.Tool, &res.CallID)
+	}
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("read the call: %w", err)
+	}
+	if ref.CallID != "" {
+		err = outbox.ResolveCallUID(ctx, db, ref.CallID, outcome, note)
+	} else {
+		err = outbox.ResolveCall(ctx, db, ref.Principal, ref.Key, outcome, note)
+	}
+	if err != nil {
+		if errors.Is(err, outbox.ErrCallOutcome) {
+			return nil, BadInput{err}
+		}
+		return nil, err
+	}
+	res.State = query.State(outcome)
+	if outcome == outbox.ResolveRerun {
+		res.State = query.NotFound
+	}
+	return res, nil
+}
+
+// keyRedacted is an error whose message names a call by its key's hash
+// where the error it wraps quoted the raw key (outbox's and
+// ResolveUnknownCall's messages say `call "KEY" of PRINCIPAL`).
+type keyRedacted struct {
+	msg string
+	err error
+}
+
+func (e *keyRedacted) Error() string { return e.msg }
+func (e *keyRedacted) Unwrap() error { return e.err }
+
+func redactKey(err error, principal, key string) error {
+	if err == nil || key == "" {
+		return err
+	}
+	return &keyRedacted{strings.ReplaceAll(err.Error(), strconv.Quote(key), "with key "+KeyHash(principal, key)), err}
+}
+
+func orList(items []string) string {
+	switch len(items) {
+	case 0:
+		return ""
+	case 1:
+		return items[0]
+	}
+	return strings.Join(items[:len(items)-1], ", ") + " or " + items[len(items)-1]
+}
+
+// Shorten makes s printable on one line and at most n characters long,
+// for tables and pages.
+func Shorten(s string, n int) string {
+	s = strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, s)
+	if r := []rune(s); len(r) > n {
+		return string(r[:n-1]) + "…"
+	}
+	return s
+}

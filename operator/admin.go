@@ -1,0 +1,355 @@
+package operator
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/query"
+	"github.com/mcp-outbox/mcp-outbox/schema"
+)
+
+// MaxAdminBody bounds an admin API request body; the largest legitimate
+// one is a few bytes of {"outcome": ...}.
+const MaxAdminBody = 1 << 20
+
+// adminRouter is the operator API that serve mounts at /admin: the same
+// actions and validation as `mcp-outbox outbox` (operate.go), in JSON.
+//
+//	GET  /summary                     counts by state, and unknown calls
+//	GET  /effects?state=&dest=&limit= effects, newest first
+//	GET  /effects/{id}                one effect
+//	POST /effects/{id}/retry          (no body, or {})
+//	POST /effects/{id}/cancel         (no body, or {})
+//	POST /effects/{id}/resolve        {"outcome": "delivered" | "retry"}
+//	POST /effects/retry-dead          (no body, or {})
+//	GET  /calls/unknown?limit=        calls in state unknown, oldest first
+//	POST /calls/resolve               {"principal": P (default local), "key": K,
+//	                                   "outcome": "completed" | "failed" | "rerun", "note": TEXT}
+//
+// Errors are {"error": "..."}: 400 bad input, 403 refused, 404 no such
+// effect or call, 409 not in a state the action applies to, 413 body too
+// large.
+func adminRouter(db *schema.DB, logger *slog.Logger, ac *adminAuth) http.Handler {
+	h := &adminHandler{db: db, logger: logger}
+	r := chi.NewRouter()
+	r.Use(adminGuard(ac))
+	r.NotFound(func(w http.ResponseWriter, _ *http.Request) {
+		writeAdminJSON(w, http.StatusNotFound, adminErrorBody{"no such admin endpoint"})
+	})
+	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
+		writeAdminJSON(w, http.StatusMethodNotAllowed, adminErrorBody{fmt.Sprintf("method %s not allowed here", r.Method)})
+	})
+	r.Get("/summary", h.summary)
+	r.Get("/effects", h.list)
+	r.Get("/effects/{id}", h.get)
+	r.Post("/effects/retry-dead", h.retryDead)
+	for _, a := range effectActions {
+		r.Post("/effects/{id}/"+a.name, h.action(a))
+	}
+	r.Get("/calls/unknown", h.unknownCalls)
+	r.Post("/calls/resolve", h.resolveCall)
+	return r
+}
+
+type adminHandler struct {
+	db     *schema.DB
+	logger *slog.Logger
+}
+
+type adminErrorBody struct {
+	Error string `json:"error"`
+}
+
+var adminCSRF = http.NewCrossOriginProtection()
+
+// adminGuard admits a request that carries the admin token, when one is
+// configured, from any address. Without a token only a client on this host
+// may use the API. That alone would still let any web page the operator
+// visits reach it through the browser, so it also refuses requests
+// addressed to any name but localhost or a loopback address (DNS rebinding
+// points an attacker's name at 127.0.0.1); a page cannot know the token, so
+// with one the Host check would only get in a remote operator's way.
+// Cross-origin browser requests are refused either way. A reverse proxy on
+// this host would make every client look local: without a token, /admin
+// must not be proxied.
+func adminGuard(ac *adminAuth) func(http.Handler) http.Handler {
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if ac != nil && ac.adminHash != nil {
+				if !ac.checkAdminToken(r) {
+					w.Header().Set("WWW-Authenticate", `Bearer realm="mcp-outbox admin"`)
+					writeAdminJSON(w, http.StatusUnauthorized, adminErrorBody{"the admin API requires 'Authorization: Bearer' with the admin token"})
+					return
+				}
+			} else if err := checkAdminClient(r); err != nil {
+				writeAdminJSON(w, http.StatusForbidden, adminErrorBody{err.Error()})
+				return
+			}
+			if err := adminCSRF.Check(r); err != nil {
+				writeAdminJSON(w, http.StatusForbidden, adminErrorBody{fmt.Sprintf("cross-origin request refused: %v", err)})
+				return
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
+}
+
+// checkAdminClient is the rule without an admin token: a loopback peer,
+// addressing the server by a loopback name.
+func checkAdminClient(r *http.Request) error {
+	// RemoteAddr is the TCP peer. Nothing may replace it with a header such
+	// as X-Forwarded-For (chi's middleware.RealIP would): any client could
+	// then claim to be loopback.
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		host = r.RemoteAddr
+	}
+	if ip, err := netip.ParseAddr(host); err != nil || !ip.Unmap().IsLoopback() {
+		return fmt.Errorf("without an admin token (--admin-token-sha256) the admin API answers only clients on this host over loopback; %s is not a loopback address", host)
+	}
+	if !LoopbackHost(r.Host) {
+		return fmt.Errorf("the admin API answers only requests addressed to localhost or a loopback address, not %q", r.Host)
+	}
+	return nil
+}
+
+func (h *adminHandler) summary(w http.ResponseWriter, r *http.Request) {
+	sum, err := SummarizeEffects(r.Context(), h.db)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeAdminJSON(w, http.StatusOK, sum)
+}
+
+// listParams are the query parameters of GET /effects. Others are refused:
+// a misspelt filter would otherwise list everything.
+var listParams = []string{"state", "dest", "limit"}
+
+// listQuery reads a list endpoint's query: only the parameters allowed,
+// each at most once, and a limit from 1 to MaxListLimit (default
+// DefaultListLimit).
+func listQuery(r *http.Request, allowed ...string) (url.Values, int, error) {
+	q := r.URL.Query()
+	for k, v := range q {
+		if !slices.Contains(allowed, k) {
+			return nil, 0, badInputf("unknown parameter %q (want %s)", k, strings.Join(allowed, ", "))
+		}
+		if len(v) > 1 {
+			return nil, 0, badInputf("parameter %q given %d times", k, len(v))
+		}
+	}
+	limit := DefaultListLimit
+	if s := q.Get("limit"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > MaxListLimit {
+			return nil, 0, badInputf("limit %q: want a number from 1 to %d", s, MaxListLimit)
+		}
+		limit = n
+	}
+	return q, limit, nil
+}
+
+func (h *adminHandler) list(w http.ResponseWriter, r *http.Request) {
+	q, limit, err := listQuery(r, listParams...)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	f, err := ParseEffectFilter(q.Get("state"), q.Get("dest"), limit)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	rows, err := query.ListEffects(r.Context(), h.db.Read, f)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeAdminJSON(w, http.StatusOK, struct {
+		Effects []query.EffectRow `json:"effects"`
+	}{rows})
+}
+
+func (h *adminHandler) get(w http.ResponseWriter, r *http.Request) {
+	id, err := ParseEffectID(chi.URLParam(r, "id"))
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	e, err := readEffect(r.Context(), h.db, id)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeAdminJSON(w, http.StatusOK, e)
+}
+
+func (h *adminHandler) retryDead(w http.ResponseWriter, r *http.Request) {
+	if err := readAdminBody(w, r, &struct{}{}); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	n, err := outbox.RetryDead(r.Context(), h.db)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	h.logger.Info("admin action", "action", "retry-dead", "retried", n, "remote", r.RemoteAddr)
+	writeAdminJSON(w, http.StatusOK, struct {
+		Retried int64 `json:"retried"`
+	}{n})
+}
+
+func (h *adminHandler) action(a EffectAction) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		id, err := ParseEffectID(chi.URLParam(r, "id"))
+		if err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		var body struct {
+			Outcome string `json:"outcome"`
+		}
+		var dst any = &struct{}{}
+		if a.outcome {
+			dst = &body
+		}
+		if err := readAdminBody(w, r, dst); err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		res, err := ApplyEffectAction(r.Context(), h.db, a, id, body.Outcome)
+		if err != nil {
+			h.fail(w, r, err)
+			return
+		}
+		// The admin token names no user; the log is the audit trail.
+		h.logger.Info("admin action", "action", a.name, "outcome", body.Outcome, "effect", id,
+			"from", res.PreviousState, "to", res.Effect.State, "remote", r.RemoteAddr)
+		if res.Warning != "" {
+			h.logger.Warn(res.Warning, "effect", id)
+		}
+		writeAdminJSON(w, http.StatusOK, res)
+	}
+}
+
+func (h *adminHandler) unknownCalls(w http.ResponseWriter, r *http.Request) {
+	_, limit, err := listQuery(r, "limit")
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	calls, err := query.ListUnknownCalls(r.Context(), h.db.Read, limit)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	writeAdminJSON(w, http.StatusOK, struct {
+		Calls []query.UnknownCall `json:"calls"`
+	}{calls})
+}
+
+func (h *adminHandler) resolveCall(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Principal string `json:"principal"`
+		Key       string `json:"key"`
+		CallID    string `json:"callId"`
+		Outcome   string `json:"outcome"`
+		Note      string `json:"note"`
+	}
+	if err := readAdminBody(w, r, &body); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	ref := CallRef{Key: body.Key, CallID: body.CallID}
+	if body.CallID == "" {
+		ref.Principal = outbox.ParsePrincipal(body.Principal)
+	} else if body.Principal != "" {
+		h.fail(w, r, badInputf("give the call's principal and key or its callId, not both"))
+		return
+	}
+	body.Principal = ref.Principal
+	res, err := ResolveUnknownCall(r.Context(), h.db, ref, body.Outcome, body.Note)
+	if err != nil {
+		h.failLogging(w, r, err, redactKey(err, body.Principal, body.Key))
+		return
+	}
+	// The admin token names no user; the log is the audit trail. The key
+	// is logged as the call log writes it: hashed, never raw.
+	h.logger.Info("admin action", "action", "resolve-call", "outcome", res.Outcome, "key", outbox.KeyHash(res.Principal, res.Key),
+		"tool", res.Tool, "from", res.PreviousState, "to", res.State, "remote", r.RemoteAddr)
+	writeAdminJSON(w, http.StatusOK, res)
+}
+
+// readAdminBody decodes an optional JSON body into v, strictly: an unknown
+// field is more likely a mistake (an outcome sent to /retry) than
+// something to ignore.
+func readAdminBody(w http.ResponseWriter, r *http.Request, v any) error {
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxAdminBody))
+	if err != nil {
+		if errors.As(err, new(*http.MaxBytesError)) {
+			return fmt.Errorf("body larger than %d bytes: %w", MaxAdminBody, err)
+		}
+		return badInputf("read body: %v", err)
+	}
+	if len(bytes.TrimSpace(b)) == 0 {
+		return nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return badInputf("body: %v", err)
+	}
+	if err := dec.Decode(new(json.RawMessage)); err != io.EOF {
+		return badInputf("body: want one JSON object")
+	}
+	return nil
+}
+
+// fail answers with the status that err's kind calls for.
+func (h *adminHandler) fail(w http.ResponseWriter, r *http.Request, err error) {
+	h.failLogging(w, r, err, err)
+}
+
+// failLogging answers err, logging logged in its place when it is a server
+// error: a message that quotes an idempotency key the caller sent is fine
+// in the answer, not in the log.
+func (h *adminHandler) failLogging(w http.ResponseWriter, r *http.Request, err, logged error) {
+	status := http.StatusInternalServerError
+	switch {
+	case errors.As(err, new(*http.MaxBytesError)):
+		status = http.StatusRequestEntityTooLarge
+	case errors.As(err, new(BadInput)):
+		status = http.StatusBadRequest
+	case errors.Is(err, outbox.ErrNoEffect), errors.Is(err, outbox.ErrNoCall):
+		status = http.StatusNotFound
+	case errors.Is(err, outbox.ErrEffectState), errors.Is(err, outbox.ErrNotResolvable), errors.Is(err, outbox.ErrCallNotUnknown):
+		status = http.StatusConflict
+	default:
+		h.logger.Error("admin request failed", "method", r.Method, "path", r.URL.Path, "error", logged)
+	}
+	writeAdminJSON(w, status, adminErrorBody{err.Error()})
+}
+
+func writeAdminJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}

@@ -1,0 +1,108 @@
+package sidecar
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/outbox"
+)
+
+// Defaults for [Options] fields left at zero.
+const (
+	DefaultMinBackoff = 100 * time.Millisecond
+	DefaultMaxBackoff = 10 * time.Second
+	// DefaultInitTimeout bounds the re-initialization of a restarted upstream.
+	DefaultInitTimeout = 30 * time.Second
+)
+
+// A Dialer makes a new connection to the upstream: for a command, it starts
+// a new process.
+type Dialer interface {
+	Dial(ctx context.Context) (mcp.Connection, error)
+	String() string
+}
+
+// Options configure a [Proxy].
+type Options struct {
+	// Layer records calls; required.
+	Layer *outbox.Layer
+	// Upstream connects to the tool server; required.
+	Upstream Dialer
+	// Cooperating says the upstream records its calls' outcomes itself
+	// (schema/README.md); see [outbox.RemoteOptions].
+	Cooperating bool
+	// Logger gets the proxy's logs; nil discards them.
+	Logger *slog.Logger
+	// MinBackoff and MaxBackoff bound the wait before restarting an
+	// upstream that died; it doubles from Min to Max, and starts again at
+	// Min after the upstream ran for a minute.
+	MinBackoff, MaxBackoff time.Duration
+	// InitTimeout bounds re-initializing a restarted upstream.
+	InitTimeout time.Duration
+}
+
+// A Proxy serves client connections, each with its own upstream connection.
+type Proxy struct {
+	opts   Options
+	logger *slog.Logger
+
+	mu    sync.Mutex
+	tools map[string]*outbox.RemoteTool // by name, from the upstream's tools/list
+}
+
+// New returns a proxy.
+func New(opts Options) (*Proxy, error) {
+	if opts.Layer == nil || opts.Upstream == nil {
+		return nil, errors.New("proxy: Layer and Upstream are required")
+	}
+	if opts.MinBackoff <= 0 {
+		opts.MinBackoff = DefaultMinBackoff
+	}
+	if opts.MaxBackoff < opts.MinBackoff {
+		opts.MaxBackoff = max(DefaultMaxBackoff, opts.MinBackoff)
+	}
+	if opts.InitTimeout <= 0 {
+		opts.InitTimeout = DefaultInitTimeout
+	}
+	logger := opts.Logger
+	if logger == nil {
+		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return &Proxy{opts: opts, logger: logger.With("subsystem", "proxy"), tools: map[string]*outbox.RemoteTool{}}, nil
+}
+
+// remoteTool is how the layer treats the named upstream tool. A tool the
+// upstream has not listed (the client called it without tools/list) is
+// treated by the spec's default annotations: recorded.
+func (p *Proxy) remoteTool(name string) *outbox.RemoteTool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if t := p.tools[name]; t != nil {
+		return t
+	}
+	t := p.opts.Layer.RemoteTool(name, nil, p.remoteOptions())
+	p.tools[name] = t
+	return t
+}
+
+// learnTools records the annotations of the tools in a tools/list answer.
+func (p *Proxy) learnTools(tools []*mcp.Tool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, t := range tools {
+		if t == nil || t.Name == "" || t.Name == outbox.StatusToolName {
+			continue
+		}
+		p.tools[t.Name] = p.opts.Layer.RemoteTool(t.Name, t, p.remoteOptions())
+	}
+}
+
+func (p *Proxy) remoteOptions() outbox.RemoteOptions {
+	return outbox.RemoteOptions{Cooperating: p.opts.Cooperating}
+}

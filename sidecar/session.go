@@ -1,0 +1,916 @@
+package sidecar
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/failpoint"
+	"github.com/mcp-outbox/mcp-outbox/outbox"
+)
+
+// JSON-RPC error codes the proxy answers with.
+const (
+	codeInvalidRequest = -32600
+	codeInvalidParams  = -32602
+	codeInternal       = -32603
+)
+
+// errUpstreamGone is the fate of a request the upstream took with it when
+// it died or its connection broke.
+var errUpstreamGone = errors.New("the tool server went away before answering")
+
+// session is one client connection and the upstream connection behind it.
+type session struct {
+	p      *Proxy
+	ctx    context.Context
+	client mcp.Connection
+
+	// out carries messages to the upstream in the order the client sent
+	// them (initialize, then initialized, then the rest); one writer sends
+	// them once the upstream is up.
+	out chan *outgoing
+
+	writeMu sync.Mutex // serializes writes to the client
+
+	mu          sync.Mutex
+	up          mcp.Connection // nil while the upstream is down
+	gen         int            // counts upstream connections
+	ready       chan struct{}  // closed while up is usable
+	nextID      int64
+	pending     map[int64]*pending    // requests sent to the upstream, by the proxy's id
+	forwarded   map[jsonrpc.ID]int64  // the proxy's ids of the client's forwarded requests
+	calls       map[jsonrpc.ID]func() // cancels of the tool calls the layer runs
+	initParams  json.RawMessage       // the client's initialize, replayed to a restarted upstream
+	initSent    bool                  // the client's initialize went to an upstream
+	initialized bool                  // the client's notifications/initialized went to an upstream
+	// The upstream's own requests to the client (sampling, roots,
+	// elicitation) go out under ids of the proxy: a restarted upstream
+	// numbers its requests from 1 again, and the client's answer to the
+	// old upstream's request must not reach the new one as the answer to
+	// its own.
+	nextDown int64
+	downward map[int64]downRequest
+}
+
+// downRequest is an upstream's request to the client, by the id the client
+// knows it under.
+type downRequest struct {
+	gen int
+	id  jsonrpc.ID // the upstream's own
+}
+
+// pending is a request the upstream has not answered yet.
+type pending struct {
+	id  int64
+	gen int
+	// Either reply, for a waiter in the proxy (closed without a value when
+	// the upstream goes away), or clientID, for a client's request whose
+	// answer is passed back (through rewrite, when set).
+	reply    chan *jsonrpc.Response
+	clientID jsonrpc.ID
+	rewrite  func(json.RawMessage) (json.RawMessage, error)
+}
+
+// outgoing is a message queued for the upstream.
+type outgoing struct {
+	msg jsonrpc.Message
+	p   *pending // for requests expecting an answer
+	gen int      // if not 0, the only upstream connection it may go to
+
+	mu        sync.Mutex
+	sent      chan struct{} // closed once the message was written, or will never be
+	err       error         // why it was not written
+	abandoned bool          // the sender gave up before it was written
+}
+
+func newOutgoing(msg jsonrpc.Message, p *pending) *outgoing {
+	return &outgoing{msg: msg, p: p, sent: make(chan struct{})}
+}
+
+// settle records that o was written (err nil) or never will be.
+func (o *outgoing) settle(err error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	select {
+	case <-o.sent:
+		return
+	default:
+	}
+	o.err = err
+	close(o.sent)
+}
+
+// abandon withdraws o if it was not written yet, and reports whether it was.
+func (o *outgoing) abandon() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	select {
+	case <-o.sent:
+		return o.err != nil
+	default:
+	}
+	o.abandoned = true
+	o.err = errors.New("abandoned")
+	close(o.sent)
+	return true
+}
+
+// Serve proxies client until it closes or ctx ends, connecting (and, after
+// a failure, reconnecting) to the upstream on its own.
+func (p *Proxy) Serve(ctx context.Context, client mcp.Connection) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s := &session{
+		p: p, ctx: ctx, client: client,
+		out:       make(chan *outgoing, 256),
+		ready:     make(chan struct{}),
+		pending:   map[int64]*pending{},
+		forwarded: map[jsonrpc.ID]int64{},
+		calls:     map[jsonrpc.ID]func(){},
+	}
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); s.supervise() }()
+	go func() { defer wg.Done(); s.writeUpstream() }()
+	err := s.readClient()
+	cancel()
+	client.Close()
+	s.mu.Lock()
+	if s.up != nil {
+		s.up.Close()
+	}
+	s.mu.Unlock()
+	wg.Wait()
+	if errors.Is(err, io.EOF) || ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// readClient dispatches the client's messages until its connection ends.
+func (s *session) readClient() error {
+	for {
+		msg, err := s.client.Read(s.ctx)
+		if err != nil {
+			return err
+		}
+		switch m := msg.(type) {
+		case *jsonrpc.Request:
+			if m.IsCall() {
+				s.onClientCall(m)
+			} else {
+				s.onClientNotification(m)
+			}
+		case *jsonrpc.Response:
+			// An answer to a request of the upstream (sampling, roots,
+			// elicitation), under the id the proxy gave that request.
+			s.onClientAnswer(m)
+		}
+	}
+}
+
+func (s *session) onClientCall(m *jsonrpc.Request) {
+	switch m.Method {
+	case "":
+		// Written on, a request without a method loses its "method"
+		// member and reaches the upstream as an answer to its own request
+		// of that id, and this one is never answered.
+		s.replyError(m.ID, codeInvalidRequest, "invalid request: the method is empty")
+	case "initialize":
+		s.mu.Lock()
+		s.initParams = m.Params
+		s.mu.Unlock()
+		s.forward(m, s.rewriteCapabilities)
+	case "server/discover":
+		// 2026-07-28 clients learn the capabilities here, not from
+		// initialize: the layer is advertised the same way.
+		s.forward(m, s.rewriteCapabilities)
+	case "tools/list":
+		s.forward(m, s.rewriteToolsList)
+	case "tools/call":
+		params, err := decodeCallParams(m.Params)
+		if err != nil {
+			s.replyError(m.ID, codeInvalidParams, "invalid tools/call params: "+err.Error())
+			return
+		}
+		ctx, cancel := context.WithCancel(s.ctx)
+		s.mu.Lock()
+		s.calls[m.ID] = cancel
+		s.mu.Unlock()
+		go func() {
+			defer func() {
+				s.mu.Lock()
+				delete(s.calls, m.ID)
+				s.mu.Unlock()
+				cancel()
+			}()
+			s.callTool(ctx, m, params)
+		}()
+	default:
+		s.forward(m, nil)
+	}
+}
+
+// callParamFields are the members of tools/call params the proxy reads.
+var callParamFields = []string{"name", "arguments", "_meta", "inputResponses", "requestState"}
+
+// decodeCallParams reads tools/call params as the upstream will. Go's
+// decoder matches member names without regard to case, an upstream in
+// another language does not: {"name":"look","Name":"charge"} would be
+// recorded as a call of charge and run as one of look. Such params are
+// refused.
+func decodeCallParams(raw json.RawMessage) (*mcp.CallToolParamsRaw, error) {
+	var params mcp.CallToolParamsRaw
+	if err := json.Unmarshal(raw, &params); err != nil || params.Name == "" {
+		return nil, errors.New("a name and JSON arguments are required")
+	}
+	var members map[string]json.RawMessage
+	_ = json.Unmarshal(raw, &members)
+	for k := range members {
+		for _, field := range callParamFields {
+			if k != field && strings.EqualFold(k, field) {
+				return nil, fmt.Errorf("member %q: spell it %q", k, field)
+			}
+		}
+	}
+	return &params, nil
+}
+
+func (s *session) onClientNotification(m *jsonrpc.Request) {
+	switch m.Method {
+	case "":
+		// Written on, it would be {"jsonrpc":"2.0"}: no JSON-RPC message
+		// at all, and nothing for the upstream to act on.
+		return
+	case "notifications/cancelled":
+		var c struct {
+			RequestID any `json:"requestId"`
+		}
+		_ = json.Unmarshal(m.Params, &c)
+		id, err := jsonrpc.MakeID(c.RequestID)
+		if err != nil {
+			return
+		}
+		s.mu.Lock()
+		cancel, isCall := s.calls[id]
+		upID, isForwarded := s.forwarded[id]
+		s.mu.Unlock()
+		switch {
+		case isCall:
+			// The layer's forward passes the cancellation on itself, with
+			// the id it used upstream.
+			cancel()
+			return
+		case isForwarded:
+			m = cancelNotification(upID, m.Params)
+		default:
+			return // answered already, or never seen
+		}
+	}
+	s.queue(newOutgoing(m, nil))
+}
+
+// cancelNotification is notifications/cancelled for the proxy's id, with the
+// client's reason.
+func cancelNotification(upID int64, clientParams json.RawMessage) *jsonrpc.Request {
+	var params map[string]json.RawMessage
+	if json.Unmarshal(clientParams, &params) != nil || params == nil {
+		params = map[string]json.RawMessage{}
+	}
+	params["requestId"], _ = json.Marshal(upID)
+	b, _ := json.Marshal(params)
+	return &jsonrpc.Request{Method: "notifications/cancelled", Params: b}
+}
+
+// forward sends a client's request to the upstream under a proxy id; its
+// answer goes back to the client through rewrite.
+func (s *session) forward(m *jsonrpc.Request, rewrite func(json.RawMessage) (json.RawMessage, error)) {
+	p := &pending{clientID: m.ID, rewrite: rewrite}
+	s.mu.Lock()
+	s.nextID++
+	p.id = s.nextID
+	s.forwarded[m.ID] = p.id
+	s.mu.Unlock()
+	up := &jsonrpc.Request{ID: mustID(p.id), Method: m.Method, Params: m.Params}
+	s.queue(newOutgoing(up, p))
+}
+
+func mustID(n int64) jsonrpc.ID {
+	id, err := jsonrpc.MakeID(float64(n)) // MakeID takes JSON's number type
+	if err != nil {
+		panic(err)
+	}
+	return id
+}
+
+// queue hands o to the upstream writer.
+func (s *session) queue(o *outgoing) {
+	select {
+	case s.out <- o:
+	case <-s.ctx.Done():
+		o.settle(s.ctx.Err())
+	}
+}
+
+// writeUpstream writes queued messages in order, each once the upstream is
+// up. A request is registered as pending under the connection it is
+// written to, so that the connection's end fails exactly the requests it
+// took with it.
+func (s *session) writeUpstream() {
+	for {
+		var o *outgoing
+		select {
+		case o = <-s.out:
+		case <-s.ctx.Done():
+			return
+		}
+		for {
+			up, gen, err := s.waitUp()
+			if err != nil {
+				o.settle(err)
+				return
+			}
+			o.mu.Lock()
+			if o.abandoned {
+				o.mu.Unlock()
+				break
+			}
+			if o.gen != 0 && o.gen != gen {
+				// An answer to a request of an upstream that is gone.
+				o.mu.Unlock()
+				s.p.logger.Debug("drop the client's answer to a request of a previous upstream", "id", o.msg.(*jsonrpc.Response).ID.Raw())
+				o.settle(errUpstreamGone)
+				break
+			}
+			if o.p != nil {
+				s.mu.Lock()
+				o.p.gen = gen
+				s.pending[o.p.id] = o.p
+				s.mu.Unlock()
+			}
+			err = up.Write(s.ctx, o.msg)
+			o.mu.Unlock()
+			if err != nil {
+				s.writeFailed(o, err)
+			} else {
+				s.noteHandshake(o.msg)
+			}
+			o.settle(nil)
+			break
+		}
+	}
+}
+
+// writeFailed settles a message the upstream connection refused. The
+// request may still have reached the upstream (an HTTP request can fail
+// after the server read it), so it counts as sent and its answer as lost.
+// A connection that is really gone ends its reader too, and the
+// supervisor starts over.
+func (s *session) writeFailed(o *outgoing, err error) {
+	s.p.logger.Warn("write to upstream", "error", err)
+	if o.p == nil {
+		return
+	}
+	s.mu.Lock()
+	_, stillPending := s.pending[o.p.id]
+	delete(s.pending, o.p.id)
+	if o.p.reply == nil {
+		delete(s.forwarded, o.p.clientID)
+	}
+	s.mu.Unlock()
+	if !stillPending {
+		return // answered or failed already
+	}
+	if o.p.reply != nil {
+		close(o.p.reply)
+		return
+	}
+	s.replyError(o.p.clientID, codeInternal, fmt.Sprintf("the tool server did not take the request: %v", err))
+}
+
+// waitUp returns the upstream connection once it is usable.
+func (s *session) waitUp() (mcp.Connection, int, error) {
+	for {
+		s.mu.Lock()
+		up, gen, ready := s.up, s.gen, s.ready
+		s.mu.Unlock()
+		select {
+		case <-ready:
+			if up != nil {
+				return up, gen, nil
+			}
+		case <-s.ctx.Done():
+			return nil, 0, s.ctx.Err()
+		}
+	}
+}
+
+// supervise connects to the upstream, re-initializes it when the client
+// already initialized, reads from it until the connection ends, and starts
+// over after a backoff.
+func (s *session) supervise() {
+	backoff := s.p.opts.MinBackoff
+	for s.ctx.Err() == nil {
+		started := time.Now()
+		conn, err := s.p.opts.Upstream.Dial(s.ctx)
+		if err != nil {
+			s.p.logger.Error("start upstream", "upstream", s.p.opts.Upstream.String(), "error", err, "retry_in", backoff)
+		} else {
+			s.mu.Lock()
+			s.gen++
+			gen := s.gen
+			s.up = conn
+			s.mu.Unlock()
+			done := make(chan struct{})
+			go func() { defer close(done); s.readUpstream(conn, gen) }()
+			if err := s.reinitialize(conn, gen); err != nil {
+				s.p.logger.Error("initialize restarted upstream", "error", err)
+				conn.Close()
+			} else {
+				s.mu.Lock()
+				if s.gen == gen && s.up == conn {
+					close(s.ready)
+				}
+				s.mu.Unlock()
+			}
+			<-done
+			s.markDown(gen)
+			if s.ctx.Err() != nil {
+				return
+			}
+			if time.Since(started) > time.Minute {
+				backoff = s.p.opts.MinBackoff
+			}
+			s.p.logger.Warn("upstream ended; restarting", "upstream", s.p.opts.Upstream.String(), "retry_in", backoff)
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-t.C:
+		case <-s.ctx.Done():
+			t.Stop()
+			return
+		}
+		backoff = min(2*backoff, s.p.opts.MaxBackoff)
+	}
+}
+
+// noteHandshake remembers the client's initialize and initialized once
+// written to an upstream: from then on a new upstream gets them replayed.
+// (Only the client's go through the queue; the replays are written
+// directly.)
+func (s *session) noteHandshake(m jsonrpc.Message) {
+	req, ok := m.(*jsonrpc.Request)
+	if !ok {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch req.Method {
+	case "initialize":
+		s.initSent = true
+	case "notifications/initialized":
+		s.initialized = true
+	}
+}
+
+// reinitialize replays the client's initialize to a new upstream, so that
+// the client's session goes on over it. Before the client's initialize
+// went to an upstream there is nothing to replay: its own goes through,
+// even when it arrived while this upstream was starting (a replay then
+// would make two), and likewise for its initialized.
+func (s *session) reinitialize(conn mcp.Connection, gen int) error {
+	s.mu.Lock()
+	params, sent, initialized := s.initParams, s.initSent, s.initialized
+	s.mu.Unlock()
+	if !sent {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, s.p.opts.InitTimeout)
+	defer cancel()
+	p := s.newWaiter(gen)
+	defer s.dropPending(p)
+	if err := conn.Write(ctx, &jsonrpc.Request{ID: mustID(p.id), Method: "initialize", Params: params}); err != nil {
+		return err
+	}
+	select {
+	case resp, ok := <-p.reply:
+		if !ok {
+			return errUpstreamGone
+		}
+		if resp.Error != nil {
+			return resp.Error
+		}
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if initialized {
+		return conn.Write(ctx, &jsonrpc.Request{Method: "notifications/initialized", Params: json.RawMessage(`{}`)})
+	}
+	return nil
+}
+
+func (s *session) newWaiter(gen int) *pending {
+	p := &pending{reply: make(chan *jsonrpc.Response, 1), gen: gen}
+	s.mu.Lock()
+	s.nextID++
+	p.id = s.nextID
+	if gen != 0 {
+		s.pending[p.id] = p
+	}
+	s.mu.Unlock()
+	return p
+}
+
+func (s *session) dropPending(p *pending) {
+	s.mu.Lock()
+	delete(s.pending, p.id)
+	s.mu.Unlock()
+}
+
+// markDown retires upstream connection gen: the requests it took fail.
+func (s *session) markDown(gen int) {
+	s.mu.Lock()
+	if s.gen != gen || s.up == nil {
+		s.mu.Unlock()
+		return
+	}
+	s.up.Close()
+	s.up = nil
+	select {
+	case <-s.ready:
+		s.ready = make(chan struct{})
+	default:
+	}
+	for id, d := range s.downward {
+		if d.gen == gen {
+			delete(s.downward, id)
+		}
+	}
+	var lost []*pending
+	for id, p := range s.pending {
+		if p.gen == gen {
+			lost = append(lost, p)
+			delete(s.pending, id)
+			if p.reply == nil {
+				delete(s.forwarded, p.clientID)
+			}
+		}
+	}
+	s.mu.Unlock()
+	for _, p := range lost {
+		if p.reply != nil {
+			close(p.reply)
+		} else {
+			s.replyError(p.clientID, codeInternal, errUpstreamGone.Error()+"; the proxy restarts it, retry the request")
+		}
+	}
+}
+
+// readUpstream passes the upstream's messages on until its connection ends.
+func (s *session) readUpstream(conn mcp.Connection, gen int) {
+	for {
+		msg, err := conn.Read(s.ctx)
+		if err != nil {
+			if s.ctx.Err() == nil {
+				s.p.logger.Warn("upstream connection ended", "error", err)
+			}
+			return
+		}
+		switch m := msg.(type) {
+		case *jsonrpc.Response:
+			s.onUpstreamResponse(m)
+		case *jsonrpc.Request:
+			// Notifications (progress, logging, list changes) pass through
+			// as they are; the upstream's requests to the client, and its
+			// cancellations of them, under the proxy's ids.
+			s.writeClient(s.toClient(m, gen))
+		}
+	}
+}
+
+// toClient gives an upstream's request to the client an id of the proxy,
+// and translates the upstream's cancellation of one of its requests.
+func (s *session) toClient(m *jsonrpc.Request, gen int) *jsonrpc.Request {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if m.IsCall() {
+		s.nextDown++
+		if s.downward == nil {
+			s.downward = map[int64]downRequest{}
+		}
+		s.downward[s.nextDown] = downRequest{gen: gen, id: m.ID}
+		return &jsonrpc.Request{ID: mustID(s.nextDown), Method: m.Method, Params: m.Params}
+	}
+	if m.Method != "notifications/cancelled" {
+		return m
+	}
+	var c map[string]any
+	if err := json.Unmarshal(m.Params, &c); err != nil {
+		return m
+	}
+	upID, err := jsonrpc.MakeID(c["requestId"])
+	if err != nil {
+		return m
+	}
+	for id, d := range s.downward {
+		if d.gen == gen && d.id == upID {
+			c["requestId"] = id
+			if params, err := json.Marshal(c); err == nil {
+				return &jsonrpc.Request{Method: m.Method, Params: params}
+			}
+		}
+	}
+	return m
+}
+
+// onClientAnswer sends the client's answer to the upstream that asked,
+// under that upstream's id; an answer for an upstream that is gone, or to
+// no request, is dropped.
+func (s *session) onClientAnswer(m *jsonrpc.Response) {
+	n, ok := m.ID.Raw().(int64)
+	s.mu.Lock()
+	d, found := s.downward[n]
+	if found {
+		delete(s.downward, n)
+	}
+	s.mu.Unlock()
+	if !ok || !found {
+		s.p.logger.Debug("answer from the client to no pending request of the upstream (it may have restarted since)", "id", m.ID.Raw())
+		return
+	}
+	o := newOutgoing(&jsonrpc.Response{ID: d.id, Result: m.Result, Error: m.Error}, nil)
+	o.gen = d.gen
+	s.queue(o)
+}
+
+func (s *session) onUpstreamResponse(m *jsonrpc.Response) {
+	n, ok := m.ID.Raw().(int64)
+	s.mu.Lock()
+	p := s.pending[n]
+	if ok && p != nil {
+		delete(s.pending, n)
+		if p.reply == nil {
+			delete(s.forwarded, p.clientID)
+		}
+	}
+	s.mu.Unlock()
+	if !ok || p == nil {
+		s.p.logger.Warn("answer from upstream to no pending request", "id", m.ID.Raw())
+		return
+	}
+	if p.reply != nil {
+		p.reply <- m
+		return
+	}
+	resp := &jsonrpc.Response{ID: p.clientID, Result: m.Result, Error: m.Error}
+	if m.Error == nil && p.rewrite != nil {
+		r, err := p.rewrite(m.Result)
+		if err != nil {
+			s.p.logger.Warn("pass upstream answer unchanged", "error", err)
+		} else {
+			resp.Result = r
+		}
+	}
+	s.writeClient(resp)
+}
+
+func (s *session) writeClient(m jsonrpc.Message) {
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	if err := s.client.Write(s.ctx, m); err != nil && s.ctx.Err() == nil {
+		s.p.logger.Warn("write to client", "error", err)
+	}
+}
+
+func (s *session) replyError(id jsonrpc.ID, code int64, msg string) {
+	s.writeClient(&jsonrpc.Response{ID: id, Error: &jsonrpc.Error{Code: code, Message: msg}})
+}
+
+func (s *session) replyResult(id jsonrpc.ID, res *mcp.CallToolResult) {
+	b, err := json.Marshal(res)
+	if err != nil {
+		s.replyError(id, codeInternal, fmt.Sprintf("encode result: %v", err))
+		return
+	}
+	s.writeClient(&jsonrpc.Response{ID: id, Result: b})
+}
+
+// callTool runs a client's tools/call: the status tool here, every other
+// tool through the layer and on to the upstream.
+func (s *session) callTool(ctx context.Context, m *jsonrpc.Request, params *mcp.CallToolParamsRaw) {
+	extra, _ := m.Extra.(*mcp.RequestExtra)
+	req := &mcp.CallToolRequest{Params: params, Extra: extra}
+	if params.Name == outbox.StatusToolName {
+		s.replyResult(m.ID, s.p.opts.Layer.CallStatus(ctx, req))
+		return
+	}
+	res, err := s.p.remoteTool(params.Name).Call(ctx, req, func(ctx context.Context, claim *outbox.Claim) (*mcp.CallToolResult, error) {
+		// Once a recorded call has reached an upstream that does not record
+		// its own outcome, the client's cancel is not passed on: the
+		// upstream may have done the work already, and a cancel cannot undo
+		// it. Forwarded, the cancel lets the upstream stay silent (the spec
+		// allows a server not to answer a cancelled request; the TypeScript
+		// SDK does not), which would turn a result that arrives a moment
+		// later into an unknown call. Waiting records the answer, and a
+		// retry that joined the call gets it. Only the end of the session
+		// (its upstream goes with it) ends the wait.
+		waitCtx := ctx
+		if claim != nil && !s.p.opts.Cooperating {
+			waitCtx = s.ctx
+		}
+		return s.forwardCall(ctx, waitCtx, m.Params, claim)
+	})
+	if ctx.Err() != nil && s.ctx.Err() == nil {
+		return // cancelled by the client, which expects no answer
+	}
+	var wire *jsonrpc.Error
+	switch {
+	case errors.As(err, &wire):
+		s.writeClient(&jsonrpc.Response{ID: m.ID, Error: wire})
+	case err != nil:
+		s.replyError(m.ID, codeInternal, err.Error())
+	default:
+		s.replyResult(m.ID, res)
+	}
+}
+
+// forwardCall sends a tools/call to the upstream, with the claim in _meta,
+// and waits for its answer. ctx ending before the call is written withdraws
+// it; once written, waitCtx ending gives up on the answer and passes a
+// cancel on to the upstream. See [outbox.Forward] for what its errors mean.
+func (s *session) forwardCall(ctx, waitCtx context.Context, clientParams json.RawMessage, claim *outbox.Claim) (*mcp.CallToolResult, error) {
+	params, err := withClaim(clientParams, claim)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", outbox.ErrNotForwarded, err)
+	}
+	p := s.newWaiter(0)
+	o := newOutgoing(&jsonrpc.Request{ID: mustID(p.id), Method: "tools/call", Params: params}, p)
+	s.queue(o)
+	select {
+	case <-o.sent:
+	case <-ctx.Done():
+		if o.abandon() {
+			return nil, fmt.Errorf("%w: %v", outbox.ErrNotForwarded, ctx.Err())
+		}
+	}
+	if o.err != nil {
+		return nil, fmt.Errorf("%w: %v", outbox.ErrNotForwarded, o.err)
+	}
+	if err := failpoint.Inject(failpoint.ProxyAfterForward); err != nil {
+		return nil, err
+	}
+	select {
+	case resp, ok := <-p.reply:
+		if !ok {
+			return nil, errUpstreamGone
+		}
+		if resp.Error != nil {
+			var wire *jsonrpc.Error
+			if errors.As(resp.Error, &wire) {
+				return nil, wire
+			}
+			return nil, resp.Error
+		}
+		var res mcp.CallToolResult
+		if err := json.Unmarshal(resp.Result, &res); err != nil {
+			return nil, fmt.Errorf("the tool server's answer is not a tool result: %v", err)
+		}
+		return &res, nil
+	case <-waitCtx.Done():
+		s.dropPending(p)
+		s.queue(newOutgoing(cancelNotification(p.id, json.RawMessage(`{"reason":"cancelled by the client"}`)), nil))
+		return nil, waitCtx.Err()
+	}
+}
+
+// withClaim adds the claim to params._meta, keeping everything else of the
+// client's params as it was.
+func withClaim(clientParams json.RawMessage, claim *outbox.Claim) (json.RawMessage, error) {
+	if claim == nil {
+		return clientParams, nil
+	}
+	var params map[string]json.RawMessage
+	if err := json.Unmarshal(clientParams, &params); err != nil {
+		return nil, err
+	}
+	if params == nil {
+		// null: assigning _meta below would panic, and take the proxy down.
+		return nil, errors.New("params: not an object")
+	}
+	meta := map[string]json.RawMessage{}
+	if raw, ok := params["_meta"]; ok && string(raw) != "null" {
+		if err := json.Unmarshal(raw, &meta); err != nil {
+			return nil, fmt.Errorf("_meta: %w", err)
+		}
+	}
+	var err error
+	if meta[outbox.MetaKeyClaim], err = json.Marshal(claim); err != nil {
+		return nil, err
+	}
+	if params["_meta"], err = json.Marshal(meta); err != nil {
+		return nil, err
+	}
+	return json.Marshal(params)
+}
+
+// rewriteCapabilities advertises, in an initialize or server/discover
+// result, the layer, and tools (the status tool is
+// one even when the upstream has none). Everything else passes member by
+// member as raw JSON, exactly as the upstream wrote it (through any,
+// numbers beyond 2^53 would round).
+func (s *session) rewriteCapabilities(result json.RawMessage) (json.RawMessage, error) {
+	r, err := jsonObject(result)
+	if err != nil {
+		return nil, err
+	}
+	caps, _ := jsonObject(r["capabilities"])
+	if caps == nil {
+		caps = map[string]json.RawMessage{}
+	}
+	if tools, _ := jsonObject(caps["tools"]); tools == nil {
+		caps["tools"] = json.RawMessage(`{}`)
+	}
+	exp, _ := jsonObject(caps["experimental"])
+	if exp == nil {
+		exp = map[string]json.RawMessage{}
+	}
+	if exp[outbox.CapabilityName], err = json.Marshal(s.p.opts.Layer.Capability()); err != nil {
+		return nil, err
+	}
+	if caps["experimental"], err = json.Marshal(exp); err != nil {
+		return nil, err
+	}
+	if r["capabilities"], err = json.Marshal(caps); err != nil {
+		return nil, err
+	}
+	return json.Marshal(r)
+}
+
+// jsonObject decodes raw as a JSON object, keeping its members raw; null
+// and anything else that is not an object is an error.
+func jsonObject(raw json.RawMessage) (map[string]json.RawMessage, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return nil, err
+	}
+	if m == nil {
+		return nil, errors.New("not a JSON object")
+	}
+	return m, nil
+}
+
+// rewriteToolsList learns the tools' annotations and appends the status
+// tool to the last page.
+func (s *session) rewriteToolsList(result json.RawMessage) (json.RawMessage, error) {
+	r, err := jsonObject(result)
+	if err != nil {
+		return nil, err
+	}
+	var listed []json.RawMessage
+	if raw, ok := r["tools"]; ok {
+		if err := json.Unmarshal(raw, &listed); err != nil {
+			return nil, fmt.Errorf("tools: %w", err)
+		}
+	}
+	tools := make([]json.RawMessage, 0, len(listed)+1)
+	defs := make([]*mcp.Tool, 0, len(listed))
+	for _, raw := range listed {
+		var t mcp.Tool
+		if json.Unmarshal(raw, &t) == nil {
+			if t.Name == outbox.StatusToolName {
+				// The proxy answers calls of this name itself; listing the
+				// upstream's too would give the client two tools of one name.
+				continue
+			}
+			defs = append(defs, &t)
+		}
+		tools = append(tools, raw)
+	}
+	s.p.learnTools(defs)
+	var cursor string
+	if raw, ok := r["nextCursor"]; ok {
+		_ = json.Unmarshal(raw, &cursor)
+	}
+	if cursor == "" {
+		status, err := json.Marshal(outbox.StatusTool())
+		if err != nil {
+			return nil, err
+		}
+		tools = append(tools, status)
+	}
+	b, err := json.Marshal(tools)
+	if err != nil {
+		return nil, err
+	}
+	r["tools"] = b
+	return json.Marshal(r)
+}
