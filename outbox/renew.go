@@ -25,10 +25,17 @@ import (
 // fails the fence (the row names another owner, or its lease passed) and
 // commits nothing.
 
-// renewLeases is the renewal statement. Its ANY($3) takes a text[].
+// renewLeases is the renewal statement. Its ANY($3) takes a text[]. It
+// skips rows that another transaction holds locked: the transaction of
+// the attempt's own outcome (a cooperating upstream's, behind the proxy,
+// holds the row from its fence to its commit), which needs no renewal,
+// and which the renewal must not wait for, or every other lease would
+// wait with it.
 const renewLeases = `
 UPDATE calls SET lease_until = $1
-WHERE state = 'in_flight' AND lease_until > $2 AND owner = ANY($3)`
+WHERE id IN (SELECT id FROM calls
+             WHERE state = 'in_flight' AND lease_until > $2 AND owner = ANY($3)
+             FOR UPDATE SKIP LOCKED)`
 
 // startRenewingLocked starts the renewal loop if the layer is on
 // PostgreSQL and it is not running; l.mu is held. The loop ends when the
