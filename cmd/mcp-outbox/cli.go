@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -191,20 +190,6 @@ func (env *environment) envInt(name string, def int) (int, error) {
 		return 0, usagef("%s=%q: not a whole number", name, v)
 	}
 	return n, nil
-}
-
-// envPrefixed returns NAME=value pairs of variables starting with prefix,
-// with the prefix removed and the name lower-cased, in a stable order.
-func (env *environment) envPrefixed(prefix string) []string {
-	var out []string
-	for _, kv := range env.environ() {
-		k, v, ok := strings.Cut(kv, "=")
-		if ok && strings.HasPrefix(k, prefix) && len(k) > len(prefix) {
-			out = append(out, strings.ToLower(k[len(prefix):])+"="+v)
-		}
-	}
-	sort.Strings(out)
-	return out
 }
 
 // newLogger logs to stderr only: on stdio, stdout is the MCP transport.

@@ -9,6 +9,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/mcp-outbox/mcp-outbox/destconfig"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/query"
 )
@@ -29,7 +30,7 @@ Exit status:
 Effects for destinations not configured here are not touched, and do not
 count as left to deliver.
 
-` + destHelp
+` + destconfig.Help
 
 // Exit codes of drain beyond the common ones.
 const (
@@ -54,9 +55,9 @@ func runDrain(ctx context.Context, env *environment, args []string) error {
 	if *timeout <= 0 {
 		return usagef("--timeout must be positive")
 	}
-	destinations, err := parseDestinations(env, dests)
+	destinations, err := destconfig.Parse(env.environ(), dests)
 	if err != nil {
-		return err
+		return usageError{err}
 	}
 	if len(destinations) == 0 {
 		return usagef("no destinations: give --dest NAME=URL or MCP_OUTBOX_DEST_<NAME>=URL")

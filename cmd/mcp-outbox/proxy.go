@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/url"
 
+	"github.com/mcp-outbox/mcp-outbox/destconfig"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 	"github.com/mcp-outbox/mcp-outbox/sidecar"
 )
@@ -39,7 +40,7 @@ Tools annotated readOnlyHint or idempotentHint pass through unrecorded.
 
 Every flag can also be set in the environment (shown in brackets); a flag wins.
 
-` + destHelp + "\n" + authHelp
+` + destconfig.Help + "\n" + authHelp
 
 func runProxy(ctx context.Context, env *environment, args []string) error {
 	fs := newFlagSet(env, "proxy", proxyUsage)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcp-outbox/mcp-outbox/destconfig"
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
 	"github.com/mcp-outbox/mcp-outbox/operator"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
@@ -39,7 +40,7 @@ Every 10 minutes it purges expired calls and old delivered effects (see
 
 Every flag can also be set in the environment (shown in brackets); a flag wins.
 
-` + destHelp + "\n" + authHelp
+` + destconfig.Help + "\n" + authHelp
 
 // appConfig is what serve, demo and proxy need to open the database and
 // the layer (and serve and demo, the example ledger).
@@ -142,9 +143,9 @@ func openStore(ctx context.Context, env *environment, cfg *appConfig) (*app, err
 	if err != nil {
 		return nil, usageError{err}
 	}
-	dests, err := parseDestinations(env, cfg.dests)
+	dests, err := destconfig.Parse(env.environ(), cfg.dests)
 	if err != nil {
-		return nil, err
+		return nil, usageError{err}
 	}
 	for _, d := range []struct {
 		flag string

@@ -1,11 +1,11 @@
-package main
+package destconfig
 
 import (
 	"testing"
 	"time"
 )
 
-func TestParseDestinations(t *testing.T) {
+func TestParse(t *testing.T) {
 	vars := map[string]string{
 		"MCP_OUTBOX_DEST_MY_API":              "http://127.0.0.1:9/base",
 		"MCP_OUTBOX_DEST_MY_API_AUTH":         "Bearer sk_test",
@@ -14,14 +14,7 @@ func TestParseDestinations(t *testing.T) {
 		"MCP_OUTBOX_DEST_MY_API_TIMEOUT":      "3s",
 		"MCP_OUTBOX_DEST_PAYMENTS":            "http://127.0.0.1:8;concurrency=2",
 	}
-	env := &environment{getenv: func(k string) string { return vars[k] }, environ: func() []string {
-		var out []string
-		for k, v := range vars {
-			out = append(out, k+"="+v)
-		}
-		return out
-	}}
-	dests, err := parseDestinations(env, []string{"payments=http://127.0.0.1:7;timeout=1s;max_attempts=3"})
+	dests, err := Parse(environ(vars), []string{"payments=http://127.0.0.1:7;timeout=1s;max_attempts=3"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,4 +32,13 @@ func TestParseDestinations(t *testing.T) {
 		pay.MaxAttempts != 3 || pay.AuthHeader != "" {
 		t.Errorf("payments = %+v", pay)
 	}
+}
+
+// environ is vars as os.Environ gives them, in no particular order.
+func environ(vars map[string]string) []string {
+	var out []string
+	for k, v := range vars {
+		out = append(out, k+"="+v)
+	}
+	return out
 }

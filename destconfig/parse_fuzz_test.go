@@ -1,4 +1,4 @@
-package main
+package destconfig
 
 import (
 	"context"
@@ -13,13 +13,13 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 )
 
-// FuzzParseDestinations checks --dest and MCP_OUTBOX_DEST_* parsing: a
+// FuzzParse checks --dest and MCP_OUTBOX_DEST_* parsing: a
 // destination that parses is usable (an http(s) URL with a host, a header
 // name and value and a probe that net/http accepts, so no delivery fails
 // for a setting that looked fine at start-up), and written back as a
 // --dest flag it parses to the same destination. A refusal names the
 // destination or the flag it is about.
-func FuzzParseDestinations(f *testing.F) {
+func FuzzParse(f *testing.F) {
 	for _, s := range [][3]string{
 		{"payments=https://api.example.test", "", ""},
 		{"payments=http://127.0.0.1:8080/base;timeout=3s;concurrency=2;max_attempts=5;max_age=1h", "", ""},
@@ -59,7 +59,7 @@ func FuzzParseDestinations(f *testing.F) {
 		if flagValue != "" {
 			flags = []string{flagValue}
 		}
-		dests, err := parseDestinations(fakeEnv(vars), flags)
+		dests, err := Parse(environ(vars), flags)
 		if err != nil {
 			checkNamesBadPart(t, err, flagValue, envName)
 			return
@@ -83,16 +83,6 @@ func FuzzParseDestinations(f *testing.F) {
 			}
 		}
 	})
-}
-
-func fakeEnv(vars map[string]string) *environment {
-	return &environment{getenv: func(k string) string { return vars[k] }, environ: func() []string {
-		var out []string
-		for k, v := range vars {
-			out = append(out, k+"="+v)
-		}
-		return out
-	}}
 }
 
 // checkNamesBadPart wants an error to say which destination, variable or

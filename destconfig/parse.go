@@ -1,4 +1,4 @@
-package main
+package destconfig
 
 import (
 	"fmt"
@@ -11,7 +11,8 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 )
 
-const destHelp = `Destinations (where effects are delivered):
+// Help describes the syntax Parse reads, for a command's usage text.
+const Help = `Destinations (where effects are delivered):
   --dest 'NAME=URL[;SETTING=VALUE...]' or MCP_OUTBOX_DEST_<NAME>=URL, with settings
   also as MCP_OUTBOX_DEST_<NAME>_<SETTING>=VALUE. Settings:
     timeout=10s        one attempt's limit
@@ -26,13 +27,20 @@ const destHelp = `Destinations (where effects are delivered):
     auth_header=Authorization  the header that carries MCP_OUTBOX_DEST_<NAME>_AUTH
   The credential is read only from MCP_OUTBOX_DEST_<NAME>_AUTH and never stored.`
 
+// EnvPrefix starts the name of every environment variable Parse reads.
+const EnvPrefix = "MCP_OUTBOX_DEST_"
+
 // destSettings are the per-destination settings, longest first so that an
 // environment name like MCP_OUTBOX_DEST_MY_API_AUTH_HEADER splits correctly.
 var destSettings = []string{"auth_header", "max_attempts", "at_most_once", "concurrency", "max_age", "timeout", "probe", "auth"}
 
-// parseDestinations merges destinations from the environment and from
-// --dest flags; a flag's settings win over the environment's.
-func parseDestinations(env *environment, flags []string) ([]outbox.Destination, error) {
+// Parse merges the destinations of environ (NAME=value pairs, as
+// os.Environ returns them; variables without [EnvPrefix] are ignored) and
+// of flags (--dest values, NAME=URL[;SETTING=VALUE...]); a flag's URL and
+// settings win over the environment's. The destinations come sorted by
+// name, which is lower case. A refusal names the flag, variable or
+// destination it is about.
+func Parse(environ, flags []string) ([]outbox.Destination, error) {
 	type raw struct {
 		url      string
 		settings map[string]string
@@ -44,7 +52,7 @@ func parseDestinations(env *environment, flags []string) ([]outbox.Destination, 
 		}
 		return byName[name]
 	}
-	for _, kv := range env.envPrefixed("MCP_OUTBOX_DEST_") {
+	for _, kv := range prefixed(environ, EnvPrefix) {
 		k, v, _ := strings.Cut(kv, "=")
 		name, setting := k, ""
 		for _, s := range destSettings {
@@ -59,7 +67,7 @@ func parseDestinations(env *environment, flags []string) ([]outbox.Destination, 
 		}
 		u, opts, err := splitDest(v)
 		if err != nil {
-			return nil, usagef("MCP_OUTBOX_DEST_%s: %v", strings.ToUpper(name), err)
+			return nil, fmt.Errorf("MCP_OUTBOX_DEST_%s: %v", strings.ToUpper(name), err)
 		}
 		r := get(name)
 		r.url = u
@@ -71,14 +79,14 @@ func parseDestinations(env *environment, flags []string) ([]outbox.Destination, 
 		name, rest, ok := strings.Cut(f, "=")
 		name = strings.ToLower(strings.TrimSpace(name))
 		if !ok || name == "" {
-			return nil, usagef("--dest %q: want NAME=URL", f)
+			return nil, fmt.Errorf("--dest %q: want NAME=URL", f)
 		}
 		u, opts, err := splitDest(rest)
 		if err != nil {
-			return nil, usagef("--dest %s: %v", name, err)
+			return nil, fmt.Errorf("--dest %s: %v", name, err)
 		}
 		if _, ok := opts["auth"]; ok {
-			return nil, usagef("--dest %s: give the credential in MCP_OUTBOX_DEST_%s_AUTH, not on the command line", name, strings.ToUpper(name))
+			return nil, fmt.Errorf("--dest %s: give the credential in MCP_OUTBOX_DEST_%s_AUTH, not on the command line", name, strings.ToUpper(name))
 		}
 		r := get(name)
 		r.url = u
@@ -95,15 +103,30 @@ func parseDestinations(env *environment, flags []string) ([]outbox.Destination, 
 	for _, name := range names {
 		r := byName[name]
 		if r.url == "" {
-			return nil, usagef("destination %s has settings but no URL (MCP_OUTBOX_DEST_%s=URL or --dest %s=URL)", name, strings.ToUpper(name), name)
+			return nil, fmt.Errorf("destination %s has settings but no URL (MCP_OUTBOX_DEST_%s=URL or --dest %s=URL)", name, strings.ToUpper(name), name)
 		}
 		d, err := buildDest(name, r.url, r.settings)
 		if err != nil {
-			return nil, usagef("destination %s: %v", name, err)
+			return nil, fmt.Errorf("destination %s: %v", name, err)
 		}
 		out = append(out, d)
 	}
 	return out, nil
+}
+
+// prefixed returns the NAME=value pairs of environ whose name starts with
+// prefix, with the prefix removed and the name lower-cased, in a stable
+// order.
+func prefixed(environ []string, prefix string) []string {
+	var out []string
+	for _, kv := range environ {
+		k, v, ok := strings.Cut(kv, "=")
+		if ok && strings.HasPrefix(k, prefix) && len(k) > len(prefix) {
+			out = append(out, strings.ToLower(k[len(prefix):])+"="+v)
+		}
+	}
+	sort.Strings(out)
+	return out
 }
 
 // splitDest splits "URL;setting=value;flag" into the URL and its settings.
