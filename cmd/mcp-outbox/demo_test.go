@@ -85,33 +85,6 @@ func TestDemoJSON(t *testing.T) {
 	}
 }
 
-// TestDemoTable checks the table's shape on a report, without running
-// anything.
-func TestDemoTable(t *testing.T) {
-	rep := &demoReport{OK: true, Summary: strings.Repeat("word ", 40)}
-	for _, sc := range scenario.All() {
-		rep.Scenarios = append(rep.Scenarios, demoOutcome{Scenario: sc,
-			Charges: map[scenario.Mode]int{scenario.Bare: 2, scenario.LayerKey: 1, scenario.LayerNoKey: 1}})
-	}
-	var b bytes.Buffer
-	printDemoTable(&b, rep)
-	lines := strings.Split(b.String(), "\n")
-	if !strings.Contains(lines[1], "without the layer") || !strings.Contains(lines[1], "layer + key") || !strings.Contains(lines[1], "layer, no key") {
-		t.Errorf("header: %q", lines[1])
-	}
-	for i, sc := range scenario.All() {
-		f := strings.Fields(lines[2+i])
-		if f[0] != sc.Number || strings.Join(f[len(f)-4:], " ") != "1 2 1 1" {
-			t.Errorf("row %d: %q", i+1, lines[2+i])
-		}
-	}
-	for _, l := range lines {
-		if strings.HasSuffix(l, " ") || len(l) > 200 {
-			t.Errorf("line %q: trailing space or too long", l)
-		}
-	}
-}
-
 func TestDemoUsage(t *testing.T) {
 	for _, tc := range []struct {
 		args []string

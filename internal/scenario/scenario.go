@@ -11,6 +11,9 @@
 // use it: it gives up after a timeout (which sends notifications/cancelled),
 // restarts a server that died, or sits inside a retry policy that re-runs the
 // whole step.
+//
+// [Run] runs one scenario in one mode; [RunAll] runs them all, a few at
+// once, into the [Report] `mcp-outbox demo` prints.
 package scenario
 
 import (
