@@ -115,6 +115,10 @@ bench: ## Measure the performance targets against their baselines and print a ta
 	@# Not echoed: with --json, stdout is the report alone.
 	@go run ./cmd/outbox-bench $(ARGS)
 
+.PHONY: bench/postgres
+bench/postgres: ## From outside over HTTP: the layer on PostgreSQL vs a bare go-sdk server writing it, and 1 replica vs 3 (ARGS=--help)
+	go run ./cmd/outbox-load $(ARGS)
+
 .PHONY: bench/go
 bench/go: ## Run the go test benchmarks of the hot paths (compare runs with benchstat)
 	go test -run '^$$' -bench . -benchmem ./...

@@ -50,18 +50,26 @@ type Server struct {
 	// Port is the TCP port on 127.0.0.1.
 	Port int
 
-	dir    string // holds the data directory, the socket and the log
-	bin    string // directory of initdb, pg_ctl
-	asUser string // run the commands as this user ("" = as ourselves)
+	dir     string // holds the data directory, the socket and the log
+	bin     string // directory of initdb, pg_ctl
+	asUser  string // run the commands as this user ("" = as ourselves)
+	durable bool   // fsync on, as in production (benchmarks)
 }
 
-// Start creates a cluster in a new temporary directory and starts it.
-func Start() (*Server, error) {
+// Start creates a cluster in a new temporary directory and starts it, with
+// fsync off (see start).
+func Start() (*Server, error) { return startCluster(false) }
+
+// StartDurable is Start with fsync and full-page writes on, PostgreSQL's
+// defaults, for measurements that must pay what production pays.
+func StartDurable() (*Server, error) { return startCluster(true) }
+
+func startCluster(durable bool) (*Server, error) {
 	bin, err := findBin()
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{bin: bin}
+	s := &Server{bin: bin, durable: durable}
 	if os.Geteuid() == 0 {
 		s.asUser = "postgres"
 	}
@@ -106,10 +114,14 @@ func (s *Server) start() error {
 			}
 			s.Port = p
 		}
-		// fsync is off: the tests kill PostgreSQL's processes, never the
-		// machine, and the operating system keeps what was written.
-		opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off "+
-			"-c max_connections=300 -c shared_buffers=64MB", s.Port, s.dir)
+		// fsync is off for tests: they kill PostgreSQL's processes, never
+		// the machine, and the operating system keeps what was written.
+		sync := "-c fsync=off -c full_page_writes=off"
+		if s.durable {
+			sync = "-c fsync=on -c full_page_writes=on"
+		}
+		opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 %s "+
+			"-c max_connections=300 -c shared_buffers=128MB", s.Port, s.dir, sync)
 		out, err := s.run("pg_ctl", "-D", s.data(), "-l", filepath.Join(s.dir, "log"), "-o", opts, "-w", "-t", "60", "start")
 		if err == nil {
 			s.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", s.Port)
@@ -283,3 +295,9 @@ func WithDatabase(u, name string) string {
 
 // Required reports whether tests must fail, not skip, without PostgreSQL.
 func Required() bool { return os.Getenv(EnvRequire) != "" }
+
+// Available says why no cluster can be started here, or nil if one can.
+func Available() error {
+	_, err := findBin()
+	return err
+}
