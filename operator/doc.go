@@ -23,7 +23,9 @@
 //
 // The same actions are exported for a command line ([FindEffectAction],
 // [ApplyEffectAction], [ResolveUnknownCall], ...), so that the command
-// line, the API and the page accept and refuse exactly the same things.
+// line, the API and the page accept and refuse exactly the same things;
+// [WriteEffectTable] and [WriteUnknownCallTable] print the lists for a
+// terminal.
 //
 // In the layers of this module operator is a surface on the library
 // (outbox, query, schema), beside mcphttp and sidecar.

@@ -9,8 +9,6 @@ import (
 	"io"
 	"strconv"
 	"strings"
-	"text/tabwriter"
-	"time"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/operator"
@@ -231,46 +229,7 @@ func runOutboxList(ctx context.Context, env *environment, s outboxSub, args []st
 		_, err := fmt.Fprintln(env.stdout, "no effects")
 		return err
 	}
-	return writeEffectTable(env.stdout, rows)
-}
-
-// writeEffectTable prints rows for a terminal. Text that came from a
-// destination (errors, paths) is stripped of control characters, so that
-// it cannot move the cursor or recolour the operator's terminal.
-func writeEffectTable(w io.Writer, rows []query.EffectRow) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tSTATE\tDEST\tREQUEST\tATTEMPTS\tSTATUS\tWHEN (UTC)\tCALL KEY\tLAST ERROR")
-	for _, r := range rows {
-		status := "-"
-		if r.LastStatus != 0 {
-			status = strconv.Itoa(r.LastStatus)
-		}
-		var when string
-		switch {
-		// An unknown effect's next_attempt_at is only when a probe may ask
-		// about it; without a probe nothing happens then, so it shows
-		// since when it is unknown instead.
-		case r.State == "pending" && r.NextAttemptAt != nil:
-			when = "next " + tableTime(*r.NextAttemptAt)
-		case r.DeliveredAt != nil:
-			when = "delivered " + tableTime(*r.DeliveredAt)
-		default:
-			when = "since " + tableTime(r.UpdatedAt)
-		}
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n",
-			r.ID, r.State, operator.Shorten(r.Destination, 20), operator.Shorten(r.Method+" "+r.Path, 40), r.Attempts, status,
-			when, orDash(operator.Shorten(r.CallKey, 20)), orDash(operator.Shorten(r.LastError, 60)))
-	}
-	return tw.Flush()
-}
-
-func tableTime(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05") }
-
-func orDash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
+	return operator.WriteEffectTable(env.stdout, rows)
 }
 
 func runOutboxSummary(ctx context.Context, env *environment, s outboxSub, args []string) error {
@@ -425,15 +384,7 @@ func runOutboxCalls(ctx context.Context, env *environment, s outboxSub, args []s
 		_, err := fmt.Fprintln(env.stdout, "no unknown calls")
 		return err
 	}
-	// Keys are shown whole (at most 255 bytes), for resolve-call to take;
-	// shorten only blanks control characters, which a valid key has none of.
-	tw := tabwriter.NewWriter(env.stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "PRINCIPAL\tKEY\tTOOL\tATTEMPTS\tCREATED (UTC)\tCALL ID")
-	for _, c := range rows {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", operator.Shorten(c.Principal, 60), operator.Shorten(c.Key, callkey.MaxKeyBytes),
-			operator.Shorten(c.Tool, 40), c.Attempts, tableTime(c.CreatedAt), c.CallID)
-	}
-	if err := tw.Flush(); err != nil {
+	if err := operator.WriteUnknownCallTable(env.stdout, rows); err != nil {
 		return err
 	}
 	_, err = fmt.Fprintln(env.stdout, "Settle each with: mcp-outbox outbox resolve-call --key KEY [--principal P] --outcome completed|failed|rerun --note TEXT")
