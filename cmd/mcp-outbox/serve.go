@@ -16,6 +16,7 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
 	"github.com/mcp-outbox/mcp-outbox/operator"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -334,17 +335,14 @@ func warnUnconfigured(ctx context.Context, a *app) {
 	for _, d := range a.dests {
 		known[d.Name] = true
 	}
-	rows, err := a.db.Read.QueryContext(ctx, `SELECT destination, count(*) FROM effects WHERE state = 'pending' GROUP BY destination`)
+	counts, err := query.CountEffectsByDestination(ctx, a.db.Read)
 	if err != nil {
 		return
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var name string
-		var n int
-		if rows.Scan(&name, &n) == nil && !known[name] {
+	for _, c := range counts {
+		if c.Pending > 0 && !known[c.Destination] {
 			a.logger.Warn("effects are waiting for a destination that is not configured; they stay queued",
-				"destination", name, "pending", n, "configure", "--dest "+name+"=URL")
+				"destination", c.Destination, "pending", c.Pending, "configure", "--dest "+c.Destination+"=URL")
 		}
 	}
 }

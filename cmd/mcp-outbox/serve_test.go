@@ -1,9 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"io"
+	"log/slog"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,6 +14,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/schemacheck"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
 // --calls-ttl reaches the layer: past it, a key names a new call.
@@ -115,5 +119,29 @@ func TestServeToolSchemasStrict(t *testing.T) {
 				t.Errorf("tool %s %s: %v", tool.Name, name, err)
 			}
 		}
+	}
+}
+
+// Pending effects for a destination serve does not know are named in a
+// warning at start-up, one line a destination; known ones, and unknown
+// destinations with nothing pending, are not.
+func TestWarnUnconfigured(t *testing.T) {
+	path, check := newEffectsDB(t, 4) // effects 1 to 4, pending, to payments
+	setEffect(t, check, 2, "pending", "mailer")
+	setEffect(t, check, 3, "pending", "mailer")
+	setEffect(t, check, 4, "dead", "ledger-export")
+	ctx := context.Background()
+	db, err := schema.Open(ctx, path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var logs bytes.Buffer
+	a := &app{db: db, dests: []outbox.Destination{{Name: "payments"}}, logger: slog.New(slog.NewTextHandler(&logs, nil))}
+	warnUnconfigured(ctx, a)
+	got := strings.TrimSpace(logs.String())
+	if strings.Count(got, "\n") != 0 || !strings.Contains(got, "destination=mailer pending=2") ||
+		!strings.Contains(got, `configure="--dest mailer=URL"`) {
+		t.Errorf("logs:\n%s\nwant one warning, for mailer with 2 pending", got)
 	}
 }
