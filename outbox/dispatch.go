@@ -132,6 +132,11 @@ type Dispatcher struct {
 
 	mu        sync.Mutex
 	cancelReq context.CancelFunc // cancels requests in flight at the end of shutdown
+
+	// Tests' hooks: testHookListening runs when the PostgreSQL listener is
+	// listening (see listenOnce), testHookIdle when Run is about to wait
+	// with no wake-up pending.
+	testHookListening, testHookIdle func()
 }
 
 type destState struct {
@@ -278,6 +283,11 @@ func (d *Dispatcher) Notify() {
 // expired leases of a previous run. When ctx ends it stops claiming, lets
 // attempts in flight finish for up to ShutdownTimeout, then cancels the rest
 // and releases what it holds.
+//
+// On PostgreSQL it also listens for the notifications of new effects that
+// any replica commits, and wakes on them as on Notify (see
+// dispatch_listen.go); PollInterval then only bounds how late an effect is
+// found when a notification was lost.
 func (d *Dispatcher) Run(ctx context.Context) error {
 	d.running.Store(true)
 	defer d.running.Store(false)
@@ -287,6 +297,8 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 	d.mu.Lock()
 	d.cancelReq = cancelReq
 	d.mu.Unlock()
+	stopListener := d.startListener(ctx)
+	defer stopListener()
 
 	timer := time.NewTimer(0)
 	defer timer.Stop()
@@ -297,6 +309,9 @@ func (d *Dispatcher) Run(ctx context.Context) error {
 			next = d.opts.PollInterval
 		}
 		timer.Reset(next)
+		if h := d.testHookIdle; h != nil && len(d.wake) == 0 {
+			h()
+		}
 		select {
 		case <-ctx.Done():
 			return d.shutdown(ctx, cancelReq)
@@ -371,6 +386,8 @@ func (d *Dispatcher) Drain(ctx context.Context, progress func(query.Counts)) (qu
 	d.stopping.Store(false)
 	defer d.closeStatements()
 	defer d.settle(ctx)
+	stopListener := d.startListener(ctx)
+	defer stopListener()
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	var lastProgress time.Time

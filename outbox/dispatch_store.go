@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+
+	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
 // Effects of one call are delivered in order: an effect is due only when
@@ -27,6 +29,35 @@ WHERE id IN (
     LIMIT $5 + 0)
 RETURNING id, seq, method, path, headers, body, idempotency_key, attempts, created_at`
 
+// claimEffectsPostgres is claimEffects for replicas sharing the table.
+// FOR UPDATE SKIP LOCKED leases each due effect to one dispatcher: a row
+// another replica's claim (or an operator, or a purge) has locked is
+// skipped, not waited for, and a row changed since the statement's snapshot
+// is re-read and checked again before it is locked, so two claims never
+// return the same effect. The outer "state = 'pending'" says so once more
+// for the reader. Per-call order holds across replicas as it does on
+// SQLite: an effect is due only when every earlier effect of its call is
+// committed as delivered or cancelled, and no state leads back from those,
+// so no replica can see effect n+1 due while n is pending or in flight
+// anywhere. UPDATE ... RETURNING does not keep the subquery's order; the
+// outer SELECT restores it, so that the queue is in claim order.
+const claimEffectsPostgres = `
+WITH claimed AS (
+    UPDATE effects SET state = 'in_flight', lease_owner = $1, lease_until = $2, attempts = attempts + 1, updated_at = $3
+    WHERE id IN (
+        SELECT e.id FROM effects e
+        WHERE e.destination = $4 AND e.state = 'pending' AND e.next_attempt_at <= $3
+          AND (e.call_id IS NULL OR NOT EXISTS (
+              SELECT 1 FROM effects p
+              WHERE p.call_id = e.call_id AND p.seq < e.seq AND p.state NOT IN ('delivered', 'cancelled')))
+        ORDER BY e.next_attempt_at, e.id
+        LIMIT $5
+        FOR UPDATE OF e SKIP LOCKED)
+      AND state = 'pending'
+    RETURNING id, seq, method, path, headers, body, idempotency_key, attempts, created_at, next_attempt_at)
+SELECT id, seq, method, path, headers, body, idempotency_key, attempts, created_at
+FROM claimed ORDER BY next_attempt_at, id`
+
 // reclaimExpired returns effects whose dispatcher stopped holding them
 // (its lease passed, or its process is known to be gone) to pending. At an at_most_once destination,
 // an effect whose request may have left becomes unknown instead: sending
@@ -46,10 +77,38 @@ UPDATE effects SET
 WHERE state = 'in_flight' AND (lease_until <= $1 OR lease_owner IN (SELECT value FROM json_each($4)))
   AND destination IN (SELECT value FROM json_each($3))`
 
+// reclaimExpiredPostgres is reclaimExpired in PostgreSQL's terms. Every
+// replica runs it, at once if it happens so; that is safe without a lock
+// between them, because the statement picks its rows by their own columns
+// (no list of ids read before): an UPDATE that waited for another
+// transaction's row lock checks its WHERE again on the row as that
+// transaction left it (READ COMMITTED), so an effect another replica has
+// just reclaimed, claimed or recorded is no longer in_flight with a passed
+// lease and is left alone. An advisory lock would only save the duplicate
+// scan, at the price of one more moving part. $4, the owners known dead,
+// is always '[]' on PostgreSQL (see deadOwners).
+const reclaimExpiredPostgres = `
+UPDATE effects SET
+    state = CASE WHEN send_started_at IS NOT NULL AND destination IN (SELECT value FROM json_array_elements_text($2::json))
+                 THEN 'unknown' ELSE 'pending' END,
+    last_error = CASE WHEN send_started_at IS NOT NULL AND destination IN (SELECT value FROM json_array_elements_text($2::json))
+                 THEN 'delivery interrupted after the request was sent; the destination cannot dedup, so it is not re-sent'
+                 ELSE 'delivery interrupted (dispatcher stopped or lost its lease); will retry with the same Idempotency-Key' END,
+    lease_owner = '', lease_until = 0, updated_at = $1::bigint,
+    next_attempt_at = CASE WHEN send_started_at IS NOT NULL AND destination IN (SELECT value FROM json_array_elements_text($2::json))
+                      THEN $1::bigint + coalesce(($5::json ->> destination)::bigint, 5000) ELSE $1::bigint END
+WHERE state = 'in_flight' AND (lease_until <= $1::bigint OR lease_owner IN (SELECT value FROM json_array_elements_text($4::json)))
+  AND destination IN (SELECT value FROM json_array_elements_text($3::json))`
+
 // releaseClaimed undoes claims of effects never attempted (see release).
-const releaseClaimed = `
+const (
+	releaseClaimed = `
 UPDATE effects SET state = 'pending', lease_owner = '', lease_until = 0, attempts = attempts - 1, updated_at = $1
 WHERE id IN (SELECT value FROM json_each($2)) AND lease_owner = $3 AND state = 'in_flight'`
+	releaseClaimedPostgres = `
+UPDATE effects SET state = 'pending', lease_owner = '', lease_until = 0, attempts = attempts - 1, updated_at = $1
+WHERE id IN (SELECT value::bigint FROM json_array_elements_text($2::json)) AND lease_owner = $3 AND state = 'in_flight'`
+)
 
 const markSending = `
 UPDATE effects SET send_started_at = $1, updated_at = $1
@@ -71,6 +130,10 @@ type dispatchStmts struct {
 // statements returns the prepared statements, preparing them on first use.
 // Rounds run one at a time, and the delivery goroutines only start after
 // the round that prepared them.
+//
+// On PostgreSQL Write is a pool: database/sql prepares a statement again
+// on each connection it runs on (tx.StmtContext on the transaction's), so
+// the same *sql.Stmt serves every connection.
 func (d *Dispatcher) statements(ctx context.Context) (*dispatchStmts, error) {
 	if st := d.stmts.Load(); st != nil {
 		return st, nil
@@ -81,10 +144,10 @@ func (d *Dispatcher) statements(ctx context.Context) (*dispatchStmts, error) {
 		db    *sql.DB
 		query string
 	}{
-		{&st.claim, d.db.Write, claimEffects},
+		{&st.claim, d.db.Write, d.db.Pick(claimEffects, claimEffectsPostgres)},
 		{&st.record, d.db.Write, recordEffectOutcome},
 		{&st.markSent, d.db.Write, markSending},
-		{&st.release, d.db.Write, releaseClaimed},
+		{&st.release, d.db.Write, d.db.Pick(releaseClaimed, releaseClaimedPostgres)},
 		{&st.nextDue, d.db.Read, selectNextDue},
 		{&st.open, d.db.Read, selectOpen},
 	} {
@@ -132,7 +195,16 @@ WHERE state = 'in_flight' AND lease_owner != $1 AND destination IN (SELECT value
 // deadOwners lists the dispatchers holding leases whose process is gone
 // (same host, pid no longer running that process): their effects need not
 // wait for the lease to pass, so a restart after a crash resumes at once.
+//
+// On PostgreSQL it lists none: the replicas sharing the table run on other
+// machines, or in containers that may share a host name and a pid
+// namespace's numbers with this one, where /proc answers about another
+// process. Only the lease tells there, so a lease is only ever reclaimed
+// once it has passed.
 func (d *Dispatcher) deadOwners(ctx context.Context) (string, error) {
+	if d.db.Dialect == schema.Postgres {
+		return "[]", nil
+	}
 	rows, err := d.db.Read.QueryContext(ctx, selectLeaseOwners, d.owner, d.names)
 	if err != nil {
 		return "", fmt.Errorf("read lease owners: %w", err)
@@ -161,7 +233,7 @@ func (d *Dispatcher) reclaim(ctx context.Context) error {
 		return err
 	}
 	now := d.now().UnixMilli()
-	r, err := d.db.Write.ExecContext(ctx, reclaimExpired, now, d.amo, d.names, dead, d.probeDelays)
+	r, err := d.db.Write.ExecContext(ctx, d.db.Pick(reclaimExpired, reclaimExpiredPostgres), now, d.amo, d.names, dead, d.probeDelays)
 	if err != nil {
 		return fmt.Errorf("reclaim expired leases: %w", err)
 	}
