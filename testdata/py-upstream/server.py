@@ -2,15 +2,17 @@
 
 The same small payments ledger as testdata/ts-upstream/server.mjs (same tools,
 schemas, environment, behaviour and ready line), written with the official
-Python SDK's FastMCP (MCPServer in mcp 2) and the standard library's sqlite3, on the contract
-module mcp_outbox_upstream.py beside it (schema/README.md). The Go tests run
+Python SDK's FastMCP (MCPServer in mcp 2) and the standard library's sqlite3 (or psycopg 3 on
+PostgreSQL), on the contract module mcp_outbox_upstream.py beside it (schema/README.md). The Go tests run
 it directly (cmd/mcp-outbox/upstream_contract_test.go) and behind the proxy.
 
 Usage: python server.py   (stdio; Streamable HTTP with UPSTREAM_HTTP_PORT)
 
 Environment:
-  MCP_OUTBOX_DB                           the shared SQLite file (required). The
-                                          proxy creates the outbox tables first;
+  MCP_OUTBOX_DB                           the shared database (required): an SQLite
+                                          file, or a postgres:// URL. The proxy
+                                          creates the outbox tables first (and
+                                          passes its --db on in this variable);
                                           this server never creates or alters them.
   UPSTREAM_COOPERATE                      "1" (default): record each claimed call's
                                           outcome and effects in the call's own
@@ -34,8 +36,8 @@ Environment:
 Once serving, it prints one line to stderr:
   py-upstream ready pid=<pid> cooperate=<0|1>[ url=http://127.0.0.1:<port>/mcp]
 
-Requires the mcp package (1.29, 1.30 and 2.3 are tested); nothing else
-beyond it. Where mcp 2 changed the API, a small shim below says how.
+Requires the mcp package (1.29, 1.30 and 2.3 are tested), and psycopg 3 for
+a postgres:// URL; nothing else beyond them. Where mcp 2 changed the API, a small shim below says how.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ else:
     from mcp.server.fastmcp import Context, FastMCP
     from mcp.server.fastmcp.tools import Tool
 
-from mcp_outbox_upstream import Effect, SetupError, ToolFailure, Upstream, text_result
+from mcp_outbox_upstream import POSTGRES, Effect, SetupError, ToolFailure, Upstream, text_result
 
 MAX_AMOUNT_CENTS = 1_000_000
 
@@ -84,7 +86,7 @@ def fail(msg: str) -> None:
 
 db_path = os.environ.get("MCP_OUTBOX_DB", "")
 if not db_path:
-    fail("MCP_OUTBOX_DB is required: the path of the SQLite file shared with mcp-outbox proxy")
+    fail("MCP_OUTBOX_DB is required: the SQLite file or postgres:// URL shared with mcp-outbox proxy")
 cooperate_env = os.environ.get("UPSTREAM_COOPERATE", "1")
 if cooperate_env not in ("0", "1"):
     fail(f"UPSTREAM_COOPERATE={json.dumps(cooperate_env)}: want 0 or 1")
@@ -106,9 +108,40 @@ except SetupError as e:
     fail(str(e))
 db = up.conn
 
-# Business tables: this server's own. (The outbox tables are the proxy's.)
-db.executescript(
-    """
+# Business tables: this server's own (the outbox tables are the proxy's),
+# and the statements on them, in each store's dialect.
+if up.dialect == POSTGRES:
+    # Under an advisory lock: upstreams starting together (one per session
+    # of a proxy serving HTTP) would otherwise race in CREATE TABLE IF NOT
+    # EXISTS, which PostgreSQL does not make atomic.
+    with db.transaction():
+        db.execute("SELECT pg_advisory_xact_lock(hashtext('mcp-outbox py-upstream tables'))")
+        db.execute(
+            """CREATE TABLE IF NOT EXISTS charges (
+                   id           BIGSERIAL PRIMARY KEY,
+                   customer     TEXT   NOT NULL,
+                   amount_cents BIGINT NOT NULL,
+                   call_id      TEXT   NOT NULL,
+                   created_at   BIGINT NOT NULL
+               )"""
+        )
+        db.execute(
+            """CREATE TABLE IF NOT EXISTS nicknames (
+                   customer   TEXT PRIMARY KEY,
+                   nickname   TEXT   NOT NULL,
+                   updated_at BIGINT NOT NULL
+               )"""
+        )
+    INSERT_CHARGE = (
+        "INSERT INTO charges (customer, amount_cents, call_id, created_at) VALUES (%s, %s, %s, %s) RETURNING id"
+    )
+    # sum() of a BIGINT is a NUMERIC, which psycopg reads as a Decimal.
+    BALANCE = "SELECT coalesce(sum(amount_cents), 0)::bigint, count(*) FROM charges WHERE customer = %s"
+    SET_NICKNAME = """INSERT INTO nicknames (customer, nickname, updated_at) VALUES (%s, %s, %s)
+                      ON CONFLICT (customer) DO UPDATE SET nickname = excluded.nickname, updated_at = excluded.updated_at"""
+else:
+    db.executescript(
+        """
 CREATE TABLE IF NOT EXISTS charges (
     id           INTEGER PRIMARY KEY,
     customer     TEXT    NOT NULL,
@@ -122,7 +155,12 @@ CREATE TABLE IF NOT EXISTS nicknames (
     updated_at INTEGER NOT NULL
 );
 """
-)
+    )
+    INSERT_CHARGE = "INSERT INTO charges (customer, amount_cents, call_id, created_at) VALUES (?, ?, ?, ?) RETURNING id"
+    BALANCE = "SELECT coalesce(sum(amount_cents), 0), count(*) FROM charges WHERE customer = ?"
+    SET_NICKNAME = """INSERT INTO nicknames (customer, nickname, updated_at) VALUES (?, ?, ?)
+                      ON CONFLICT (customer) DO UPDATE SET nickname = excluded.nickname, updated_at = excluded.updated_at"""
+LEDGER = "SELECT id, customer, amount_cents, call_id FROM charges ORDER BY id"
 
 
 def crash_once(path: str, when: str) -> None:
@@ -182,10 +220,7 @@ async def charge(ctx: Context, customer: str, amount_cents: int) -> CallToolResu
     def work(tx, call_id: str, now: int):
         if amount_cents <= 0 or amount_cents > MAX_AMOUNT_CENTS:
             raise ToolFailure("amount out of range")
-        charge_id = tx.execute(
-            "INSERT INTO charges (customer, amount_cents, call_id, created_at) VALUES (?, ?, ?, ?)",
-            (customer, amount_cents, call_id, now),
-        ).lastrowid
+        (charge_id,) = tx.execute(INSERT_CHARGE, (customer, amount_cents, call_id, now)).fetchone()
         body = json.dumps({"customer": customer, "amount_cents": amount_cents, "charge_id": charge_id})
         return (
             text_result(
@@ -304,9 +339,7 @@ async def slow_charge_tool(
 
 async def get_balance_tool(customer: Annotated[str, Field(min_length=1)], ctx: Context) -> CallToolResult:
     def read() -> dict[str, Any]:
-        cents, n = db.execute(
-            "SELECT coalesce(sum(amount_cents), 0), count(*) FROM charges WHERE customer = ?", (customer,)
-        ).fetchone()
+        cents, n = db.execute(BALANCE, (customer,)).fetchone()
         return text_result(
             f"balance {customer} {cents} ({n} charges)",
             {"customer": customer, "balance_cents": cents, "charges": n},
@@ -324,11 +357,7 @@ async def set_nickname_tool(
     ctx: Context,
 ) -> CallToolResult:
     def work(tx, call_id: str, now: int):
-        tx.execute(
-            """INSERT INTO nicknames (customer, nickname, updated_at) VALUES (?, ?, ?)
-               ON CONFLICT (customer) DO UPDATE SET nickname = excluded.nickname, updated_at = excluded.updated_at""",
-            (customer, nickname, now),
-        )
+        tx.execute(SET_NICKNAME, (customer, nickname, now))
         return text_result(f"nickname of {customer} is {nickname}"), []
 
     return answer(up.run_call(request_meta(ctx), work))
@@ -395,7 +424,7 @@ async def ledger() -> str:
     # async: mcp 2.x runs a synchronous resource (or prompt, or tool)
     # function in a worker thread, where the sqlite3 connection, made on the
     # event loop's thread, refuses to be used; 1.x called it on the loop.
-    rows = db.execute("SELECT id, customer, amount_cents, call_id FROM charges ORDER BY id").fetchall()
+    rows = db.execute(LEDGER).fetchall()
     if not rows:
         return "no charges\n"
     return "".join(f"charge {i} {c} {a} {k}\n" for i, c, a, k in rows)
