@@ -7,7 +7,7 @@
 // the client, methods this code has never heard of. It handles four things:
 //
 //   - tools/call runs through the layer ([outbox.RemoteTool]): the call is
-//     claimed in the shared SQLite file before it is forwarded, with the
+//     claimed in the shared database before it is forwarded, with the
 //     claim in params._meta ([outbox.MetaKeyClaim]); retries are replayed,
 //     duplicates wait for the original.
 //   - tools/call of the status tool is answered by the proxy.
@@ -25,10 +25,11 @@
 // tool calls are settled by the layer (see [outbox.RemoteTool.Call]).
 //
 // Use it to put the outbox in front of a tool server you cannot link Go
-// into: [New] takes the layer on the shared SQLite file and a [Dialer] for
-// the upstream ([Command] starts a process and speaks stdio to it, [HTTP]
-// speaks Streamable HTTP); [Proxy.Serve] serves one client connection and
-// [Proxy.HTTPHandler] serves Streamable HTTP clients. A cooperating
+// into: [New] takes the layer on the shared database (an SQLite file, or
+// PostgreSQL) and a [Dialer] for the upstream ([Command] starts a process
+// and speaks stdio to it, [HTTP] speaks Streamable HTTP); [Proxy.Serve]
+// serves one client connection and [Proxy.HTTPHandler] serves Streamable
+// HTTP clients. A cooperating
 // upstream (Options.Cooperating) records its own outcomes in the contract's
 // tables (schema/README.md, the modules in testdata/ts-upstream and
 // testdata/py-upstream), which turns a lost outcome into a known one.

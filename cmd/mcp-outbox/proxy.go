@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/url"
+	"path/filepath"
 
 	"github.com/mcp-outbox/mcp-outbox/destconfig"
 	"github.com/mcp-outbox/mcp-outbox/schema"
@@ -26,7 +27,8 @@ HTTP endpoint (--upstream). The proxy serves stdio, or Streamable HTTP at /mcp
 with --http (one upstream session, and for a command one process, per client
 session).
 
-Calls are recorded in the SQLite file --db, which the upstream may share:
+Calls are recorded in the database --db (an SQLite file or a postgres:// URL),
+which the upstream may share; a command upstream finds it in MCP_OUTBOX_DB:
   --cooperating  the upstream records each call's outcome, its own rows and its
                  outbox effects in one transaction of its own, following
                  schema/README.md; the proxy's dispatcher delivers the effects.
@@ -70,7 +72,8 @@ func runProxy(ctx context.Context, env *environment, args []string) error {
 		}
 		upstream = &sidecar.HTTP{URL: *upstreamURL}
 	case fs.NArg() > 0:
-		upstream = &sidecar.Command{Path: fs.Arg(0), Args: fs.Args()[1:], Stderr: env.stderr, Prefix: "[upstream] "}
+		upstream = &sidecar.Command{Path: fs.Arg(0), Args: fs.Args()[1:], Env: upstreamEnv(env, cfg.db),
+			Stderr: env.stderr, Prefix: "[upstream] "}
 	default:
 		return usagef("no upstream: give a command after -- (mcp-outbox proxy -- python server.py) or --upstream URL")
 	}
@@ -111,4 +114,19 @@ func runProxy(ctx context.Context, env *environment, args []string) error {
 		return fmt.Errorf("proxy stdio: %w", err)
 	}
 	return nil
+}
+
+// upstreamEnv is a command upstream's environment: the proxy's, with
+// MCP_OUTBOX_DB naming the database the proxy opened, so that the upstream
+// shares it whether --db or the variable named it: an SQLite file as an
+// absolute path (the upstream may change directory), a PostgreSQL URL as
+// given, password included (the settings the proxy adds for its own pool,
+// such as synchronous_commit off, are not the upstream's).
+func upstreamEnv(env *environment, db string) []string {
+	if !schema.IsPostgresURL(db) {
+		if abs, err := filepath.Abs(db); err == nil {
+			db = abs
+		}
+	}
+	return append(env.environ(), "MCP_OUTBOX_DB="+db)
 }
