@@ -150,8 +150,11 @@ func testProxyPostgresCooperating(t *testing.T) {
 	if chargeAt != call.completedAt.Int64 || effectAt != call.completedAt.Int64 {
 		t.Errorf("charge at %d, effect at %d, outcome at %d: want one transaction's time", chargeAt, effectAt, call.completedAt.Int64)
 	}
-	// Not checked here: the effect's delivery, which is the dispatcher's
-	// (the proxy's, on the same database) and has tests of its own.
+	// The proxy's dispatcher delivers the effect the upstream committed.
+	effects := waitEffects(t, f.db, 1, 30*time.Second, "delivered")
+	if n := len(requestsFor(f.fake, effects[0].key)); n != 1 {
+		t.Errorf("the effect reached the downstream %d times, want once", n)
+	}
 	if st := callStatus(t, cs, "pg-1"); st["state"] != "completed" {
 		t.Errorf("call_status pg-1 = %v, want completed", st)
 	}
@@ -257,6 +260,7 @@ func testProxyPostgresCrashAfterCommit(t *testing.T) {
 	if n := countRows(t, f.db, `SELECT count(*) FROM effects e JOIN calls c ON c.id = e.call_id AND c.key = 'crash-1'`); n != 1 {
 		t.Errorf("effects of the call = %d, want 1", n)
 	}
+	waitEffects(t, f.db, 1, 30*time.Second, "delivered")
 }
 
 // testProxyPostgresNonCooperating: an upstream that ignores claims. The
