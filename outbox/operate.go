@@ -130,22 +130,39 @@ const ResolvedPrefix = "[resolved by an operator]"
 // unknown call. A call resolved as completed or failed keeps its key for
 // the window it was made with, counted again from the resolution, so that
 // the client's retries after the operator's decision replay it instead of
-// running it again.
+// running it again. Each is written out for both ways of naming the call,
+// its name's parameters after the others; PostgreSQL has GREATEST where
+// SQLite has the scalar max.
 const (
-	resolveCallOutcome = `
+	resolveCallOutcomeByKey = `
 UPDATE calls SET state = $1, result = $2, completed_at = $3, owner = '', lease_until = 0,
     expires_at = max(expires_at, $3 + max(expires_at - created_at, 0))
-WHERE state = 'unknown' AND `
-	resolveCallRerun = `DELETE FROM calls WHERE state = 'unknown' AND `
-	resolveCallState = `SELECT state FROM calls WHERE `
+WHERE state = 'unknown' AND principal = $4 AND key = $5`
+	resolveCallOutcomeByKeyPostgres = `
+UPDATE calls SET state = $1, result = $2, completed_at = $3, owner = '', lease_until = 0,
+    expires_at = GREATEST(expires_at, $3::bigint + GREATEST(expires_at - created_at, 0))
+WHERE state = 'unknown' AND principal = $4 AND key = $5`
+	resolveCallOutcomeByUID = `
+UPDATE calls SET state = $1, result = $2, completed_at = $3, owner = '', lease_until = 0,
+    expires_at = max(expires_at, $3 + max(expires_at - created_at, 0))
+WHERE state = 'unknown' AND uid = $4`
+	resolveCallOutcomeByUIDPostgres = `
+UPDATE calls SET state = $1, result = $2, completed_at = $3, owner = '', lease_until = 0,
+    expires_at = GREATEST(expires_at, $3::bigint + GREATEST(expires_at - created_at, 0))
+WHERE state = 'unknown' AND uid = $4`
+
+	resolveCallRerunByKey = `DELETE FROM calls WHERE state = 'unknown' AND principal = $1 AND key = $2`
+	resolveCallRerunByUID = `DELETE FROM calls WHERE state = 'unknown' AND uid = $1`
+	resolveCallStateByKey = `SELECT state FROM calls WHERE principal = $1 AND key = $2`
+	resolveCallStateByUID = `SELECT state FROM calls WHERE uid = $1`
 )
 
-// callName is how a resolution names its call: a condition on calls whose
-// parameters start at $4, their values, and the call's name in errors.
+// callName is how a resolution names its call: its statements, the
+// values of the name's parameters, and the call's name in errors.
 type callName struct {
-	match string
-	args  []any
-	name  string
+	outcome, rerun, state string
+	args                  []any
+	name                  string
 }
 
 // ResolveCall settles a call in state unknown (forwarded to a tool server
@@ -155,8 +172,11 @@ type callName struct {
 // replay; rerun deletes the call, so that the next retry runs it. The
 // call's effects, if any, are not touched.
 func ResolveCall(ctx context.Context, db *schema.DB, principal, key, outcome, note string) error {
-	return resolveCall(ctx, db, callName{`principal = $4 AND key = $5`, []any{principal, key},
-		fmt.Sprintf("call %q of %s", key, principal)}, outcome, note)
+	return resolveCall(ctx, db, callName{
+		outcome: db.Pick(resolveCallOutcomeByKey, resolveCallOutcomeByKeyPostgres),
+		rerun:   resolveCallRerunByKey, state: resolveCallStateByKey,
+		args: []any{principal, key}, name: fmt.Sprintf("call %q of %s", key, principal),
+	}, outcome, note)
 }
 
 // ResolveCallUID is ResolveCall for the call named by its uid (the callId
@@ -165,7 +185,11 @@ func ResolveCall(ctx context.Context, db *schema.DB, principal, key, outcome, no
 // resolution meant for the old call cannot reach the new one. Its errors
 // name the uid, never the key.
 func ResolveCallUID(ctx context.Context, db *schema.DB, uid, outcome, note string) error {
-	return resolveCall(ctx, db, callName{`uid = $4`, []any{uid}, "call " + uid}, outcome, note)
+	return resolveCall(ctx, db, callName{
+		outcome: db.Pick(resolveCallOutcomeByUID, resolveCallOutcomeByUIDPostgres),
+		rerun:   resolveCallRerunByUID, state: resolveCallStateByUID,
+		args: []any{uid}, name: "call " + uid,
+	}, outcome, note)
 }
 
 func resolveCall(ctx context.Context, db *schema.DB, c callName, outcome, note string) error {
@@ -183,9 +207,9 @@ func resolveCall(ctx context.Context, db *schema.DB, c callName, outcome, note s
 		if eerr != nil {
 			return eerr
 		}
-		r, err = db.Write.ExecContext(ctx, resolveCallOutcome+c.match, append([]any{outcome, res, now}, c.args...)...)
+		r, err = db.Write.ExecContext(ctx, c.outcome, append([]any{outcome, res, now}, c.args...)...)
 	case ResolveRerun:
-		r, err = db.Write.ExecContext(ctx, resolveCallRerun+c.match, append([]any{nil, nil, nil}, c.args...)...)
+		r, err = db.Write.ExecContext(ctx, c.rerun, c.args...)
 	default:
 		return fmt.Errorf("outcome %q: %w", outcome, ErrCallOutcome)
 	}
@@ -196,7 +220,7 @@ func resolveCall(ctx context.Context, db *schema.DB, c callName, outcome, note s
 		return nil
 	}
 	var state string
-	err = db.Read.QueryRowContext(ctx, resolveCallState+c.match, append([]any{nil, nil, nil}, c.args...)...).Scan(&state)
+	err = db.Read.QueryRowContext(ctx, c.state, c.args...).Scan(&state)
 	if errors.Is(err, sql.ErrNoRows) {
 		return fmt.Errorf("%s: %w", c.name, ErrNoCall)
 	}

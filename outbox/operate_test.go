@@ -116,7 +116,7 @@ func TestResolveCall_RenewsAnExpiredKey(t *testing.T) {
 	ctx := context.Background()
 	long := time.Now().Add(-72 * time.Hour).UnixMilli()
 	if _, err := b.db.Write.Exec(`INSERT INTO calls (uid, principal, key, key_source, tool, args_hash, state, created_at, expires_at, on_lost)
-		VALUES ('call_old', 'local', 'old', 'meta', 'charge', '', 'unknown', $1, $1 + 3600000, 'unknown')`, long); err != nil {
+		VALUES ('call_old', 'local', 'old', 'meta', 'charge', '', 'unknown', $1, $2, 'unknown')`, long, long+3600000); err != nil {
 		t.Fatal(err)
 	}
 	if st, _ := query.Lookup(ctx, b.db.Read, "local", "old", time.Now()); st.State != query.OutcomeUnknown {
