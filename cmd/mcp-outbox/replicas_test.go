@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"net/http"
+	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/downstream"
 	"github.com/mcp-outbox/mcp-outbox/internal/pgtest"
 )
 
@@ -218,4 +221,80 @@ func getStatus(t *testing.T, url string) int {
 	}
 	resp.Body.Close()
 	return resp.StatusCode
+}
+
+// 10,000 effects (2,500 calls of four each) are delivered by the
+// dispatchers of three replicas while one of them is SIGKILLed and
+// started again: each effect applied downstream once, each call's effects
+// in their order, none left in flight. The killed replica's leased effects
+// come back when their lease passes (30 s at least): on PostgreSQL a
+// replica cannot tell that another's process is gone.
+func TestReplicas_TenThousandEffectsWithAKill(t *testing.T) {
+	t.Parallel()
+	url, db := replicaDB(t)
+	fake := downstream.Start(t, nil)
+	dest := paymentsDest(fake, "timeout=2s")
+	start := func() *exec.Cmd {
+		_, cmd := startHTTP(t, bin, url, nil, "--dest", dest)
+		return cmd
+	}
+	first := start() // creates the tables
+	const calls, perCall = 2500, 4
+	now := time.Now().UnixMilli()
+	if _, err := db.Exec(`
+INSERT INTO calls (uid, principal, key, key_source, tool, args_hash, state, created_at, completed_at, expires_at)
+SELECT 'call_seed' || g, 'local', 'seed-' || g, 'meta', 'charge', 'h', 'completed', $1::bigint, $1::bigint, $1::bigint + 86400000
+FROM generate_series(1, $2::int) g`, now, calls); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(`
+INSERT INTO effects (call_id, seq, destination, method, path, headers, body, idempotency_key, next_attempt_at, created_at, updated_at)
+SELECT c.id, s, 'payments', 'POST', '/v1/charges', '{"Content-Type":"application/json"}',
+       convert_to('{"charge_id":' || c.id || ',"amount":100,"currency":"usd"}', 'UTF8'), c.uid || '-' || s, $1::bigint, $1::bigint, $1::bigint
+FROM calls c, generate_series(1, $2::int) s WHERE c.key LIKE 'seed-%'`, now, perCall); err != nil {
+		t.Fatal(err)
+	}
+	// The seeded rows were inserted behind the dispatchers' backs, with no
+	// call committing: wake them as a commit would.
+	if _, err := db.Exec(`NOTIFY mcp_outbox_effects`); err != nil {
+		t.Fatal(err)
+	}
+	victim := start()
+	start()
+	_ = first
+	total := calls * perCall
+	delivered := func() int {
+		return countRows(t, db, `SELECT count(*) FROM effects WHERE state = 'delivered'`)
+	}
+	pollReplicas(t, 2*time.Minute, "a fifth of the effects delivered", func() bool { return delivered() >= total/5 })
+	if err := victim.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = victim.Wait()
+	start()
+	pollReplicas(t, 3*time.Minute, "every effect delivered", func() bool { return delivered() == total })
+
+	if n := countRows(t, db, `SELECT count(*) FROM effects WHERE state <> 'delivered'`); n != 0 {
+		t.Fatalf("%d effects not delivered", n)
+	}
+	applied := fake.Applied()
+	seen := map[string]bool{}
+	last := map[string]int{} // call uid -> last seq applied
+	for _, e := range applied {
+		if seen[e.Key] {
+			t.Fatalf("effect %s applied twice downstream", e.Key)
+		}
+		seen[e.Key] = true
+		i := strings.LastIndexByte(e.Key, '-')
+		uid := e.Key[:i]
+		seq, _ := strconv.Atoi(e.Key[i+1:])
+		if seq != last[uid]+1 {
+			t.Fatalf("call %s: effect %d applied after effect %d (order broken)", uid, seq, last[uid])
+		}
+		last[uid] = seq
+	}
+	if len(applied) != total {
+		t.Fatalf("%d effects applied downstream, want %d", len(applied), total)
+	}
+	t.Logf("%d requests downstream for %d effects (retries carry the same key)", len(fake.Requests()), total)
 }
