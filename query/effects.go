@@ -113,12 +113,24 @@ WHERE ($1 = '' OR e.state = $1) AND ($2 = '' OR e.destination = $2) AND ($3 = 0 
 ORDER BY e.id DESC
 LIMIT $4`
 
+// selectEffectRowsPostgres types its parameters: PostgreSQL takes the type
+// of $3 from "$3 = 0", an integer of 32 bits, and an id past it would not
+// bind.
+const selectEffectRowsPostgres = `
+SELECT e.id, coalesce(c.key, ''), coalesce(c.tool, ''), e.seq, e.destination, e.method, e.path, e.idempotency_key,
+       e.state, e.attempts, e.last_status, e.last_error, coalesce(e.response, ''), e.created_at, e.updated_at,
+       e.next_attempt_at, e.delivered_at
+FROM effects e LEFT JOIN calls c ON c.id = e.call_id
+WHERE ($1::text = '' OR e.state = $1::text) AND ($2::text = '' OR e.destination = $2::text) AND ($3::bigint = 0 OR e.id = $3::bigint)
+ORDER BY e.id DESC
+LIMIT $4`
+
 // ListEffects returns effects, newest first.
 func ListEffects(ctx context.Context, db *sql.DB, f EffectFilter) ([]EffectRow, error) {
 	if f.Limit <= 0 {
 		f.Limit = 100
 	}
-	rows, err := db.QueryContext(ctx, selectEffectRows, f.State, f.Destination, f.ID, f.Limit)
+	rows, err := db.QueryContext(ctx, pick(db, selectEffectRows, selectEffectRowsPostgres), f.State, f.Destination, f.ID, f.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("list effects: %w", err)
 	}

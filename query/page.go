@@ -186,6 +186,11 @@ const (
 SELECT (delivered_at - $1) / $2, count(*) FROM effects INDEXED BY effects_delivered
 WHERE state = 'delivered' AND delivered_at >= $1 AND delivered_at < $3
 GROUP BY 1`
+	// PostgreSQL has no INDEXED BY and finds the partial index by itself.
+	selectDeliveredBucketsPostgres = `
+SELECT (delivered_at - $1) / $2, count(*) FROM effects
+WHERE state = 'delivered' AND delivered_at >= $1 AND delivered_at < $3
+GROUP BY 1`
 	selectFailedBuckets = `
 SELECT (updated_at - $1) / $2, count(*) FROM effects
 WHERE state IN ('dead', 'unknown') AND updated_at >= $1 AND updated_at < $3
@@ -209,7 +214,7 @@ func DeliveryHistory(ctx context.Context, db *sql.DB, end time.Time, step time.D
 		stmt  string
 		count func(b *Bucket, n int)
 	}{
-		{selectDeliveredBuckets, func(b *Bucket, n int) { b.Delivered = n }},
+		{pick(db, selectDeliveredBuckets, selectDeliveredBucketsPostgres), func(b *Bucket, n int) { b.Delivered = n }},
 		{selectFailedBuckets, func(b *Bucket, n int) { b.Failed = n }},
 	} {
 		if err := countBuckets(ctx, db, q.stmt, startMS, stepMS, endMS, func(i, c int) { q.count(&out[i], c) }, n); err != nil {

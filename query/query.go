@@ -12,6 +12,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5/stdlib"
+
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 )
 
@@ -192,6 +194,17 @@ func message(st *Status) string {
 			"An operator settles it with `mcp-outbox outbox resolve-call`."
 	}
 	return ""
+}
+
+// pick returns the statement for db's store: most are written once for
+// both, the few that cannot be are written twice, side by side. The
+// functions of this package take the pool itself (schema.DB's Read), so
+// the store is known by its driver: pgx's for PostgreSQL.
+func pick(db *sql.DB, sqlite, postgres string) string {
+	if _, ok := db.Driver().(*stdlib.Driver); ok {
+		return postgres
+	}
+	return sqlite
 }
 
 func ms(v int64) *time.Time {
