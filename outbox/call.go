@@ -202,7 +202,10 @@ func (l *Layer) acquire(ctx context.Context, a *attempt) *mcp.CallToolResult {
 				continue
 			}
 			l.logger.ErrorContext(ctx, "claim call", "tool", a.tool.name, "error", err)
-			return toolError(codeNotRecorded, "could not record the call (%v); nothing was executed, a retry will run it.", err)
+			// The claim may have failed before it could read the call's
+			// row, so whether an earlier attempt recorded an outcome is
+			// not known here: say what a retry does in either case.
+			return toolError(codeNotRecorded, "could not record the call (%v); nothing was executed, a retry will run it, or replay its outcome if an earlier attempt recorded one.", err)
 		}
 		switch c.kind {
 		case claimed:
