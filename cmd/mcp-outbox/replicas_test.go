@@ -298,3 +298,31 @@ FROM calls c, generate_series(1, $2::int) s WHERE c.key LIKE 'seed-%'`, now, per
 	}
 	t.Logf("%d requests downstream for %d effects (retries carry the same key)", len(fake.Requests()), total)
 }
+
+// The operator commands work on a PostgreSQL URL as on a file: status finds
+// a call a replica recorded, outbox summary and list show its effect, and
+// purge runs.
+func TestReplicas_OperatorCommandsOnPostgres(t *testing.T) {
+	t.Parallel()
+	url, _ := replicaDB(t)
+	u, _ := startHTTP(t, bin, url, nil)
+	cs := connectHTTP(t, u, "", httpClient(t, ""))
+	mustSucceed(t, cs, chargeCall("k-ops", 4200))
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"status", "--db", url, "k-ops"}, `"state": "completed"`},
+		{[]string{"outbox", "summary", "--db", url}, "pending"},
+		{[]string{"outbox", "list", "--db", url}, "/v1/charges"},
+		{[]string{"purge", "--db", url, "--dry-run"}, ""},
+	} {
+		out, err := exec.Command(bin, c.args...).CombinedOutput()
+		if err != nil || !strings.Contains(string(out), c.want) {
+			t.Errorf("mcp-outbox %s: %v\n%s", strings.Join(c.args[:1], " "), err, out)
+		}
+		if strings.Contains(string(out), "SQLSTATE") {
+			t.Errorf("mcp-outbox %s printed a database error:\n%s", c.args[0], out)
+		}
+	}
+}
