@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"os/exec"
 	"strings"
+	"testing"
 	"time"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/downstream"
+	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
 // check asserts the soak's end state and reports its figures.
@@ -57,7 +59,7 @@ func (h *chaosHarness) check() {
 		t.Errorf("%d of %d logical calls never got their real result within %s: calls %v", len(lost), h.n, chaosClientTiming.perCall, lost[:min(len(lost), 20)])
 	}
 
-	db := openLedgerDB(t, h.db)
+	db := openChaosDB(t, h.store.db)
 	h.checkCharges(db, byAmount, charged)
 	h.checkCalls(db, charged, failing)
 	before := chaosEffectStates(t, db)
@@ -79,7 +81,7 @@ func (h *chaosHarness) check() {
 	}
 	drainStart := time.Now()
 	var stdout, stderr bytes.Buffer
-	cmd := exec.Command(bin, "drain", "--db", h.db, "--dest", "payments="+fake.URL(), "--timeout", drainTimeout.String(), "--json")
+	cmd := exec.Command(bin, "drain", "--db", h.store.db, "--dest", "payments="+fake.URL(), "--timeout", drainTimeout.String(), "--json")
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("mcp-outbox drain: %v\nstdout: %s\nstderr: %s\neffects not delivered: %s",
@@ -100,23 +102,28 @@ func (h *chaosHarness) check() {
 	for _, c := range h.http {
 		httpConnects += c.connects
 	}
-	t.Logf(`chaos soak figures (CHAOS_SEED=%d):
+	var pgKills string
+	if m.pg != nil {
+		pgKills = fmt.Sprintf(", PostgreSQL killed %d (down %s in all; /readyz back within %s of each restart)",
+			m.pgKills, m.pgDown.Round(time.Millisecond), m.pgRecoverMax.Round(time.Millisecond))
+	}
+	t.Logf(`chaos soak figures on %s (CHAOS_SEED=%d):
   logical calls: %d (%d keyed, %d keyless; %d charged, %d refused by the tool); %d sent through two clients at once, %d asked again after their answer through a random client
   clients: %d stdio (each with its serve process), %d Streamable HTTP (1 stateful, %d stateless), %d workers
   attempts: %d; retries: %d (%.2f per call, %d of them through another client); client timeouts: %d (%d of them the %s one)
   transport errors: %d; the layer's transient answers: in_progress %d, not_recorded %d
   calls whose first answer was a replay (an earlier attempt committed, its answer was lost): %d
-  kills (SIGKILL) and freezes (SIGSTOP): %d, one per %.1f logical calls: stdio servers killed %d (stdio servers restarted by their clients %d), HTTP server killed %d, downstream killed %d (started %d times), serve processes frozen %d (%d of them longer than the %s lease); HTTP (re)connects %d
+  kills (SIGKILL) and freezes (SIGSTOP): %d, one per %.1f logical calls: stdio servers killed %d (stdio servers restarted by their clients %d), HTTP server killed %d, downstream killed %d (started %d times)%s, serve processes frozen %d (%d of them longer than the %s lease); HTTP (re)connects %d
   effects: %d; after the soak %v, %s; delivery attempts %d for %d effects; all applied once downstream
   wall time: soak %s, drain %s
   transport errors by kind:%s`,
-		h.seed,
+		h.store.name(), h.seed,
 		h.n, keyed, h.n-keyed, charged, failing, s.hedged.Load(), s.reasks.Load(),
 		chaosStdioClients, chaosHTTPClients, chaosHTTPClients-1, (chaosStdioClients+chaosHTTPClients)*chaosWorkersPerConn,
 		s.attempts.Load(), s.retries.Load(), float64(s.retries.Load())/float64(h.n), s.switched.Load(), s.timeouts.Load(), s.longTimeouts.Load(), chaosClientTiming.longTimeout,
 		s.connErrors.Load(), s.inProgress.Load(), s.notRecorded.Load(),
 		s.firstReplayed.Load(),
-		m.kills, float64(h.n)/float64(max(m.kills, 1)), m.stdioKills, stdioRestarts, m.httpKills, m.downstreamKills, h.downstreamStarts,
+		m.kills, float64(h.n)/float64(max(m.kills, 1)), m.stdioKills, stdioRestarts, m.httpKills, m.downstreamKills, h.downstreamStarts, pgKills,
 		m.freezes, m.freezesPastLease, m.lease, httpConnects,
 		charged, before, waiting, deliveries, charged,
 		h.soakTime.Round(time.Millisecond), drainTime.Round(time.Millisecond),
@@ -289,11 +296,7 @@ func (h *chaosHarness) checkEffects(db *sql.DB, fake *downstream.Server, charged
 	if got := countRows(t, db, `SELECT count(DISTINCT idempotency_key) FROM effects`); got != charged {
 		t.Errorf("%d distinct effect keys, want %d", got, charged)
 	}
-	// Each effect names the charge of the call that enqueued it.
-	if got := countRows(t, db, `SELECT count(DISTINCT ch.id) FROM effects e
-		JOIN calls c ON c.id = e.call_id
-		JOIN charges ch ON ch.id = json_extract(CAST(e.body AS TEXT), '$.charge_id')
-		WHERE json_extract(c.result, '$.structuredContent.charge_id') = ch.id`); got != charged {
+	if got := chaosEffectsNamingTheirCharge(t, db); got != charged {
 		t.Errorf("%d effects name the charge of the call that made them, want %d", got, charged)
 	}
 
@@ -338,6 +341,73 @@ func (h *chaosHarness) checkEffects(db *sql.DB, fake *downstream.Server, charged
 		}
 	}
 	return countRows(t, db, `SELECT coalesce(sum(attempts), 0) FROM effects`)
+}
+
+// chaosEffectsNamingTheirCharge counts the charges named both by an
+// effect's body and by the result of the call that enqueued it. The JSON
+// is read here, not in SQL: SQLite and PostgreSQL spell it differently.
+func chaosEffectsNamingTheirCharge(t *testing.T, db *sql.DB) int {
+	t.Helper()
+	charges := map[int64]bool{}
+	rows, err := db.Query(`SELECT id FROM charges`)
+	if err != nil {
+		t.Fatalf("read charges: %v", err)
+	}
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			t.Fatalf("read charges: %v", err)
+		}
+		charges[id] = true
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatalf("read charges: %v", err)
+	}
+	rows, err = db.Query(`SELECT e.body, c.result FROM effects e JOIN calls c ON c.id = e.call_id`)
+	if err != nil {
+		t.Fatalf("read effects: %v", err)
+	}
+	defer rows.Close()
+	named := map[int64]bool{}
+	for rows.Next() {
+		var body, result []byte
+		if err := rows.Scan(&body, &result); err != nil {
+			t.Fatalf("read effects: %v", err)
+		}
+		var effect struct {
+			ChargeID int64 `json:"charge_id"`
+		}
+		var call struct {
+			StructuredContent struct {
+				ChargeID int64 `json:"charge_id"`
+			} `json:"structuredContent"`
+		}
+		if json.Unmarshal(body, &effect) != nil || json.Unmarshal(result, &call) != nil {
+			continue // names nothing
+		}
+		if id := effect.ChargeID; charges[id] && call.StructuredContent.ChargeID == id {
+			named[id] = true
+		}
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatalf("read effects: %v", err)
+	}
+	return len(named)
+}
+
+// openChaosDB opens the soak's database (an SQLite file or a postgres://
+// URL) from the test process, to check what the servers left.
+func openChaosDB(t *testing.T, target string) *sql.DB {
+	t.Helper()
+	if !schema.IsPostgresURL(target) {
+		return openLedgerDB(t, target)
+	}
+	db, err := sql.Open("pgx", target)
+	if err != nil {
+		t.Fatalf("open %s: %v", schema.Redact(target), err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
 }
 
 func chaosJSONEqual(a, b []byte) bool {

@@ -4,8 +4,11 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net/http"
 	"sync"
 	"time"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/pgtest"
 )
 
 // The monkey SIGKILLs one of the soak's processes after each random pause:
@@ -14,10 +17,12 @@ import (
 // the downstream (the same). Now and then it freezes a serve process
 // instead (SIGSTOP, then SIGCONT), for up to twice the claims' lease: the
 // calls it holds are taken over by the other processes, and when it wakes
-// the fence must stop it from committing them too. Its pauses are the
-// workload's rhythm, not a wait for anything. The workload keeps pace with
-// it (waitKills), so that a soak gets as many kills per logical call on a
-// fast machine as on a slow one.
+// the fence must stop it from committing them too. On PostgreSQL it also
+// kills PostgreSQL itself, and starts it again: the serve processes must
+// come back by themselves. Its pauses are the workload's rhythm, not a
+// wait for anything. The workload keeps pace with it (waitKills), so that
+// a soak gets as many kills per logical call on a fast machine as on a
+// slow one.
 
 type chaosMonkey struct {
 	rng        *rand.Rand
@@ -35,10 +40,18 @@ type chaosMonkey struct {
 	httpDownMax, downstreamDownMax time.Duration
 	freezeMax                      time.Duration // a frozen serve process wakes after up to this long
 
+	// pg is the cluster of the soak's database, nil on SQLite. A share
+	// pgKillP of the monkey's turns kill it, for up to pgDownMax.
+	pg        *pgtest.Server
+	pgKillP   float64
+	pgDownMax time.Duration
+
 	// What the monkey did; read after run returns.
 	stdioKills, httpKills, downstreamKills int
 	freezes, freezesPastLease              int // the second: frozen longer than the lease
 	lease                                  time.Duration
+	pgKills                                int
+	pgDown, pgRecoverMax                   time.Duration // PostgreSQL down in all; the longest wait for /readyz after a restart
 
 	mu     sync.Mutex
 	kills  int
@@ -102,6 +115,14 @@ func chaosPause(ctx context.Context, d time.Duration) bool {
 // again) ends it early.
 func (m *chaosMonkey) run(ctx context.Context) error {
 	for chaosPause(ctx, m.between(m.pauseMin, m.pauseMax)) {
+		// Drawn only on PostgreSQL, so that a seed replays the same
+		// monkey on SQLite as before.
+		if m.pg != nil && m.rng.Float64() < m.pgKillP {
+			if err := m.killPostgres(ctx); err != nil {
+				return err
+			}
+			continue
+		}
 		switch r := m.rng.Float64(); {
 		case r < 0.1:
 			d := m.between(m.freezeMax/20, m.freezeMax)
@@ -149,5 +170,53 @@ func (m *chaosMonkey) run(ctx context.Context) error {
 			}
 		}
 	}
+	return nil
+}
+
+// chaosPGRecovery is how long the HTTP server may take to be ready again
+// once PostgreSQL is back.
+const chaosPGRecovery = 30 * time.Second
+
+// killPostgres stops PostgreSQL at once, as a crash would (no checkpoint;
+// every connection cut), and starts it again on its port after up to
+// pgDownMax, even when the soak just ended. While it is down the HTTP
+// server's /readyz must answer 503; once it is back, 200 again within
+// chaosPGRecovery, without anyone restarting the server: its pool
+// reconnects. The monkey's other victims are not touched meanwhile (it
+// does one thing at a time), so the HTTP server is up for both checks.
+func (m *chaosMonkey) killPostgres(ctx context.Context) error {
+	down := time.Now()
+	if err := m.pg.Kill(); err != nil {
+		return fmt.Errorf("kill PostgreSQL: %w", err)
+	}
+	m.log.printf("[monkey] kill PostgreSQL (pg_ctl stop -m immediate)")
+	m.count(&m.pgKills)
+	if code, err := m.http.readyz(); err != nil || code != http.StatusServiceUnavailable {
+		return fmt.Errorf("/readyz with PostgreSQL down: %d, %v; want 503", code, err)
+	}
+	chaosPause(ctx, m.between(0, m.pgDownMax))
+	port := m.pg.Port
+	if err := m.pg.Restart(); err != nil {
+		return fmt.Errorf("start PostgreSQL again: %w", err)
+	}
+	if m.pg.Port != port {
+		return fmt.Errorf("PostgreSQL came back on port %d, not %d, where the servers look for it", m.pg.Port, port)
+	}
+	up := time.Now()
+	m.pgDown += up.Sub(down)
+	m.log.printf("[monkey] PostgreSQL started again after %s", up.Sub(down).Round(time.Millisecond))
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		code, err := m.http.readyz()
+		if err == nil && code == http.StatusOK {
+			break
+		}
+		if time.Since(up) > chaosPGRecovery {
+			return fmt.Errorf("/readyz not 200 %s after PostgreSQL came back: %d, %v", chaosPGRecovery, code, err)
+		}
+		<-tick.C
+	}
+	m.pgRecoverMax = max(m.pgRecoverMax, time.Since(up))
 	return nil
 }

@@ -19,8 +19,8 @@ import (
 // client owns its `serve` process and, as the spec tells stdio clients,
 // starts a new one when it dies. Over Streamable HTTP the clients share
 // one `serve --http` process, which the monkey starts again after killing
-// it. Every process works on the same SQLite file and delivers to the same
-// downstream.
+// it. Every process works on the same database (an SQLite file, or a
+// PostgreSQL database) and delivers to the same downstream.
 
 // chaosServe is how every serve process of the soak is started.
 type chaosServe struct {
@@ -270,6 +270,30 @@ func (s *chaosHTTPServer) freeze(d time.Duration) bool {
 	p := s.p
 	s.mu.Unlock()
 	return freezeProcess(s.serve.log, fmt.Sprintf("http (pid %d)", p.cmd.Process.Pid), p.cmd.Process, d)
+}
+
+// readyz asks the server's /readyz and returns the status code.
+func (s *chaosHTTPServer) readyz() (int, error) {
+	s.mu.Lock()
+	url := strings.TrimSuffix(s.url, "/mcp") + "/readyz"
+	s.mu.Unlock()
+	if url == "/readyz" {
+		return 0, errors.New("the HTTP server is down")
+	}
+	// More than the 5 s the server gives its readiness check.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, err
+	}
+	req.Close = true // no idle connection left behind
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	resp.Body.Close()
+	return resp.StatusCode, nil
 }
 
 // endpoint waits until the server is up and returns its URL.

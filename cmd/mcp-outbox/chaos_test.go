@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/failpoint"
+	"github.com/mcp-outbox/mcp-outbox/internal/pgtest"
 )
 
 // TestChaosSoak makes CHAOS_CALLS logical charge calls (keyed and keyless,
@@ -33,12 +34,29 @@ import (
 //
 // CHAOS_SEED (logged) replays the same plan, monkey and faults; the
 // interleaving of processes is the machine's. `make chaos` runs 10,000 calls.
+// TestChaosSoakPostgres runs the same soak on PostgreSQL.
 func TestChaosSoak(t *testing.T) {
 	t.Parallel()
 	n := chaosEnvInt(t, "CHAOS_CALLS", 500)
 	if testing.Short() && os.Getenv("CHAOS_CALLS") == "" {
 		n = 100
 	}
+	runChaosSoak(t, n, chaosStore{db: filepath.Join(t.TempDir(), "ledger.db")})
+}
+
+// chaosStore is the database the soak's processes share.
+type chaosStore struct {
+	// db is what every process gets as --db: an SQLite file, or a
+	// postgres:// URL.
+	db string
+	// pg is the PostgreSQL cluster db is on, which the monkey kills too;
+	// nil on SQLite.
+	pg *pgtest.Server
+}
+
+// runChaosSoak runs the soak of n logical calls on store and checks its
+// end state.
+func runChaosSoak(t *testing.T, n int, store chaosStore) {
 	seed := uint64(time.Now().UnixNano())
 	if s := os.Getenv("CHAOS_SEED"); s != "" {
 		v, err := strconv.ParseUint(s, 10, 64)
@@ -47,7 +65,7 @@ func TestChaosSoak(t *testing.T) {
 		}
 		seed = v
 	}
-	t.Logf("chaos soak: CHAOS_CALLS=%d CHAOS_SEED=%d", n, seed)
+	t.Logf("chaos soak on %s: CHAOS_CALLS=%d CHAOS_SEED=%d", store.name(), n, seed)
 
 	dir := t.TempDir()
 	log, err := newChaosLog(filepath.Join(dir, "processes.log"))
@@ -61,8 +79,7 @@ func TestChaosSoak(t *testing.T) {
 		log.close()
 	})
 	h := &chaosHarness{
-		t: t, n: n, seed: seed, log: log,
-		db:      filepath.Join(dir, "ledger.db"),
+		t: t, n: n, seed: seed, log: log, store: store,
 		journal: filepath.Join(dir, "downstream.jsonl"),
 	}
 	h.soak()
@@ -74,6 +91,13 @@ func TestChaosSoak(t *testing.T) {
 		t.FailNow() // the soak said why; the end state would only repeat it
 	}
 	h.check()
+}
+
+func (s chaosStore) name() string {
+	if s.pg != nil {
+		return "PostgreSQL"
+	}
+	return "SQLite"
 }
 
 // chaosEnvInt reads a positive integer from the environment.
@@ -112,6 +136,11 @@ var (
 	// The claims' lease (--lease), short so that the monkey's freezes
 	// outlast it: another process then takes a frozen owner's call over.
 	chaosLease = time.Second
+	// On PostgreSQL, the share of the monkey's turns that kill PostgreSQL
+	// itself, and how long it stays down before it is started again (on
+	// top of the half second or so pg_ctl takes to stop and start it).
+	chaosPGKillP   = 0.15
+	chaosPGDownMax = 300 * time.Millisecond
 )
 
 const (
@@ -127,7 +156,8 @@ type chaosHarness struct {
 	n                int
 	seed             uint64
 	log              *chaosLog
-	db, journal      string
+	store            chaosStore
+	journal          string
 	calls            []chaosCall
 	answers          [][]chaosAnswer
 	stats            *chaosStats
@@ -162,7 +192,7 @@ func (h *chaosHarness) soak() {
 	// Normally stopped below; these only matter when the test ends early.
 	t.Cleanup(func() { ds.kill(context.Background()) })
 	serve := chaosServe{
-		binary: failpointBin, db: h.db, log: h.log,
+		binary: failpointBin, db: h.store.db, log: h.log,
 		dest:  "payments=" + ds.URL() + chaosDest,
 		env:   []string{failpoint.EnvVar + "=" + chaosFailpoints},
 		lease: chaosLease,
@@ -197,6 +227,7 @@ func (h *chaosHarness) soak() {
 		pauseMin: 5 * time.Millisecond, pauseMax: 80 * time.Millisecond,
 		httpDownMax: 150 * time.Millisecond, downstreamDownMax: 50 * time.Millisecond,
 		freezeMax: 2 * chaosLease, lease: chaosLease,
+		pg: h.store.pg, pgKillP: chaosPGKillP, pgDownMax: chaosPGDownMax,
 	}
 	monkeyCtx, stopMonkey := context.WithCancel(ctx)
 	monkeyErr := make(chan error, 1)

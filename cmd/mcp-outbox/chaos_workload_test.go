@@ -92,7 +92,7 @@ type chaosStats struct {
 	switched, hedged          atomic.Int64 // retries through another client; calls sent through two at once
 	timeouts, longTimeouts    atomic.Int64 // attempts cut by the client's timeout (long: the generous one)
 	connErrors                atomic.Int64 // the server died, or could not be reached
-	inProgress, notRecorded   atomic.Int64 // the layer's chaosTransient errors
+	inProgress, notRecorded   atomic.Int64 // the layer's transient errors
 	firstReplayed             atomic.Int64 // logical calls whose first real answer was a replay
 	unanswered                atomic.Int64 // logical calls without a real result by their deadline
 	unexpectedN               atomic.Int64 // wrong answers
@@ -167,9 +167,12 @@ func (s *chaosStats) errKindsReport() string {
 type chaosVerdict int
 
 const (
-	chaosTransient chaosVerdict = iota // retry: the layer's in_progress or not_recorded
-	chaosReal                          // the call's outcome
-	chaosWrong                         // must not happen: a bug
+	chaosTransient chaosVerdict = iota // retry: the layer's in_progress
+	// retry after a pause: the layer's not_recorded, its store failed
+	// (PostgreSQL down) and nothing ran
+	chaosNotRecorded
+	chaosReal  // the call's outcome
+	chaosWrong // must not happen: a bug
 )
 
 // chaosClassify reads an answer to c.
@@ -203,7 +206,7 @@ func chaosClassify(c chaosCall, res *mcp.CallToolResult, stats *chaosStats) (cha
 			return a, chaosTransient, ""
 		case "not_recorded":
 			stats.notRecorded.Add(1)
-			return a, chaosTransient, ""
+			return a, chaosNotRecorded, ""
 		}
 		return a, chaosWrong, fmt.Sprintf("layer error %s: %s", code, text)
 	}
@@ -246,6 +249,17 @@ type chaosTiming struct {
 func runChaosCall(ctx context.Context, own chaosClient, all []chaosClient, c chaosCall, rng *rand.Rand, tm chaosTiming, stats *chaosStats) (chaosAnswer, bool) {
 	deadline := time.Now().Add(tm.perCall)
 	backoff := 5 * time.Millisecond
+	// The client's retry policy when the server is down or cannot record
+	// the call: back off a little, so as not to spin.
+	backOff := func() {
+		t := time.NewTimer(time.Duration(rng.Int64N(int64(backoff))) + time.Millisecond)
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+		backoff = min(2*backoff, 200*time.Millisecond)
+	}
 	for attempt := 0; ; attempt++ {
 		if ctx.Err() != nil || time.Now().After(deadline) {
 			return chaosAnswer{}, false
@@ -281,20 +295,16 @@ func runChaosCall(ctx context.Context, own chaosClient, all []chaosClient, c cha
 				return chaosAnswer{}, false
 			}
 			stats.countErr(err)
-			// The client's retry policy: back off a little while the
-			// server is down, so as not to spin.
-			t := time.NewTimer(time.Duration(rng.Int64N(int64(backoff))) + time.Millisecond)
-			select {
-			case <-ctx.Done():
-			case <-t.C:
-			}
-			t.Stop()
-			backoff = min(2*backoff, 200*time.Millisecond)
+			backOff()
+			continue
+		}
+		a, v, msg := chaosClassify(c, res, stats)
+		a.via = client.name()
+		if v == chaosNotRecorded {
+			backOff()
 			continue
 		}
 		backoff = 5 * time.Millisecond
-		a, v, msg := chaosClassify(c, res, stats)
-		a.via = client.name()
 		switch v {
 		case chaosReal:
 			return a, true
