@@ -64,12 +64,23 @@ test: $(NPM_INSTALLED) $(PY_INSTALLED) ## Run all tests with the race detector (
 test/short: ## Run the quick tests (-short, no race detector; the interop test is skipped)
 	go test -short -count=1 ./...
 
-# The chaos soak at full size; CHAOS_SEED=N replays a run (each run logs its
-# seed). `make test` runs the same test with 500 calls.
+# The chaos soak at full size, on SQLite and then on PostgreSQL (where the
+# monkey also kills PostgreSQL); CHAOS_STORE=sqlite or postgres runs one.
+# CHAOS_SEED=N replays a run (each run logs its seed). `make test` runs the
+# same tests with 500 and 300 calls.
 CHAOS_CALLS ?= 10000
+CHAOS_STORE ?= sqlite postgres
 .PHONY: chaos
-chaos: ## Chaos soak: 10,000 logical calls while servers and the downstream are SIGKILLed (CHAOS_CALLS=N, CHAOS_SEED=N)
-	CHAOS_CALLS=$(CHAOS_CALLS) go test -count=1 -run '^TestChaosSoak$$' -v -timeout 60m ./cmd/mcp-outbox/
+chaos: ## Chaos soaks, SQLite then PostgreSQL: 10,000 logical calls each while servers, the downstream and PostgreSQL are SIGKILLed (CHAOS_CALLS=N, CHAOS_SEED=N, CHAOS_STORE=sqlite|postgres)
+	@set -e; for store in $(CHAOS_STORE); do \
+		case $$store in \
+		sqlite) test=TestChaosSoak ;; \
+		postgres) test=TestChaosSoakPostgres ;; \
+		*) echo "CHAOS_STORE=$$store: want sqlite or postgres"; exit 2 ;; \
+		esac; \
+		echo "==> $$test, CHAOS_CALLS=$(CHAOS_CALLS)"; \
+		CHAOS_CALLS=$(CHAOS_CALLS) MCP_OUTBOX_REQUIRE_POSTGRES=1 go test -count=1 -run "^$$test\$$" -v -timeout 60m ./cmd/mcp-outbox/; \
+	done
 
 .PHONY: lint
 lint: ## Check formatting (gofmt), go vet and staticcheck
