@@ -281,15 +281,6 @@ func TestDispatchPostgres_NotifyWakes(t *testing.T) {
 	delivered("notify-2")
 }
 
-// heldTransport holds every response until release is closed.
-type heldTransport struct{ release <-chan struct{} }
-
-func (h heldTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	resp, err := http.DefaultTransport.RoundTrip(r)
-	<-h.release
-	return resp, err
-}
-
 // A dispatcher whose lease passed cannot record its outcome: another
 // replica, whose clock says the lease is over, reclaimed the effect and
 // holds it for an attempt of its own, and the first one's late 200 is not
@@ -301,7 +292,8 @@ func TestDispatchPostgres_ExpiredLeaseCannotRecord(t *testing.T) {
 	insertEffectAt(t, dbs[0], "fenced")
 	fake := downstream.Start(t, nil)
 	u, _ := url.Parse(fake.URL())
-	releaseA, releaseB := make(chan struct{}), make(chan struct{})
+	releaseA, closeA := releaser(t)
+	releaseB, closeB := releaser(t)
 	fake.FailNext(1, downstream.Hold(releaseA))
 	const lease = time.Minute
 	clkA := &clock{t: time.Now()}
@@ -328,28 +320,28 @@ func TestDispatchPostgres_ExpiredLeaseCannotRecord(t *testing.T) {
 
 	aDone, bDone := make(chan error, 1), make(chan error, 1)
 	go func() { aDone <- a.RoundForTest(context.Background()) }()
-	if err := fake.WaitRequests(context.Background(), 1); err != nil {
+	if err := fake.WaitRequests(waitCtx(t), 1); err != nil {
 		t.Fatal(err)
 	}
 	_, ownerA, _ := read()
 	// B reclaims A's passed lease and sends again; the destination answers
 	// 409 (A's request is in progress), which B holds.
 	go func() { bDone <- b.RoundForTest(context.Background()) }()
-	if err := fake.WaitRequests(context.Background(), 2); err != nil {
+	if err := fake.WaitRequests(waitCtx(t), 2); err != nil {
 		t.Fatal(err)
 	}
 	_, ownerB, _ := read()
 	if ownerB == ownerA || ownerB == "" {
 		t.Fatalf("B sent without a lease of its own: owner %q, A was %q", ownerB, ownerA)
 	}
-	close(releaseA) // A gets its 200 and tries to record it
+	closeA() // A gets its 200 and tries to record it
 	if err := <-aDone; err != nil {
 		t.Fatal(err)
 	}
 	if state, owner, status := read(); state != "in_flight" || owner != ownerB || status != 0 {
 		t.Fatalf("A recorded over B's lease: %s, owner %q, HTTP %d; want in_flight under %q", state, owner, status, ownerB)
 	}
-	close(releaseB)
+	closeB()
 	if err := <-bDone; err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -481,5 +482,74 @@ func TestDispatch_ReclaimsDeadOwnerAtOnce(t *testing.T) {
 	round(t, s2.dispatcher(t, outbox.Destination{}, nil))
 	if e := effect(t, s2.db.Read, 1); e.state != "in_flight" || len(s2.fake.Requests()) != 0 {
 		t.Fatalf("effect under another host's live lease: %+v", e)
+	}
+}
+
+// heldTransport holds every response until release is closed.
+type heldTransport struct{ release <-chan struct{} }
+
+func (h heldTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := http.DefaultTransport.RoundTrip(r)
+	<-h.release
+	return resp, err
+}
+
+// releaser returns a channel for heldTransport or downstream.Hold and
+// the function that closes it, which also runs when the test ends, so
+// that a failed test leaves no request held.
+func releaser(t *testing.T) (<-chan struct{}, func()) {
+	ch := make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(ch) }) }
+	t.Cleanup(release)
+	return ch, release
+}
+
+// waitCtx bounds a wait of a test to 30 seconds.
+func waitCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// An unknown effect is probed by one dispatcher at a time: the probe takes
+// it, so another dispatcher (another replica, another process on the
+// file) whose round comes while the probe is out does not probe it too,
+// and the answer is written to the effect as it was taken.
+func TestDispatch_ProbeTakesTheEffect(t *testing.T) {
+	t.Parallel()
+	s := newDispatchSetup(t, 0, &downstream.Options{NoDedup: true})
+	insertEffects(t, s.db, 1)
+	if _, err := s.db.Write.Exec(`UPDATE effects SET state = 'unknown', attempts = 1, send_started_at = 1`); err != nil {
+		t.Fatal(err)
+	}
+	probe := &outbox.Probe{Path: "/v1/idempotency/{key}"}
+	release, closeRelease := releaser(t)
+	a := s.dispatcher(t, outbox.Destination{AtMostOnce: true, Probe: probe}, &outbox.DispatcherOptions{Transport: heldTransport{release}})
+	b := s.dispatcher(t, outbox.Destination{AtMostOnce: true, Probe: probe}, nil)
+	probes := func() int {
+		n := 0
+		for _, r := range s.fake.Requests() {
+			if strings.HasPrefix(r.Path, "/v1/idempotency/") {
+				n++
+			}
+		}
+		return n
+	}
+	aDone := make(chan error, 1)
+	go func() { aDone <- a.RoundForTest(context.Background()) }()
+	if err := s.fake.WaitRequests(waitCtx(t), 1); err != nil {
+		t.Fatal(err)
+	}
+	round(t, b) // A's probe is out
+	if n := probes(); n != 1 {
+		t.Fatalf("%d probes while the first was out, want 1", n)
+	}
+	closeRelease() // A learns the destination never got it, and sends it
+	if err := <-aDone; err != nil {
+		t.Fatal(err)
+	}
+	if e := effect(t, s.db.Read, 1); e.state != "delivered" || probes() != 1 || len(s.fake.Applied()) != 1 {
+		t.Fatalf("after the probe: %+v, %d probes, %d applied; want delivered after one probe", e, probes(), len(s.fake.Applied()))
 	}
 }
