@@ -73,7 +73,11 @@ type DispatcherOptions struct {
 	Logger       *slog.Logger
 	// PollInterval is how often the dispatcher looks for work that no
 	// Notify announced: effects written by another process, retries whose
-	// time came. Zero means DefaultPollInterval.
+	// time came. On PostgreSQL every replica's new effects are announced
+	// by a notification (see Run), so polling finds retries, effects an
+	// operator made pending, and what a notification lost while the
+	// listener reconnected did not announce. Zero means
+	// DefaultPollInterval.
 	PollInterval time.Duration
 	// Lease is how long a claimed effect stays owned; zero means twice the
 	// longest destination timeout, at least 30s.
@@ -103,6 +107,12 @@ type DispatcherOptions struct {
 // A Dispatcher delivers committed effects to their destinations. Every
 // attempt of an effect carries the same Idempotency-Key. Claims are leases
 // fenced by owner: a dispatcher whose lease passed cannot record an outcome.
+//
+// On PostgreSQL the dispatchers of several replicas share the effects:
+// each due effect is leased to one of them (FOR UPDATE SKIP LOCKED), a
+// call's effects still go out one after another, and a lease is reclaimed
+// only once it has passed, since an owner on another machine cannot be
+// checked any other way.
 type Dispatcher struct {
 	db     *schema.DB
 	opts   DispatcherOptions
