@@ -40,7 +40,8 @@ type attempt struct {
 	txErr    error     // the database failed under the handler
 	effects  int       // effects enqueued so far
 
-	completedAt int64 // unix ms of the recorded outcome
+	completedAt int64  // unix ms of the recorded outcome
+	stored      string // the result as recorded (see confirmCommit)
 
 	outcome string // the calls_total outcome, set where it is decided
 	waited  bool   // a replay after waiting for another attempt is a join, not a retry
@@ -305,7 +306,11 @@ func (a *attempt) finish(ctx context.Context, res mcp.Result, err error) (mcp.Re
 		a.abandon(ctx)
 		return res, err
 	}
-	if err := a.commit(background(ctx), cr); err != nil {
+	err = a.commit(background(ctx), cr)
+	if errors.Is(err, errCommitUnknown) {
+		err = a.confirmCommit(background(ctx), err)
+	}
+	if err != nil {
 		a.abandon(ctx)
 		if !errors.Is(err, ErrOwnershipLost) {
 			a.layer.logger.ErrorContext(ctx, "commit call", "tool", a.tool.name, "error", err)
@@ -338,6 +343,53 @@ func (a *attempt) finish(ctx context.Context, res mcp.Result, err error) (mcp.Re
 	return cr, nil
 }
 
+// confirmCommit finds out, by reading the call's row again, whether a
+// commit whose answer was lost (errCommitUnknown) happened: it returns nil
+// if the row holds this attempt's outcome. It reads for a few seconds, the
+// time a restarting database takes; if it still cannot tell, it returns
+// an error that says so, and the call's answer must not claim that
+// nothing was recorded.
+func (a *attempt) confirmCommit(ctx context.Context, cause error) error {
+	if !a.recorded() || a.stored == "" {
+		return &commitUnknownError{cause}
+	}
+	deadline := time.Now().Add(confirmCommitFor)
+	wait := 50 * time.Millisecond
+	for {
+		var n int
+		err := a.layer.db.Read.QueryRowContext(ctx,
+			`SELECT count(*) FROM calls WHERE id = $1 AND uid = $2 AND state IN ('completed', 'failed') AND result = $3 AND completed_at = $4`,
+			a.callID, a.uid, a.stored, a.completedAt).Scan(&n)
+		if err == nil {
+			if n == 1 {
+				a.layer.logger.WarnContext(ctx, "commit's answer lost; the call's row shows it committed", "tool", a.tool.name, "error", cause)
+				return nil
+			}
+			return cause // read back: not committed
+		}
+		if time.Now().Add(wait).After(deadline) || ctx.Err() != nil {
+			return &commitUnknownError{cause}
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+		}
+		wait = min(2*wait, time.Second)
+	}
+}
+
+// confirmCommitFor bounds how long confirmCommit tries to read the row.
+const confirmCommitFor = 5 * time.Second
+
+// commitUnknownError: the commit may or may not have happened, and the
+// row could not be read to tell.
+type commitUnknownError struct{ err error }
+
+func (e *commitUnknownError) Error() string { return e.err.Error() }
+func (e *commitUnknownError) Unwrap() error { return e.err }
+
 // notCommitted is the answer of an attempt that committed nothing. When
 // another attempt took the call over, that attempt's outcome is the call's,
 // so the caller is sent to the status tool rather than told to retry.
@@ -346,6 +398,13 @@ func (a *attempt) notCommitted(err error) *mcp.CallToolResult {
 		a.outcome = outcomeInProgress
 		return toolError(codeInProgress, "%v; this attempt recorded nothing. Ask the %s tool for the outcome of key %q.",
 			ErrOwnershipLost, StatusToolName, a.id.key)
+	}
+	var unknown *commitUnknownError
+	if errors.As(err, &unknown) {
+		a.outcome = outcomeInProgress
+		return toolError(codeInProgress, "the database did not confirm the call's commit (%v), and could not be read to tell: "+
+			"the call may have been recorded. Ask the %s tool for the outcome of key %q, or retry with the same key: "+
+			"a retry replays the outcome if it was recorded, and runs the call if it was not.", err, StatusToolName, a.id.key)
 	}
 	a.outcome = outcomeNotRecorded
 	return toolError(codeNotRecorded, "the call did not commit (%v); nothing of it was recorded, a retry will run it.", err)
@@ -386,6 +445,7 @@ func (a *attempt) commit(ctx context.Context, cr *mcp.CallToolResult) error {
 	if err != nil {
 		return err
 	}
+	a.stored = stored
 	now := a.layer.nowMS()
 	a.completedAt = now
 	r, err := a.unit.exec(recordOutcome,

@@ -424,6 +424,11 @@ func savepointFailed(op string, err error) error {
 	return fmt.Errorf("%s: %w", op, err)
 }
 
+// errCommitUnknown: the answer to COMMIT was lost with its connection
+// (PostgreSQL). The server may have committed or not; only reading the
+// row again tells.
+var errCommitUnknown = errors.New("the database did not confirm the commit")
+
 // wait waits for the batch to commit or roll back and returns its error.
 func (b *batch) wait() error {
 	<-b.done
@@ -443,6 +448,12 @@ func (g *groupCommit) finish(b *batch) {
 		b.err = fmt.Errorf("batch not committed: %w", b.broken)
 	} else if err := b.tx.Commit(); err != nil {
 		b.err = fmt.Errorf("commit: %w", err)
+		if g.own && schema.PgCode(err) == "" {
+			// PostgreSQL refused nothing: the connection failed while
+			// COMMIT was under way, and the server may have committed
+			// before it went (see errCommitUnknown).
+			b.err = fmt.Errorf("commit: %w: %w", errCommitUnknown, err)
+		}
 	}
 	g.release(b.conn, !b.durable)
 	if !b.own {
