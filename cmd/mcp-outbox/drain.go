@@ -40,7 +40,7 @@ const (
 
 func runDrain(ctx context.Context, env *environment, args []string) error {
 	fs := newFlagSet(env, "drain", drainUsage)
-	db := fs.String("db", env.envDefault("MCP_OUTBOX_DB", "./mcp-outbox.db"), "SQLite database `file` [MCP_OUTBOX_DB]")
+	db := fs.String("db", env.envDefault("MCP_OUTBOX_DB", "./mcp-outbox.db"), "the database: an SQLite `file`, or a postgres:// URL [MCP_OUTBOX_DB]")
 	var dests multiFlag
 	fs.Var(&dests, "dest", "destination `NAME=URL[;SETTING=VALUE...]`, repeatable [MCP_OUTBOX_DEST_<NAME>=URL]")
 	timeout := fs.Duration("timeout", 5*time.Minute, "give up waiting for pending effects after this long")

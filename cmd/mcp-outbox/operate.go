@@ -64,7 +64,7 @@ you check the tool server's own records and settle it with resolve-call:
 ` + operator.CallOutcomesHelp() + `
 Unknown calls are never purged.
 
-Every subcommand takes --db FILE (default $MCP_OUTBOX_DB, else ./mcp-outbox.db)
+Every subcommand takes --db FILE or URL (default $MCP_OUTBOX_DB, else ./mcp-outbox.db)
 and refuses a file that does not exist. Exit status: 0 done, 1 failed (no
 such effect or call, or not in a state the action applies to), 2 bad
 arguments.
@@ -163,7 +163,7 @@ func runOutbox(ctx context.Context, env *environment, args []string) error {
 // subFlags is the flag set of a subcommand, with the --db every one takes.
 func subFlags(env *environment, s outboxSub) (*flag.FlagSet, *string) {
 	fs := newFlagSet(env, "outbox "+s.name, s.usage)
-	db := fs.String("db", env.envDefault("MCP_OUTBOX_DB", "./mcp-outbox.db"), "SQLite database `file` serve uses; must exist [MCP_OUTBOX_DB]")
+	db := fs.String("db", env.envDefault("MCP_OUTBOX_DB", "./mcp-outbox.db"), "the database serve uses: an SQLite `file` that must exist, or a postgres:// URL [MCP_OUTBOX_DB]")
 	return fs, db
 }
 

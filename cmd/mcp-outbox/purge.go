@@ -34,7 +34,7 @@ thousand, between which tool calls proceed.`
 
 func runPurge(ctx context.Context, env *environment, args []string) error {
 	fs := newFlagSet(env, "purge", purgeUsage)
-	db := fs.String("db", env.envDefault("MCP_OUTBOX_DB", "./mcp-outbox.db"), "SQLite database `file` [MCP_OUTBOX_DB]")
+	db := fs.String("db", env.envDefault("MCP_OUTBOX_DB", "./mcp-outbox.db"), "the database: an SQLite `file`, or a postgres:// URL [MCP_OUTBOX_DB]")
 	dryRun := fs.Bool("dry-run", false, "count what would be purged, delete nothing")
 	var r outbox.Retention
 	fs.DurationVar(&r.Calls, "calls-ttl", outbox.DefaultCallRetention, "keep calls at least this long after they completed")

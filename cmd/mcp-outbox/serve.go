@@ -83,7 +83,7 @@ type app struct {
 }
 
 func (cfg *appConfig) flags(env *environment, fs *flag.FlagSet) error {
-	fs.StringVar(&cfg.db, "db", env.envDefault("MCP_OUTBOX_DB", "./mcp-outbox.db"), "SQLite database `file`, created if missing [MCP_OUTBOX_DB]")
+	fs.StringVar(&cfg.db, "db", env.envDefault("MCP_OUTBOX_DB", "./mcp-outbox.db"), "the database: an SQLite `file`, created if missing, or the postgres:// URL of a PostgreSQL database that replicas share [MCP_OUTBOX_DB]")
 	fs.StringVar(&cfg.durability, "durability", env.envDefault("MCP_OUTBOX_DURABILITY", "full"),
 		"full: a commit survives power loss; normal: survives a process crash, not a power loss, ~10x faster commits [MCP_OUTBOX_DURABILITY]")
 	fs.Var((*multiFlag)(&cfg.dests), "dest", "destination `NAME=URL[;SETTING=VALUE...]` for effects, repeatable; see below [MCP_OUTBOX_DEST_<NAME>=URL]")

@@ -26,7 +26,7 @@ belong to the principal "local", calls with a token to the token's principal
 
 func runStatus(ctx context.Context, env *environment, args []string) error {
 	fs := newFlagSet(env, "status", statusUsage)
-	db := fs.String("db", env.envDefault("MCP_OUTBOX_DB", "./mcp-outbox.db"), "SQLite database `file` [MCP_OUTBOX_DB]")
+	db := fs.String("db", env.envDefault("MCP_OUTBOX_DB", "./mcp-outbox.db"), "the database: an SQLite `file`, or a postgres:// URL [MCP_OUTBOX_DB]")
 	principal := fs.String("principal", outbox.LocalPrincipal, "whose call to look up: local, or a token's principal (alice or user:alice)")
 	tool := fs.String("tool", "", "for a call without a key: the tool's name")
 	argsJSON := fs.String("args", "{}", "for a call without a key: its arguments as JSON")
