@@ -138,6 +138,21 @@
 //     the last savepoint: the handler gets the error and should return
 //     it; further statements fail until the layer rolls back to the
 //     call's savepoint.
+//   - A lost answer to COMMIT (the connection broke while PostgreSQL
+//     committed) leaves the outcome unknown to the attempt: it reads the
+//     call's row again, and answers the result if its outcome is there,
+//     not_recorded if not, and in_progress, saying what a retry does, if
+//     the row cannot be read.
+//   - Effects: every replica's [Dispatcher] delivers. Each due effect is
+//     leased by exactly one of them (FOR UPDATE SKIP LOCKED, with the
+//     state checked again by the leasing UPDATE); a call's effects keep
+//     their order, since effect n+1 is due only once n is committed as
+//     delivered or cancelled. Dispatchers wake on LISTEN
+//     mcp_outbox_effects (a trigger notifies when effects are inserted)
+//     and poll as a fallback. An effect leased by a replica that died
+//     returns when its lease passes: no /proc here either. Reclaiming
+//     leases and purging are conditional statements (purge batches lock
+//     with SKIP LOCKED), safe when every replica runs them at once.
 //
 // # Numbers in arguments
 //
