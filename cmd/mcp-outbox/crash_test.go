@@ -17,7 +17,9 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/failpoint"
+	"github.com/mcp-outbox/mcp-outbox/internal/pgtest"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
 // Helpers shared by crash_test.go, http_test.go and cli_test.go.
@@ -25,9 +27,15 @@ import (
 // openLedgerDB opens the SQLite file a server under test writes, from the
 // test process, to check what is on disk. The file must exist: opening
 // would create it.
+//
+// A postgres:// URL opens that database instead.
 func openLedgerDB(t *testing.T, path string) *sql.DB {
 	t.Helper()
-	db, err := sql.Open("sqlite", "file:"+(&url.URL{Path: path}).EscapedPath()+"?_pragma=busy_timeout(5000)")
+	driver, dsn := "sqlite", "file:"+(&url.URL{Path: path}).EscapedPath()+"?_pragma=busy_timeout(5000)"
+	if schema.IsPostgresURL(path) {
+		driver, dsn = "pgx", path
+	}
+	db, err := sql.Open(driver, dsn)
 	if err != nil {
 		t.Fatalf("open %s: %v", path, err)
 	}
@@ -206,30 +214,44 @@ var crashTransports = []crashTransport{
 // must exist exactly once, whether the retry replays (the outcome was
 // committed) or runs (nothing of the call was). Over stdio and over
 // Streamable HTTP, with a key and without one.
+//
+// And on both stores: on PostgreSQL the server may run on another machine
+// than its successor, so a dead attempt's claim is taken over when its
+// lease passes (1 s here), not at once.
 func TestCrashAtFailpoints(t *testing.T) {
 	t.Parallel()
-	for _, tr := range crashTransports {
-		for _, fp := range []string{failpoint.CallAfterClaim, failpoint.CallBeforeCommit, failpoint.CallAfterCommit} {
-			for _, keyed := range []bool{true, false} {
-				name, key, source := fp+"/meta_key", "crash-"+fp, "meta"
-				if !keyed {
-					name, key, source = fp+"/no_key", "", "fingerprint"
+	for _, store := range []string{"sqlite", "postgres"} {
+		for _, tr := range crashTransports {
+			for _, fp := range []string{failpoint.CallAfterClaim, failpoint.CallBeforeCommit, failpoint.CallAfterCommit} {
+				for _, keyed := range []bool{true, false} {
+					name, key, source := fp+"/meta_key", "crash-"+fp, "meta"
+					if !keyed {
+						name, key, source = fp+"/no_key", "", "fingerprint"
+					}
+					t.Run(store+"/"+tr.name+"/"+name, func(t *testing.T) {
+						t.Parallel()
+						testCrashAtFailpoint(t, tr, store, fp, key, source)
+					})
 				}
-				t.Run(tr.name+"/"+name, func(t *testing.T) {
-					t.Parallel()
-					testCrashAtFailpoint(t, tr, fp, key, source)
-				})
 			}
 		}
 	}
 }
 
-func testCrashAtFailpoint(t *testing.T, tr crashTransport, fp, key, source string) {
+func testCrashAtFailpoint(t *testing.T, tr crashTransport, store, fp, key, source string) {
 	committed := fp == failpoint.CallAfterCommit
 	dbPath := filepath.Join(t.TempDir(), "ledger.db")
+	var env []string
+	if store == "postgres" {
+		if testing.Short() {
+			t.Skip("starts PostgreSQL")
+		}
+		dbPath = pgtest.Database(t)
+		env = []string{"MCP_OUTBOX_LEASE=1s"}
+	}
 	call := func() *mcp.CallToolParams { return chargeCall(key, 1250) }
 
-	cs, cmd := tr.start(t, failpointBin, dbPath, []string{failpoint.EnvVar + "=" + fp + "=crash"})
+	cs, cmd := tr.start(t, failpointBin, dbPath, append(env, failpoint.EnvVar+"="+fp+"=crash"))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	res, err := cs.CallTool(ctx, call())
@@ -260,7 +282,7 @@ func testCrashAtFailpoint(t *testing.T, tr crashTransport, fp, key, source strin
 		}
 	}
 
-	cs2, _ := tr.start(t, bin, dbPath, nil)
+	cs2, _ := tr.start(t, bin, dbPath, env)
 	retry := mustSucceed(t, cs2, call())
 	m := wantReplay(t, retry, committed, source)
 
