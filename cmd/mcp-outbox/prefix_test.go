@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/failpoint"
+	"github.com/mcp-outbox/mcp-outbox/internal/pgtest"
 )
 
 // TestPrefixOracle kills the server (SIGKILL) again and again in the middle
@@ -37,15 +38,17 @@ func TestPrefixOracle(t *testing.T) {
 		}
 	}
 	t.Logf("seed %d (MCP_OUTBOX_PREFIX_SEED replays it)", seed)
-	for _, keyed := range []bool{true, false} {
-		name := "keyed"
-		if !keyed {
-			name = "keyless"
+	for _, store := range []string{"sqlite", "postgres"} {
+		for _, keyed := range []bool{true, false} {
+			name := "keyed"
+			if !keyed {
+				name = "keyless"
+			}
+			t.Run(store+"/"+name, func(t *testing.T) {
+				t.Parallel()
+				runPrefixOracle(t, store, keyed, rand.New(rand.NewPCG(seed, map[bool]uint64{true: 1, false: 2}[keyed])))
+			})
 		}
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			runPrefixOracle(t, keyed, rand.New(rand.NewPCG(seed, map[bool]uint64{true: 1, false: 2}[keyed])))
-		})
 	}
 }
 
@@ -69,8 +72,20 @@ func (k prefixKill) String() string {
 	return fmt.Sprintf("SIGKILL after %v", k.after)
 }
 
-func runPrefixOracle(t *testing.T, keyed bool, rng *rand.Rand) {
+// On PostgreSQL the store checks its own integrity (WAL recovery at every
+// restart); the oracle checks the prefix. A dead attempt's claim is taken
+// over when its lease passes, 1 s here.
+func runPrefixOracle(t *testing.T, store string, keyed bool, rng *rand.Rand) {
 	dbPath := filepath.Join(t.TempDir(), "prefix.db")
+	var leaseEnv []string
+	postgres := store == "postgres"
+	if postgres {
+		if testing.Short() {
+			t.Skip("starts PostgreSQL")
+		}
+		dbPath = pgtest.Database(t)
+		leaseEnv = []string{"MCP_OUTBOX_LEASE=1s"}
+	}
 	var kills []prefixKill
 	for _, fp := range []string{failpoint.CallAfterClaim, failpoint.CallBeforeCommit, failpoint.CallAfterCommit} {
 		kills = append(kills, prefixKill{failpoint: fp, nth: 1 + rng.IntN(4)})
@@ -89,9 +104,9 @@ func runPrefixOracle(t *testing.T, keyed bool, rng *rand.Rand) {
 	next := 1 // the first call not yet answered
 	var db *sql.DB
 	for _, kill := range kills {
-		binary, env := bin, []string(nil)
+		binary, env := bin, leaseEnv
 		if kill.failpoint != "" {
-			binary, env = failpointBin, []string{failpoint.EnvVar + "=" + kill.String()}
+			binary, env = failpointBin, append(leaseEnv, failpoint.EnvVar+"="+kill.String())
 		}
 		cs, cmd := serveStdioTo(t, testWriter{t}, binary, dbPath, env)
 		stop := func() bool { return false }
@@ -120,7 +135,7 @@ func runPrefixOracle(t *testing.T, keyed bool, rng *rand.Rand) {
 		if db == nil {
 			db = openLedgerDB(t, dbPath)
 		}
-		k := checkPrefix(t, db)
+		k := checkPrefix(t, db, postgres)
 		t.Logf("%v: %d calls answered in this run, the file holds the first %d", kill, next-before, k)
 		// The call in progress when the server died committed or did not;
 		// any other k is a lost or an invented call.
@@ -132,7 +147,7 @@ func runPrefixOracle(t *testing.T, keyed bool, rng *rand.Rand) {
 		}
 	}
 	// A last server without kills finishes the sequence.
-	cs, _ := serveStdio(t, bin, dbPath, nil)
+	cs, _ := serveStdio(t, bin, dbPath, leaseEnv)
 	for ; next <= prefixCalls; next++ {
 		res := mustSucceed(t, cs, chargeCall(call(next), prefixAmount(next)))
 		if m, _ := res.StructuredContent.(map[string]any); m["amount"] != float64(prefixAmount(next)) {
@@ -140,7 +155,7 @@ func runPrefixOracle(t *testing.T, keyed bool, rng *rand.Rand) {
 		}
 	}
 	cs.Close()
-	if k := checkPrefix(t, db); k != prefixCalls {
+	if k := checkPrefix(t, db, postgres); k != prefixCalls {
 		t.Errorf("the file holds %d calls at the end, want all %d", k, prefixCalls)
 	}
 	if n := countRows(t, db, `SELECT count(*) FROM calls WHERE state = 'in_flight'`); n != 0 {
@@ -150,11 +165,13 @@ func runPrefixOracle(t *testing.T, keyed bool, rng *rand.Rand) {
 
 // checkPrefix checks that the file is whole and holds exactly the calls
 // 1..k, for some k, which it returns.
-func checkPrefix(t *testing.T, db *sql.DB) int {
+func checkPrefix(t *testing.T, db *sql.DB, postgres bool) int {
 	t.Helper()
-	var integrity string
-	if err := db.QueryRow(`PRAGMA integrity_check`).Scan(&integrity); err != nil || integrity != "ok" {
-		t.Fatalf("PRAGMA integrity_check: %q %v", integrity, err)
+	if !postgres {
+		var integrity string
+		if err := db.QueryRow(`PRAGMA integrity_check`).Scan(&integrity); err != nil || integrity != "ok" {
+			t.Fatalf("PRAGMA integrity_check: %q %v", integrity, err)
+		}
 	}
 	// amounts reads one table's view of the calls: the amount charged and
 	// the charge id, per call.
@@ -183,9 +200,16 @@ func checkPrefix(t *testing.T, db *sql.DB) int {
 		return m
 	}
 	charges := amounts("charges", `SELECT amount, id FROM charges`)
-	outcomes := amounts("recorded outcomes", `SELECT json_extract(result, '$.structuredContent.amount'), json_extract(result, '$.structuredContent.charge_id')
-		FROM calls WHERE state = 'completed'`)
-	effects := amounts("effects", `SELECT json_extract(CAST(body AS TEXT), '$.amount'), json_extract(CAST(body AS TEXT), '$.charge_id') FROM effects`)
+	outcomesSQL := `SELECT json_extract(result, '$.structuredContent.amount'), json_extract(result, '$.structuredContent.charge_id')
+		FROM calls WHERE state = 'completed'`
+	effectsSQL := `SELECT json_extract(CAST(body AS TEXT), '$.amount'), json_extract(CAST(body AS TEXT), '$.charge_id') FROM effects`
+	if postgres {
+		outcomesSQL = `SELECT (result::json #>> '{structuredContent,amount}')::bigint, (result::json #>> '{structuredContent,charge_id}')::bigint
+		FROM calls WHERE state = 'completed'`
+		effectsSQL = `SELECT (convert_from(body, 'UTF8')::json ->> 'amount')::bigint, (convert_from(body, 'UTF8')::json ->> 'charge_id')::bigint FROM effects`
+	}
+	outcomes := amounts("recorded outcomes", outcomesSQL)
+	effects := amounts("effects", effectsSQL)
 
 	k := len(charges)
 	for i := 1; i <= k; i++ {
