@@ -68,7 +68,11 @@ func openPostgres(ctx context.Context, target string, o Options) (*DB, error) {
 		q.Set("synchronous_commit", "off")
 	}
 	cfg.RawQuery = q.Encode()
-	pool, err := sql.Open("pgx", cfg.String())
+	driver := "pgx" // unless a test wraps it (Options.Driver, which Open defaulted to SQLite's)
+	if o.Driver != "sqlite" {
+		driver = o.Driver
+	}
+	pool, err := sql.Open(driver, cfg.String())
 	if err != nil {
 		return nil, fmt.Errorf("open database %s: %w", name, err)
 	}

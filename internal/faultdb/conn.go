@@ -6,16 +6,18 @@ import (
 	"errors"
 )
 
-// The wrappers pass every call to modernc's connection, statement and
-// transaction, asking the injector first. modernc's conn implements the
-// context interfaces below; the wrappers implement the same ones, so
-// database/sql takes the same paths through them as through the real
-// driver (a wrapper lacking ExecerContext, say, would make database/sql
-// prepare every Exec instead).
+// The wrappers pass every call to the base driver's (modernc's or pgx's)
+// connection, statement and transaction, asking the injector first. Both
+// drivers' conns implement the context interfaces below; the wrappers
+// implement the same ones, so database/sql takes the same paths through
+// them as through the real driver (a wrapper lacking ExecerContext, say,
+// would make database/sql prepare every Exec instead, and one lacking
+// NamedValueChecker would convert arguments that pgx takes as they are).
 
 type drv struct {
 	base driver.Driver
 	inj  *Injector
+	pg   bool // base is pgx: faults are PostgreSQL's (see raise)
 }
 
 func (d *drv) Open(name string) (driver.Conn, error) {
@@ -23,7 +25,7 @@ func (d *drv) Open(name string) (driver.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &conn{inner: c, inj: d.inj}, nil
+	return &conn{inner: c, inj: d.inj, pg: d.pg}, nil
 }
 
 // conn is one connection. database/sql uses a connection from one
@@ -31,6 +33,7 @@ func (d *drv) Open(name string) (driver.Conn, error) {
 type conn struct {
 	inner driver.Conn
 	inj   *Injector
+	pg    bool
 	// stmts are the statements run since BEGIN, for commit rules; nil
 	// outside a transaction.
 	stmts []string
@@ -46,6 +49,7 @@ var (
 	_ driver.Pinger             = (*conn)(nil)
 	_ driver.SessionResetter    = (*conn)(nil)
 	_ driver.Validator          = (*conn)(nil)
+	_ driver.NamedValueChecker  = (*conn)(nil)
 )
 
 // before asks the injector about a statement about to run.
@@ -56,6 +60,11 @@ func (c *conn) before(ctx context.Context, op Op, query string) error {
 	r := c.inj.decide(op, query, nil)
 	if r == nil {
 		return nil
+	}
+	if c.pg {
+		// Every failed statement aborts PostgreSQL's transaction;
+		// Rollback adds nothing.
+		return c.raise(ctx, r.Kind)
 	}
 	if r.Rollback && c.inTx {
 		// SQLite ended the transaction: the statements that follow run
@@ -87,6 +96,9 @@ func (c *conn) Begin() (driver.Tx, error) {
 
 func (c *conn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
 	if r := c.inj.decide(Begin, "", nil); r != nil {
+		if c.pg {
+			return nil, c.raise(ctx, r.Kind) // outside a transaction: changes nothing
+		}
 		return nil, Err(r.Kind)
 	}
 	t, err := c.inner.(driver.ConnBeginTx).BeginTx(ctx, opts)
@@ -111,13 +123,36 @@ func (c *conn) QueryContext(ctx context.Context, query string, args []driver.Nam
 	return c.inner.(driver.QueryerContext).QueryContext(ctx, query, args)
 }
 
-func (c *conn) Ping(ctx context.Context) error { return c.inner.(driver.Pinger).Ping(ctx) }
+// Ping, ResetSession and IsValid do what database/sql does for a driver
+// without them when the base driver lacks them (pgx has no Validator).
 
-func (c *conn) ResetSession(ctx context.Context) error {
-	return c.inner.(driver.SessionResetter).ResetSession(ctx)
+func (c *conn) Ping(ctx context.Context) error {
+	if p, ok := c.inner.(driver.Pinger); ok {
+		return p.Ping(ctx)
+	}
+	return nil
 }
 
-func (c *conn) IsValid() bool { return c.inner.(driver.Validator).IsValid() }
+func (c *conn) ResetSession(ctx context.Context) error {
+	if r, ok := c.inner.(driver.SessionResetter); ok {
+		return r.ResetSession(ctx)
+	}
+	return nil
+}
+
+func (c *conn) IsValid() bool {
+	if v, ok := c.inner.(driver.Validator); ok {
+		return v.IsValid()
+	}
+	return true
+}
+
+func (c *conn) CheckNamedValue(v *driver.NamedValue) error {
+	if nc, ok := c.inner.(driver.NamedValueChecker); ok {
+		return nc.CheckNamedValue(v)
+	}
+	return driver.ErrSkip // database/sql's default conversion, as without the wrapper
+}
 
 type tx struct {
 	inner driver.Tx
@@ -129,8 +164,13 @@ func (t *tx) Commit() error {
 	t.c.inTx, t.c.stmts = false, nil
 	if r := t.c.inj.decide(Commit, "", stmts); r != nil {
 		// A commit that fails leaves nothing of the transaction.
+		err := Err(r.Kind)
+		if t.c.pg {
+			// The server's error, raised in the transaction it ends.
+			err = t.c.raise(context.Background(), r.Kind)
+		}
 		_ = t.inner.Rollback()
-		return Err(r.Kind)
+		return err
 	}
 	return t.inner.Commit()
 }

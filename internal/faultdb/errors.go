@@ -36,7 +36,7 @@ const (
 	ReadOnly
 )
 
-// Kinds are all kinds, for tests that try each.
+// Kinds are all SQLite kinds, for tests that try each.
 var Kinds = []Kind{IOErr, Busy, Full, ReadOnly}
 
 func (k Kind) String() string {
@@ -49,6 +49,9 @@ func (k Kind) String() string {
 		return "full"
 	case ReadOnly:
 		return "readonly"
+	}
+	if p, ok := pgKinds[k]; ok {
+		return p.name
 	}
 	return fmt.Sprintf("Kind(%d)", int(k))
 }
@@ -69,7 +72,14 @@ var samples struct {
 //
 // Err panics if the conditions cannot be produced: the tests that use it
 // would test nothing.
+//
+// For a PostgreSQL kind, Err returns a *pgconn.PgError with the kind's
+// SQLSTATE, severity and text: what the server sends, and what a fault
+// on a connection returns (produced by the server, see raise).
 func Err(k Kind) error {
+	if _, ok := pgKinds[k]; ok {
+		return pgErr(k)
+	}
 	samples.once.Do(func() { samples.errs, samples.err = produce() })
 	if samples.err != nil {
 		panic(fmt.Sprintf("faultdb: produce SQLite errors: %v", samples.err))

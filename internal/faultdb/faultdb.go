@@ -1,9 +1,11 @@
 // Package faultdb is a database/sql driver for tests: modernc.org/sqlite
-// with faults. Every call the database/sql package makes of a connection
-// (begin, exec, query, commit) passes an [Injector], which can fail it with
-// the error SQLite itself returns for an I/O error, a locked database, a
-// full disk or a read-only database, at a set rate drawn from a seeded
-// random source.
+// ([New]) or pgx ([NewPostgres]) with faults. Every call the database/sql
+// package makes of a connection (begin, exec, query, commit) passes an
+// [Injector], which can fail it with the error the database itself returns
+// (SQLite's for an I/O error, a locked database, a full disk or a
+// read-only database, [Kinds]; PostgreSQL's for a connection failure, an
+// administrator's shutdown, a full disk, a serialization failure or a lock
+// timeout, [PgKinds]), at a set rate drawn from a seeded random source.
 //
 // Faults are chosen by what is hit: the statement's text, or for a commit
 // the statements its transaction ran. So a test can fail one operation of
@@ -23,6 +25,18 @@
 //     transaction's owner run outside any transaction and its COMMIT fails;
 //   - a failed BEGIN began nothing;
 //   - a failed COMMIT rolled the transaction back: nothing of it persists.
+//
+// On PostgreSQL the server itself fails the call: the wrapper sends, in
+// place of the picked statement, one that raises the kind's SQLSTATE, so
+// the error is the server's *pgconn.PgError and the server does what it
+// does after a failed statement:
+//
+//   - outside a transaction, the statement changed nothing;
+//   - in a transaction, the whole transaction is aborted: every later
+//     statement fails with 25P02 (in_failed_sql_transaction) until ROLLBACK
+//     TO a savepoint taken before the fault, or ROLLBACK, and a COMMIT
+//     rolls back ([Rule.Rollback] adds nothing);
+//   - a failed BEGIN began nothing; a failed COMMIT rolled back.
 //
 // The package is for tests only; nothing outside _test.go files imports it.
 package faultdb
@@ -69,7 +83,7 @@ type Rule struct {
 	// Max, if not zero, bounds the faults the rule injects.
 	Max int
 	// Rollback makes a failed statement also roll back the transaction it
-	// ran in (see the package doc).
+	// ran in (see the package doc). SQLite only.
 	Rollback bool
 }
 
