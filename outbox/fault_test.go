@@ -292,20 +292,6 @@ func pgFaultSeed(op int, kind faultdb.Kind) uint64 {
 	return 731477*64 + uint64(8*op) + uint64(kind)
 }
 
-// knownPgBug skips the cases that fail on PostgreSQL for a bug in the
-// layer, not in the test: a handler's statement that fails with 40001 or
-// 55P03 (a transient conflict that aborted the transaction, which SQLite
-// reports as SQLITE_BUSY) reaches the handler as an ordinary error, and
-// the call records it as its failed outcome, replayed for the key's
-// lifetime (tx.go wrapStmt wraps only storeFailed errors and SQLite's
-// busy). MCP_OUTBOX_FAULT_PG_BUGS=1 runs them.
-func knownPgBug(t *testing.T, op string, kind faultdb.Kind) {
-	t.Helper()
-	if onPostgres() && op == "handler" && busyKind(kind) && os.Getenv("MCP_OUTBOX_FAULT_PG_BUGS") == "" {
-		t.Skip("known bug: a handler's 40001/55P03 is recorded as the call's outcome (MCP_OUTBOX_FAULT_PG_BUGS=1 runs it)")
-	}
-}
-
 // busyKind: a claim that fails with kind is tried again (claim.go isBusy).
 func busyKind(kind faultdb.Kind) bool {
 	return kind == faultdb.Busy || kind == faultdb.PgSerialization || kind == faultdb.PgLockNotAvailable
@@ -336,7 +322,6 @@ func TestFault_Matrix(t *testing.T) {
 		}
 		for _, kind := range kinds {
 			t.Run(op.name+"/"+kind.String(), func(t *testing.T) {
-				knownPgBug(t, op.name, kind)
 				t.Parallel()
 				fb := storeFaultSetup(t, seed(i, kind), 4, &outbox.Options{InFlightWait: 10 * time.Second})
 				r := op.rule

@@ -270,7 +270,10 @@ func (a *attempt) wrapStmt(err error) error {
 		return nil
 	}
 	msg := err.Error()
-	if storeFailed(err) || errors.Is(err, sql.ErrConnDone) || errors.Is(err, sql.ErrTxDone) ||
+	// isBusy: PostgreSQL's 40001, 40P01 and 55P03 are its SQLITE_BUSY, a
+	// conflict with another transaction that says nothing of the call;
+	// they also aborted the transaction, so the handler cannot go on.
+	if storeFailed(err) || isBusy(err) || errors.Is(err, sql.ErrConnDone) || errors.Is(err, sql.ErrTxDone) ||
 		strings.Contains(msg, "SQLITE_BUSY") || strings.Contains(msg, "database is locked") ||
 		strings.Contains(msg, "SQLITE_IOERR") || strings.Contains(msg, "disk I/O error") ||
 		strings.Contains(msg, "SQLITE_FULL") || strings.Contains(msg, "interrupted") {

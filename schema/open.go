@@ -53,8 +53,9 @@ type Options struct {
 	// ReadConns bounds the read pool; zero means DefaultReadConns.
 	ReadConns int
 	// Driver is the database/sql driver name; empty means "sqlite"
-	// (modernc.org/sqlite). It is for tests that wrap that driver, to
-	// inject faults; any driver given must take modernc's DSN.
+	// (modernc.org/sqlite), or "pgx" for a postgres:// URL. It is for
+	// tests that wrap those drivers to inject faults (internal/faultdb);
+	// a driver given must take the DSN of the one it wraps.
 	Driver string
 	// PostgresConns bounds the connections to a PostgreSQL store; zero
 	// means DefaultPostgresConns. SQLite ignores it.
