@@ -22,7 +22,7 @@ import (
 
 // effectStates are the states of an effect and what each means to an
 // operator. Validation and help text both come from this list.
-var effectStates = []struct{ name, meaning string }{
+var effectStates = glossary{
 	{"pending", "waiting for its next attempt: new, or retrying after a failure"},
 	{"in_flight", "a dispatcher holds it under a lease and an attempt is under way; no\noperator action applies. If that dispatcher died, the next serve or\ndrain takes it back (at once on this host, else when the lease passes)"},
 	{"delivered", "the destination answered 2xx (or a probe or an operator said it has it)"},
@@ -31,25 +31,37 @@ var effectStates = []struct{ name, meaning string }{
 	{"cancelled", "stopped by an operator; it will not be delivered"},
 }
 
-func EffectStateNames() []string {
-	names := make([]string, len(effectStates))
-	for i, s := range effectStates {
-		names[i] = s.name
+// glossary is a list of names, each with what it means to an operator;
+// validation and help text both come from it.
+type glossary []struct{ name, meaning string }
+
+func (g glossary) names() []string {
+	names := make([]string, len(g))
+	for i, e := range g {
+		names[i] = e.name
 	}
 	return names
 }
 
-func EffectStatesHelp() string {
+// help lists the names with their meanings, a continuation line indented
+// under its meaning.
+func (g glossary) help() string {
 	var b strings.Builder
-	for _, s := range effectStates {
-		lines := strings.Split(s.meaning, "\n")
-		fmt.Fprintf(&b, "  %-10s %s\n", s.name, lines[0])
+	for _, e := range g {
+		lines := strings.Split(e.meaning, "\n")
+		fmt.Fprintf(&b, "  %-10s %s\n", e.name, lines[0])
 		for _, l := range lines[1:] {
 			fmt.Fprintf(&b, "  %-10s %s\n", "", l)
 		}
 	}
 	return b.String()
 }
+
+// EffectStateNames are the states of an effect.
+func EffectStateNames() []string { return effectStates.names() }
+
+// EffectStatesHelp lists the states of an effect with what each means.
+func EffectStatesHelp() string { return effectStates.help() }
 
 // BadInput is a request the operator got wrong: a usage error on the
 // command line, 400 from the API.
@@ -253,31 +265,17 @@ func SummarizeEffects(ctx context.Context, db *schema.DB) (EffectSummary, error)
 
 // callOutcomes are the outcomes an operator can resolve an unknown call to,
 // and what each means. Validation and help text both come from this list.
-var callOutcomes = []struct{ name, meaning string }{
+var callOutcomes = glossary{
 	{outbox.ResolveCompleted, "it ran and its work is done: record it as completed; a retry\nreplays the note as its result"},
 	{outbox.ResolveFailed, "it ran and failed, or must not run: record it as failed; a retry\nreplays the note as a tool error"},
 	{outbox.ResolveRerun, "it did not run: forget it, so that the next retry with its key\nruns it"},
 }
 
-func CallOutcomeNames() []string {
-	names := make([]string, len(callOutcomes))
-	for i, o := range callOutcomes {
-		names[i] = o.name
-	}
-	return names
-}
+// CallOutcomeNames are the outcomes an operator can settle a call to.
+func CallOutcomeNames() []string { return callOutcomes.names() }
 
-func CallOutcomesHelp() string {
-	var b strings.Builder
-	for _, o := range callOutcomes {
-		lines := strings.Split(o.meaning, "\n")
-		fmt.Fprintf(&b, "  %-10s %s\n", o.name, lines[0])
-		for _, l := range lines[1:] {
-			fmt.Fprintf(&b, "  %-10s %s\n", "", l)
-		}
-	}
-	return b.String()
-}
+// CallOutcomesHelp lists the outcomes with what each means.
+func CallOutcomesHelp() string { return callOutcomes.help() }
 
 // maxNoteBytes bounds an operator's note: it becomes the text of the
 // call's recorded result, which every retry replays to the client.
