@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/downstream"
-	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
 // check asserts the soak's end state and reports its figures.
@@ -59,7 +58,7 @@ func (h *chaosHarness) check() {
 		t.Errorf("%d of %d logical calls never got their real result within %s: calls %v", len(lost), h.n, chaosClientTiming.perCall, lost[:min(len(lost), 20)])
 	}
 
-	db := openChaosDB(t, h.store.db)
+	db := openLedgerDB(t, h.store.db)
 	h.checkCharges(db, byAmount, charged)
 	h.checkCalls(db, charged, failing)
 	before := chaosEffectStates(t, db)
@@ -393,21 +392,6 @@ func chaosEffectsNamingTheirCharge(t *testing.T, db *sql.DB) int {
 		t.Fatalf("read effects: %v", err)
 	}
 	return len(named)
-}
-
-// openChaosDB opens the soak's database (an SQLite file or a postgres://
-// URL) from the test process, to check what the servers left.
-func openChaosDB(t *testing.T, target string) *sql.DB {
-	t.Helper()
-	if !schema.IsPostgresURL(target) {
-		return openLedgerDB(t, target)
-	}
-	db, err := sql.Open("pgx", target)
-	if err != nil {
-		t.Fatalf("open %s: %v", schema.Redact(target), err)
-	}
-	t.Cleanup(func() { db.Close() })
-	return db
 }
 
 func chaosJSONEqual(a, b []byte) bool {

@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -310,24 +309,5 @@ func testProxyPostgresNonCooperating(t *testing.T) {
 // lease check, a takeover it waits for, a failed statement, the settings.
 func TestUpstreamContractPyModulePostgres(t *testing.T) {
 	dir, python := pyPostgresVenv(t)
-	url := pgtest.Database(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	db, err := schema.Open(ctx, url, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db.Close()
-	cmd := exec.CommandContext(ctx, python, "-m", "unittest", "-v", "test_mcp_outbox_upstream")
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "PYTHONDONTWRITEBYTECODE=1", "MCP_OUTBOX_TEST_DB="+url)
-	out, err := cmd.CombinedOutput()
-	t.Logf("%s", out)
-	if err != nil {
-		t.Fatalf("python -m unittest test_mcp_outbox_upstream: %v", err)
-	}
-	if !regexp.MustCompile(`(?m)^Ran [1-9][0-9]* tests?`).Match(out) || strings.Contains(string(out), "skipped") ||
-		!strings.Contains(string(out), "PostgresTest") {
-		t.Errorf("the module's tests did not all run")
-	}
+	runPyContractModule(t, dir, python, pgtest.Database(t), "PostgresTest")
 }

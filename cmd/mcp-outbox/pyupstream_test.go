@@ -119,24 +119,33 @@ func pyUpstreamCommandVenv(t *testing.T, venv, dbPath string, env ...string) *ex
 // which the tests through server.py cannot reach.
 func TestUpstreamContractPyModule(t *testing.T) {
 	dir, python := pyUpstreamVenv(t, pyVenvDefault())
-	dbPath := filepath.Join(t.TempDir(), "shared.db")
+	runPyContractModule(t, dir, python, filepath.Join(t.TempDir(), "shared.db"), "")
+}
+
+// runPyContractModule creates the outbox tables at target (a file or a
+// postgres:// URL) and runs the contract module's unit tests on it; every
+// test must run, none skipped, and the output must name mustRun when it is
+// not "" (a test class of the store's own).
+func runPyContractModule(t *testing.T, dir, python, target, mustRun string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	db, err := schema.Open(ctx, dbPath, nil)
+	db, err := schema.Open(ctx, target, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	db.Close()
 	cmd := exec.CommandContext(ctx, python, "-m", "unittest", "-v", "test_mcp_outbox_upstream")
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "PYTHONDONTWRITEBYTECODE=1", "MCP_OUTBOX_TEST_DB="+dbPath)
+	cmd.Env = append(os.Environ(), "PYTHONDONTWRITEBYTECODE=1", "MCP_OUTBOX_TEST_DB="+target)
 	out, err := cmd.CombinedOutput()
 	t.Logf("%s", out)
 	if err != nil {
 		t.Fatalf("python -m unittest test_mcp_outbox_upstream: %v", err)
 	}
 	// unittest exits 0 when everything was skipped: make sure it ran.
-	if !regexp.MustCompile(`(?m)^Ran [1-9][0-9]* tests?`).Match(out) || strings.Contains(string(out), "skipped") {
+	if !regexp.MustCompile(`(?m)^Ran [1-9][0-9]* tests?`).Match(out) || strings.Contains(string(out), "skipped") ||
+		!strings.Contains(string(out), mustRun) {
 		t.Errorf("the module's tests did not all run")
 	}
 }
