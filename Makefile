@@ -122,13 +122,16 @@ fuzz/short: ## Run every fuzz target for 5s (CI); packages side by side, each pa
 	cat "$$dir"/*.log; rm -rf "$$dir"; exit $$failed
 
 .PHONY: bench
-bench: ## Measure the performance targets against their baselines and print a table (ARGS=--json for JSON, ARGS=--help)
+bench: ## Measure the targets against their baselines: in-process table, then from outside over HTTP and stdio (ARGS=--help for the first, LOAD_ARGS for the second)
 	@# Not echoed: with --json, stdout is the report alone.
 	@go run ./cmd/outbox-bench $(ARGS)
+	@# From outside, as a user's load arrives: servers as processes, the load
+	@# as another, against the limit (nothing kept) and a careful bare server.
+	@go run ./cmd/outbox-load $(LOAD_ARGS)
 
 .PHONY: bench/postgres
-bench/postgres: ## From outside over HTTP: the layer on PostgreSQL vs a bare go-sdk server writing it, and 1 replica vs 3 (ARGS=--help)
-	go run ./cmd/outbox-load $(ARGS)
+bench/postgres: ## From outside over HTTP on PostgreSQL: the layer vs the limit and a bare server writing it, 1 replica vs 3 (ARGS=--help)
+	go run ./cmd/outbox-load --store postgres $(ARGS)
 
 .PHONY: bench/go
 bench/go: ## Run the go test benchmarks of the hot paths (compare runs with benchstat)

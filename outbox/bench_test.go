@@ -14,12 +14,22 @@ import (
 )
 
 // BenchmarkCharge compares one sequential charge over in-memory transports:
-// the bare ledger (no layer; the same handler, statements in autocommit),
+// the ledger's charge keeping nothing (the limit), the bare ledger (no layer; the same handler, statements in autocommit),
 // the layer with a new key per call, and a replay of a recorded call.
 // synchronous=FULL throughout. Compare the sub-benchmarks of one run.
 func BenchmarkCharge(b *testing.B) {
 	ctx := context.Background()
 	args := map[string]any{"amount": 100}
+	b.Run("nothing-kept", func(b *testing.B) {
+		s := mcp.NewServer(&mcp.Implementation{Name: "bare", Version: "v0"}, nil)
+		ledger.RegisterNothingKept(s, nil)
+		cs := connect(b, s)
+		for b.Loop() {
+			if _, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "charge", Arguments: args}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 	b.Run("bare", func(b *testing.B) {
 		db := openDB(b)
 		s := mcp.NewServer(&mcp.Implementation{Name: "bare", Version: "v0"}, nil)

@@ -5,53 +5,76 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
 	"github.com/mcp-outbox/mcp-outbox/mcphttp"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
-// serveBareCommand re-runs this binary as the baseline server.
+// serveBareCommand re-runs this binary as a baseline server.
 const serveBareCommand = "serve-bare"
 
-// serveBare serves the ledger's charge tool without the layer, one
-// transaction per call, over Streamable HTTP routed as serve routes it, and
-// prints its address like serve does.
+// serveBare serves the ledger's charge tool without the layer, over
+// Streamable HTTP routed exactly as serve routes it (or over stdio), and
+// prints its address like serve does. With a database every call is one
+// transaction of its own (what a careful user writes without the layer);
+// without one nothing is kept (the limit). Like serve, it answers GET
+// /metrics with the Go runtime's counters, from which the load reads
+// allocations per call.
 func serveBare(args []string) int {
 	fs := flag.NewFlagSet(serveBareCommand, flag.ContinueOnError)
-	db := fs.String("db", "", "database (path or postgres:// URL)")
-	addr := fs.String("http", "127.0.0.1:0", "listen address")
+	dbArg := fs.String("db", "", "database (path or postgres:// URL); empty keeps nothing")
+	addr := fs.String("http", "", "listen address; empty serves stdio")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	d, err := schema.Open(ctx, *db, nil)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "serve-bare:", err)
-		return 1
-	}
-	defer d.Close()
-	if err := ledger.Migrate(ctx, d); err != nil {
+	fail := func(err error) int {
 		fmt.Fprintln(os.Stderr, "serve-bare:", err)
 		return 1
 	}
 	s := mcp.NewServer(&mcp.Implementation{Name: "bare", Version: "v0"}, nil)
-	ledger.RegisterBareTransactional(d, s, nil)
+	if *dbArg == "" {
+		ledger.RegisterNothingKept(s, nil)
+	} else {
+		d, err := schema.Open(ctx, *dbArg, nil)
+		if err != nil {
+			return fail(err)
+		}
+		defer d.Close()
+		if err := ledger.Migrate(ctx, d); err != nil {
+			return fail(err)
+		}
+		ledger.RegisterBareTransactional(d, s, nil)
+	}
+	if *addr == "" {
+		if err := s.Run(ctx, &mcp.StdioTransport{}); err != nil && ctx.Err() == nil {
+			return fail(err)
+		}
+		return 0
+	}
 	ln, err := net.Listen("tcp", *addr)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "serve-bare:", err)
-		return 1
+		return fail(err)
 	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector())
+	mux := http.NewServeMux()
+	mux.Handle("/mcp", mcphttp.NewHandler(s, nil))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	fmt.Fprintf(os.Stderr, "serve-bare: serving MCP at http://%s/mcp\n", ln.Addr())
-	if err := mcphttp.Serve(ctx, ln, mcphttp.NewHandler(s, nil)); err != nil && ctx.Err() == nil {
-		fmt.Fprintln(os.Stderr, "serve-bare:", err)
-		return 1
+	if err := mcphttp.Serve(ctx, ln, mux); err != nil && ctx.Err() == nil {
+		return fail(err)
 	}
 	return 0
 }

@@ -4,7 +4,11 @@ import (
 	"bytes"
 	"context"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/pgtest"
@@ -19,9 +23,102 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// The load tool runs end to end at a tiny size and prints a row per side
-// with calls and no errors. The figures mean nothing at this size.
-func TestRunQuick(t *testing.T) {
+var (
+	buildOnce   sync.Once
+	builtBinary string
+	buildErr    error
+)
+
+// mcpOutbox builds mcp-outbox once for the tests of this package.
+func mcpOutbox(t *testing.T) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "outbox-load-test-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		builtBinary = filepath.Join(dir, "mcp-outbox")
+		var log bytes.Buffer
+		cmd := execGo("build", "-o", builtBinary, "../mcp-outbox")
+		cmd.Stderr = &log
+		if err := cmd.Run(); err != nil {
+			buildErr = err
+			builtBinary = log.String()
+		}
+	})
+	if buildErr != nil {
+		t.Fatalf("build mcp-outbox: %v\n%s", buildErr, builtBinary)
+	}
+	return builtBinary
+}
+
+// rows returns the table rows of out by cell title and side, each row's
+// fields after the side's name.
+func rows(out string) map[string]map[string][]string {
+	res := map[string]map[string][]string{}
+	var cell string
+	for _, l := range strings.Split(out, "\n") {
+		f := strings.Fields(l)
+		switch {
+		case strings.Contains(l, " clients") && !strings.HasPrefix(l, "outbox-load"):
+			cell = l
+			res[cell] = map[string][]string{}
+		case cell != "" && len(f) > 1 && f[0] != "side":
+			res[cell][f[0]] = f[1:]
+		}
+	}
+	return res
+}
+
+// The load tool runs its whole plan end to end at a tiny size on SQLite:
+// every cell has a row per side, with calls, no errors, and allocations per
+// call wherever the servers can tell (HTTP). The figures mean nothing at
+// this size.
+func TestRunPlanSQLite(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds mcp-outbox and runs servers")
+	}
+	bin := mcpOutbox(t)
+	var out, log bytes.Buffer
+	code := run(context.Background(), []string{"--clients", "1,3", "--duration", "300ms", "--warmup", "100ms",
+		"--rounds", "1", "--mcp-outbox", bin}, &out, &log)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s", code, log.String())
+	}
+	got := rows(out.String())
+	wantCells := []string{
+		"http stateless, keyed, 1 clients", "http stateless, keyed, 3 clients",
+		"http session, keyed, 3 clients", "http stateless, keyless, 3 clients",
+		"stdio, keyed, 1 clients", "stdio, keyed, 3 clients",
+	}
+	if len(got) != len(wantCells) {
+		t.Errorf("%d cells, want %d\n%s", len(got), len(wantCells), out.String())
+	}
+	for _, c := range wantCells {
+		for _, side := range []string{"limit", "careful", "layer"} {
+			f := got[c][side]
+			if len(f) != 9 {
+				t.Errorf("%s, %s: row %q\n%s", c, side, f, out.String())
+				continue
+			}
+			if rate, _ := strconv.ParseFloat(f[0], 64); rate <= 0 {
+				t.Errorf("%s, %s: %s calls/s", c, side, f[0])
+			}
+			if f[8] != "0" {
+				t.Errorf("%s, %s: %s errors", c, side, f[8])
+			}
+			allocs := f[7]
+			if strings.HasPrefix(c, "stdio") != (allocs == "n/a") {
+				t.Errorf("%s, %s: allocs/call %q", c, side, allocs)
+			}
+		}
+	}
+}
+
+// On PostgreSQL the plan is the HTTP stateless cells with a side of
+// several replicas.
+func TestRunPostgres(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds mcp-outbox and starts PostgreSQL")
 	}
@@ -31,24 +128,31 @@ func TestRunQuick(t *testing.T) {
 		}
 		t.Skip(err)
 	}
-	if err := os.Chdir("../.."); err != nil { // go build ./cmd/mcp-outbox runs from the module root
-		t.Fatal(err)
-	}
+	bin := mcpOutbox(t)
 	var out, log bytes.Buffer
-	code := run(context.Background(), []string{"--clients", "4", "--duration", "300ms", "--warmup", "100ms", "--rounds", "1", "--replicas", "2"}, &out, &log)
+	code := run(context.Background(), []string{"--store", "postgres", "--clients", "4", "--duration", "300ms", "--warmup", "100ms",
+		"--rounds", "1", "--replicas", "2", "--mcp-outbox", bin}, &out, &log)
 	if code != 0 {
 		t.Fatalf("exit %d\n%s", code, log.String())
 	}
-	for _, side := range []string{"bare go-sdk server", "layer, 1 replica", "layer, 2 replicas"} {
-		line := ""
-		for _, l := range strings.Split(out.String(), "\n") {
-			if strings.HasPrefix(l, side) {
-				line = l
-			}
-		}
-		f := strings.Fields(strings.TrimPrefix(line, side))
-		if line == "" || len(f) < 2 || f[len(f)-1] != "0" {
-			t.Errorf("side %q: row %q (want calls and 0 errors)\n%s", side, line, out.String())
+	got := rows(out.String())["http stateless, keyed, 4 clients"]
+	for _, side := range []string{"limit", "careful", "layer", "layer-x2"} {
+		if f := got[side]; len(f) != 9 || f[8] != "0" || f[7] == "n/a" {
+			t.Errorf("side %q: row %q (want calls, allocations and 0 errors)\n%s", side, f, out.String())
 		}
 	}
 }
+
+// Bad flags are refused before anything starts.
+func TestRunRefusesBadFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"--clients", "0"}, {"--clients", "8,x"}, {"--store", "mysql"}, {"--rounds", "0"}, {"extra"},
+	} {
+		var out, log bytes.Buffer
+		if code := run(context.Background(), args, &out, &log); code != 2 {
+			t.Errorf("%q: exit %d, want 2\n%s", args, code, log.String())
+		}
+	}
+}
+
+func execGo(args ...string) *exec.Cmd { return exec.Command("go", args...) }

@@ -3,48 +3,58 @@ package main
 import (
 	"bufio"
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
-	"strconv"
 	"strings"
-	"sync"
-	"text/tabwriter"
 	"time"
-
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/pgtest"
 )
 
-const usage = `Usage: outbox-load [--clients N] [--duration D] [--rounds N] [--replicas N] [--mcp-outbox PATH]
+const usage = `Usage: outbox-load [--store sqlite|postgres] [--clients 1,8,32,128] [--duration D] [--rounds N] [--quick]
 
-Measures, from outside, the layer on PostgreSQL against a bare go-sdk
-server writing PostgreSQL one transaction per call, and one replica of
-mcp-outbox serve against several on the same database. It starts its own
-PostgreSQL cluster (initdb, fsync on) in a temporary directory, builds
-mcp-outbox unless --mcp-outbox names a binary, and alternates the sides
-round by round. Every side gets a fresh database.
+Measures mcp-outbox serve from outside, as a user's load arrives: the
+servers are processes of their own, this process is the load (go-sdk
+clients calling charge, each caller one call at a time, a fresh
+_meta.idempotencyKey per call). Every cell of the plan measures, in
+alternating rounds and each on a fresh database,
+
+  limit     the same charge tool on a bare go-sdk server that keeps
+            nothing, its HTTP routed exactly as serve routes it
+  careful   the same bare server writing each charge in one transaction
+            of its own: what a careful user writes without the layer
+  layer     mcp-outbox serve (one replica; on PostgreSQL also --replicas)
+
+and prints calls per second, p50 and p99 latency, and the servers' CPU
+time and heap allocations per call. The plan: Streamable HTTP stateless
+(2026-07-28) at each --clients level; then, at the level nearest 32, a
+2025-11-25 session per client, calls without a key, and stdio with one
+and with that many calls in flight on its one pipe (--quick skips those).
+
+--store sqlite (the default) uses files in a temporary directory;
+--store postgres starts a throwaway PostgreSQL cluster (initdb, fsync on)
+and adds a side of --replicas replicas sharing one database.
+mcp-outbox is built unless --mcp-outbox names a binary.
 
 Flags:
 `
 
 type config struct {
-	clients  int
+	store    string
+	levels   []int
 	duration time.Duration
 	warmup   time.Duration
 	rounds   int
 	replicas int
+	quick    bool
+	only     string
 	binary   string
 }
 
@@ -56,11 +66,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fs.PrintDefaults()
 	}
 	var cfg config
-	fs.IntVar(&cfg.clients, "clients", 32, "concurrent clients, each with its own session")
-	fs.DurationVar(&cfg.duration, "duration", 10*time.Second, "measured time of each side in each round")
-	fs.DurationVar(&cfg.warmup, "warmup", 2*time.Second, "unmeasured load before each measurement")
+	levels := fs.String("clients", "1,8,32,128", "concurrency levels, comma-separated")
+	fs.StringVar(&cfg.store, "store", "sqlite", "sqlite or postgres")
+	fs.DurationVar(&cfg.duration, "duration", 5*time.Second, "measured time of each side in each round")
+	fs.DurationVar(&cfg.warmup, "warmup", time.Second, "unmeasured load before each measurement")
 	fs.IntVar(&cfg.rounds, "rounds", 2, "alternating rounds")
-	fs.IntVar(&cfg.replicas, "replicas", 3, "replicas of the last side")
+	fs.IntVar(&cfg.replicas, "replicas", 3, "with --store postgres, the replicas of the last side (1: no such side)")
+	fs.BoolVar(&cfg.quick, "quick", false, "only the HTTP stateless cells")
+	only := fs.String("sides", "", "measure only these sides, comma-separated (limit, careful, layer; for profiling one)")
 	fs.StringVar(&cfg.binary, "mcp-outbox", "", "the mcp-outbox binary (default: go build ./cmd/mcp-outbox)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -68,37 +81,59 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return 2
 	}
-	if cfg.clients < 1 || cfg.rounds < 1 || cfg.replicas < 1 || cfg.duration <= 0 {
-		fmt.Fprintln(stderr, "outbox-load: --clients, --rounds, --replicas and --duration must be positive")
+	cfg.only = *only
+	var err error
+	if cfg.levels, err = parseLevels(*levels); err != nil {
+		fmt.Fprintln(stderr, "outbox-load:", err)
 		return 2
 	}
-	rows, err := measure(ctx, cfg, stderr)
+	if cfg.store != "sqlite" && cfg.store != "postgres" {
+		fmt.Fprintf(stderr, "outbox-load: --store %q: want sqlite or postgres\n", cfg.store)
+		return 2
+	}
+	if cfg.rounds < 1 || cfg.replicas < 1 || cfg.duration <= 0 || cfg.warmup < 0 {
+		fmt.Fprintln(stderr, "outbox-load: --rounds, --replicas and --duration must be positive")
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "outbox-load: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	rep, err := measure(ctx, cfg, stderr)
 	if err != nil {
 		fmt.Fprintln(stderr, "outbox-load:", err)
 		return 1
 	}
-	writeTable(stdout, cfg, rows)
+	rep.write(stdout)
 	return 0
 }
 
-// side is one way of serving the charges.
-type side struct {
-	name     string
-	replicas int
-	command  func(db, addr string) *exec.Cmd
+// store hands each side of each round a fresh database.
+type store struct {
+	kind string
+	dir  string
+	pg   *pgtest.Server
+	n    int
 }
 
-// result is one side's figures, summed over rounds.
-type result struct {
-	side      side
-	calls     int
-	errors    int
-	elapsed   time.Duration
-	latencies []time.Duration
-	cpu       time.Duration // the servers' user+system time while measured
+func (s *store) fresh(ctx context.Context) (string, error) {
+	s.n++
+	if s.pg == nil {
+		return filepath.Join(s.dir, fmt.Sprintf("load_%d.db", s.n)), nil
+	}
+	name := fmt.Sprintf("load_%d", s.n)
+	db, err := sql.Open("pgx", s.pg.URL)
+	if err != nil {
+		return "", err
+	}
+	defer db.Close()
+	if _, err := db.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
+		return "", err
+	}
+	return pgtest.WithDatabase(s.pg.URL, name), nil
 }
 
-func measure(ctx context.Context, cfg config, logw io.Writer) ([]*result, error) {
+func measure(ctx context.Context, cfg config, logw io.Writer) (*report, error) {
 	logf := func(format string, a ...any) { fmt.Fprintf(logw, "outbox-load: "+format+"\n", a...) }
 	dir, err := os.MkdirTemp("", "outbox-load-")
 	if err != nil {
@@ -118,98 +153,142 @@ func measure(ctx context.Context, cfg config, logw io.Writer) ([]*result, error)
 	if err != nil {
 		return nil, err
 	}
-	logf("starting PostgreSQL (fsync on)")
-	pg, err := pgtest.StartDurable()
-	if err != nil {
-		return nil, err
+	st := &store{kind: cfg.store, dir: dir}
+	if cfg.store == "postgres" {
+		logf("starting PostgreSQL (fsync on)")
+		if st.pg, err = pgtest.StartDurable(); err != nil {
+			return nil, err
+		}
+		defer st.pg.Stop()
 	}
-	defer pg.Stop()
-
-	layer := func(db, addr string) *exec.Cmd {
-		return exec.Command(cfg.binary, "serve", "--db", db, "--http", addr, "--log-level", "error")
+	sides := sidesFor(cfg, self)
+	if cfg.only != "" {
+		want := strings.Split(cfg.only, ",")
+		sides = slices.DeleteFunc(sides, func(s side) bool { return !slices.Contains(want, s.short) })
+		if len(sides) == 0 {
+			return nil, fmt.Errorf("--sides %q names no side", cfg.only)
+		}
 	}
-	sides := []side{
-		{name: "bare go-sdk server, one transaction per call", replicas: 1, command: func(db, addr string) *exec.Cmd {
-			return exec.Command(self, serveBareCommand, "--db", db, "--http", addr)
-		}},
-		{name: "layer, 1 replica", replicas: 1, command: layer},
-	}
-	if cfg.replicas > 1 {
-		sides = append(sides, side{name: fmt.Sprintf("layer, %d replicas", cfg.replicas), replicas: cfg.replicas, command: layer})
-	}
-	results := make([]*result, len(sides))
-	for i, s := range sides {
-		results[i] = &result{side: s}
-	}
-	n := 0
-	for round := range cfg.rounds {
-		for i, s := range sides {
-			n++
-			db := fmt.Sprintf("load_%d", n)
-			if err := createDatabase(ctx, pg.URL, db); err != nil {
-				return nil, err
-			}
-			logf("round %d: %s", round+1, s.name)
-			if err := runSide(ctx, cfg, s, pgtest.WithDatabase(pg.URL, db), results[i]); err != nil {
-				return nil, fmt.Errorf("%s: %w", s.name, err)
+	rep := &report{cfg: cfg, sides: sides}
+	for _, c := range plan(cfg.levels, cfg.store, cfg.quick) {
+		row := &cellResult{cell: c, results: make([]*result, len(sides))}
+		for i := range sides {
+			row.results[i] = &result{}
+		}
+		rep.cells = append(rep.cells, row)
+		for round := range cfg.rounds {
+			for i, s := range sides {
+				if s.replicas > 1 && c.transport == stdio {
+					continue
+				}
+				logf("%s: round %d: %s", c, round+1, s.name)
+				if err := runSide(ctx, cfg, st, c, s, row.results[i]); err != nil {
+					return nil, fmt.Errorf("%s, %s: %w", c, s.name, err)
+				}
 			}
 		}
 	}
-	return results, nil
+	return rep, nil
 }
 
-func createDatabase(ctx context.Context, url, name string) error {
-	db, err := sql.Open("pgx", url)
-	if err != nil {
-		return err
+// sidesFor lists the sides: this binary re-run as the bare servers, and
+// mcp-outbox serve.
+func sidesFor(cfg config, self string) []side {
+	bare := func(db, addr string) *exec.Cmd {
+		args := []string{serveBareCommand, "--db", db}
+		if addr != "" {
+			args = append(args, "--http", addr)
+		}
+		return exec.Command(self, args...)
 	}
-	defer db.Close()
-	_, err = db.ExecContext(ctx, "CREATE DATABASE "+name)
-	return err
+	layer := func(db, addr string) *exec.Cmd {
+		args := []string{"serve", "--db", db, "--log-level", "error"}
+		if addr != "" {
+			args = append(args, "--http", addr)
+		}
+		return exec.Command(cfg.binary, args...)
+	}
+	sides := []side{
+		{name: "limit: bare go-sdk server, nothing kept", short: "limit", replicas: 1, role: roleLimit,
+			command: func(_, addr string) *exec.Cmd { return bare("", addr) }},
+		{name: "careful: bare go-sdk server, one transaction per call", short: "careful", replicas: 1, role: roleCareful, command: bare, needsDB: true},
+		{name: "layer: mcp-outbox serve", short: "layer", replicas: 1, role: roleLayer, command: layer, needsDB: true},
+	}
+	if cfg.store == "postgres" && cfg.replicas > 1 {
+		sides = append(sides, side{name: fmt.Sprintf("layer: %d replicas of serve, one database", cfg.replicas),
+			short: fmt.Sprintf("layer-x%d", cfg.replicas), replicas: cfg.replicas, role: roleLayer, command: layer, needsDB: true})
+	}
+	return sides
 }
 
 // runSide starts the side's servers, loads them for the warm-up and the
 // measured time, and adds the figures to res.
-func runSide(ctx context.Context, cfg config, s side, db string, res *result) error {
-	var (
-		procs []*exec.Cmd
-		urls  []string
-	)
-	defer func() {
-		for _, p := range procs {
-			_ = p.Process.Signal(os.Interrupt)
-			_ = p.Wait()
+func runSide(ctx context.Context, cfg config, st *store, c cell, s side, res *result) error {
+	db := ""
+	if s.needsDB {
+		var err error
+		if db, err = st.fresh(ctx); err != nil {
+			return err
 		}
-	}()
-	for range s.replicas {
-		cmd := s.command(db, "127.0.0.1:0")
-		u, err := startServer(cmd)
-		if err != nil {
+	}
+	var (
+		procs   []*exec.Cmd
+		metrics []string
+		cl      *caller
+		err     error
+	)
+	stop := func() {
+		if cl != nil {
+			cl.close() // a stdio server exits when its stdin closes
+		}
+		for _, p := range procs {
+			if c.transport != stdio {
+				_ = p.Process.Signal(os.Interrupt)
+				_ = p.Wait()
+			}
+		}
+	}
+	defer stop()
+	if c.transport == stdio {
+		cmd := s.command(db, "")
+		cmd.Stderr = io.Discard
+		if cl, err = connectStdio(ctx, cmd, c); err != nil {
 			return err
 		}
 		procs = append(procs, cmd)
-		urls = append(urls, u)
-	}
-	sessions, err := connect(ctx, urls, cfg.clients)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		for _, cs := range sessions {
-			cs.Close()
+	} else {
+		var urls []string
+		for range s.replicas {
+			cmd := s.command(db, "127.0.0.1:0")
+			u, err := startServer(cmd)
+			if err != nil {
+				return err
+			}
+			procs = append(procs, cmd)
+			urls = append(urls, u)
+			metrics = append(metrics, strings.TrimSuffix(u, "/mcp")+"/metrics")
 		}
-	}()
-	if _, _, _, err := load(ctx, sessions, cfg.warmup); err != nil {
+		if cl, err = connectHTTP(ctx, urls, c); err != nil {
+			return err
+		}
+	}
+	if _, _, _, err := load(ctx, cl, c.keyed, cfg.warmup); err != nil {
 		return err
 	}
 	cpu0 := cpuOf(procs)
+	m0, mok0 := mallocsOf(ctx, metrics)
 	start := time.Now()
-	calls, errs, lat, err := load(ctx, sessions, cfg.duration)
+	calls, errs, lat, err := load(ctx, cl, c.keyed, cfg.duration)
 	if err != nil {
 		return err
 	}
 	res.elapsed += time.Since(start)
 	res.cpu += cpuOf(procs) - cpu0
+	m1, mok1 := mallocsOf(ctx, metrics)
+	if mok0 && mok1 {
+		res.mallocs += m1 - m0
+		res.mallocsKnown = true
+	}
 	res.calls += calls
 	res.errors += errs
 	res.latencies = append(res.latencies, lat...)
@@ -241,123 +320,4 @@ func startServer(cmd *exec.Cmd) (string, error) {
 		_ = cmd.Process.Kill()
 		return "", fmt.Errorf("%s did not report its address", filepath.Base(cmd.Path))
 	}
-}
-
-// connect opens clients sessions, spread round-robin over urls.
-func connect(ctx context.Context, urls []string, clients int) ([]*mcp.ClientSession, error) {
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.MaxIdleConnsPerHost = clients
-	hc := &http.Client{Transport: tr}
-	client := mcp.NewClient(&mcp.Implementation{Name: "outbox-load", Version: "v0"}, nil)
-	var sessions []*mcp.ClientSession
-	for i := range clients {
-		cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: urls[i%len(urls)], HTTPClient: hc, MaxRetries: -1}, nil)
-		if err != nil {
-			for _, s := range sessions {
-				s.Close()
-			}
-			return nil, fmt.Errorf("connect: %w", err)
-		}
-		sessions = append(sessions, cs)
-	}
-	return sessions, nil
-}
-
-// load has every session call charge, one call at a time each, with a
-// fresh key, for d.
-func load(ctx context.Context, sessions []*mcp.ClientSession, d time.Duration) (calls, errs int, lat []time.Duration, err error) {
-	deadline := time.Now().Add(d)
-	var (
-		mu       sync.Mutex
-		wg       sync.WaitGroup
-		firstErr error
-	)
-	for _, cs := range sessions {
-		wg.Go(func() {
-			var mine []time.Duration
-			bad := 0
-			for time.Now().Before(deadline) && ctx.Err() == nil {
-				p := &mcp.CallToolParams{Name: "charge", Arguments: map[string]any{"amount": 100},
-					Meta: mcp.Meta{"idempotencyKey": newKey()}}
-				t0 := time.Now()
-				res, cerr := cs.CallTool(ctx, p)
-				took := time.Since(t0)
-				if cerr != nil || res.IsError {
-					bad++
-					mu.Lock()
-					if firstErr == nil && cerr != nil {
-						firstErr = cerr
-					}
-					mu.Unlock()
-					continue
-				}
-				mine = append(mine, took)
-			}
-			mu.Lock()
-			lat = append(lat, mine...)
-			errs += bad
-			mu.Unlock()
-		})
-	}
-	wg.Wait()
-	if len(lat) == 0 && firstErr != nil {
-		return 0, errs, nil, firstErr
-	}
-	return len(lat), errs, lat, ctx.Err()
-}
-
-func newKey() string {
-	var b [12]byte
-	_, _ = rand.Read(b[:])
-	return "load-" + hex.EncodeToString(b[:])
-}
-
-// cpuOf sums the user and system time of the processes (Linux /proc).
-func cpuOf(procs []*exec.Cmd) time.Duration {
-	var total time.Duration
-	for _, p := range procs {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.Process.Pid))
-		if err != nil {
-			continue
-		}
-		s := string(b)
-		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-		if len(f) < 13 {
-			continue
-		}
-		ut, _ := strconv.ParseInt(f[11], 10, 64)
-		st, _ := strconv.ParseInt(f[12], 10, 64)
-		total += time.Duration(ut+st) * time.Second / 100 // USER_HZ is 100 on Linux
-	}
-	return total
-}
-
-func percentile(sorted []time.Duration, p float64) time.Duration {
-	if len(sorted) == 0 {
-		return 0
-	}
-	return sorted[min(len(sorted)-1, int(p*float64(len(sorted))))]
-}
-
-func writeTable(w io.Writer, cfg config, rows []*result) {
-	fmt.Fprintf(w, "outbox-load: %d clients over Streamable HTTP (stateless), %d rounds of %s per side, on %d CPUs, PostgreSQL with fsync on\n\n",
-		cfg.clients, cfg.rounds, cfg.duration, runtime.NumCPU())
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "side\tcalls/s\tvs bare\tp50\tp99\tserver CPU/call\terrors")
-	base := 0.0
-	for i, r := range rows {
-		slices.Sort(r.latencies)
-		rate := float64(r.calls) / r.elapsed.Seconds()
-		if i == 0 {
-			base = rate
-		}
-		cpu := time.Duration(0)
-		if r.calls > 0 {
-			cpu = r.cpu / time.Duration(r.calls)
-		}
-		fmt.Fprintf(tw, "%s\t%.0f\t%.2fx\t%s\t%s\t%s\t%d\n", r.side.name, rate, rate/base,
-			percentile(r.latencies, 0.5).Round(10*time.Microsecond), percentile(r.latencies, 0.99).Round(10*time.Microsecond),
-			cpu.Round(time.Microsecond), r.errors)
-	}
-	tw.Flush()
 }

@@ -6,6 +6,8 @@ import (
 	"database/sql"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
+	"sync/atomic"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -26,7 +28,7 @@ func RegisterBare(db *schema.DB, s *mcp.Server, opts *Options) {
 	mcp.AddTool(s, BalanceTool, bare(b, h.balance))
 }
 
-func bare[In, Out any](b bareTx, h outbox.HandlerFor[In, Out]) mcp.ToolHandlerFor[In, Out] {
+func bare[In, Out any](b outbox.Tx, h outbox.HandlerFor[In, Out]) mcp.ToolHandlerFor[In, Out] {
 	return func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
 		return h(ctx, b, req, in)
 	}
@@ -115,3 +117,57 @@ func (t sqlTx) QueryRow(ctx context.Context, q string, args ...any) outbox.Row {
 func (t sqlTx) Enqueue(ctx context.Context, e outbox.Effect) (string, error) {
 	return insertBareEffect(ctx, t.tx, e)
 }
+
+// RegisterNothingKept adds the charge tool to s with nothing persisted: the
+// same handler validates the input, takes an id from a counter, builds the
+// effect's body and returns the same result, but no statement reaches a
+// database. It is the limit of the outside-in benchmarks: what the go-sdk
+// and the tool's own work cost, so that any store's figure can be read as a
+// fraction of it.
+func RegisterNothingKept(s *mcp.Server, opts *Options) {
+	h := handlers{opts: optsOf(opts)}
+	mcp.AddTool(s, ChargeTool, bare(&keptNothing{}, h.charge))
+}
+
+// keptNothing is an outbox.Tx that stores nothing. Only the statements of
+// charge are answered: its INSERT … RETURNING id gets the next id.
+type keptNothing struct{ lastID atomic.Int64 }
+
+var errNothingKept = errors.New("ledger: this server keeps nothing")
+
+func (k *keptNothing) Exec(context.Context, string, ...any) (sql.Result, error) {
+	return nil, errNothingKept
+}
+
+func (k *keptNothing) Query(context.Context, string, ...any) (*sql.Rows, error) {
+	return nil, errNothingKept
+}
+
+func (k *keptNothing) QueryRow(context.Context, string, ...any) outbox.Row {
+	return keptRow{id: k.lastID.Add(1)}
+}
+
+func (k *keptNothing) Enqueue(_ context.Context, e outbox.Effect) (string, error) {
+	// Marshal the headers as insertBareEffect does, so that the limit does
+	// the same work short of the statement.
+	_, _ = json.Marshal(e.Header)
+	var r [12]byte
+	_, _ = rand.Read(r[:])
+	return "bare_" + hex.EncodeToString(r[:]), nil
+}
+
+type keptRow struct{ id int64 }
+
+func (r keptRow) Scan(dest ...any) error {
+	if len(dest) != 1 {
+		return errNothingKept
+	}
+	p, ok := dest[0].(*int64)
+	if !ok {
+		return errNothingKept
+	}
+	*p = r.id
+	return nil
+}
+
+func (keptRow) Err() error { return nil }

@@ -1,0 +1,106 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"runtime"
+	"slices"
+	"text/tabwriter"
+	"time"
+)
+
+// result is one side's figures in one cell, summed over rounds.
+type result struct {
+	calls        int
+	errors       int
+	elapsed      time.Duration
+	latencies    []time.Duration
+	cpu          time.Duration // the servers' user+system time while measured
+	mallocs      float64       // the servers' heap allocations while measured
+	mallocsKnown bool
+}
+
+func (r *result) rate() float64 {
+	if r.elapsed <= 0 {
+		return 0
+	}
+	return float64(r.calls) / r.elapsed.Seconds()
+}
+
+func (r *result) p(q float64) time.Duration {
+	slices.Sort(r.latencies)
+	return percentile(r.latencies, q)
+}
+
+type cellResult struct {
+	cell    cell
+	results []*result // by side
+}
+
+type report struct {
+	cfg   config
+	sides []side
+	cells []*cellResult
+}
+
+func (rep *report) write(w io.Writer) {
+	store := "SQLite files (WAL, synchronous=FULL)"
+	if rep.cfg.store == "postgres" {
+		store = "PostgreSQL (fsync on)"
+	}
+	fmt.Fprintf(w, "outbox-load: %s, %d rounds of %s per side and cell, on %d CPUs\n",
+		store, rep.cfg.rounds, rep.cfg.duration, runtime.NumCPU())
+	fmt.Fprintln(w, "sides:")
+	for _, s := range rep.sides {
+		fmt.Fprintf(w, "  %-9s %s\n", s.short, s.name)
+	}
+	limit := slices.IndexFunc(rep.sides, func(s side) bool { return s.role == roleLimit })
+	careful := slices.IndexFunc(rep.sides, func(s side) bool { return s.role == roleCareful })
+	for _, c := range rep.cells {
+		fmt.Fprintf(w, "\n%s\n", c.cell)
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "side\tcalls/s\tvs limit\tvs careful\tp50\tp99\tp99 vs limit\tCPU/call\tallocs/call\terrors\t")
+		lr, cr := &result{}, &result{}
+		if limit >= 0 {
+			lr = c.results[limit]
+		}
+		if careful >= 0 {
+			cr = c.results[careful]
+		}
+		for i, s := range rep.sides {
+			r := c.results[i]
+			if r.elapsed == 0 {
+				continue
+			}
+			allocs := "n/a"
+			if r.mallocsKnown && r.calls > 0 {
+				allocs = fmt.Sprintf("%.0f", r.mallocs/float64(r.calls))
+			}
+			cpu := time.Duration(0)
+			if r.calls > 0 {
+				cpu = r.cpu / time.Duration(r.calls)
+			}
+			fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t\n", s.short, r.rate(),
+				ratio(r.rate(), lr.rate()), ratio(r.rate(), cr.rate()),
+				round(r.p(0.5)), round(r.p(0.99)), ratio(float64(r.p(0.99)), float64(lr.p(0.99))),
+				cpu.Round(time.Microsecond), allocs, r.errors)
+		}
+		tw.Flush()
+	}
+}
+
+func ratio(a, b float64) string {
+	if b == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2fx", a/b)
+}
+
+func round(d time.Duration) time.Duration {
+	switch {
+	case d > 10*time.Millisecond:
+		return d.Round(100 * time.Microsecond)
+	default:
+		return d.Round(10 * time.Microsecond)
+	}
+}

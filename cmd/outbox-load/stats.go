@@ -1,0 +1,82 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// cpuOf sums the user and system time of the processes (Linux /proc).
+func cpuOf(procs []*exec.Cmd) time.Duration {
+	var total time.Duration
+	for _, p := range procs {
+		if p.Process == nil {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.Process.Pid))
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+		if len(f) < 13 {
+			continue
+		}
+		ut, _ := strconv.ParseInt(f[11], 10, 64)
+		st, _ := strconv.ParseInt(f[12], 10, 64)
+		total += time.Duration(ut+st) * time.Second / 100 // USER_HZ is 100 on Linux
+	}
+	return total
+}
+
+// mallocsOf sums the Go runtime's count of heap allocations of the servers,
+// from the go_memstats_mallocs_total of their /metrics. ok is false when
+// one of them does not tell (a stdio server has no HTTP side).
+func mallocsOf(ctx context.Context, metricsURLs []string) (total float64, ok bool) {
+	if len(metricsURLs) == 0 {
+		return 0, false
+	}
+	for _, u := range metricsURLs {
+		n, err := scrapeMallocs(ctx, u)
+		if err != nil {
+			return 0, false
+		}
+		total += n
+	}
+	return total, true
+}
+
+func scrapeMallocs(ctx context.Context, url string) (float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("%s: %s", url, resp.Status)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "go_memstats_mallocs_total "); ok {
+			return strconv.ParseFloat(strings.TrimSpace(v), 64)
+		}
+	}
+	return 0, fmt.Errorf("%s: no go_memstats_mallocs_total", url)
+}
+
+func percentile(sorted []time.Duration, p float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	return sorted[min(len(sorted)-1, int(p*float64(len(sorted))))]
+}
