@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 
 	"github.com/mcp-outbox/mcp-outbox/destconfig"
+	"github.com/mcp-outbox/mcp-outbox/internal/gctune"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 	"github.com/mcp-outbox/mcp-outbox/sidecar"
 )
@@ -39,6 +40,7 @@ which the upstream may share; a command upstream finds it in MCP_OUTBOX_DB:
                  error naming call_status, and an operator settles it
                  ('mcp-outbox outbox resolve-call').
 Tools annotated readOnlyHint or idempotentHint pass through unrecorded.
+Runs with GOGC=400 unless GOGC is set, as serve does.
 
 Every flag can also be set in the environment (shown in brackets); a flag wins.
 
@@ -101,6 +103,7 @@ func runProxy(ctx context.Context, env *environment, args []string) error {
 	defer stopDispatch()
 	defer a.startReaper(ctx)()
 
+	gctune.Apply()
 	a.logger.Info("proxying MCP", "upstream", upstream.String(), "cooperating", *cooperating, "db", schema.Redact(cfg.db))
 	if *httpAddr != "" {
 		a.mcpHTTP = p.HTTPHandler(ctx)

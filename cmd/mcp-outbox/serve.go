@@ -13,6 +13,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/destconfig"
+	"github.com/mcp-outbox/mcp-outbox/internal/gctune"
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
 	"github.com/mcp-outbox/mcp-outbox/operator"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
@@ -31,7 +32,8 @@ Streamable HTTP at /mcp with --http, which also serves the operator API
 (/admin: loopback clients only, or anyone with the admin token; see
 'mcp-outbox outbox --help'), /healthz and /readyz (database writable and
 current, dispatcher running). See Authentication below.
-Logs go to stderr only.
+Logs go to stderr only. Runs with GOGC=400 unless GOGC is set (the go-sdk's
+per-call garbage makes Go's default of 100 cost a third of the CPU).
 
 Delivers the outbox's effects to the destinations configured with --dest,
 starting at once with what a previous run left. On SIGTERM or SIGINT it stops
@@ -238,6 +240,7 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 	if err := ac.prepareHTTP(env, *httpAddr); err != nil {
 		return err
 	}
+	gctune.Apply()
 	a, err := openApp(ctx, env, &cfg)
 	if err != nil {
 		return err

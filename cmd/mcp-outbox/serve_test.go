@@ -5,7 +5,11 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net/http"
+	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -143,5 +147,32 @@ func TestWarnUnconfigured(t *testing.T) {
 	if strings.Count(got, "\n") != 0 || !strings.Contains(got, "destination=mailer pending=2") ||
 		!strings.Contains(got, `configure="--dest mailer=URL"`) {
 		t.Errorf("logs:\n%s\nwant one warning, for mailer with 2 pending", got)
+	}
+}
+
+// serve runs the collector at gctune's default unless GOGC says otherwise,
+// as its /metrics tell (go_gc_gogc_percent reads the runtime's setting).
+func TestServeGCPercent(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		env  []string
+		want string
+	}{
+		{nil, "go_gc_gogc_percent 400\n"},
+		{[]string{"GOGC=150"}, "go_gc_gogc_percent 150\n"},
+	} {
+		env := slices.DeleteFunc(slices.Clone(os.Environ()), func(kv string) bool { return strings.HasPrefix(kv, "GOGC=") })
+		cmd := exec.Command(bin, "serve", "--db", filepath.Join(t.TempDir(), "gc.db"), "--http", "127.0.0.1:0", "--log-level", "warn")
+		cmd.Env = append(env, tc.env...)
+		url := startHTTPCommand(t, cmd)
+		resp, err := http.Get(strings.TrimSuffix(url, "/mcp") + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !strings.Contains(string(body), tc.want) {
+			t.Errorf("env %q: /metrics lacks %q", tc.env, tc.want)
+		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/gctune"
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
 	"github.com/mcp-outbox/mcp-outbox/mcphttp"
 	"github.com/mcp-outbox/mcp-outbox/schema"
@@ -37,6 +38,7 @@ func serveBare(args []string) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
+	gctune.Apply() // the runtime serve runs with
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	fail := func(err error) int {
