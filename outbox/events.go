@@ -45,6 +45,9 @@ func durationMS(d time.Duration) float64 { return float64(d.Microseconds()) / 10
 
 // logCall writes the call event of a, whose outcome is final.
 func (l *Layer) logCall(ctx context.Context, a *attempt, req *mcp.CallToolRequest, d time.Duration) {
+	if !l.logger.Enabled(ctx, slog.LevelInfo) {
+		return // serve's --log-level warn or error: build nothing
+	}
 	attrs := []slog.Attr{
 		slog.String("tool", a.tool.name),
 		slog.String("outcome", a.outcome),
