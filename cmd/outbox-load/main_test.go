@@ -98,15 +98,15 @@ func TestRunPlanSQLite(t *testing.T) {
 	for _, c := range wantCells {
 		for _, side := range []string{"limit", "careful", "layer"} {
 			f := got[c][side]
-			if len(f) != 9 {
+			if len(f) != 10 {
 				t.Errorf("%s, %s: row %q\n%s", c, side, f, out.String())
 				continue
 			}
 			if rate, _ := strconv.ParseFloat(f[0], 64); rate <= 0 {
 				t.Errorf("%s, %s: %s calls/s", c, side, f[0])
 			}
-			if f[8] != "0" {
-				t.Errorf("%s, %s: %s errors", c, side, f[8])
+			if f[9] != "0" {
+				t.Errorf("%s, %s: %s errors", c, side, f[9])
 			}
 			allocs := f[7]
 			if strings.HasPrefix(c, "stdio") != (allocs == "n/a") {
@@ -137,7 +137,7 @@ func TestRunPostgres(t *testing.T) {
 	}
 	got := rows(out.String())["http stateless, keyed, 4 clients"]
 	for _, side := range []string{"limit", "careful", "layer", "layer-x2"} {
-		if f := got[side]; len(f) != 9 || f[8] != "0" || f[7] == "n/a" {
+		if f := got[side]; len(f) != 10 || f[9] != "0" || f[7] == "n/a" {
 			t.Errorf("side %q: row %q (want calls, allocations and 0 errors)\n%s", side, f, out.String())
 		}
 	}

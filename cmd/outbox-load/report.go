@@ -18,6 +18,7 @@ type result struct {
 	cpu          time.Duration // the servers' user+system time while measured
 	mallocs      float64       // the servers' heap allocations while measured
 	mallocsKnown bool
+	peakRSS      int64 // the servers' peak resident memory, summed
 }
 
 func (r *result) rate() float64 {
@@ -59,7 +60,7 @@ func (rep *report) write(w io.Writer) {
 	for _, c := range rep.cells {
 		fmt.Fprintf(w, "\n%s\n", c.cell)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "side\tcalls/s\tvs limit\tvs careful\tp50\tp99\tp99 vs limit\tCPU/call\tallocs/call\terrors\t")
+		fmt.Fprintln(tw, "side\tcalls/s\tvs limit\tvs careful\tp50\tp99\tp99 vs limit\tCPU/call\tallocs/call\tpeak RSS\terrors\t")
 		lr, cr := &result{}, &result{}
 		if limit >= 0 {
 			lr = c.results[limit]
@@ -80,10 +81,10 @@ func (rep *report) write(w io.Writer) {
 			if r.calls > 0 {
 				cpu = r.cpu / time.Duration(r.calls)
 			}
-			fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t\n", s.short, r.rate(),
+			fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%dMiB\t%d\t\n", s.short, r.rate(),
 				ratio(r.rate(), lr.rate()), ratio(r.rate(), cr.rate()),
 				round(r.p(0.5)), round(r.p(0.99)), ratio(float64(r.p(0.99)), float64(lr.p(0.99))),
-				cpu.Round(time.Microsecond), allocs, r.errors)
+				cpu.Round(time.Microsecond), allocs, r.peakRSS>>20, r.errors)
 		}
 		tw.Flush()
 	}

@@ -41,21 +41,25 @@ and with that many calls in flight on its one pipe (--quick skips those).
 --store sqlite (the default) uses files in a temporary directory;
 --store postgres starts a throwaway PostgreSQL cluster (initdb, fsync on)
 and adds a side of --replicas replicas sharing one database.
-mcp-outbox is built unless --mcp-outbox names a binary.
+mcp-outbox is built unless --mcp-outbox names a binary. Every server runs
+with GOGC=400 (serve's default, which the bare servers share) unless
+--gogc gives another value for all of them.
 
 Flags:
 `
 
 type config struct {
-	store    string
-	levels   []int
-	duration time.Duration
-	warmup   time.Duration
-	rounds   int
-	replicas int
-	quick    bool
-	only     string
-	binary   string
+	store     string
+	levels    []int
+	duration  time.Duration
+	warmup    time.Duration
+	rounds    int
+	replicas  int
+	quick     bool
+	only      string
+	gogc      string
+	serveArgs []string
+	binary    string
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -73,6 +77,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.rounds, "rounds", 2, "alternating rounds")
 	fs.IntVar(&cfg.replicas, "replicas", 3, "with --store postgres, the replicas of the last side (1: no such side)")
 	fs.BoolVar(&cfg.quick, "quick", false, "only the HTTP stateless cells")
+	serveArgs := fs.String("serve-args", "", "extra flags for every mcp-outbox serve, space-separated (e.g. \"--durability normal\")")
+	fs.StringVar(&cfg.gogc, "gogc", "", "GOGC for every server (default: each server's own, which for serve and the bare servers alike is 400)")
 	only := fs.String("sides", "", "measure only these sides, comma-separated (limit, careful, layer; for profiling one)")
 	fs.StringVar(&cfg.binary, "mcp-outbox", "", "the mcp-outbox binary (default: go build ./cmd/mcp-outbox)")
 	if err := fs.Parse(args); err != nil {
@@ -82,6 +88,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	cfg.only = *only
+	cfg.serveArgs = strings.Fields(*serveArgs)
 	var err error
 	if cfg.levels, err = parseLevels(*levels); err != nil {
 		fmt.Fprintln(stderr, "outbox-load:", err)
@@ -202,7 +209,7 @@ func sidesFor(cfg config, self string) []side {
 		return exec.Command(self, args...)
 	}
 	layer := func(db, addr string) *exec.Cmd {
-		args := []string{"serve", "--db", db, "--log-level", "error"}
+		args := append([]string{"serve", "--db", db, "--log-level", "error"}, cfg.serveArgs...)
 		if addr != "" {
 			args = append(args, "--http", addr)
 		}
@@ -250,7 +257,7 @@ func runSide(ctx context.Context, cfg config, st *store, c cell, s side, res *re
 	}
 	defer stop()
 	if c.transport == stdio {
-		cmd := s.command(db, "")
+		cmd := withGOGC(s.command(db, ""), cfg.gogc)
 		cmd.Stderr = io.Discard
 		if cl, err = connectStdio(ctx, cmd, c); err != nil {
 			return err
@@ -259,7 +266,7 @@ func runSide(ctx context.Context, cfg config, st *store, c cell, s side, res *re
 	} else {
 		var urls []string
 		for range s.replicas {
-			cmd := s.command(db, "127.0.0.1:0")
+			cmd := withGOGC(s.command(db, "127.0.0.1:0"), cfg.gogc)
 			u, err := startServer(cmd)
 			if err != nil {
 				return err
@@ -289,6 +296,7 @@ func runSide(ctx context.Context, cfg config, st *store, c cell, s side, res *re
 		res.mallocs += m1 - m0
 		res.mallocsKnown = true
 	}
+	res.peakRSS = max(res.peakRSS, peakRSSOf(procs))
 	res.calls += calls
 	res.errors += errs
 	res.latencies = append(res.latencies, lat...)
@@ -320,4 +328,16 @@ func startServer(cmd *exec.Cmd) (string, error) {
 		_ = cmd.Process.Kill()
 		return "", fmt.Errorf("%s did not report its address", filepath.Base(cmd.Path))
 	}
+}
+
+// withGOGC sets GOGC for cmd when gogc is given; otherwise cmd inherits
+// this process's environment without GOGC, so that each server picks its
+// own default.
+func withGOGC(cmd *exec.Cmd, gogc string) *exec.Cmd {
+	env := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "GOGC=") })
+	if gogc != "" {
+		env = append(env, "GOGC="+gogc)
+	}
+	cmd.Env = env
+	return cmd
 }

@@ -80,3 +80,24 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 	}
 	return sorted[min(len(sorted)-1, int(p*float64(len(sorted))))]
 }
+
+// peakRSSOf sums the servers' peak resident set sizes (VmHWM), in bytes.
+func peakRSSOf(procs []*exec.Cmd) int64 {
+	var total int64
+	for _, p := range procs {
+		if p.Process == nil {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.Process.Pid))
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
+				kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+				total += kb << 10
+			}
+		}
+	}
+	return total
+}
