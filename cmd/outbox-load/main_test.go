@@ -98,17 +98,17 @@ func TestRunPlanSQLite(t *testing.T) {
 	for _, c := range wantCells {
 		for _, side := range []string{"limit", "careful", "layer"} {
 			f := got[c][side]
-			if len(f) != 10 {
+			if len(f) != 11 {
 				t.Errorf("%s, %s: row %q\n%s", c, side, f, out.String())
 				continue
 			}
 			if rate, _ := strconv.ParseFloat(f[0], 64); rate <= 0 {
 				t.Errorf("%s, %s: %s calls/s", c, side, f[0])
 			}
-			if f[9] != "0" {
-				t.Errorf("%s, %s: %s errors", c, side, f[9])
+			if f[10] != "0" {
+				t.Errorf("%s, %s: %s errors", c, side, f[10])
 			}
-			allocs := f[7]
+			allocs := f[8]
 			if strings.HasPrefix(c, "stdio") != (allocs == "n/a") {
 				t.Errorf("%s, %s: allocs/call %q", c, side, allocs)
 			}
@@ -137,7 +137,7 @@ func TestRunPostgres(t *testing.T) {
 	}
 	got := rows(out.String())["http stateless, keyed, 4 clients"]
 	for _, side := range []string{"limit", "careful", "layer", "layer-x2"} {
-		if f := got[side]; len(f) != 10 || f[9] != "0" || f[7] == "n/a" {
+		if f := got[side]; len(f) != 11 || f[10] != "0" || f[8] == "n/a" {
 			t.Errorf("side %q: row %q (want calls, allocations and 0 errors)\n%s", side, f, out.String())
 		}
 	}

@@ -16,6 +16,7 @@ type result struct {
 	elapsed      time.Duration
 	latencies    []time.Duration
 	cpu          time.Duration // the servers' user+system time while measured
+	loadCPU      time.Duration // this process's, for the same calls
 	mallocs      float64       // the servers' heap allocations while measured
 	mallocsKnown bool
 	peakRSS      int64 // the servers' peak resident memory, summed
@@ -60,7 +61,7 @@ func (rep *report) write(w io.Writer) {
 	for _, c := range rep.cells {
 		fmt.Fprintf(w, "\n%s\n", c.cell)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "side\tcalls/s\tvs limit\tvs careful\tp50\tp99\tp99 vs limit\tCPU/call\tallocs/call\tpeak RSS\terrors\t")
+		fmt.Fprintln(tw, "side\tcalls/s\tvs limit\tvs careful\tp50\tp99\tp99 vs limit\tCPU/call\tload CPU/call\tallocs/call\tpeak RSS\terrors\t")
 		lr, cr := &result{}, &result{}
 		if limit >= 0 {
 			lr = c.results[limit]
@@ -77,14 +78,14 @@ func (rep *report) write(w io.Writer) {
 			if r.mallocsKnown && r.calls > 0 {
 				allocs = fmt.Sprintf("%.0f", r.mallocs/float64(r.calls))
 			}
-			cpu := time.Duration(0)
+			cpu, loadCPU := time.Duration(0), time.Duration(0)
 			if r.calls > 0 {
-				cpu = r.cpu / time.Duration(r.calls)
+				cpu, loadCPU = r.cpu/time.Duration(r.calls), r.loadCPU/time.Duration(r.calls)
 			}
-			fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%dMiB\t%d\t\n", s.short, r.rate(),
+			fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%dMiB\t%d\t\n", s.short, r.rate(),
 				ratio(r.rate(), lr.rate()), ratio(r.rate(), cr.rate()),
 				round(r.p(0.5)), round(r.p(0.99)), ratio(float64(r.p(0.99)), float64(lr.p(0.99))),
-				cpu.Round(time.Microsecond), allocs, r.peakRSS>>20, r.errors)
+				cpu.Round(time.Microsecond), loadCPU.Round(time.Microsecond), allocs, r.peakRSS>>20, r.errors)
 		}
 		tw.Flush()
 	}

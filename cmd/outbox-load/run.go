@@ -58,6 +58,7 @@ type config struct {
 	quick     bool
 	only      string
 	gogc      string
+	before    string
 	serveArgs []string
 	binary    string
 }
@@ -78,6 +79,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.replicas, "replicas", 3, "with --store postgres, the replicas of the last side (1: no such side)")
 	fs.BoolVar(&cfg.quick, "quick", false, "only the HTTP stateless cells")
 	serveArgs := fs.String("serve-args", "", "extra flags for every mcp-outbox serve, space-separated (e.g. \"--durability normal\")")
+	fs.StringVar(&cfg.before, "before", "", "another mcp-outbox binary, measured as side \"before\" beside the layer (before and after a change)")
 	fs.StringVar(&cfg.gogc, "gogc", "", "GOGC for every server (default: each server's own, which for serve and the bare servers alike is 400)")
 	only := fs.String("sides", "", "measure only these sides, comma-separated (limit, careful, layer; for profiling one)")
 	fs.StringVar(&cfg.binary, "mcp-outbox", "", "the mcp-outbox binary (default: go build ./cmd/mcp-outbox)")
@@ -208,18 +210,25 @@ func sidesFor(cfg config, self string) []side {
 		}
 		return exec.Command(self, args...)
 	}
-	layer := func(db, addr string) *exec.Cmd {
-		args := append([]string{"serve", "--db", db, "--log-level", "error"}, cfg.serveArgs...)
-		if addr != "" {
-			args = append(args, "--http", addr)
+	serveWith := func(binary string) func(db, addr string) *exec.Cmd {
+		return func(db, addr string) *exec.Cmd {
+			args := append([]string{"serve", "--db", db, "--log-level", "error"}, cfg.serveArgs...)
+			if addr != "" {
+				args = append(args, "--http", addr)
+			}
+			return exec.Command(binary, args...)
 		}
-		return exec.Command(cfg.binary, args...)
 	}
+	layer := serveWith(cfg.binary)
 	sides := []side{
 		{name: "limit: bare go-sdk server, nothing kept", short: "limit", replicas: 1, role: roleLimit,
 			command: func(_, addr string) *exec.Cmd { return bare("", addr) }},
 		{name: "careful: bare go-sdk server, one transaction per call", short: "careful", replicas: 1, role: roleCareful, command: bare, needsDB: true},
 		{name: "layer: mcp-outbox serve", short: "layer", replicas: 1, role: roleLayer, command: layer, needsDB: true},
+	}
+	if cfg.before != "" {
+		sides = append(sides, side{name: "before: mcp-outbox serve of " + cfg.before, short: "before", replicas: 1,
+			role: roleLayer, command: serveWith(cfg.before), needsDB: true})
 	}
 	if cfg.store == "postgres" && cfg.replicas > 1 {
 		sides = append(sides, side{name: fmt.Sprintf("layer: %d replicas of serve, one database", cfg.replicas),
@@ -282,7 +291,7 @@ func runSide(ctx context.Context, cfg config, st *store, c cell, s side, res *re
 	if _, _, _, err := load(ctx, cl, c.keyed, cfg.warmup); err != nil {
 		return err
 	}
-	cpu0 := cpuOf(procs)
+	cpu0, self0 := cpuOf(procs), selfCPU()
 	m0, mok0 := mallocsOf(ctx, metrics)
 	start := time.Now()
 	calls, errs, lat, err := load(ctx, cl, c.keyed, cfg.duration)
@@ -291,6 +300,7 @@ func runSide(ctx context.Context, cfg config, st *store, c cell, s side, res *re
 	}
 	res.elapsed += time.Since(start)
 	res.cpu += cpuOf(procs) - cpu0
+	res.loadCPU += selfCPU() - self0
 	m1, mok1 := mallocsOf(ctx, metrics)
 	if mok0 && mok1 {
 		res.mallocs += m1 - m0

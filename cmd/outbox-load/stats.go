@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -33,6 +34,16 @@ func cpuOf(procs []*exec.Cmd) time.Duration {
 		total += time.Duration(ut+st) * time.Second / 100 // USER_HZ is 100 on Linux
 	}
 	return total
+}
+
+// selfCPU is this process's user and system time: the load's own cost,
+// which shares the machine with the servers.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // mallocsOf sums the Go runtime's count of heap allocations of the servers,
