@@ -238,10 +238,13 @@ func (e *env) measureConcurrent(ctx context.Context) (Result, Result, error) {
 			}
 		}
 	}
+	// The baseline is the careful bare server (one transaction, one fsync,
+	// per call), the best a user writes without the layer; the one whose
+	// statements commit each on their own is in the note.
 	r1 := newResult(1, fmt.Sprintf("%d callers, distinct keys", e.cfg.Callers), "calls/s",
-		best[1], best[0], "bare server", AtLeastRatio(0.9))
-	r1.Note = fmt.Sprintf("against a bare server with one transaction per call (one fsync per call): %s calls/s, ratio %s",
-		group(int64(best[sideBareTx])), trim(best[sideLayer]/best[sideBareTx], 2)+"×")
+		best[sideLayer], best[sideBareTx], "bare server, 1 tx per call", AtLeastRatio(0.9))
+	r1.Note = fmt.Sprintf("against a bare server whose two statements commit each on their own (two fsyncs per call): %s calls/s, ratio %s",
+		group(int64(best[sideBare])), trim(best[sideLayer]/best[sideBare], 2)+"×")
 	if commits > 0 {
 		r1.Note += fmt.Sprintf("; group commit: %s calls per commit on average", trim(committed/float64(commits), 1))
 	}
