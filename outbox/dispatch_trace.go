@@ -24,6 +24,11 @@ const (
 	// AttrDeliveryResult is what the attempt came to, as in the delivery
 	// event: delivered, retry, dead or unknown.
 	AttrDeliveryResult = attribute.Key("mcp_outbox.delivery.result")
+	// AttrEffectKeyHash is the hash prefix of the effect's Idempotency-Key,
+	// as the delivery event's key_hash: the key itself would let anyone
+	// who reads the trace send a request the destination takes for the
+	// effect.
+	AttrEffectKeyHash = attribute.Key("mcp_outbox.effect.idempotency_key_hash")
 )
 
 // tracedAttempt is attempt inside a CLIENT span of its own.
@@ -69,7 +74,7 @@ func (d *Dispatcher) describeAttempt(span trace.Span, ds *destState, e *claimedE
 		AttrEffectID.Int64(e.id),
 		AttrEffectSeq.Int(e.seq),
 		AttrDeliveryResult.String(deliveryResult(o)),
-		AttrKeyHash.String(hashPrefix(e.key)),
+		AttrEffectKeyHash.String(hashPrefix(e.key)),
 	)
 	if port := ds.URL.Port(); port != "" {
 		if n, err := strconv.Atoi(port); err == nil {

@@ -1,0 +1,279 @@
+package main
+
+import (
+	"bytes"
+	"compress/gzip"
+	"context"
+	"encoding/hex"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/mcp-outbox/mcp-outbox/outbox"
+)
+
+// otlpReceiver is a collector's OTLP/HTTP traces endpoint: it decodes
+// every ExportTraceServiceRequest it is sent and keeps it.
+type otlpReceiver struct {
+	*httptest.Server
+	mu   sync.Mutex
+	reqs []*coltracepb.ExportTraceServiceRequest
+	raw  [][]byte
+}
+
+func startOTLPReceiver(t *testing.T) *otlpReceiver {
+	t.Helper()
+	r := &otlpReceiver{}
+	r.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if req.Method != http.MethodPost || req.URL.Path != "/v1/traces" {
+			http.Error(w, "want POST /v1/traces", http.StatusNotFound)
+			return
+		}
+		var body io.Reader = req.Body
+		if req.Header.Get("Content-Encoding") == "gzip" {
+			zr, err := gzip.NewReader(req.Body)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusBadRequest)
+				return
+			}
+			body = zr
+		}
+		b, err := io.ReadAll(body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		var er coltracepb.ExportTraceServiceRequest
+		if err := proto.Unmarshal(b, &er); err != nil {
+			t.Errorf("OTLP receiver: %s sent something that is not an ExportTraceServiceRequest: %v", req.Header.Get("Content-Type"), err)
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		r.mu.Lock()
+		r.reqs = append(r.reqs, &er)
+		r.raw = append(r.raw, b)
+		r.mu.Unlock()
+		out, _ := proto.Marshal(&coltracepb.ExportTraceServiceResponse{})
+		w.Header().Set("Content-Type", "application/x-protobuf")
+		w.Write(out)
+	}))
+	t.Cleanup(r.Close)
+	return r
+}
+
+// exported is one span as received, with its service.
+type exported struct {
+	service string
+	span    *tracepb.Span
+}
+
+func (r *otlpReceiver) spans() []exported {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []exported
+	for _, er := range r.reqs {
+		for _, rs := range er.ResourceSpans {
+			service := attrString(rs.GetResource().GetAttributes(), "service.name")
+			for _, ss := range rs.ScopeSpans {
+				for _, s := range ss.Spans {
+					out = append(out, exported{service, s})
+				}
+			}
+		}
+	}
+	return out
+}
+
+// everything is all that was exported, as bytes and as JSON text.
+func (r *otlpReceiver) everything() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var b strings.Builder
+	for i, er := range r.reqs {
+		b.Write(r.raw[i])
+		j, _ := protojson.Marshal(er)
+		b.Write(j)
+	}
+	return b.String()
+}
+
+func attrString(kvs []*commonpb.KeyValue, key string) string {
+	for _, kv := range kvs {
+		if kv.Key == key {
+			switch v := kv.Value.Value.(type) {
+			case *commonpb.AnyValue_StringValue:
+				return v.StringValue
+			case *commonpb.AnyValue_IntValue:
+				return strconv.FormatInt(v.IntValue, 10)
+			case *commonpb.AnyValue_BoolValue:
+				if v.BoolValue {
+					return "true"
+				}
+				return "false"
+			}
+		}
+	}
+	return ""
+}
+
+func hexID(b []byte) string { return hex.EncodeToString(b) }
+
+// TestTraceEndToEnd: the real serve binary, exporting over OTLP/HTTP to a
+// receiver in this test, puts a client's call (with _meta.traceparent),
+// its replay and its delivery into one trace: the two server spans are
+// children of the client's span, the delivery a child of the call's span
+// and linked to it, and the downstream gets the delivery's traceparent.
+// Nothing exported holds the raw key or the arguments.
+func TestTraceEndToEnd(t *testing.T) {
+	t.Parallel()
+	recv := startOTLPReceiver(t)
+	var mu sync.Mutex
+	var downstreamParents []string
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		downstreamParents = append(downstreamParents, r.Header.Get("Traceparent"))
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"ch_1"}`)
+	}))
+	t.Cleanup(api.Close)
+
+	const (
+		clientTrace = "5b8efff798038103d269b633813fc60c"
+		clientSpan  = "eee19b7ec3c1b174"
+		key         = "e2e-raw-key-never-exported"
+		amount      = 73519
+	)
+	db := filepath.Join(t.TempDir(), "trace.db")
+	cs, _ := serveStdio(t, bin, db, []string{
+		"OTEL_EXPORTER_OTLP_ENDPOINT=" + recv.URL,
+		"OTEL_BSP_SCHEDULE_DELAY=50", // ms: flush fast, the test polls
+		"OTEL_SERVICE_NAME=",
+		"OTEL_TRACES_EXPORTER=",
+		"OTEL_SDK_DISABLED=",
+	}, "--dest", "payments="+api.URL)
+
+	ctx := context.Background()
+	args := map[string]any{"amount": amount}
+	meta := mcp.Meta{outbox.MetaKeyIdempotency: key, "traceparent": "00-" + clientTrace + "-" + clientSpan + "-01"}
+	first, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "charge", Arguments: args, Meta: meta})
+	if err != nil || first.IsError {
+		t.Fatalf("charge: %v %+v", err, first)
+	}
+	replay, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "charge", Arguments: args, Meta: meta})
+	if err != nil || replay.IsError {
+		t.Fatalf("replay: %v %+v", err, replay)
+	}
+	callID, _ := first.Meta[outbox.MetaKeyCall].(map[string]any)["callId"].(string)
+
+	// Poll until the call, the replay and the delivery have arrived.
+	var calls, sends []exported
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		calls, sends = nil, nil
+		for _, e := range recv.spans() {
+			if hexID(e.span.TraceId) != clientTrace {
+				continue
+			}
+			switch e.span.Name {
+			case "tools/call charge":
+				calls = append(calls, e)
+			case "POST":
+				sends = append(sends, e)
+			}
+		}
+		mu.Lock()
+		got := len(downstreamParents)
+		mu.Unlock()
+		if len(calls) >= 2 && len(sends) >= 1 && got >= 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 30s: %d call spans, %d delivery spans in trace %s, %d downstream requests; all spans: %d",
+				len(calls), len(sends), clientTrace, got, len(recv.spans()))
+		}
+		poll := time.NewTimer(20 * time.Millisecond)
+		<-poll.C
+	}
+	if len(calls) != 2 || len(sends) != 1 {
+		t.Fatalf("%d call spans and %d delivery spans, want 2 and 1", len(calls), len(sends))
+	}
+	if calls[0].span.StartTimeUnixNano > calls[1].span.StartTimeUnixNano {
+		calls[0], calls[1] = calls[1], calls[0]
+	}
+	for i, c := range calls {
+		s := c.span
+		if c.service != "mcp-outbox" {
+			t.Errorf("call span %d: service.name %q, want mcp-outbox", i, c.service)
+		}
+		if s.Kind != tracepb.Span_SPAN_KIND_SERVER || hexID(s.ParentSpanId) != clientSpan {
+			t.Errorf("call span %d: kind %v parent %s, want a server span under the client's %s", i, s.Kind, hexID(s.ParentSpanId), clientSpan)
+		}
+		want := map[string]string{
+			"mcp.method.name": "tools/call", "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "charge",
+			"network.transport": "pipe", "mcp.protocol.version": cs.InitializeResult().ProtocolVersion,
+			"mcp_outbox.key_source": "meta", "mcp_outbox.key_hash": outbox.KeyHash(outbox.LocalPrincipal, key),
+			"mcp_outbox.call_id": callID, "mcp_outbox.outcome": []string{"executed", "replayed"}[i],
+			"mcp_outbox.effects_enqueued": []string{"1", "0"}[i],
+		}
+		for k, v := range want {
+			if got := attrString(s.Attributes, k); got != v {
+				t.Errorf("call span %d: %s = %q, want %q", i, k, got, v)
+			}
+		}
+	}
+	send := sends[0].span
+	if send.Kind != tracepb.Span_SPAN_KIND_CLIENT || !bytes.Equal(send.ParentSpanId, calls[0].span.SpanId) {
+		t.Errorf("delivery span: kind %v parent %s, want a client span under the call's %s", send.Kind, hexID(send.ParentSpanId), hexID(calls[0].span.SpanId))
+	}
+	if len(send.Links) != 1 || !bytes.Equal(send.Links[0].SpanId, calls[0].span.SpanId) {
+		t.Errorf("delivery span links %v, want one to the call's span", send.Links)
+	}
+	for k, v := range map[string]string{"http.request.method": "POST", "http.response.status_code": "200",
+		"server.address": "127.0.0.1", "mcp_outbox.destination": "payments", "mcp_outbox.delivery.result": "delivered"} {
+		if got := attrString(send.Attributes, k); got != v {
+			t.Errorf("delivery span: %s = %q, want %q", k, got, v)
+		}
+	}
+	mu.Lock()
+	gotParent := downstreamParents[0]
+	mu.Unlock()
+	if want := "00-" + clientTrace + "-" + hexID(send.SpanId) + "-01"; gotParent != want {
+		t.Errorf("downstream traceparent %q, want the delivery span's %q", gotParent, want)
+	}
+	all := recv.everything()
+	for _, secret := range []string{key, strconv.Itoa(amount)} {
+		if strings.Contains(all, secret) {
+			t.Errorf("the exported data holds %q", secret)
+		}
+	}
+
+	if os.Getenv("MCP_OUTBOX_WRITE_TRACE_SVG") == "1" {
+		var spans []exported
+		for _, e := range recv.spans() {
+			if hexID(e.span.TraceId) == clientTrace {
+				spans = append(spans, e)
+			}
+		}
+		svg := traceSVG(clientTrace, clientSpan, spans)
+		out := filepath.Join("..", "..", "testdata", "screenshots", "trace.svg")
+		if err := os.WriteFile(out, []byte(svg), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("wrote %s", out)
+	}
+}
