@@ -122,9 +122,14 @@ fuzz/short: ## Run every fuzz target for 5s (CI); packages side by side, each pa
 	cat "$$dir"/*.log; rm -rf "$$dir"; exit $$failed
 
 .PHONY: bench
-bench: ## Measure the performance targets against their baselines and print a table (ARGS=--json for JSON, ARGS=--help)
+bench: ## Measure the performance targets against their baselines and print a table (ARGS=--json for JSON, ARGS=--help), then what tracing costs a call
 	@# Not echoed: with --json, stdout is the report alone.
 	@go run ./cmd/outbox-bench $(ARGS)
+	@# What tracing costs a call: off (no OTEL_* set: the no-op provider)
+	@# against no tracing code at all, and a recording SDK for reference.
+	@# On stderr, so that stdout stays the report.
+	@echo "==> tracing overhead (go test -bench 'BenchmarkTracing|BenchmarkTraceMiddleware' ./outbox/)" 1>&2
+	@go test -run '^$$' -bench 'BenchmarkTracing|BenchmarkTraceMiddleware' -benchtime 2000x -count 3 -benchmem ./outbox/ 1>&2
 
 .PHONY: bench/postgres
 bench/postgres: ## From outside over HTTP: the layer on PostgreSQL vs a bare go-sdk server writing it, and 1 replica vs 3 (ARGS=--help)

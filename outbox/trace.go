@@ -118,7 +118,10 @@ type RequestInfo struct {
 // that request, not to this one: the header is the reliable ambient
 // context, ctx's span only a fallback.
 func startServerSpan(ctx context.Context, tracer trace.Tracer, name string, meta map[string]any, header http.Header) (context.Context, trace.Span) {
-	metaCtx := propagator.Extract(context.Background(), MetaCarrier(meta))
+	metaCtx := context.Background()
+	if hasTraceContext(meta) {
+		metaCtx = propagator.Extract(metaCtx, MetaCarrier(meta))
+	}
 	fromMeta := trace.SpanContextFromContext(metaCtx)
 	var fromHeader trace.SpanContext
 	if header != nil && header.Get("Traceparent") != "" {
@@ -126,28 +129,45 @@ func startServerSpan(ctx context.Context, tracer trace.Tracer, name string, meta
 	}
 	ambient := trace.SpanContextFromContext(ctx)
 	var links []trace.Link
-	link := func(sc trace.SpanContext, parent trace.SpanContext) {
-		if sc.IsValid() && !sc.Equal(parent) {
-			links = append(links, trace.Link{SpanContext: sc})
-		}
-	}
 	switch {
 	case fromMeta.IsValid():
 		ctx = trace.ContextWithRemoteSpanContext(ctx, fromMeta)
-		link(fromHeader, fromMeta)
-		link(ambient, fromMeta)
+		links = appendLink(appendLink(links, fromHeader, fromMeta), ambient, fromMeta)
 	case fromHeader.IsValid():
 		ctx = trace.ContextWithRemoteSpanContext(ctx, fromHeader)
-		link(ambient, fromHeader)
+		links = appendLink(links, ambient, fromHeader)
 	}
 	if b := baggage.FromContext(metaCtx); b.Len() > 0 {
 		ctx = baggage.ContextWithBaggage(ctx, b)
 	}
-	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer)}
-	if links != nil {
-		opts = append(opts, trace.WithLinks(links...))
+	if links == nil {
+		return tracer.Start(ctx, name, serverKind...)
 	}
-	return tracer.Start(ctx, name, opts...)
+	return tracer.Start(ctx, name, append(serverKind[:1:1], trace.WithLinks(links...))...)
+}
+
+// hasTraceContext reports whether meta holds anything the propagator
+// reads: most requests carry none, and then extracting costs allocations
+// for nothing.
+func hasTraceContext(meta map[string]any) bool {
+	if len(meta) == 0 {
+		return false
+	}
+	_, tp := meta["traceparent"]
+	_, bg := meta["baggage"]
+	return tp || bg
+}
+
+// serverKind is the start option of every server span, shared so that a
+// span without links allocates no option slice.
+var serverKind = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer)}
+
+// appendLink adds a link to sc unless it is invalid or the parent itself.
+func appendLink(links []trace.Link, sc, parent trace.SpanContext) []trace.Link {
+	if sc.IsValid() && !sc.Equal(parent) {
+		links = append(links, trace.Link{SpanContext: sc})
+	}
+	return links
 }
 
 // spanName is "{mcp.method.name} {target}" for requests that name a tool
