@@ -64,8 +64,8 @@ func wantAttrs(t *testing.T, s sdktrace.ReadOnlySpan, want map[string]string) {
 			t.Errorf("span %q: no attribute %s (want %q); has %v", s.Name(), k, v, s.Attributes())
 			continue
 		}
-		if a.Emit() != v {
-			t.Errorf("span %q: %s = %q, want %q", s.Name(), k, a.Emit(), v)
+		if a.String() != v {
+			t.Errorf("span %q: %s = %q, want %q", s.Name(), k, a.String(), v)
 		}
 	}
 }
@@ -77,8 +77,8 @@ func noneContains(t *testing.T, sr *tracetest.SpanRecorder, secrets ...string) {
 	for _, s := range sr.Ended() {
 		for _, kv := range s.Attributes() {
 			for _, secret := range secrets {
-				if strings.Contains(kv.Value.Emit(), secret) {
-					t.Errorf("span %q attribute %s = %q holds %q", s.Name(), kv.Key, kv.Value.Emit(), secret)
+				if strings.Contains(kv.Value.String(), secret) {
+					t.Errorf("span %q attribute %s = %q holds %q", s.Name(), kv.Key, kv.Value.String(), secret)
 				}
 			}
 		}
@@ -193,7 +193,7 @@ func TestTrace_Errors(t *testing.T) {
 	if len(unknown) != 1 {
 		t.Fatalf("%d spans for the unknown tool, want 1", len(unknown))
 	}
-	code := attrsOf(unknown[0])["rpc.response.status_code"].Emit()
+	code := attrsOf(unknown[0])["rpc.response.status_code"].String()
 	if code == "" || code == "0" || !strings.HasPrefix(code, "-32") {
 		t.Errorf("rpc.response.status_code = %q, want the JSON-RPC error's code", code)
 	}
@@ -211,10 +211,10 @@ func TestTrace_Sensitive(t *testing.T) {
 	callTraced(t, b.session, "charge", "k1", map[string]any{"amount": 4217}, "")
 	s := spansNamed(sr, "tools/call charge")[0]
 	a := attrsOf(s)
-	if got := a["gen_ai.tool.call.arguments"].Emit(); !strings.Contains(got, "4217") {
+	if got := a["gen_ai.tool.call.arguments"].String(); !strings.Contains(got, "4217") {
 		t.Errorf("gen_ai.tool.call.arguments = %q, want the arguments", got)
 	}
-	if got := a["gen_ai.tool.call.result"].Emit(); !strings.Contains(got, "charge_id") {
+	if got := a["gen_ai.tool.call.result"].String(); !strings.Contains(got, "charge_id") {
 		t.Errorf("gen_ai.tool.call.result = %q, want the result", got)
 	}
 }
@@ -357,4 +357,28 @@ func (base redirectTo) RoundTrip(r *http.Request) (*http.Response, error) {
 	u, _ := r.URL.Parse(string(base))
 	r.URL.Scheme, r.URL.Host = u.Scheme, u.Host
 	return http.DefaultTransport.RoundTrip(r)
+}
+
+// TestTrace_SessionIDByProtocol: mcp.session.id only for protocol
+// versions that have sessions (before 2026-07-28), as the conventions say.
+func TestTrace_SessionIDByProtocol(t *testing.T) {
+	t.Parallel()
+	tp, sr := recordingProvider(t)
+	l, err := outbox.New(openDB(t), &outbox.Options{TracerProvider: tp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, version := range []string{"2025-11-25", "2026-07-28"} {
+		req := &mcp.CallToolRequest{Params: &mcp.CallToolParamsRaw{Name: "v" + version}}
+		_, end := l.StartToolCallSpan(context.Background(), req, outbox.RequestInfo{Transport: "tcp", ProtocolVersion: version, SessionID: "sess-1"})
+		end(&mcp.CallToolResult{}, nil)
+	}
+	old, stateless := spansNamed(sr, "tools/call v2025-11-25"), spansNamed(sr, "tools/call v2026-07-28")
+	if len(old) != 1 || len(stateless) != 1 {
+		t.Fatalf("spans: %v", sr.Ended())
+	}
+	wantAttrs(t, old[0], map[string]string{"mcp.session.id": "sess-1", "mcp.protocol.version": "2025-11-25", "network.transport": "tcp"})
+	if v, ok := attrsOf(stateless[0])["mcp.session.id"]; ok {
+		t.Errorf("2026-07-28: mcp.session.id = %q, want none", v.String())
+	}
 }

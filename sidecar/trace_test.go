@@ -125,7 +125,7 @@ func TestProxyTrace(t *testing.T) {
 		}
 		got := map[attribute.Key]string{}
 		for _, kv := range s.Attributes() {
-			got[kv.Key] = kv.Value.Emit()
+			got[kv.Key] = kv.Value.String()
 		}
 		for k, v := range map[attribute.Key]string{
 			"mcp.method.name": "tools/call", "gen_ai.tool.name": "work", "network.transport": "pipe",
