@@ -333,8 +333,9 @@ func requestInfoOf(req mcp.Request, meta map[string]any, header http.Header) Req
 // the layer without a go-sdk server (the proxy), with the same parent,
 // links and attributes as the spans of a server the layer is installed on.
 // Pass the returned context to [RemoteTool.Call], then call end with the
-// answer.
-func (l *Layer) StartToolCallSpan(ctx context.Context, req *mcp.CallToolRequest, info RequestInfo) (_ context.Context, end func(*mcp.CallToolResult, error)) {
+// answer. describe is called only when the span records: a caller that
+// does not trace pays nothing for finding out what it says.
+func (l *Layer) StartToolCallSpan(ctx context.Context, req *mcp.CallToolRequest, describe func() RequestInfo) (_ context.Context, end func(*mcp.CallToolResult, error)) {
 	var meta map[string]any
 	var header http.Header
 	name := ""
@@ -346,7 +347,7 @@ func (l *Layer) StartToolCallSpan(ctx context.Context, req *mcp.CallToolRequest,
 	}
 	ctx, span := startServerSpan(ctx, l.tracer, spanName("tools/call", name), meta, header)
 	if span.IsRecording() {
-		span.SetAttributes(requestAttributes("tools/call", name, info)...)
+		span.SetAttributes(requestAttributes("tools/call", name, describe())...)
 		if l.opts.LogSensitive && req.Params != nil {
 			span.SetAttributes(semconv.GenAIToolCallArgumentsKey.String(string(req.Params.Arguments)))
 		}

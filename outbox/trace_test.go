@@ -370,7 +370,9 @@ func TestTrace_SessionIDByProtocol(t *testing.T) {
 	}
 	for _, version := range []string{"2025-11-25", "2026-07-28"} {
 		req := &mcp.CallToolRequest{Params: &mcp.CallToolParamsRaw{Name: "v" + version}}
-		_, end := l.StartToolCallSpan(context.Background(), req, outbox.RequestInfo{Transport: "tcp", ProtocolVersion: version, SessionID: "sess-1"})
+		_, end := l.StartToolCallSpan(context.Background(), req, func() outbox.RequestInfo {
+			return outbox.RequestInfo{Transport: "tcp", ProtocolVersion: version, SessionID: "sess-1"}
+		})
 		end(&mcp.CallToolResult{}, nil)
 	}
 	old, stateless := spansNamed(sr, "tools/call v2025-11-25"), spansNamed(sr, "tools/call v2026-07-28")

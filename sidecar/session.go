@@ -709,7 +709,7 @@ func (s *session) replyResult(id jsonrpc.ID, res *mcp.CallToolResult) {
 func (s *session) callTool(ctx context.Context, m *jsonrpc.Request, params *mcp.CallToolParamsRaw) {
 	extra, _ := m.Extra.(*mcp.RequestExtra)
 	req := &mcp.CallToolRequest{Params: params, Extra: extra}
-	ctx, endSpan := s.p.opts.Layer.StartToolCallSpan(ctx, req, s.requestInfo(req)) // trace.go
+	ctx, endSpan := s.p.opts.Layer.StartToolCallSpan(ctx, req, func() outbox.RequestInfo { return s.requestInfo(req) }) // trace.go
 	if params.Name == outbox.StatusToolName {
 		res := s.p.opts.Layer.CallStatus(ctx, req)
 		endSpan(res, nil)
