@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -331,5 +332,74 @@ func TestTraceDeliveryAfterRestart(t *testing.T) {
 		}
 		poll := time.NewTimer(20 * time.Millisecond)
 		<-poll.C
+	}
+}
+
+// TestTraceProxyEndToEnd: the real proxy in front of a real serve (as an
+// upstream tool server that knows nothing of the proxy), both exporting to
+// one receiver. The client's context reaches the proxy's server span; the
+// proxy's span for the forwarded call is its child; and serve's server
+// span is a child of that one, because the proxy put its context in the
+// forwarded _meta: one trace across three processes.
+func TestTraceProxyEndToEnd(t *testing.T) {
+	t.Parallel()
+	recv := startOTLPReceiver(t)
+	const clientTrace, clientSpan = "a3ce929d0e0e47364bf92f3577b34da6", "53995c3f42cd8ad8"
+	dir := t.TempDir()
+	cmd := exec.Command(bin, "proxy", "--db", filepath.Join(dir, "proxy.db"), "--log-level", "warn",
+		"--", bin, "serve", "--db", filepath.Join(dir, "upstream.db"), "--log-level", "warn")
+	cmd.Env = append(os.Environ(), "OTEL_EXPORTER_OTLP_ENDPOINT="+recv.URL, "OTEL_BSP_SCHEDULE_DELAY=50",
+		"OTEL_SERVICE_NAME=", "OTEL_TRACES_EXPORTER=", "OTEL_SDK_DISABLED=")
+	cmd.Stderr = testWriter{t}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "test-client", Version: "v0"}, nil).Connect(ctx, &mcp.CommandTransport{Command: cmd}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: "charge", Arguments: map[string]any{"amount": 5},
+		Meta: mcp.Meta{outbox.MetaKeyIdempotency: "proxied-1", "traceparent": "00-" + clientTrace + "-" + clientSpan + "-01"}})
+	if err != nil || res.IsError {
+		t.Fatalf("charge through the proxy: %v %+v", err, res)
+	}
+
+	var proxyServer, proxyClient, upstream *tracepb.Span
+	deadline := time.Now().Add(30 * time.Second)
+	for proxyServer == nil || proxyClient == nil || upstream == nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("within 30s: proxy server span %v, proxy client span %v, upstream span %v", proxyServer != nil, proxyClient != nil, upstream != nil)
+		}
+		poll := time.NewTimer(20 * time.Millisecond)
+		<-poll.C
+		for _, e := range recv.spans() {
+			s := e.span
+			if s.Name != "tools/call charge" || hexID(s.TraceId) != clientTrace {
+				continue
+			}
+			switch {
+			case e.service == "mcp-outbox-proxy" && s.Kind == tracepb.Span_SPAN_KIND_SERVER:
+				proxyServer = s
+			case e.service == "mcp-outbox-proxy" && s.Kind == tracepb.Span_SPAN_KIND_CLIENT:
+				proxyClient = s
+			case e.service == "mcp-outbox" && s.Kind == tracepb.Span_SPAN_KIND_SERVER:
+				upstream = s
+			}
+		}
+	}
+	if hexID(proxyServer.ParentSpanId) != clientSpan {
+		t.Errorf("proxy's server span parent %s, want the client's %s", hexID(proxyServer.ParentSpanId), clientSpan)
+	}
+	if !bytes.Equal(proxyClient.ParentSpanId, proxyServer.SpanId) {
+		t.Errorf("proxy's forward span parent %s, want its server span %s", hexID(proxyClient.ParentSpanId), hexID(proxyServer.SpanId))
+	}
+	if !bytes.Equal(upstream.ParentSpanId, proxyClient.SpanId) {
+		t.Errorf("upstream's span parent %s, want the proxy's forward span %s", hexID(upstream.ParentSpanId), hexID(proxyClient.SpanId))
+	}
+	if got := attrString(proxyServer.Attributes, "mcp_outbox.outcome"); got != "executed" {
+		t.Errorf("proxy's server span outcome %q, want executed", got)
+	}
+	if got := attrString(proxyClient.Attributes, "network.transport"); got != "pipe" {
+		t.Errorf("proxy's forward span network.transport %q, want pipe (a command upstream)", got)
 	}
 }
