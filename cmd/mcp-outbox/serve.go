@@ -48,6 +48,7 @@ Every flag can also be set in the environment (shown in brackets); a flag wins.
 const (
 	serveService = "mcp-outbox"
 	proxyService = "mcp-outbox-proxy"
+	drainService = "mcp-outbox-drain"
 )
 
 // appConfig is what serve, demo and proxy need to open the database and

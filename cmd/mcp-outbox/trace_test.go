@@ -279,59 +279,74 @@ func TestTraceEndToEnd(t *testing.T) {
 	}
 }
 
-// TestTraceDeliveryAfterRestart: a call's effect delivered by the next
-// serve process (the first had no destination for it) still joins the
-// call's trace, from the traceparent stored with the effect; and the first
-// process's spans, which its batch would have held for a minute, were
-// flushed when it exited.
+// TestTraceDeliveryAfterRestart: a call's effect delivered by another
+// process (the next serve, or drain; the first serve had no destination
+// for it) still joins the call's trace, from the traceparent stored with
+// the effect; and the first process's spans, which its batch would have
+// held for a minute, were flushed when it exited.
 func TestTraceDeliveryAfterRestart(t *testing.T) {
 	t.Parallel()
-	recv := startOTLPReceiver(t)
-	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.WriteString(w, `{}`)
-	}))
-	t.Cleanup(api.Close)
-	const clientTrace, clientSpan = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
-	db := filepath.Join(t.TempDir(), "restart.db")
-	otel := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + recv.URL, "OTEL_SERVICE_NAME=", "OTEL_TRACES_EXPORTER=", "OTEL_SDK_DISABLED="}
+	for _, next := range []string{"serve", "drain"} {
+		t.Run(next, func(t *testing.T) {
+			t.Parallel()
+			recv := startOTLPReceiver(t)
+			api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				io.WriteString(w, `{}`)
+			}))
+			t.Cleanup(api.Close)
+			const clientTrace, clientSpan = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+			db := filepath.Join(t.TempDir(), "restart.db")
+			otel := []string{"OTEL_EXPORTER_OTLP_ENDPOINT=" + recv.URL, "OTEL_SERVICE_NAME=", "OTEL_TRACES_EXPORTER=", "OTEL_SDK_DISABLED="}
 
-	first, _ := serveStdio(t, bin, db, append(otel, "OTEL_BSP_SCHEDULE_DELAY=60000"))
-	res, err := first.CallTool(context.Background(), &mcp.CallToolParams{Name: "charge", Arguments: map[string]any{"amount": 5},
-		Meta: mcp.Meta{outbox.MetaKeyIdempotency: "restart-1", "traceparent": "00-" + clientTrace + "-" + clientSpan + "-01"}})
-	if err != nil || res.IsError {
-		t.Fatalf("charge: %v %+v", err, res)
-	}
-	if err := first.Close(); err != nil { // stdin closes, serve exits and flushes
-		t.Logf("close first serve: %v", err)
-	}
-	var call *tracepb.Span
-	for _, e := range recv.spans() {
-		if e.span.Name == "tools/call charge" && hexID(e.span.TraceId) == clientTrace {
-			call = e.span
-		}
-	}
-	if call == nil {
-		t.Fatalf("the first serve's call span was not exported by the time it exited (%d spans)", len(recv.spans()))
-	}
+			first, _ := serveStdio(t, bin, db, append(otel, "OTEL_BSP_SCHEDULE_DELAY=60000"))
+			res, err := first.CallTool(context.Background(), &mcp.CallToolParams{Name: "charge", Arguments: map[string]any{"amount": 5},
+				Meta: mcp.Meta{outbox.MetaKeyIdempotency: "restart-1", "traceparent": "00-" + clientTrace + "-" + clientSpan + "-01"}})
+			if err != nil || res.IsError {
+				t.Fatalf("charge: %v %+v", err, res)
+			}
+			if err := first.Close(); err != nil { // stdin closes, serve exits and flushes
+				t.Logf("close first serve: %v", err)
+			}
+			var call *tracepb.Span
+			for _, e := range recv.spans() {
+				if e.span.Name == "tools/call charge" && hexID(e.span.TraceId) == clientTrace {
+					call = e.span
+				}
+			}
+			if call == nil {
+				t.Fatalf("the first serve's call span was not exported by the time it exited (%d spans)", len(recv.spans()))
+			}
 
-	serveStdio(t, bin, db, append(otel, "OTEL_BSP_SCHEDULE_DELAY=50"), "--dest", "payments="+api.URL)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		for _, e := range recv.spans() {
-			if e.span.Name != "POST" {
-				continue
+			service := "mcp-outbox"
+			if next == "serve" {
+				serveStdio(t, bin, db, append(otel, "OTEL_BSP_SCHEDULE_DELAY=50"), "--dest", "payments="+api.URL)
+			} else {
+				service = "mcp-outbox-drain"
+				drain := exec.Command(bin, "drain", "--db", db, "--dest", "payments="+api.URL)
+				drain.Env = append(append(os.Environ(), otel...), "OTEL_BSP_SCHEDULE_DELAY=60000") // exits, and flushes
+				if out, err := drain.CombinedOutput(); err != nil {
+					t.Fatalf("drain: %v\n%s", err, out)
+				}
 			}
-			if hexID(e.span.TraceId) != clientTrace || !bytes.Equal(e.span.ParentSpanId, call.SpanId) {
-				t.Fatalf("delivery after restart: trace %s parent %s, want trace %s under the call's span %s",
-					hexID(e.span.TraceId), hexID(e.span.ParentSpanId), clientTrace, hexID(call.SpanId))
+			deadline := time.Now().Add(30 * time.Second)
+			for {
+				for _, e := range recv.spans() {
+					if e.span.Name != "POST" {
+						continue
+					}
+					if hexID(e.span.TraceId) != clientTrace || !bytes.Equal(e.span.ParentSpanId, call.SpanId) || e.service != service {
+						t.Fatalf("delivery by %s: service %q trace %s parent %s, want %s's span in trace %s under the call's span %s",
+							next, e.service, hexID(e.span.TraceId), hexID(e.span.ParentSpanId), service, clientTrace, hexID(call.SpanId))
+					}
+					return
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("no delivery span from %s within 30s", next)
+				}
+				poll := time.NewTimer(20 * time.Millisecond)
+				<-poll.C
 			}
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no delivery span within 30s of the restart")
-		}
-		poll := time.NewTimer(20 * time.Millisecond)
-		<-poll.C
+		})
 	}
 }
 
