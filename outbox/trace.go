@@ -380,9 +380,11 @@ func (l *Layer) traceCall(ctx context.Context, a *attempt) {
 	attrs := make([]attribute.KeyValue, 0, 5)
 	attrs = append(attrs,
 		AttrOutcome.String(a.outcome),
-		AttrKeySource.String(string(a.id.source)),
 		AttrRecorded.Bool(a.tool.record),
 		AttrEffects.Int(a.effects))
+	if a.id.source != "" { // a call refused before its key was known, or an unrecorded tool's
+		attrs = append(attrs, AttrKeySource.String(string(a.id.source)))
+	}
 	if a.id.key != "" {
 		attrs = append(attrs, AttrKeyHash.String(KeyHash(a.id.principal, a.id.key)))
 	}
