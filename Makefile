@@ -122,9 +122,14 @@ fuzz/short: ## Run every fuzz target for 5s (CI); packages side by side, each pa
 	cat "$$dir"/*.log; rm -rf "$$dir"; exit $$failed
 
 .PHONY: bench
-bench: ## Measure the targets against their baselines: in-process table, then from outside over HTTP and stdio (ARGS=--help for the first, LOAD_ARGS for the second)
-	@# Not echoed: with --json, stdout is the report alone.
+bench: ## Measure the targets against their baselines: the in-process table, what tracing costs, then from outside over HTTP and stdio (ARGS for outbox-bench, LOAD_ARGS for outbox-load)
 	@go run ./cmd/outbox-bench $(ARGS)
+	@# What tracing costs a call: off (no OTEL_* set: the no-op provider)
+	@# against no tracing code at all, and a recording SDK for reference.
+	@# On stderr: stdout holds the two tables (for JSON alone, run
+	@# go run ./cmd/outbox-bench --json).
+	@echo "==> tracing overhead (go test -bench 'BenchmarkTracing|BenchmarkTraceMiddleware' ./outbox/)" 1>&2
+	@go test -run '^$$' -bench 'BenchmarkTracing|BenchmarkTraceMiddleware' -benchtime 2000x -count 3 -benchmem ./outbox/ 1>&2
 	@# From outside, as a user's load arrives: servers as processes, the load
 	@# as another, against the limit (nothing kept) and a careful bare server.
 	@go run ./cmd/outbox-load $(LOAD_ARGS)

@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -102,6 +104,11 @@ type DispatcherOptions struct {
 	// log events. For debugging only: the key lets anyone who reads the log
 	// send a request the destination takes for the effect.
 	LogSensitive bool
+	// TracerProvider makes a CLIENT span of each delivery attempt, a child
+	// of the span of the call that enqueued the effect (see
+	// dispatch_trace.go); nil means the global provider
+	// (otel.GetTracerProvider), a no-op until the program installs an SDK.
+	TracerProvider trace.TracerProvider
 }
 
 // A Dispatcher delivers committed effects to their destinations. Every
@@ -127,6 +134,7 @@ type Dispatcher struct {
 	self        processID
 	owner       string // lease owner: this process and layer nonce, see processID
 	now         func() time.Time
+	tracer      trace.Tracer
 
 	wake        chan struct{} // Notify and finished attempts
 	running     atomic.Bool   // Run is looping
@@ -206,6 +214,7 @@ func NewDispatcher(db *schema.DB, opts *DispatcherOptions) (*Dispatcher, error) 
 		logger: logger.With("subsystem", "dispatch"),
 		self:   currentProcess(),
 		wake:   make(chan struct{}, 1),
+		tracer: tracerOf(o.TracerProvider),
 	}
 	var names, amo, probed []string
 	delays := map[string]int64{}
@@ -361,6 +370,9 @@ type claimedEffect struct {
 	key       string
 	attempts  int
 	createdAt int64
+	// traceparent is the span context of the call that enqueued the
+	// effect ("" if none): the parent of each attempt's span.
+	traceparent string
 	// leaseUntil is when the claim's lease passes, by this dispatcher's
 	// clock: a queued effect too close to it is released, not attempted.
 	leaseUntil time.Time

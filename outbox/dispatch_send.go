@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/propagation"
+
 	"github.com/mcp-outbox/mcp-outbox/internal/failpoint"
 )
 
@@ -57,7 +59,7 @@ func (d *Dispatcher) deliver(ctx context.Context, ds *destState, e *claimedEffec
 		}
 	}
 	start := time.Now()
-	o := d.attempt(ctx, ds, e)
+	o := d.tracedAttempt(ctx, ds, e)
 	took := time.Since(start)
 	ds.exchanged(took)
 	d.opts.Metrics.deliveryTime(ds.Name, took)
@@ -102,6 +104,7 @@ func (d *Dispatcher) attempt(ctx context.Context, ds *destState, e *claimedEffec
 		req.Header.Set(k, v)
 	}
 	req.Header.Set(HeaderIdempotencyKey, FormatIdempotencyKey(e.key))
+	propagator.Inject(ctx, propagation.HeaderCarrier(req.Header)) // the attempt's span (dispatch_trace.go)
 	if ds.AuthHeader != "" {
 		req.Header.Set(ds.AuthHeader, ds.AuthValue)
 	}

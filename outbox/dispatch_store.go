@@ -27,7 +27,7 @@ WHERE id IN (
           WHERE p.call_id = e.call_id AND p.seq < e.seq AND p.state NOT IN ('delivered', 'cancelled')))
     ORDER BY e.next_attempt_at, e.id
     LIMIT $5 + 0)
-RETURNING id, seq, method, path, headers, body, idempotency_key, attempts, created_at`
+RETURNING id, seq, method, path, headers, body, idempotency_key, attempts, created_at, traceparent`
 
 // claimEffectsPostgres is claimEffects for replicas sharing the table.
 // FOR UPDATE SKIP LOCKED leases each due effect to one dispatcher: a row
@@ -54,8 +54,8 @@ WITH claimed AS (
         LIMIT $5
         FOR UPDATE OF e SKIP LOCKED)
       AND state = 'pending'
-    RETURNING id, seq, method, path, headers, body, idempotency_key, attempts, created_at, next_attempt_at)
-SELECT id, seq, method, path, headers, body, idempotency_key, attempts, created_at
+    RETURNING id, seq, method, path, headers, body, idempotency_key, attempts, created_at, traceparent, next_attempt_at)
+SELECT id, seq, method, path, headers, body, idempotency_key, attempts, created_at, traceparent
 FROM claimed ORDER BY next_attempt_at, id`
 
 // reclaimExpired returns effects whose dispatcher stopped holding them
@@ -284,7 +284,7 @@ func (d *Dispatcher) claimIn(ctx context.Context, stmt *sql.Stmt, dest string, l
 		e := &claimedEffect{leaseUntil: leaseUntil}
 		var headers string
 		if err := rows.Scan(&e.id, &e.seq, &e.method, &e.path, &headers, &e.body, &e.key,
-			&e.attempts, &e.createdAt); err != nil {
+			&e.attempts, &e.createdAt, &e.traceparent); err != nil {
 			return nil, fmt.Errorf("claim effects: %w", err)
 		}
 		if err := json.Unmarshal([]byte(headers), &e.headers); err != nil {

@@ -176,6 +176,19 @@
 // silent change into an error the client can correct: send the value as a
 // string.
 //
+// # Traces
+//
+// With a TracerProvider ([Options.TracerProvider], nil meaning the global
+// one) every request the server receives gets a SERVER span after the
+// OpenTelemetry MCP conventions, whose parent is the trace context the
+// client put in params._meta (SEP-414), and tools/call spans carry the
+// layer's attributes (mcp_outbox.*: outcome, key source, key hash, call
+// id, effects); see trace.go. An effect stores the traceparent of the
+// span that enqueued it, and the [Dispatcher] makes each delivery attempt
+// a CLIENT span in that trace ([DispatcherOptions.TracerProvider]),
+// sending the attempt's traceparent to the destination. Keys appear only
+// as hashes; arguments and results only with LogSensitive.
+//
 // # Keys
 //
 // The key of a call is the first found of: params._meta.idempotencyKey;

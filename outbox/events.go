@@ -45,6 +45,7 @@ func durationMS(d time.Duration) float64 { return float64(d.Microseconds()) / 10
 
 // logCall writes the call event of a, whose outcome is final.
 func (l *Layer) logCall(ctx context.Context, a *attempt, req *mcp.CallToolRequest, d time.Duration) {
+	l.traceCall(ctx, a) // the same moment, on the call's span
 	if !l.logger.Enabled(ctx, slog.LevelInfo) {
 		return // serve's --log-level warn or error: build nothing
 	}

@@ -1,6 +1,10 @@
 package outbox
 
-import "context"
+import (
+	"context"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
 
 // SetTestHookAfterCommit lets tests act between a call's commit and its response.
 func SetTestHookAfterCommit(f func(context.Context)) { testHookAfterCommit = f }
@@ -15,3 +19,13 @@ func (d *Dispatcher) RoundForTest(ctx context.Context) error {
 // WaitingForTurn reports how many units wait for the writer's turn, so tests
 // can tell that a batch will form.
 func WaitingForTurn(l *Layer) int { return l.group.waiting() }
+
+// InstallUntraced installs the layer on s as Install does, without the
+// tracing middleware: the baseline of BenchmarkTracing.
+func InstallUntraced(l *Layer, s *mcp.Server) {
+	s.AddReceivingMiddleware(l.middleware)
+	l.addStatusTool(s)
+}
+
+// TraceMiddleware is the layer's tracing middleware alone.
+func TraceMiddleware(l *Layer) mcp.Middleware { return l.traceMiddleware }

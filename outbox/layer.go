@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/schema"
@@ -88,6 +89,11 @@ type Options struct {
 	// "call" log event. For debugging only: keys let anyone who reads the log
 	// replay a call, and arguments may hold personal or payment data.
 	LogSensitive bool
+	// TracerProvider makes the spans of the requests the server receives
+	// (see trace.go); nil means the global provider (otel.GetTracerProvider),
+	// a no-op until the program installs an SDK. With LogSensitive the
+	// spans carry arguments and results too.
+	TracerProvider trace.TracerProvider
 }
 
 // A Layer is the idempotent execution layer of one MCP server on one
@@ -101,6 +107,7 @@ type Layer struct {
 	logger *slog.Logger
 	now    func() time.Time
 	self   processID
+	tracer trace.Tracer
 
 	mu     sync.Mutex
 	tools  map[string]*toolInfo
@@ -155,6 +162,7 @@ func New(db *schema.DB, opts *Options) (*Layer, error) {
 		logger: logger.With("subsystem", "outbox"),
 		now:    o.Now,
 		self:   currentProcess(),
+		tracer: tracerOf(o.TracerProvider),
 		tools:  map[string]*toolInfo{},
 		local:  map[localKey]*attempt{},
 	}, nil
@@ -223,7 +231,7 @@ func (l *Layer) NewServer(impl *mcp.Implementation, opts *mcp.ServerOptions) *mc
 // Tools registered with [AddTool] only run through the middleware; without
 // Install they refuse to run.
 func (l *Layer) Install(s *mcp.Server) {
-	s.AddReceivingMiddleware(l.middleware)
+	s.AddReceivingMiddleware(l.traceMiddleware, l.middleware) // the first is outermost
 	l.addStatusTool(s)
 }
 

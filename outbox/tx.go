@@ -344,7 +344,7 @@ func (a *attempt) Enqueue(ctx context.Context, e Effect) (string, error) {
 		callID = a.callID
 	}
 	_, err = a.unit.exec(insertEffect,
-		callID, a.effects, e.Destination, e.Method, e.Path, string(headers), e.Body, key, now, now, now)
+		callID, a.effects, e.Destination, e.Method, e.Path, string(headers), e.Body, key, now, now, now, traceparentOf(ctx))
 	if err != nil {
 		a.effects--
 		return "", a.wrap(fmt.Errorf("enqueue effect: %w", err))
@@ -354,8 +354,8 @@ func (a *attempt) Enqueue(ctx context.Context, e Effect) (string, error) {
 
 const insertEffect = `
 INSERT INTO effects (call_id, seq, destination, method, path, headers, body, idempotency_key,
-                     next_attempt_at, created_at, updated_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)`
+                     next_attempt_at, created_at, updated_at, traceparent)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`
 
 // EffectKey is the Idempotency-Key of a call's n-th effect (from 1). The
 // call's uid is random and fixed when the call is first claimed, so the key

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 )
@@ -51,6 +52,7 @@ type Options struct {
 type Proxy struct {
 	opts   Options
 	logger *slog.Logger
+	tracer trace.Tracer // the forwarded calls' spans (trace.go)
 
 	mu    sync.Mutex
 	tools map[string]*outbox.RemoteTool // by name, from the upstream's tools/list
@@ -74,7 +76,8 @@ func New(opts Options) (*Proxy, error) {
 	if logger == nil {
 		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	return &Proxy{opts: opts, logger: logger.With("subsystem", "proxy"), tools: map[string]*outbox.RemoteTool{}}, nil
+	return &Proxy{opts: opts, logger: logger.With("subsystem", "proxy"), tools: map[string]*outbox.RemoteTool{},
+		tracer: opts.Layer.TracerProvider().Tracer(tracerName)}, nil
 }
 
 // remoteTool is how the layer treats the named upstream tool. A tool the

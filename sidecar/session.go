@@ -709,8 +709,11 @@ func (s *session) replyResult(id jsonrpc.ID, res *mcp.CallToolResult) {
 func (s *session) callTool(ctx context.Context, m *jsonrpc.Request, params *mcp.CallToolParamsRaw) {
 	extra, _ := m.Extra.(*mcp.RequestExtra)
 	req := &mcp.CallToolRequest{Params: params, Extra: extra}
+	ctx, endSpan := s.p.opts.Layer.StartToolCallSpan(ctx, req, func() outbox.RequestInfo { return s.requestInfo(req) }) // trace.go
 	if params.Name == outbox.StatusToolName {
-		s.replyResult(m.ID, s.p.opts.Layer.CallStatus(ctx, req))
+		res := s.p.opts.Layer.CallStatus(ctx, req)
+		endSpan(res, nil)
+		s.replyResult(m.ID, res)
 		return
 	}
 	res, err := s.p.remoteTool(params.Name).Call(ctx, req, func(ctx context.Context, claim *outbox.Claim) (*mcp.CallToolResult, error) {
@@ -727,8 +730,9 @@ func (s *session) callTool(ctx context.Context, m *jsonrpc.Request, params *mcp.
 		if claim != nil && !s.p.opts.Cooperating {
 			waitCtx = s.ctx
 		}
-		return s.forwardCall(ctx, waitCtx, m.Params, claim)
+		return s.forwardTraced(ctx, waitCtx, m.Params, claim, params.Name)
 	})
+	endSpan(res, err)
 	if ctx.Err() != nil && s.ctx.Err() == nil {
 		return // cancelled by the client, which expects no answer
 	}

@@ -30,6 +30,11 @@ Exit status:
 Effects for destinations not configured here are not touched, and do not
 count as left to deliver.
 
+Tracing: as for serve ('mcp-outbox serve --help'), set by the OTEL_*
+variables and off without them; each delivery attempt is a client span in
+the trace of the call that enqueued the effect. The service name defaults
+to mcp-outbox-drain.
+
 ` + destconfig.Help
 
 // Exit codes of drain beyond the common ones.
@@ -66,12 +71,17 @@ func runDrain(ctx context.Context, env *environment, args []string) error {
 	if err != nil {
 		return err
 	}
+	tp, stopTracing, err := setupTracing(ctx, env, drainService, env.stderr, logger)
+	if err != nil {
+		return err
+	}
+	defer stopTracing()
 	d, err := openExisting(ctx, *db)
 	if err != nil {
 		return err
 	}
 	defer d.Close()
-	disp, err := outbox.NewDispatcher(d, &outbox.DispatcherOptions{Destinations: destinations, Logger: logger})
+	disp, err := outbox.NewDispatcher(d, &outbox.DispatcherOptions{Destinations: destinations, Logger: logger, TracerProvider: tp})
 	if err != nil {
 		return usageError{err}
 	}

@@ -44,11 +44,11 @@ Runs with GOGC=400 unless GOGC is set, as serve does.
 
 Every flag can also be set in the environment (shown in brackets); a flag wins.
 
-` + destconfig.Help + "\n" + authHelp
+` + destconfig.Help + "\n" + authHelp + "\n" + tracingHelp
 
 func runProxy(ctx context.Context, env *environment, args []string) error {
 	fs := newFlagSet(env, "proxy", proxyUsage)
-	var cfg appConfig
+	cfg := appConfig{service: proxyService}
 	if err := cfg.flags(env, fs); err != nil {
 		return err
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mcp-outbox/mcp-outbox/destconfig"
 	"github.com/mcp-outbox/mcp-outbox/internal/gctune"
@@ -43,7 +44,14 @@ Every 10 minutes it purges expired calls and old delivered effects (see
 
 Every flag can also be set in the environment (shown in brackets); a flag wins.
 
-` + destconfig.Help + "\n" + authHelp
+` + destconfig.Help + "\n" + authHelp + "\n" + tracingHelp
+
+// Service names in traces, unless OTEL_SERVICE_NAME says otherwise.
+const (
+	serveService = "mcp-outbox"
+	proxyService = "mcp-outbox-proxy"
+	drainService = "mcp-outbox-drain"
+)
 
 // appConfig is what serve, demo and proxy need to open the database and
 // the layer (and serve and demo, the example ledger).
@@ -63,6 +71,9 @@ type appConfig struct {
 	logFormat    string
 	logSensitive bool
 	logger       *slog.Logger
+	// service names the process in its traces (tracing.go); "" traces
+	// nothing (commands other than serve and proxy).
+	service string
 }
 
 // app is a running example server: database, layer and MCP server.
@@ -82,6 +93,10 @@ type app struct {
 	metricsHandler http.Handler     // GET /metrics; nil when not built
 	// mcpHTTP serves /mcp instead of server (the proxy's sessions).
 	mcpHTTP http.Handler
+	// tracerProvider makes the spans of the layer and the dispatcher; nil
+	// when tracing is off. stopTracing flushes it (Close calls it).
+	tracerProvider trace.TracerProvider
+	stopTracing    func()
 }
 
 func (cfg *appConfig) flags(env *environment, fs *flag.FlagSet) error {
@@ -181,10 +196,16 @@ func openStore(ctx context.Context, env *environment, cfg *appConfig) (*app, err
 	if window == 0 {
 		window = outbox.FingerprintOff
 	}
+	if cfg.service != "" {
+		if a.tracerProvider, a.stopTracing, err = setupTracing(ctx, env, cfg.service, env.stderr, logger); err != nil {
+			db.Close()
+			return nil, err
+		}
+	}
 	a.layer, err = outbox.New(db, &outbox.Options{Logger: logger, FingerprintWindow: window, InFlightWait: cfg.inFlightWait, Lease: cfg.lease, KeyRetention: cfg.retention.Calls, Metrics: a.metrics, LogSensitive: cfg.logSensitive,
-		MaxBatchCalls: cfg.batchCalls, MaxBatchWait: cfg.batchWait})
+		MaxBatchCalls: cfg.batchCalls, MaxBatchWait: cfg.batchWait, TracerProvider: a.tracerProvider})
 	if err != nil {
-		db.Close()
+		a.Close()
 		return nil, err
 	}
 	return a, nil
@@ -213,14 +234,19 @@ func openApp(ctx context.Context, env *environment, cfg *appConfig) (*app, error
 	return a, nil
 }
 
-func (a *app) Close() error { return a.db.Close() }
+func (a *app) Close() error {
+	if a.stopTracing != nil {
+		a.stopTracing() // the last spans, the dispatcher's included, go out
+	}
+	return a.db.Close()
+}
 
 // version is set by the linker for releases.
 var version = "dev"
 
 func runServe(ctx context.Context, env *environment, args []string) error {
 	fs := newFlagSet(env, "serve", serveUsage)
-	var cfg appConfig
+	cfg := appConfig{service: serveService}
 	if err := cfg.flags(env, fs); err != nil {
 		return err
 	}
@@ -296,7 +322,8 @@ func (a *app) startDispatcher(ctx context.Context) (stop func(), err error) {
 		return func() {}, nil
 	}
 	warnUnconfigured(ctx, a)
-	d, err := outbox.NewDispatcher(a.db, &outbox.DispatcherOptions{Destinations: a.dests, Logger: a.logger, Metrics: a.metrics, LogSensitive: a.logSensitive})
+	d, err := outbox.NewDispatcher(a.db, &outbox.DispatcherOptions{Destinations: a.dests, Logger: a.logger, Metrics: a.metrics, LogSensitive: a.logSensitive,
+		TracerProvider: a.tracerProvider})
 	if err != nil {
 		return nil, usageError{err}
 	}

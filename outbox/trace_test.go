@@ -1,0 +1,386 @@
+package outbox_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
+	"github.com/mcp-outbox/mcp-outbox/outbox"
+)
+
+// A client's context, as SEP-414 carries it in params._meta.
+const (
+	clientTraceID     = "4bf92f3577b34da6a3ce929d0e0e4736"
+	clientSpanID      = "00f067aa0ba902b7"
+	clientTraceparent = "00-" + clientTraceID + "-" + clientSpanID + "-01"
+)
+
+func recordingProvider(t *testing.T) (*sdktrace.TracerProvider, *tracetest.SpanRecorder) {
+	t.Helper()
+	sr := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	return tp, sr
+}
+
+// spansNamed returns the ended spans called name, in the order they ended.
+func spansNamed(sr *tracetest.SpanRecorder, name string) []sdktrace.ReadOnlySpan {
+	var out []sdktrace.ReadOnlySpan
+	for _, s := range sr.Ended() {
+		if s.Name() == name {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func attrsOf(s sdktrace.ReadOnlySpan) map[attribute.Key]attribute.Value {
+	m := map[attribute.Key]attribute.Value{}
+	for _, kv := range s.Attributes() {
+		m[kv.Key] = kv.Value
+	}
+	return m
+}
+
+// wantAttrs checks attributes by their values' string forms.
+func wantAttrs(t *testing.T, s sdktrace.ReadOnlySpan, want map[string]string) {
+	t.Helper()
+	got := attrsOf(s)
+	for k, v := range want {
+		a, ok := got[attribute.Key(k)]
+		if !ok {
+			t.Errorf("span %q: no attribute %s (want %q); has %v", s.Name(), k, v, s.Attributes())
+			continue
+		}
+		if a.String() != v {
+			t.Errorf("span %q: %s = %q, want %q", s.Name(), k, a.String(), v)
+		}
+	}
+}
+
+// noneContains fails if any attribute value of any recorded span contains
+// one of secrets.
+func noneContains(t *testing.T, sr *tracetest.SpanRecorder, secrets ...string) {
+	t.Helper()
+	for _, s := range sr.Ended() {
+		for _, kv := range s.Attributes() {
+			for _, secret := range secrets {
+				if strings.Contains(kv.Value.String(), secret) {
+					t.Errorf("span %q attribute %s = %q holds %q", s.Name(), kv.Key, kv.Value.String(), secret)
+				}
+			}
+		}
+		if strings.Contains(s.Status().Description, secrets[0]) {
+			t.Errorf("span %q status %q holds a secret", s.Name(), s.Status().Description)
+		}
+	}
+}
+
+func callTraced(t *testing.T, cs *mcp.ClientSession, name, key string, args any, traceparent string) *mcp.CallToolResult {
+	t.Helper()
+	meta := mcp.Meta{}
+	if key != "" {
+		meta["idempotencyKey"] = key
+	}
+	if traceparent != "" {
+		meta["traceparent"] = traceparent
+		meta["tracestate"] = "vendor=1"
+	}
+	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: name, Arguments: args, Meta: meta})
+	if err != nil {
+		t.Fatalf("call %s: %v", name, err)
+	}
+	return res
+}
+
+// TestTrace_CallSpans: a call and its replay are two SERVER spans, both
+// children of the client's context from _meta, with the conventions' and
+// the layer's attributes, and without the key or the arguments.
+func TestTrace_CallSpans(t *testing.T) {
+	t.Parallel()
+	tp, sr := recordingProvider(t)
+	b := setup(t, &outbox.Options{TracerProvider: tp}, nil)
+	const key = "secret-key-123"
+	args := map[string]any{"amount": 4217}
+	first := callTraced(t, b.session, "charge", key, args, clientTraceparent)
+	replay := callTraced(t, b.session, "charge", key, args, clientTraceparent)
+	if first.IsError || replay.IsError {
+		t.Fatal(text(first), text(replay))
+	}
+	spans := spansNamed(sr, "tools/call charge")
+	if len(spans) != 2 {
+		t.Fatalf("%d spans named %q, want 2 (call and replay); all: %v", len(spans), "tools/call charge", sr.Ended())
+	}
+	callID, _ := callMeta(first)["callId"].(string)
+	for i, s := range spans {
+		if s.SpanKind() != trace.SpanKindServer {
+			t.Errorf("span %d kind %v, want server", i, s.SpanKind())
+		}
+		if got := s.SpanContext().TraceID().String(); got != clientTraceID {
+			t.Errorf("span %d trace %s, want the client's %s", i, got, clientTraceID)
+		}
+		if got := s.Parent().SpanID().String(); got != clientSpanID || !s.Parent().IsRemote() {
+			t.Errorf("span %d parent %s (remote %v), want the client's span %s from _meta", i, got, s.Parent().IsRemote(), clientSpanID)
+		}
+		if got := s.Parent().TraceState().String(); got != "vendor=1" {
+			t.Errorf("span %d parent tracestate %q, want vendor=1 from _meta", i, got)
+		}
+		wantAttrs(t, s, map[string]string{
+			"mcp.method.name":          "tools/call",
+			"gen_ai.operation.name":    "execute_tool",
+			"gen_ai.tool.name":         "charge",
+			"network.transport":        "pipe",
+			"mcp.protocol.version":     b.session.InitializeResult().ProtocolVersion,
+			"mcp_outbox.key_source":    "meta",
+			"mcp_outbox.key_hash":      outbox.KeyHash(outbox.LocalPrincipal, key),
+			"mcp_outbox.call_id":       callID,
+			"mcp_outbox.recorded":      "true",
+			"jsonrpc.protocol.version": "2.0",
+		})
+		if _, ok := attrsOf(s)["mcp.session.id"]; ok {
+			t.Errorf("span %d has mcp.session.id, but in-memory sessions have no id", i)
+		}
+		if s.Status().Code == codes.Error {
+			t.Errorf("span %d status error for a successful call", i)
+		}
+	}
+	wantAttrs(t, spans[0], map[string]string{"mcp_outbox.outcome": "executed", "mcp_outbox.effects_enqueued": "1"})
+	wantAttrs(t, spans[1], map[string]string{"mcp_outbox.outcome": "replayed", "mcp_outbox.effects_enqueued": "0"})
+	noneContains(t, sr, key, "4217")
+}
+
+// TestTrace_Errors: a tool error is error.type tool_error with the span's
+// status set; a JSON-RPC error carries its code as error.type and
+// rpc.response.status_code.
+func TestTrace_Errors(t *testing.T) {
+	t.Parallel()
+	tp, sr := recordingProvider(t)
+	b := setup(t, &outbox.Options{TracerProvider: tp}, nil)
+	callTraced(t, b.session, "charge", "k1", map[string]any{"amount": 1}, "")
+	conflict := callTraced(t, b.session, "charge", "k1", map[string]any{"amount": 2}, "")
+	if !conflict.IsError {
+		t.Fatal("same key, other arguments: want a conflict")
+	}
+	spans := spansNamed(sr, "tools/call charge")
+	if len(spans) != 2 {
+		t.Fatalf("%d charge spans, want 2", len(spans))
+	}
+	wantAttrs(t, spans[1], map[string]string{"mcp_outbox.outcome": "conflict", "error.type": "tool_error"})
+	if spans[1].Status().Code != codes.Error {
+		t.Errorf("conflict span status %v, want error", spans[1].Status())
+	}
+	if spans[0].Parent().IsValid() {
+		t.Errorf("a call without trace context got parent %v", spans[0].Parent())
+	}
+
+	_, err := b.session.CallTool(context.Background(), &mcp.CallToolParams{Name: "no_such_tool", Arguments: map[string]any{}})
+	if err == nil {
+		t.Fatal("unknown tool: want a JSON-RPC error")
+	}
+	unknown := spansNamed(sr, "tools/call no_such_tool")
+	if len(unknown) != 1 {
+		t.Fatalf("%d spans for the unknown tool, want 1", len(unknown))
+	}
+	code := attrsOf(unknown[0])["rpc.response.status_code"].String()
+	if code == "" || code == "0" || !strings.HasPrefix(code, "-32") {
+		t.Errorf("rpc.response.status_code = %q, want the JSON-RPC error's code", code)
+	}
+	wantAttrs(t, unknown[0], map[string]string{"error.type": code})
+	if _, ok := attrsOf(unknown[0])["mcp_outbox.outcome"]; ok {
+		t.Error("a tool the layer does not know got the layer's outcome")
+	}
+}
+
+// TestTrace_Sensitive: arguments and results appear only with LogSensitive.
+func TestTrace_Sensitive(t *testing.T) {
+	t.Parallel()
+	tp, sr := recordingProvider(t)
+	b := setup(t, &outbox.Options{TracerProvider: tp, LogSensitive: true}, nil)
+	callTraced(t, b.session, "charge", "k1", map[string]any{"amount": 4217}, "")
+	s := spansNamed(sr, "tools/call charge")[0]
+	a := attrsOf(s)
+	if got := a["gen_ai.tool.call.arguments"].String(); !strings.Contains(got, "4217") {
+		t.Errorf("gen_ai.tool.call.arguments = %q, want the arguments", got)
+	}
+	if got := a["gen_ai.tool.call.result"].String(); !strings.Contains(got, "charge_id") {
+		t.Errorf("gen_ai.tool.call.result = %q, want the result", got)
+	}
+}
+
+// TestTrace_Delivery: the effect stores its call's span context, and a
+// dispatcher that did not see the call (as after a restart) makes a CLIENT
+// span per attempt, child of and linked to the call's span, and sends the
+// attempt's traceparent downstream.
+func TestTrace_Delivery(t *testing.T) {
+	t.Parallel()
+	tp, sr := recordingProvider(t)
+	s := newDispatchSetup(t, 0, nil)
+	l, err := outbox.New(s.db, &outbox.Options{TracerProvider: tp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := l.NewServer(&mcp.Implementation{Name: "traced", Version: "v0"}, nil)
+	ledger.Register(l, srv, nil)
+	cs := connect(t, srv)
+	const key = "deliver-me"
+	if res := callTraced(t, cs, "charge", key, map[string]any{"amount": 5}, clientTraceparent); res.IsError {
+		t.Fatal(text(res))
+	}
+	call := spansNamed(sr, "tools/call charge")[0]
+	var stored string
+	if err := s.db.Read.QueryRow(`SELECT traceparent FROM effects`).Scan(&stored); err != nil {
+		t.Fatal(err)
+	}
+	if want := "00-" + clientTraceID + "-" + call.SpanContext().SpanID().String() + "-01"; stored != want {
+		t.Fatalf("effects.traceparent = %q, want the call span's %q", stored, want)
+	}
+
+	// The layer above wrote with the real clock.
+	d := s.dispatcher(t, outbox.Destination{}, &outbox.DispatcherOptions{TracerProvider: tp, Now: time.Now})
+	round(t, d)
+	sends := spansNamed(sr, "POST")
+	if len(sends) != 1 {
+		t.Fatalf("%d POST spans, want 1", len(sends))
+	}
+	send := sends[0]
+	if send.SpanKind() != trace.SpanKindClient {
+		t.Errorf("delivery span kind %v, want client", send.SpanKind())
+	}
+	if send.Parent().SpanID() != call.SpanContext().SpanID() || send.SpanContext().TraceID() != call.SpanContext().TraceID() {
+		t.Errorf("delivery span parent %v, want the call's span %v", send.Parent(), call.SpanContext())
+	}
+	if links := send.Links(); len(links) != 1 || links[0].SpanContext.SpanID() != call.SpanContext().SpanID() {
+		t.Errorf("delivery span links %v, want one to the call's span", links)
+	}
+	wantAttrs(t, send, map[string]string{
+		"http.request.method":        "POST",
+		"http.response.status_code":  "200",
+		"server.address":             "127.0.0.1",
+		"mcp_outbox.destination":     "payments",
+		"mcp_outbox.delivery.result": "delivered",
+		"mcp_outbox.effect.seq":      "1",
+	})
+	reqs := s.fake.Requests()
+	if len(reqs) != 1 {
+		t.Fatalf("%d requests downstream, want 1", len(reqs))
+	}
+	want := fmt.Sprintf("00-%s-%s-01", clientTraceID, send.SpanContext().SpanID())
+	if got := reqs[0].Header.Get("Traceparent"); got != want {
+		t.Errorf("downstream traceparent %q, want the attempt's span %q", got, want)
+	}
+	noneContains(t, sr, key)
+}
+
+// TestTrace_DeliveryFailure: an attempt the destination refuses is an
+// error span with error.type the status code.
+func TestTrace_DeliveryFailure(t *testing.T) {
+	t.Parallel()
+	tp, sr := recordingProvider(t)
+	s := newDispatchSetup(t, 1, nil)
+	fail := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	t.Cleanup(fail.Close)
+	d := s.dispatcher(t, outbox.Destination{}, &outbox.DispatcherOptions{TracerProvider: tp, Transport: redirectTo(fail.URL)})
+	round(t, d)
+	sends := spansNamed(sr, "POST")
+	if len(sends) != 1 {
+		t.Fatalf("%d POST spans, want 1", len(sends))
+	}
+	wantAttrs(t, sends[0], map[string]string{"error.type": "503", "http.response.status_code": "503", "mcp_outbox.delivery.result": "retry"})
+	if sends[0].Status().Code != codes.Error {
+		t.Errorf("status %v, want error", sends[0].Status())
+	}
+	if sends[0].Parent().IsValid() {
+		t.Errorf("an effect of an untraced call: parent %v, want none", sends[0].Parent())
+	}
+	var stored string
+	if err := s.db.Read.QueryRow(`SELECT traceparent FROM effects`).Scan(&stored); err != nil || stored != "" {
+		t.Errorf("effects.traceparent of an untraced call = %q (%v), want empty", stored, err)
+	}
+}
+
+// TestTrace_HTTP: over Streamable HTTP the span says tcp and names the
+// session; the HTTP request's own traceparent is linked when _meta gives
+// the parent, and is the parent when _meta has none.
+func TestTrace_HTTP(t *testing.T) {
+	t.Parallel()
+	tp, sr := recordingProvider(t)
+	b := setup(t, &outbox.Options{TracerProvider: tp}, nil)
+	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return b.server }, nil)
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	const headerTrace = "11111111111111111111111111111111"
+	const headerSpan = "2222222222222222"
+	hc := &http.Client{Transport: headerTransport{http.Header{"Traceparent": {"00-" + headerTrace + "-" + headerSpan + "-01"}}}}
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "c", Version: "v0"}, nil).
+		Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: srv.URL, HTTPClient: hc}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	callTraced(t, cs, "charge", "h1", map[string]any{"amount": 1}, clientTraceparent)
+	callTraced(t, cs, "charge", "h2", map[string]any{"amount": 1}, "")
+	spans := spansNamed(sr, "tools/call charge")
+	if len(spans) != 2 {
+		t.Fatalf("%d spans, want 2", len(spans))
+	}
+	wantAttrs(t, spans[0], map[string]string{"network.transport": "tcp", "mcp.session.id": cs.ID()})
+	if spans[0].Parent().SpanID().String() != clientSpanID {
+		t.Errorf("with _meta: parent %v, want _meta's", spans[0].Parent())
+	}
+	if l := spans[0].Links(); len(l) != 1 || l[0].SpanContext.SpanID().String() != headerSpan {
+		t.Errorf("with _meta: links %v, want one to the HTTP request's context", l)
+	}
+	if spans[1].Parent().SpanID().String() != headerSpan || spans[1].Parent().TraceID().String() != headerTrace {
+		t.Errorf("without _meta: parent %v, want the HTTP request's context", spans[1].Parent())
+	}
+}
+
+// redirectTo sends every request to base instead, keeping its path.
+type redirectTo string
+
+func (base redirectTo) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	u, _ := r.URL.Parse(string(base))
+	r.URL.Scheme, r.URL.Host = u.Scheme, u.Host
+	return http.DefaultTransport.RoundTrip(r)
+}
+
+// TestTrace_SessionIDByProtocol: mcp.session.id only for protocol
+// versions that have sessions (before 2026-07-28), as the conventions say.
+func TestTrace_SessionIDByProtocol(t *testing.T) {
+	t.Parallel()
+	tp, sr := recordingProvider(t)
+	l, err := outbox.New(openDB(t), &outbox.Options{TracerProvider: tp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, version := range []string{"2025-11-25", "2026-07-28"} {
+		req := &mcp.CallToolRequest{Params: &mcp.CallToolParamsRaw{Name: "v" + version}}
+		_, end := l.StartToolCallSpan(context.Background(), req, func() outbox.RequestInfo {
+			return outbox.RequestInfo{Transport: "tcp", ProtocolVersion: version, SessionID: "sess-1"}
+		})
+		end(&mcp.CallToolResult{}, nil)
+	}
+	old, stateless := spansNamed(sr, "tools/call v2025-11-25"), spansNamed(sr, "tools/call v2026-07-28")
+	if len(old) != 1 || len(stateless) != 1 {
+		t.Fatalf("spans: %v", sr.Ended())
+	}
+	wantAttrs(t, old[0], map[string]string{"mcp.session.id": "sess-1", "mcp.protocol.version": "2025-11-25", "network.transport": "tcp"})
+	if v, ok := attrsOf(stateless[0])["mcp.session.id"]; ok {
+		t.Errorf("2026-07-28: mcp.session.id = %q, want none", v.String())
+	}
+}
