@@ -381,7 +381,11 @@ func (u *unit) leave(keep bool) *batch {
 		if !keep {
 			_, err = u.exec(`ROLLBACK TO unit`)
 		}
-		if err == nil {
+		// A transaction of its own (PostgreSQL) commits next: COMMIT
+		// releases the savepoint and answers for a transaction an error
+		// ended (pgx: ErrTxCommitRollback), so RELEASE would only cost a
+		// round trip, one of the seven of a call's outcome.
+		if err == nil && !b.own {
 			_, err = u.exec(`RELEASE unit`)
 		}
 		if err != nil {
@@ -424,6 +428,11 @@ func savepointFailed(op string, err error) error {
 	return fmt.Errorf("%s: %w", op, err)
 }
 
+// errOwnTxEnded is why a unit's own transaction (PostgreSQL) did not
+// commit although no statement of the unit reported an error: one did
+// end the transaction, and COMMIT rolled it back.
+var errOwnTxEnded = errors.New("the database rolled the transaction back after an error in it")
+
 // errCommitUnknown: the answer to COMMIT was lost with its connection
 // (PostgreSQL). The server may have committed or not; only reading the
 // row again tells.
@@ -448,7 +457,11 @@ func (g *groupCommit) finish(b *batch) {
 		b.err = fmt.Errorf("batch not committed: %w", b.broken)
 	} else if err := b.tx.Commit(); err != nil {
 		b.err = fmt.Errorf("commit: %w", err)
-		if g.own && schema.PgCode(err) == "" {
+		if g.own && schema.PgCommitRolledBack(err) {
+			// An error ended the transaction earlier; COMMIT rolled it
+			// back, which is certain.
+			b.err = fmt.Errorf("commit: %w", errOwnTxEnded)
+		} else if g.own && schema.PgCode(err) == "" {
 			// PostgreSQL refused nothing: the connection failed while
 			// COMMIT was under way, and the server may have committed
 			// before it went (see errCommitUnknown).

@@ -2,10 +2,12 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/pgtest"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -112,5 +114,71 @@ func TestStmtCache_PreparesBetweenBatches(t *testing.T) {
 	g.stmts.mu.Unlock()
 	if cached || !pending {
 		t.Errorf("after a cancelled prepare: cached %v, pending %v; want it pending", cached, pending)
+	}
+}
+
+// On PostgreSQL a unit's transaction is its own, and it ends without
+// RELEASE: COMMIT answers for a statement error that ended the
+// transaction. The batch must say that nothing committed, never that the
+// commit is unknown (which would send the call to read its row again as if
+// it might have committed).
+func TestGroupCommit_OwnTransactionEndedByError(t *testing.T) {
+	ctx := context.Background()
+	db, err := schema.Open(ctx, pgtest.Database(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	if _, err := db.Write.Exec(`CREATE TABLE t (v INTEGER)`); err != nil {
+		t.Fatal(err)
+	}
+	g := newGroupCommit(db, DefaultMaxBatchCalls, time.Hour, time.Now)
+	rows := func() (n int) {
+		t.Helper()
+		if err := db.Read.QueryRow(`SELECT count(*) FROM t`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+
+	u, err := g.enter(ctx, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := u.exec(`INSERT INTO t VALUES ($1)`, 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := u.exec(`INSERT INTO t VALUES (1/($1::int - 1))`, 1); err == nil {
+		t.Fatal("division by zero succeeded")
+	}
+	b := u.leave(true)
+	<-b.done
+	if !errors.Is(b.err, errOwnTxEnded) {
+		t.Fatalf("batch error = %v; want %v", b.err, errOwnTxEnded)
+	}
+	if n := rows(); n != 0 {
+		t.Fatalf("%d rows after a transaction an error ended; want 0", n)
+	}
+
+	// Undone by its savepoint, the same error leaves the rest to commit.
+	u, err = g.enter(ctx, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := u.exec(`INSERT INTO t VALUES ($1)`, 2); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := u.exec(`INSERT INTO t VALUES (1/($1::int - 1))`, 1); err == nil {
+		t.Fatal("division by zero succeeded")
+	}
+	if err := u.undo(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := u.exec(`INSERT INTO t VALUES ($1)`, 3); err != nil {
+		t.Fatal(err)
+	}
+	committed(t, u.leave(true))
+	if n := rows(); n != 1 {
+		t.Fatalf("%d rows; want 1 (the statement after the undo)", n)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
 )
@@ -195,6 +196,11 @@ func PgCode(err error) string {
 	}
 	return ""
 }
+
+// PgCommitRolledBack reports whether err is a COMMIT that PostgreSQL
+// answered with ROLLBACK: an error had ended the transaction before, so
+// nothing of it committed.
+func PgCommitRolledBack(err error) bool { return errors.Is(err, pgx.ErrTxCommitRollback) }
 
 // PgUnavailable reports whether err says the server could not be reached
 // or went away (connection refused or reset, the server shutting down or
