@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"time"
 
 	"github.com/google/jsonschema-go/jsonschema"
@@ -95,7 +96,7 @@ func AddTool[In, Out any](l *Layer, s *mcp.Server, t *mcp.Tool, h HandlerFor[In,
 	l.tools[t.Name] = info
 	l.mu.Unlock()
 
-	mcp.AddTool(s, t, func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
+	mcp.AddTool(s, inputSchemaAsJSON[In](t), func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
 		a := attemptFrom(ctx)
 		if a == nil || a.tool != info {
 			var zero Out
@@ -143,4 +144,42 @@ func declaresKeyArgument[In any](t *mcp.Tool) (bool, error) {
 	}
 	_, ok := props[ArgumentIdempotencyKey]
 	return ok, nil
+}
+
+// inputSchemaAsJSON returns a copy of t whose input schema is JSON text,
+// inferred from In as mcp.AddTool would when t has none; the SDK still
+// resolves it once, at registration, to validate arguments, and lists the
+// same JSON. The reason is the go-sdk's Streamable HTTP handler (v1.8.0):
+// for every tools/call request of a 2026-07-28 client it marshals the
+// tool's InputSchema again to look for x-mcp-header annotations
+// (extractParamHeaderAnnotations). A *jsonschema.Schema is marshalled by
+// reflection each time, about 6% of serve's CPU under load; JSON text is
+// copied. A schema the SDK would refuse is left as it is, for
+// mcp.AddTool to report.
+func inputSchemaAsJSON[In any](t *mcp.Tool) *mcp.Tool {
+	schema := t.InputSchema
+	if _, ok := schema.(json.RawMessage); ok {
+		return t
+	}
+	if schema == nil {
+		rt := reflect.TypeFor[In]()
+		if rt == reflect.TypeFor[any]() {
+			return t // the SDK's own case: an empty object schema
+		}
+		if rt.Kind() == reflect.Pointer {
+			rt = rt.Elem()
+		}
+		inferred, err := jsonschema.ForType(rt, &jsonschema.ForOptions{})
+		if err != nil {
+			return t
+		}
+		schema = inferred
+	}
+	b, err := json.Marshal(schema)
+	if err != nil {
+		return t
+	}
+	tt := *t
+	tt.InputSchema = json.RawMessage(b)
+	return &tt
 }

@@ -116,14 +116,22 @@ var (
 
 func ptr[T any](v T) *T { return &v }
 
-// chargeSchema is ChargeIn's schema with the amount's maximum.
-func chargeSchema() *jsonschema.Schema {
+// chargeSchema is ChargeIn's schema with the amount's maximum, as JSON
+// text: the bare servers register it with mcp.AddTool as it is, and the
+// go-sdk's stateless HTTP handler marshals a *jsonschema.Schema again on
+// every call (see inputSchemaAsJSON in outbox), which the baselines should
+// not pay when the layer does not.
+func chargeSchema() json.RawMessage {
 	s, err := jsonschema.For[ChargeIn](nil)
 	if err != nil {
 		panic(fmt.Sprintf("ledger: charge input schema: %v", err))
 	}
 	s.Properties["amount"].Maximum = ptr(float64(MaxAmount))
-	return s
+	b, err := json.Marshal(s)
+	if err != nil {
+		panic(fmt.Sprintf("ledger: charge input schema: %v", err))
+	}
+	return b
 }
 
 // Register adds the ledger's tools to s through the outbox layer l.
