@@ -14,7 +14,7 @@
 //	layer xN     N such replicas on the one database, the clients spread
 //	             over them as a load balancer would
 //
-// and prints calls per second, median and p99 latency, and the servers'
+// and prints calls per second, median, p99 and largest latency, and the servers'
 // CPU time per call. See outbox-load --help.
 package main
 

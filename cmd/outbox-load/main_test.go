@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/pgtest"
 )
@@ -98,17 +99,22 @@ func TestRunPlanSQLite(t *testing.T) {
 	for _, c := range wantCells {
 		for _, side := range []string{"limit", "careful", "layer"} {
 			f := got[c][side]
-			if len(f) != 11 {
+			if len(f) != 12 {
 				t.Errorf("%s, %s: row %q\n%s", c, side, f, out.String())
 				continue
 			}
 			if rate, _ := strconv.ParseFloat(f[0], 64); rate <= 0 {
 				t.Errorf("%s, %s: %s calls/s", c, side, f[0])
 			}
-			if f[10] != "0" {
-				t.Errorf("%s, %s: %s errors", c, side, f[10])
+			if f[11] != "0" {
+				t.Errorf("%s, %s: %s errors", c, side, f[11])
 			}
-			allocs := f[8]
+			p99, err1 := time.ParseDuration(f[4])
+			most, err2 := time.ParseDuration(f[5])
+			if err1 != nil || err2 != nil || most < p99 || p99 <= 0 {
+				t.Errorf("%s, %s: p99 %q, max %q", c, side, f[4], f[5])
+			}
+			allocs := f[9]
 			if strings.HasPrefix(c, "stdio") != (allocs == "n/a") {
 				t.Errorf("%s, %s: allocs/call %q", c, side, allocs)
 			}
@@ -137,7 +143,7 @@ func TestRunPostgres(t *testing.T) {
 	}
 	got := rows(out.String())["http stateless, keyed, 4 clients"]
 	for _, side := range []string{"limit", "careful", "layer", "layer-x2"} {
-		if f := got[side]; len(f) != 11 || f[10] != "0" || f[8] == "n/a" {
+		if f := got[side]; len(f) != 12 || f[11] != "0" || f[9] == "n/a" {
 			t.Errorf("side %q: row %q (want calls, allocations and 0 errors)\n%s", side, f, out.String())
 		}
 	}

@@ -61,7 +61,7 @@ func (rep *report) write(w io.Writer) {
 	for _, c := range rep.cells {
 		fmt.Fprintf(w, "\n%s\n", c.cell)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "side\tcalls/s\tvs limit\tvs careful\tp50\tp99\tp99 vs limit\tCPU/call\tload CPU/call\tallocs/call\tpeak RSS\terrors\t")
+		fmt.Fprintln(tw, "side\tcalls/s\tvs limit\tvs careful\tp50\tp99\tmax\tp99 vs limit\tCPU/call\tload CPU/call\tallocs/call\tpeak RSS\terrors\t")
 		lr, cr := &result{}, &result{}
 		if limit >= 0 {
 			lr = c.results[limit]
@@ -82,9 +82,9 @@ func (rep *report) write(w io.Writer) {
 			if r.calls > 0 {
 				cpu, loadCPU = r.cpu/time.Duration(r.calls), r.loadCPU/time.Duration(r.calls)
 			}
-			fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%dMiB\t%d\t\n", s.short, r.rate(),
+			fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%dMiB\t%d\t\n", s.short, r.rate(),
 				ratio(r.rate(), lr.rate()), ratio(r.rate(), cr.rate()),
-				round(r.p(0.5)), round(r.p(0.99)), ratio(float64(r.p(0.99)), float64(lr.p(0.99))),
+				round(r.p(0.5)), round(r.p(0.99)), round(r.p(1)), ratio(float64(r.p(0.99)), float64(lr.p(0.99))),
 				cpu.Round(time.Microsecond), loadCPU.Round(time.Microsecond), allocs, r.peakRSS>>20, r.errors)
 		}
 		tw.Flush()

@@ -32,7 +32,7 @@ alternating rounds and each on a fresh database,
             of its own: what a careful user writes without the layer
   layer     mcp-outbox serve (one replica; on PostgreSQL also --replicas)
 
-and prints calls per second, p50 and p99 latency, and the servers' CPU
+and prints calls per second, p50, p99 and the largest latency, and the servers' CPU
 time and heap allocations per call. The plan: Streamable HTTP stateless
 (2026-07-28) at each --clients level; then, at the level nearest 32, a
 2025-11-25 session per client, calls without a key, and stdio with one

@@ -85,6 +85,8 @@ func scrapeMallocs(ctx context.Context, url string) (float64, error) {
 	return 0, fmt.Errorf("%s: no go_memstats_mallocs_total", url)
 }
 
+// percentile is the p-quantile of sorted; p = 1 is the largest, which
+// shows a stall that p99 can hide (a few calls held for seconds).
 func percentile(sorted []time.Duration, p float64) time.Duration {
 	if len(sorted) == 0 {
 		return 0
