@@ -69,6 +69,10 @@ func (t *toolInfo) onLostPolicy() string {
 // Tools annotated readOnlyHint run in a read-only transaction and are not
 // recorded. Tools annotated idempotentHint run in a transaction but are not
 // recorded unless [Options.RecordIdempotent] or [ToolOptions.Record] is set.
+//
+// t is not changed: the SDK gets a copy whose input schema is JSON text
+// (the same JSON clients list), which the SDK's stateless HTTP handler
+// reads on every call far more cheaply than a *jsonschema.Schema.
 func AddTool[In, Out any](l *Layer, s *mcp.Server, t *mcp.Tool, h HandlerFor[In, Out], opts *ToolOptions) {
 	var o ToolOptions
 	if opts != nil {
