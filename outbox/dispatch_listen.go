@@ -93,12 +93,14 @@ func (d *Dispatcher) listenOnce(ctx context.Context, listening func()) error {
 		return fmt.Errorf("listen: %w", err)
 	}
 	listening()
-	// Effects committed while no connection listened were announced to
-	// nobody: look once.
-	d.Notify()
+	// Before the wake-up below, so that a test sees the listening first
+	// and the idle wait that follows the round it causes.
 	if h := d.testHookListening; h != nil {
 		h()
 	}
+	// Effects committed while no connection listened were announced to
+	// nobody: look once.
+	d.Notify()
 	for {
 		if _, err := conn.WaitForNotification(ctx); err != nil {
 			return fmt.Errorf("wait for notification: %w", err)

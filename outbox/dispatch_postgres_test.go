@@ -97,6 +97,50 @@ func TestDispatchPostgres_ReplicasDeliverEachOnceInOrder(t *testing.T) {
 	t.Parallel()
 	const calls, perCall = 400, 5
 	dbs := replicaHandles(t, 3)
+	sink := newOrderedSink()
+	srv := httptest.NewServer(sink)
+	t.Cleanup(srv.Close)
+	u, _ := url.Parse(srv.URL)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var (
+		wg         sync.WaitGroup
+		transports []*countingTransport
+		listening  = make(chan struct{}, len(dbs))
+	)
+	defer func() { cancel(); wg.Wait() }()
+	for _, db := range dbs {
+		tr := &countingTransport{RoundTripper: http.DefaultTransport.(*http.Transport).Clone()}
+		transports = append(transports, tr)
+		d, err := outbox.NewDispatcher(db, &outbox.DispatcherOptions{
+			Destinations: []outbox.Destination{{Name: "payments", URL: u, Concurrency: 8}},
+			PollInterval: 50 * time.Millisecond,
+			BackoffBase:  5 * time.Millisecond, BackoffMax: 20 * time.Millisecond,
+			Transport: tr,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.SetDispatchTestHooks(func() {
+			select {
+			case listening <- struct{}{}:
+			default:
+			}
+		}, nil)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := d.Run(ctx); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	// The effects appear once every replica listens, so that a replica
+	// slow to start (-race, a loaded machine) still finds work to share:
+	// the inserts' notifications wake all three at once.
+	for range dbs {
+		waitSignal(t, listening, 30*time.Second, "listening")
+	}
 	now := time.Now().UnixMilli()
 	// Effects are numbered last seq first, so that the claims' order by id
 	// asks for each call's last effect first and only the per-call order
@@ -115,37 +159,6 @@ func TestDispatchPostgres_ReplicasDeliverEachOnceInOrder(t *testing.T) {
 		if _, err := dbs[0].Write.Exec(stmt, now); err != nil {
 			t.Fatal(err)
 		}
-	}
-	sink := newOrderedSink()
-	srv := httptest.NewServer(sink)
-	t.Cleanup(srv.Close)
-	u, _ := url.Parse(srv.URL)
-
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var (
-		wg         sync.WaitGroup
-		transports []*countingTransport
-	)
-	for _, db := range dbs {
-		tr := &countingTransport{RoundTripper: http.DefaultTransport.(*http.Transport).Clone()}
-		transports = append(transports, tr)
-		d, err := outbox.NewDispatcher(db, &outbox.DispatcherOptions{
-			Destinations: []outbox.Destination{{Name: "payments", URL: u, Concurrency: 8}},
-			PollInterval: 50 * time.Millisecond,
-			BackoffBase:  5 * time.Millisecond, BackoffMax: 20 * time.Millisecond,
-			Transport: tr,
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := d.Run(ctx); err != nil {
-				t.Error(err)
-			}
-		}()
 	}
 	waitUntil(t, 2*time.Minute, func() bool {
 		return count(t, dbs[0].Read, `SELECT count(*) FROM effects WHERE state = 'delivered'`) == calls*perCall
@@ -220,16 +233,22 @@ func TestDispatchPostgres_NotifyWakes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// listens counts the times the listener began listening; idleAfter is
+	// that count when Run last began an idle wait, so an idle wait is known
+	// to follow a listen even if it began before the test looked.
+	var listens, idleAfter atomic.Int64
 	listening := make(chan struct{}, 8)
-	idle := make(chan struct{}) // unbuffered: only an idle wait that begins while the test waits counts
+	idle := make(chan struct{}, 1)
 	d.SetDispatchTestHooks(
 		func() {
+			listens.Add(1)
 			select {
 			case listening <- struct{}{}:
 			default:
 			}
 		},
 		func() {
+			idleAfter.Store(listens.Load())
 			select {
 			case idle <- struct{}{}:
 			default:
@@ -251,7 +270,10 @@ func TestDispatchPostgres_NotifyWakes(t *testing.T) {
 	quiet := func() {
 		t.Helper()
 		waitSignal(t, listening, 30*time.Second, "listening")
-		waitSignal(t, idle, 30*time.Second, "idle after listening")
+		n := listens.Load()
+		for idleAfter.Load() < n {
+			waitSignal(t, idle, 30*time.Second, "idle after listening")
+		}
 	}
 	delivered := func(key string) {
 		t.Helper()
