@@ -141,17 +141,24 @@ func TestGroupCommit_OwnTransactionEndedByError(t *testing.T) {
 		return n
 	}
 
-	u, err := g.enter(ctx, true)
-	if err != nil {
-		t.Fatal(err)
+	// failingUnit enters a unit, inserts v, then runs a statement that
+	// fails and so ends the transaction.
+	failingUnit := func(v int) *unit {
+		t.Helper()
+		u, err := g.enter(ctx, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := u.exec(`INSERT INTO t VALUES ($1)`, v); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := u.exec(`INSERT INTO t VALUES (1/($1::int - 1))`, 1); err == nil {
+			t.Fatal("division by zero succeeded")
+		}
+		return u
 	}
-	if _, err := u.exec(`INSERT INTO t VALUES ($1)`, 1); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := u.exec(`INSERT INTO t VALUES (1/($1::int - 1))`, 1); err == nil {
-		t.Fatal("division by zero succeeded")
-	}
-	b := u.leave(true)
+
+	b := failingUnit(1).leave(true)
 	<-b.done
 	if !errors.Is(b.err, errOwnTxEnded) {
 		t.Fatalf("batch error = %v; want %v", b.err, errOwnTxEnded)
@@ -161,16 +168,7 @@ func TestGroupCommit_OwnTransactionEndedByError(t *testing.T) {
 	}
 
 	// Undone by its savepoint, the same error leaves the rest to commit.
-	u, err = g.enter(ctx, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := u.exec(`INSERT INTO t VALUES ($1)`, 2); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := u.exec(`INSERT INTO t VALUES (1/($1::int - 1))`, 1); err == nil {
-		t.Fatal("division by zero succeeded")
-	}
+	u := failingUnit(2)
 	if err := u.undo(); err != nil {
 		t.Fatal(err)
 	}

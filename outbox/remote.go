@@ -79,7 +79,7 @@ func (l *Layer) RemoteTool(name string, t *mcp.Tool, opts RemoteOptions) *Remote
 		if a := t.Annotations; a != nil && (a.ReadOnlyHint || (a.IdempotentHint && !l.opts.RecordIdempotent)) {
 			info.record = false
 		}
-		if declared, err := declaresKeyArgument[map[string]any](t); err == nil {
+		if declared, err := declaresKeyArgument(t); err == nil {
 			info.keyArgument = declared
 		}
 	} else {

@@ -90,7 +90,8 @@ func AddTool[In, Out any](l *Layer, s *mcp.Server, t *mcp.Tool, h HandlerFor[In,
 			info.record = false
 		}
 	}
-	declared, err := declaresKeyArgument[In](t)
+	sdkTool := inputSchemaAsJSON[In](t)
+	declared, err := declaresKeyArgument(sdkTool)
 	if err != nil {
 		panic(fmt.Sprintf("outbox.AddTool %q: %v", t.Name, err))
 	}
@@ -100,7 +101,7 @@ func AddTool[In, Out any](l *Layer, s *mcp.Server, t *mcp.Tool, h HandlerFor[In,
 	l.tools[t.Name] = info
 	l.mu.Unlock()
 
-	mcp.AddTool(s, inputSchemaAsJSON[In](t), func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
+	mcp.AddTool(s, sdkTool, func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
 		a := attemptFrom(ctx)
 		if a == nil || a.tool != info {
 			var zero Out
@@ -123,30 +124,24 @@ func AddTool[In, Out any](l *Layer, s *mcp.Server, t *mcp.Tool, h HandlerFor[In,
 }
 
 // declaresKeyArgument reports whether the tool's input schema has a top-level
-// idempotency_key property.
-func declaresKeyArgument[In any](t *mcp.Tool) (bool, error) {
-	var props map[string]json.RawMessage
-	if t.InputSchema != nil {
-		b, err := json.Marshal(t.InputSchema)
-		if err != nil {
-			return false, fmt.Errorf("input schema: %w", err)
-		}
-		var s struct {
-			Properties map[string]json.RawMessage `json:"properties"`
-		}
-		if err := json.Unmarshal(b, &s); err != nil {
-			return false, fmt.Errorf("input schema: %w", err)
-		}
-		props = s.Properties
-	} else {
-		s, err := jsonschema.For[In](nil)
-		if err != nil {
-			return false, nil // mcp.AddTool reports the problem
-		}
-		_, ok := s.Properties[ArgumentIdempotencyKey]
-		return ok, nil
+// idempotency_key property. A tool without a schema has none: AddTool gives
+// it the one its input type infers (inputSchemaAsJSON), and for an untyped
+// input the SDK's is an empty object.
+func declaresKeyArgument(t *mcp.Tool) (bool, error) {
+	if t.InputSchema == nil {
+		return false, nil
 	}
-	_, ok := props[ArgumentIdempotencyKey]
+	b, err := json.Marshal(t.InputSchema)
+	if err != nil {
+		return false, fmt.Errorf("input schema: %w", err)
+	}
+	var s struct {
+		Properties map[string]json.RawMessage `json:"properties"`
+	}
+	if err := json.Unmarshal(b, &s); err != nil {
+		return false, fmt.Errorf("input schema: %w", err)
+	}
+	_, ok := s.Properties[ArgumentIdempotencyKey]
 	return ok, nil
 }
 
