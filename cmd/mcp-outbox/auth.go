@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/mcp-outbox/mcp-outbox/bearer"
-	"github.com/mcp-outbox/mcp-outbox/operator"
+	"github.com/mcp-outbox/mcp-outbox/outbox/bearer"
+	"github.com/mcp-outbox/mcp-outbox/outbox/operator"
 )
 
 const authHelp = `Authentication (with --http):

@@ -9,7 +9,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/mcp-outbox/mcp-outbox/destconfig"
+	"github.com/mcp-outbox/mcp-outbox/outbox/destconfig"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/query"
 )

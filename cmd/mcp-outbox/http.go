@@ -11,8 +11,8 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
 
-	"github.com/mcp-outbox/mcp-outbox/mcphttp"
-	"github.com/mcp-outbox/mcp-outbox/operator"
+	"github.com/mcp-outbox/mcp-outbox/outbox/mcphttp"
+	"github.com/mcp-outbox/mcp-outbox/outbox/operator"
 )
 
 // newRouter is serve's and proxy's --http listener: /mcp (behind the

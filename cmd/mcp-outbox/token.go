@@ -7,7 +7,7 @@ import (
 	"io"
 	"strings"
 
-	"github.com/mcp-outbox/mcp-outbox/bearer"
+	"github.com/mcp-outbox/mcp-outbox/outbox/bearer"
 )
 
 const tokenUsage = `Usage: mcp-outbox token new PRINCIPAL

@@ -17,7 +17,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/gctune"
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
-	"github.com/mcp-outbox/mcp-outbox/mcphttp"
+	"github.com/mcp-outbox/mcp-outbox/outbox/mcphttp"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 

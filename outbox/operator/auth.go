@@ -6,7 +6,7 @@ import (
 	"net/netip"
 	"strings"
 
-	"github.com/mcp-outbox/mcp-outbox/bearer"
+	"github.com/mcp-outbox/mcp-outbox/outbox/bearer"
 )
 
 // adminAuth is the operator's credential: the SHA-256 of the admin token.

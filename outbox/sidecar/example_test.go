@@ -12,7 +12,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/schema"
-	"github.com/mcp-outbox/mcp-outbox/sidecar"
+	"github.com/mcp-outbox/mcp-outbox/outbox/sidecar"
 )
 
 // memoryUpstream dials a go-sdk server in this process; a real sidecar

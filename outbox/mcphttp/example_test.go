@@ -8,7 +8,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/mcp-outbox/mcp-outbox/mcphttp"
+	"github.com/mcp-outbox/mcp-outbox/outbox/mcphttp"
 )
 
 // One endpoint serves both protocol generations: a client that asks for

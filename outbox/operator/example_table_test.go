@@ -5,7 +5,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/mcp-outbox/mcp-outbox/operator"
+	"github.com/mcp-outbox/mcp-outbox/outbox/operator"
 	"github.com/mcp-outbox/mcp-outbox/query"
 )
 

@@ -26,7 +26,7 @@ import (
 // recording span the client's _meta passes through untouched, trace
 // context included.
 
-const tracerName = "github.com/mcp-outbox/mcp-outbox/sidecar"
+const tracerName = "github.com/mcp-outbox/mcp-outbox/outbox/sidecar"
 
 // requestInfo describes a client's tools/call for its server span.
 func (s *session) requestInfo(req *mcp.CallToolRequest) outbox.RequestInfo {

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"log"
 
-	"github.com/mcp-outbox/mcp-outbox/destconfig"
+	"github.com/mcp-outbox/mcp-outbox/outbox/destconfig"
 )
 
 // Destinations from the environment and --dest flags, for

@@ -9,7 +9,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
 
-	"github.com/mcp-outbox/mcp-outbox/bearer"
+	"github.com/mcp-outbox/mcp-outbox/outbox/bearer"
 )
 
 // A tokens file names each principal with the hash of its token; the
