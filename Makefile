@@ -33,7 +33,7 @@ help: ## Show this list of targets
 
 .PHONY: build
 build: ## Build bin/mcp-outbox
-	go build -o bin/mcp-outbox ./cmd/mcp-outbox
+	go build -buildvcs=auto -o bin/mcp-outbox ./cmd/mcp-outbox
 
 # npm ci in a test program's directory, when its lockfile is newer than
 # what is installed.

@@ -45,6 +45,7 @@ func commands() []command {
 		{"outbox", "list, retry, cancel and resolve the outbox's effects (downstream deliveries)", runOutbox},
 		{"purge", "delete expired calls and old delivered or cancelled effects (--dry-run to count)", runPurge},
 		{"token", "make a bearer token for serve --http (new PRINCIPAL), or hash one (hash)", runToken},
+		{"version", "print the module version, VCS revision and Go toolchain of this build", runVersion},
 		{"help", "show help for a command", nil},
 	}
 }

@@ -39,7 +39,9 @@ func TestMain(m *testing.M) {
 	bin = filepath.Join(dir, "mcp-outbox")
 	failpointBin = filepath.Join(dir, "mcp-outbox-failpoints")
 	for _, b := range []struct{ out, tags string }{{bin, ""}, {failpointBin, "failpoints"}} {
-		args := []string{"build", "-o", b.out}
+		// -buildvcs=auto stamps the commit (TestVersionCommand reads it)
+		// even where GOFLAGS says -buildvcs=false, as on some CI machines.
+		args := []string{"build", "-buildvcs=auto", "-o", b.out}
 		if b.tags != "" {
 			args = append(args, "-tags", b.tags)
 		}
