@@ -192,8 +192,9 @@
 // # Keys
 //
 // The key of a call is the first found of: params._meta.idempotencyKey;
-// params.idempotencyKey (SEP-3182, carried below the SDK by [WrapTransport]
-// and [LiftParamsKey]); the HTTP Idempotency-Key header; the tool's
+// params.idempotencyKey (SEP-3182, carried below the SDK by the fronts:
+// mcpstdio.NewTransport on stdio, mcphttp's handler and LiftParamsKey on
+// Streamable HTTP); the HTTP Idempotency-Key header; the tool's
 // idempotency_key argument when its input schema declares one. Without any, the
 // key is a fingerprint of principal, tool and canonical arguments, remembered
 // for the tool's fingerprint window. Keys are scoped by principal: the

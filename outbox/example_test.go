@@ -10,6 +10,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/mcpstdio"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -59,9 +60,9 @@ func ExampleAddTool() {
 			return nil, InvoiceOut{InvoiceID: id}, err
 		}, nil)
 
-	// A client; stdio servers use outbox.WrapTransport(&mcp.StdioTransport{}).
+	// A client; stdio servers use mcpstdio.NewTransport(&mcp.StdioTransport{}, nil).
 	st, ct := mcp.NewInMemoryTransports()
-	if _, err := server.Connect(ctx, outbox.WrapTransport(st), nil); err != nil {
+	if _, err := server.Connect(ctx, mcpstdio.NewTransport(st, nil), nil); err != nil {
 		log.Fatal(err)
 	}
 	client, err := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "v1"}, nil).Connect(ctx, ct, nil)

@@ -14,8 +14,9 @@ import (
 const (
 	// MetaKeyIdempotency is the key's name in params._meta.
 	MetaKeyIdempotency = "idempotencyKey"
-	// MetaKeyParamsKey is where [WrapTransport] and [LiftParamsKey] move a
-	// top-level params.idempotencyKey, which the SDK would otherwise drop.
+	// MetaKeyParamsKey is where mcpstdio.NewTransport and
+	// mcphttp.LiftParamsKey move a top-level params.idempotencyKey, which
+	// the SDK would otherwise drop.
 	MetaKeyParamsKey = "io.github.mcp-outbox/paramsIdempotencyKey"
 	// HeaderIdempotencyKey is the HTTP header of
 	// draft-ietf-httpapi-idempotency-key-header.

@@ -17,6 +17,8 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/mcphttp"
+	"github.com/mcp-outbox/mcp-outbox/outbox/mcpstdio"
 )
 
 // httpServer serves the bundle's server over Streamable HTTP with bearer
@@ -30,7 +32,7 @@ func httpServer(t *testing.T, s *mcp.Server) string {
 		return &auth.TokenInfo{UserID: token, Expiration: time.Now().Add(time.Hour)}, nil
 	}
 	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return s }, nil)
-	srv := httptest.NewServer(outbox.LiftParamsKey(auth.RequireBearerToken(verify, nil)(h)))
+	srv := httptest.NewServer(mcphttp.LiftParamsKey(auth.RequireBearerToken(verify, nil)(h)))
 	t.Cleanup(srv.Close)
 	return srv.URL
 }
@@ -122,7 +124,7 @@ func rawConnect(t *testing.T, s *mcp.Server) *rawSession {
 	t.Helper()
 	cr, sw := io.Pipe()
 	sr, cw := io.Pipe()
-	ss, err := s.Connect(context.Background(), outbox.WrapTransport(&mcp.IOTransport{Reader: sr, Writer: sw}), nil)
+	ss, err := s.Connect(context.Background(), mcpstdio.NewTransport(&mcp.IOTransport{Reader: sr, Writer: sw}, nil), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,7 +180,7 @@ func TestKeys_TopLevelParamsKey(t *testing.T) {
 		t.Errorf("charges = %d, want 1", got)
 	}
 
-	// The same over HTTP, through LiftParamsKey.
+	// The same over HTTP, through mcphttp.LiftParamsKey.
 	url := httpServer(t, b.server)
 	cs := connectHTTP(t, url, http.Header{"Authorization": {"Bearer alice"}})
 	_ = cs // a session exists; the raw request below opens its own

@@ -7,6 +7,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/mcpstdio"
 )
 
 // A tool that asks the client for confirmation (SEP-2322 multi round-trip)
@@ -36,7 +37,7 @@ func TestCall_MultiRoundTrip(t *testing.T) {
 			}, nil)
 
 			st, ct := mcp.NewInMemoryTransports()
-			ss, err := s.Connect(context.Background(), outbox.WrapTransport(st), nil)
+			ss, err := s.Connect(context.Background(), mcpstdio.NewTransport(st, nil), nil)
 			if err != nil {
 				t.Fatal(err)
 			}

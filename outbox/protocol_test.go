@@ -10,6 +10,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/mcpstdio"
 )
 
 // answers records the results a client reads, as they came over the wire.
@@ -62,7 +63,7 @@ func TestCall_ResultTypeForNewProtocol(t *testing.T) {
 			t.Parallel()
 			b := setup(t, nil, nil)
 			st, ct := mcp.NewInMemoryTransports()
-			ss, err := b.server.Connect(context.Background(), outbox.WrapTransport(st), nil)
+			ss, err := b.server.Connect(context.Background(), mcpstdio.NewTransport(st, nil), nil)
 			if err != nil {
 				t.Fatal(err)
 			}

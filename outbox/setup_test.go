@@ -12,6 +12,7 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
 	"github.com/mcp-outbox/mcp-outbox/internal/pgtest"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/mcpstdio"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -96,7 +97,7 @@ func connect(tb testing.TB, s *mcp.Server) *mcp.ClientSession {
 	tb.Helper()
 	ctx := context.Background()
 	st, ct := mcp.NewInMemoryTransports()
-	ss, err := s.Connect(ctx, outbox.WrapTransport(st), nil)
+	ss, err := s.Connect(ctx, mcpstdio.NewTransport(st, nil), nil)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -14,7 +14,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/mcpstdio"
 )
 
 // command is one subcommand. run returns an error to print; a usageError
@@ -214,8 +214,8 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 // against malformed lines by the library; the streams stay open when the
 // session ends: they belong to the command.
 func (env *environment) stdio(logger *slog.Logger) mcp.Transport {
-	return outbox.WrapTransportWithOptions(&mcp.IOTransport{Reader: io.NopCloser(env.stdin), Writer: nopWriteCloser{env.stdout}},
-		&outbox.TransportOptions{Logger: logger})
+	return mcpstdio.NewTransport(&mcp.IOTransport{Reader: io.NopCloser(env.stdin), Writer: nopWriteCloser{env.stdout}},
+		&mcpstdio.Options{Logger: logger})
 }
 
 type nopWriteCloser struct{ io.Writer }

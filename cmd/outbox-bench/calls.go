@@ -15,6 +15,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/mcpstdio"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -80,7 +81,7 @@ func startServer(ctx context.Context, db *schema.DB, sd side, clients int) (*ser
 		}
 		srv = l.NewServer(impl, nil)
 		ledger.Register(l, srv, nil)
-		wrap = outbox.WrapTransport // part of the layer: it lifts top-level params keys
+		wrap = func(t mcp.Transport) mcp.Transport { return mcpstdio.NewTransport(t, nil) } // part of the layer: it lifts top-level params keys
 	case sideBareTx:
 		srv = mcp.NewServer(impl, nil)
 		ledger.RegisterBareTransactional(db, srv, nil)

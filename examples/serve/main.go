@@ -21,6 +21,7 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/outbox/bearer"
 	"github.com/mcp-outbox/mcp-outbox/outbox/mcphttp"
+	"github.com/mcp-outbox/mcp-outbox/outbox/mcpstdio"
 	"github.com/mcp-outbox/mcp-outbox/outbox/operator"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -78,7 +79,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	wg.Go(func() { d.Run(ctx) })
 	wg.Go(func() { outbox.RunReaper(ctx, db, outbox.Retention{}, outbox.DefaultReapInterval, nil) })
 	if *httpAddr == "" {
-		return server.Run(ctx, outbox.WrapTransport(&mcp.StdioTransport{}))
+		return server.Run(ctx, mcpstdio.NewTransport(&mcp.StdioTransport{}, nil))
 	}
 	var toks []bearer.Token // none: no authentication
 	if *tokens != "" {

@@ -3,13 +3,14 @@
 // by the Mcp-Protocol-Version header (stateful sessions up to 2025-11-25,
 // stateless requests from 2026-07-28, which the go-sdk serves only from a
 // stateless handler), with a top-level params.idempotencyKey lifted into
-// _meta before the SDK drops it. [Serve] runs an http.Server until its
-// context ends, then shuts it down gracefully.
+// _meta before the SDK drops it ([LiftParamsKey], which an endpoint of
+// your own can use too). [Serve] runs an http.Server until its context
+// ends, then shuts it down gracefully.
 //
 // It is the HTTP front of `mcp-outbox serve`: mount [NewHandler] at /mcp,
 // behind bearer.Verifier.Require when clients authenticate, and the
 // operator surface (package operator) at the root.
 //
 // In the layers of this module mcphttp is a surface on the library
-// (outbox), beside operator and sidecar.
+// (outbox), beside mcpstdio, its stdio front, and operator and sidecar.
 package mcphttp

@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-
-	"github.com/mcp-outbox/mcp-outbox/outbox"
 )
 
 // StatelessVersion is the first protocol version whose requests carry their
@@ -32,7 +30,7 @@ type Options struct {
 // requests for 2026-07-28 and later (a request of a later version that
 // carries an Mcp-Session-Id stays with its session). A top-level
 // params.idempotencyKey of tools/call is lifted into _meta first
-// (outbox.LiftParamsKey). Put authentication in front of it, such as
+// ([LiftParamsKey]). Put authentication in front of it, such as
 // bearer.Verifier.Require.
 func NewHandler(s *mcp.Server, opts *Options) http.Handler {
 	var logger *slog.Logger
@@ -42,7 +40,7 @@ func NewHandler(s *mcp.Server, opts *Options) http.Handler {
 	get := func(*http.Request) *mcp.Server { return s }
 	stateful := mcp.NewStreamableHTTPHandler(get, &mcp.StreamableHTTPOptions{Logger: logger})
 	stateless := mcp.NewStreamableHTTPHandler(get, &mcp.StreamableHTTPOptions{Logger: logger, Stateless: true})
-	return outbox.LiftParamsKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return LiftParamsKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if v := r.Header.Get("Mcp-Protocol-Version"); v >= StatelessVersion && r.Header.Get("Mcp-Session-Id") == "" {
 			stateless.ServeHTTP(w, r)
 			return

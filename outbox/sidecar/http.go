@@ -12,7 +12,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/mcphttp"
 )
 
 const sessionHeader = "Mcp-Session-Id"
@@ -28,7 +28,7 @@ const sessionHeader = "Mcp-Session-Id"
 // token gets 403, as the go-sdk does for its own sessions.
 func (p *Proxy) HTTPHandler(ctx context.Context) http.Handler {
 	h := &httpSessions{p: p, ctx: ctx, sessions: map[string]*httpSession{}}
-	return outbox.LiftParamsKey(h)
+	return mcphttp.LiftParamsKey(h)
 }
 
 type httpSessions struct {

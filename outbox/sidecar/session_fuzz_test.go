@@ -84,7 +84,7 @@ func FuzzProxySession(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, input []byte) {
 		// The client's lines, as a stdio client writes them: one message
-		// each (batches are the line filter's, see FuzzStdioLines).
+		// each (batches are the line filter's, see FuzzStdioLines in mcpstdio).
 		lines := [][]byte{
 			[]byte(`{"jsonrpc":"2.0","id":"fuzz-init","method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"fuzz","version":"v0"}}}`),
 			[]byte(`{"jsonrpc":"2.0","method":"notifications/initialized","params":{}}`),

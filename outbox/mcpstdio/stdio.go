@@ -1,4 +1,4 @@
-package outbox
+package mcpstdio
 
 import (
 	"bufio"
@@ -16,7 +16,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
-// lineTransport is the hardened stdio transport WrapTransport puts in place
+// lineTransport is the hardened stdio transport NewTransport puts in place
 // of an *mcp.StdioTransport or *mcp.IOTransport: newline-delimited JSON-RPC
 // on the same streams. The go-sdk's own stdio transport ends the whole
 // session at the first line that is not a JSON-RPC message, taking every

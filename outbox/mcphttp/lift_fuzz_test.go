@@ -1,16 +1,13 @@
-package outbox
+package mcphttp
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"io"
 	"reflect"
-	"strings"
 	"testing"
 
-	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
-	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/mcp-outbox/mcp-outbox/outbox"
 )
 
 // liftSeeds are JSON-RPC messages and bodies as clients send them, with
@@ -41,7 +38,7 @@ var liftSeeds = []string{
 // rewrite): a body is either reported unchanged (and passed on as it
 // came), or becomes valid JSON in which every message and every params member is the same
 // JSON value as before, except that _meta gained the key, as it was sent,
-// under MetaKeyParamsKey.
+// under outbox.MetaKeyParamsKey.
 func FuzzLiftBody(f *testing.F) {
 	for _, s := range liftSeeds {
 		f.Add([]byte(s))
@@ -121,7 +118,7 @@ func checkLifted(t *testing.T, before, after json.RawMessage) {
 	}
 	for k := range union(am, bm) {
 		want := bm[k]
-		if k == MetaKeyParamsKey {
+		if k == outbox.MetaKeyParamsKey {
 			want = key
 		}
 		if !jsonEqual(am[k], want) {
@@ -174,61 +171,4 @@ func decodeExact(b []byte) (any, error) {
 		return nil, io.ErrUnexpectedEOF
 	}
 	return v, nil
-}
-
-// fakeConn hands out one message, then EOF.
-type fakeConn struct{ msg jsonrpc.Message }
-
-func (c *fakeConn) Read(context.Context) (jsonrpc.Message, error) {
-	if c.msg == nil {
-		return nil, io.EOF
-	}
-	m := c.msg
-	c.msg = nil
-	return m, nil
-}
-func (c *fakeConn) Write(context.Context, jsonrpc.Message) error { return nil }
-func (c *fakeConn) Close() error                                 { return nil }
-func (c *fakeConn) SessionID() string                            { return "" }
-
-type fakeTransport struct{ conn *fakeConn }
-
-func (t fakeTransport) Connect(context.Context) (mcp.Connection, error) { return t.conn, nil }
-
-// FuzzWrapTransport checks the stdio lift, on the message the SDK decoded:
-// WrapTransport's connection never fails or panics on a message, changes
-// nothing but a tools/call's params, and there, when params is an object
-// with idempotencyKey, only adds the key to _meta.
-func FuzzWrapTransport(f *testing.F) {
-	for _, s := range liftSeeds {
-		if !strings.HasPrefix(s, "[") {
-			f.Add([]byte(s))
-		}
-	}
-	f.Fuzz(func(t *testing.T, line []byte) {
-		msg, err := jsonrpc.DecodeMessage(line)
-		if err != nil {
-			return // the SDK's transport refuses it before the lift
-		}
-		before, err := jsonrpc.EncodeMessage(msg)
-		if err != nil {
-			t.Skip("the SDK cannot encode what it decoded")
-		}
-		conn, err := WrapTransport(fakeTransport{&fakeConn{msg: msg}}).Connect(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := conn.Read(context.Background())
-		if err != nil {
-			t.Fatalf("Read(%q): %v", line, err)
-		}
-		after, err := jsonrpc.EncodeMessage(got)
-		if err != nil {
-			t.Fatalf("lifted message of %q does not encode: %v", line, err)
-		}
-		checkLifted(t, before, after)
-		if _, err := conn.Read(context.Background()); err != io.EOF {
-			t.Fatalf("second Read: %v, want EOF", err)
-		}
-	})
 }

@@ -1,4 +1,4 @@
-package outbox
+package mcpstdio
 
 import (
 	"bufio"
@@ -53,7 +53,7 @@ var stdioSeeds = []string{
 	"",
 }
 
-// FuzzStdioLines runs the hardened stdio transport (WrapTransport around an
+// FuzzStdioLines runs the hardened stdio transport (NewTransport around an
 // *mcp.IOTransport, as serve has it) in front of a go-sdk server, feeds it an
 // initialize, the fuzzed lines and a final ping, and checks that every
 // non-empty line gets exactly one of: passed to the SDK, or one JSON-RPC
@@ -79,7 +79,7 @@ func FuzzStdioLines(f *testing.F) {
 		defer cancel()
 		inR, inW := io.Pipe()
 		outR, outW := io.Pipe()
-		ss, err := server.Connect(ctx, WrapTransport(&mcp.IOTransport{Reader: inR, Writer: outW}), nil)
+		ss, err := server.Connect(ctx, NewTransport(&mcp.IOTransport{Reader: inR, Writer: outW}, nil), nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,4 +1,4 @@
-package outbox
+package mcpstdio
 
 import (
 	"bytes"

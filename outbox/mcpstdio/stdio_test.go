@@ -1,4 +1,4 @@
-package outbox_test
+package mcpstdio_test
 
 import (
 	"bufio"
@@ -7,23 +7,94 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/mcpstdio"
+	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
-// TestWrapTransport_StdioSurvivesBadLines: a server a library user builds,
-// served over stdio streams through WrapTransport, answers each line that
+// ledgerServer is a server of the layer with the ledger's tools, on a
+// SQLite file in t.TempDir (the transport is the same for every store).
+func ledgerServer(t *testing.T) (*mcp.Server, *schema.DB) {
+	t.Helper()
+	ctx := context.Background()
+	db, err := schema.Open(ctx, filepath.Join(t.TempDir(), "test.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	if err := ledger.Migrate(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	layer, err := outbox.New(db, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := layer.NewServer(&mcp.Implementation{Name: "test", Version: "v0"}, nil)
+	ledger.Register(layer, s, nil)
+	return s, db
+}
+
+// rawSession is a client that writes and reads the lines of stdio itself.
+type rawSession struct {
+	t *testing.T
+	w io.Writer
+	r *bufio.Scanner
+}
+
+// rawConnect serves s through NewTransport on a pair of pipes, and
+// initializes the session.
+func rawConnect(t *testing.T, s *mcp.Server) *rawSession {
+	t.Helper()
+	cr, sw := io.Pipe()
+	sr, cw := io.Pipe()
+	ss, err := s.Connect(context.Background(), mcpstdio.NewTransport(&mcp.IOTransport{Reader: sr, Writer: sw}, nil), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cw.Close(); ss.Close() })
+	rs := &rawSession{t: t, w: cw, r: bufio.NewScanner(cr)}
+	rs.r.Buffer(nil, 1<<20)
+	rs.send(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}`)
+	rs.read()
+	rs.send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	return rs
+}
+
+func (rs *rawSession) send(line string) {
+	rs.t.Helper()
+	if _, err := io.WriteString(rs.w, line+"\n"); err != nil {
+		rs.t.Fatal(err)
+	}
+}
+
+func (rs *rawSession) read() map[string]any {
+	rs.t.Helper()
+	if !rs.r.Scan() {
+		rs.t.Fatalf("read response: %v", rs.r.Err())
+	}
+	var m map[string]any
+	if err := json.Unmarshal(rs.r.Bytes(), &m); err != nil {
+		rs.t.Fatalf("response %s: %v", rs.r.Bytes(), err)
+	}
+	return m
+}
+
+// TestNewTransport_StdioSurvivesBadLines: a server a library user builds,
+// served over stdio streams through NewTransport, answers each line that
 // is not a JSON-RPC message with one error and keeps the session, its
 // calls recorded and replayed, as serve does.
-func TestWrapTransport_StdioSurvivesBadLines(t *testing.T) {
+func TestNewTransport_StdioSurvivesBadLines(t *testing.T) {
 	t.Parallel()
-	b := setup(t, nil, nil)
-	rs := rawConnect(t, b.server)
+	server, db := ledgerServer(t)
+	rs := rawConnect(t, server)
 	deep := strings.Repeat("[", 10000) + strings.Repeat("]", 10000)
 	for _, c := range []struct {
 		name, line string
@@ -59,23 +130,27 @@ func TestWrapTransport_StdioSurvivesBadLines(t *testing.T) {
 			t.Fatalf("call %d after the bad lines: %v", i, res)
 		}
 	}
-	if got := charges(t, b); got != 1 {
-		t.Errorf("charges = %d, want 1", got)
+	var n int
+	if err := db.Read.QueryRow(`SELECT count(*) FROM charges`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Errorf("charges = %d, want 1", n)
 	}
 }
 
-// TestWrapTransport_StdioMaxLineLength: the wrapped transport's
+// TestNewTransport_StdioMaxLineLength: the wrapped transport's
 // MaxLineLength bounds a message, a longer one gets an error and the
 // session goes on; rejected lines go to the Logger of the options.
-func TestWrapTransport_StdioMaxLineLength(t *testing.T) {
+func TestNewTransport_StdioMaxLineLength(t *testing.T) {
 	t.Parallel()
-	b := setup(t, nil, nil)
+	server, _ := ledgerServer(t)
 	cr, sw := io.Pipe()
 	sr, cw := io.Pipe()
 	var logs syncBuffer
 	logger := slog.New(slog.NewTextHandler(&logs, nil))
-	tr := outbox.WrapTransportWithOptions(&mcp.IOTransport{Reader: sr, Writer: sw, MaxLineLength: 512}, &outbox.TransportOptions{Logger: logger})
-	ss, err := b.server.Connect(context.Background(), tr, nil)
+	tr := mcpstdio.NewTransport(&mcp.IOTransport{Reader: sr, Writer: sw, MaxLineLength: 512}, &mcpstdio.Options{Logger: logger})
+	ss, err := server.Connect(context.Background(), tr, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,50 @@
+// Package paramskey lifts SEP-3182's top-level params.idempotencyKey of a
+// tools/call into params._meta. The go-sdk unmarshals params into
+// CallToolParamsRaw, which has no such field, so the key is gone before any
+// middleware runs; it has to be caught below the SDK, in the raw JSON-RPC
+// message. Both fronts do it: mcpstdio on each message its connection
+// reads, mcphttp on each POST body. The layer looks for the lifted key
+// under outbox.MetaKeyParamsKey, after _meta.idempotencyKey.
+//
+// The name of the _meta member is a parameter, not an import of outbox,
+// so that the library itself stays free to use this package.
+package paramskey
+
+import "encoding/json"
+
+// Lift copies params.idempotencyKey into params._meta[into], and reports
+// whether it did. The value is copied as it is, even when it is not a
+// string, so that the layer reports a bad key instead of silently ignoring
+// it. Params that are not an object, or whose _meta is not one, are
+// returned unchanged, for the SDK to judge. params itself is never written
+// to.
+func Lift(params json.RawMessage, into string) (json.RawMessage, bool) {
+	var p map[string]json.RawMessage
+	if json.Unmarshal(params, &p) != nil {
+		return params, false
+	}
+	key, ok := p["idempotencyKey"]
+	if !ok {
+		return params, false
+	}
+	meta := map[string]json.RawMessage{}
+	if raw, ok := p["_meta"]; ok && json.Unmarshal(raw, &meta) != nil {
+		return params, false
+	}
+	if meta == nil {
+		// "_meta": null unmarshals to a nil map, and assigning to it would
+		// panic in the SDK's reader: the whole server would go down.
+		meta = map[string]json.RawMessage{}
+	}
+	meta[into] = key
+	mb, err := json.Marshal(meta)
+	if err != nil {
+		return params, false
+	}
+	p["_meta"] = mb
+	out, err := json.Marshal(p)
+	if err != nil {
+		return params, false
+	}
+	return out, true
+}

@@ -1,0 +1,82 @@
+package mcpstdio
+
+import (
+	"context"
+	"log/slog"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/paramskey"
+	"github.com/mcp-outbox/mcp-outbox/outbox"
+)
+
+// Options configure [NewTransport]. A nil *Options, like the zero value,
+// means the defaults.
+type Options struct {
+	// Logger receives a warning for every line of stdio that is answered
+	// with an error instead of reaching the SDK. Nil discards them. Like
+	// every log of an MCP server on stdio, it must not write to stdout.
+	Logger *slog.Logger
+}
+
+// NewTransport returns t for a server of the outbox layer. Its connection
+// lifts a top-level params.idempotencyKey of tools/call requests (SEP-3182)
+// into _meta, under [outbox.MetaKeyParamsKey], where the layer finds it:
+// the go-sdk would drop it. Use it around stdio, command and in-memory
+// transports; Streamable HTTP gets the same from mcphttp.
+//
+// Around an *mcp.StdioTransport or an *mcp.IOTransport it also reads the
+// lines itself, on the same streams and with the same MaxLineLength: a line
+// that is not a JSON-RPC message (not JSON, too long, too deeply nested, a
+// bad batch) gets a JSON-RPC error response, under the request's id when it
+// has a usable one, and the session goes on. The go-sdk alone would end the
+// session there, with every call in flight.
+//
+// opts may be nil.
+func NewTransport(t mcp.Transport, opts *Options) mcp.Transport {
+	var logger *slog.Logger
+	if opts != nil {
+		logger = opts.Logger
+	}
+	if lt := newLineTransport(t, logger); lt != nil {
+		return &liftTransport{Transport: lt, supporter: t}
+	}
+	return &liftTransport{Transport: t, supporter: t}
+}
+
+type liftTransport struct {
+	mcp.Transport
+	// supporter is the transport the caller gave, whose optional
+	// interfaces liftTransport forwards (Transport may stand in for it).
+	supporter mcp.Transport
+}
+
+func (t *liftTransport) Connect(ctx context.Context) (mcp.Connection, error) {
+	c, err := t.Transport.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &liftConn{c}, nil
+}
+
+// SupportsProtocolVersion forwards the optional interface of the wrapped
+// transport, which Server.Connect consults for server/discover.
+func (t *liftTransport) SupportsProtocolVersion(v string) bool {
+	if s, ok := t.supporter.(mcp.ProtocolVersionSupporter); ok {
+		return s.SupportsProtocolVersion(v)
+	}
+	return true
+}
+
+type liftConn struct{ mcp.Connection }
+
+func (c *liftConn) Read(ctx context.Context) (jsonrpc.Message, error) {
+	msg, err := c.Connection.Read(ctx)
+	if req, ok := msg.(*jsonrpc.Request); ok && err == nil && req.Method == "tools/call" {
+		if p, changed := paramskey.Lift(req.Params, outbox.MetaKeyParamsKey); changed {
+			req.Params = p
+		}
+	}
+	return msg, err
+}

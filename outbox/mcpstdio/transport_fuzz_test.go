@@ -1,0 +1,116 @@
+package mcpstdio
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/paramskey"
+	"github.com/mcp-outbox/mcp-outbox/outbox"
+)
+
+// liftSeeds are messages as the SDK's transport decodes them, with the
+// shapes a lift can trip over: _meta null or not an object, the key not a
+// string, params null, duplicate keys, another method.
+var liftSeeds = []string{
+	`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"charge","arguments":{"amount":100},"idempotencyKey":"order-1"}}`,
+	`{"jsonrpc":"2.0","id":"a","method":"tools/call","params":{"name":"charge","_meta":{"progressToken":7,"idempotencyKey":"m"},"idempotencyKey":"p"}}`,
+	`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"charge","_meta":null,"idempotencyKey":"k"}}`,
+	`{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"charge","_meta":[1],"idempotencyKey":"k"}}`,
+	`{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"charge","idempotencyKey":null}}`,
+	`{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"charge","idempotencyKey":18446744073709551617}}`,
+	`{"jsonrpc":"2.0","id":6,"method":"tools/call","params":{"name":"charge","idempotencyKey":"a","idempotencyKey":"b"}}`,
+	`{"jsonrpc":"2.0","id":7,"method":"tools/call","params":null}`,
+	`{"jsonrpc":"2.0","id":8,"method":"tools/list","params":{"idempotencyKey":"k"}}`,
+	`{"jsonrpc":"2.0","method":"notifications/initialized"}`,
+	`{"jsonrpc":"2.0","id":9,"result":{"idempotencyKey":"k"}}`,
+}
+
+// fakeConn hands out one message, then EOF.
+type fakeConn struct{ msg jsonrpc.Message }
+
+func (c *fakeConn) Read(context.Context) (jsonrpc.Message, error) {
+	if c.msg == nil {
+		return nil, io.EOF
+	}
+	m := c.msg
+	c.msg = nil
+	return m, nil
+}
+func (c *fakeConn) Write(context.Context, jsonrpc.Message) error { return nil }
+func (c *fakeConn) Close() error                                 { return nil }
+func (c *fakeConn) SessionID() string                            { return "" }
+
+type fakeTransport struct{ conn *fakeConn }
+
+func (t fakeTransport) Connect(context.Context) (mcp.Connection, error) { return t.conn, nil }
+
+// FuzzNewTransport checks the lift on the message the SDK decoded:
+// NewTransport's connection never fails or panics on a message, hands on
+// the message it read, changes nothing but a tools/call's params, and
+// there gives exactly what paramskey.Lift gives, with the key under
+// outbox.MetaKeyParamsKey. That the lift keeps every other member of params
+// and _meta is mcphttp's FuzzLiftBody's to check: it drives the same Lift.
+func FuzzNewTransport(f *testing.F) {
+	for _, s := range liftSeeds {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, line []byte) {
+		msg, err := jsonrpc.DecodeMessage(line)
+		if err != nil {
+			return // the SDK's transport refuses it before the lift
+		}
+		before, err := jsonrpc.EncodeMessage(msg)
+		if err != nil {
+			t.Skip("the SDK cannot encode what it decoded")
+		}
+		req, isCall := msg.(*jsonrpc.Request)
+		isCall = isCall && req.Method == "tools/call"
+		var params json.RawMessage
+		if isCall {
+			params = bytes.Clone(req.Params)
+		}
+		conn, err := NewTransport(fakeTransport{&fakeConn{msg: msg}}, nil).Connect(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := conn.Read(context.Background())
+		if err != nil {
+			t.Fatalf("Read(%q): %v", line, err)
+		}
+		if got != msg {
+			t.Fatalf("Read(%q) handed on another message than it read", line)
+		}
+		if isCall {
+			want, lifted := paramskey.Lift(params, outbox.MetaKeyParamsKey)
+			if !bytes.Equal(req.Params, want) {
+				t.Fatalf("params of %q became %q, want %q", line, req.Params, want)
+			}
+			if lifted {
+				var p struct {
+					Key  json.RawMessage            `json:"idempotencyKey"`
+					Meta map[string]json.RawMessage `json:"_meta"`
+				}
+				if err := json.Unmarshal(req.Params, &p); err != nil || !bytes.Equal(p.Meta[outbox.MetaKeyParamsKey], p.Key) {
+					t.Fatalf("params of %q became %q: the key is not under _meta[%q]", line, req.Params, outbox.MetaKeyParamsKey)
+				}
+			}
+			req.Params = params // for the comparison of the rest
+		}
+		after, err := jsonrpc.EncodeMessage(got)
+		if err != nil {
+			t.Fatalf("lifted message of %q does not encode: %v", line, err)
+		}
+		if !bytes.Equal(before, after) {
+			t.Fatalf("message %q changed beyond params: %q", before, after)
+		}
+		if _, err := conn.Read(context.Background()); err != io.EOF {
+			t.Fatalf("second Read: %v, want EOF", err)
+		}
+	})
+}

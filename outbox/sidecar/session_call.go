@@ -1,0 +1,136 @@
+package sidecar
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/failpoint"
+	"github.com/mcp-outbox/mcp-outbox/outbox"
+)
+
+// callTool runs a client's tools/call: the status tool here, every other
+// tool through the layer and on to the upstream.
+func (s *session) callTool(ctx context.Context, m *jsonrpc.Request, params *mcp.CallToolParamsRaw) {
+	extra, _ := m.Extra.(*mcp.RequestExtra)
+	req := &mcp.CallToolRequest{Params: params, Extra: extra}
+	ctx, endSpan := s.p.opts.Layer.StartToolCallSpan(ctx, req, func() outbox.RequestInfo { return s.requestInfo(req) }) // trace.go
+	if params.Name == outbox.StatusToolName {
+		res := s.p.opts.Layer.CallStatus(ctx, req)
+		endSpan(res, nil)
+		s.replyResult(m.ID, res)
+		return
+	}
+	res, err := s.p.remoteTool(params.Name).Call(ctx, req, func(ctx context.Context, claim *outbox.Claim) (*mcp.CallToolResult, error) {
+		// Once a recorded call has reached an upstream that does not record
+		// its own outcome, the client's cancel is not passed on: the
+		// upstream may have done the work already, and a cancel cannot undo
+		// it. Forwarded, the cancel lets the upstream stay silent (the spec
+		// allows a server not to answer a cancelled request; the TypeScript
+		// SDK does not), which would turn a result that arrives a moment
+		// later into an unknown call. Waiting records the answer, and a
+		// retry that joined the call gets it. Only the end of the session
+		// (its upstream goes with it) ends the wait.
+		waitCtx := ctx
+		if claim != nil && !s.p.opts.Cooperating {
+			waitCtx = s.ctx
+		}
+		return s.forwardTraced(ctx, waitCtx, m.Params, claim, params.Name)
+	})
+	endSpan(res, err)
+	if ctx.Err() != nil && s.ctx.Err() == nil {
+		return // cancelled by the client, which expects no answer
+	}
+	var wire *jsonrpc.Error
+	switch {
+	case errors.As(err, &wire):
+		s.writeClient(&jsonrpc.Response{ID: m.ID, Error: wire})
+	case err != nil:
+		s.replyError(m.ID, codeInternal, err.Error())
+	default:
+		s.replyResult(m.ID, res)
+	}
+}
+
+// forwardCall sends a tools/call to the upstream, with the claim in _meta,
+// and waits for its answer. ctx ending before the call is written withdraws
+// it; once written, waitCtx ending gives up on the answer and passes a
+// cancel on to the upstream. See [outbox.Forward] for what its errors mean.
+func (s *session) forwardCall(ctx, waitCtx context.Context, clientParams json.RawMessage, claim *outbox.Claim) (*mcp.CallToolResult, error) {
+	params, err := withClaim(clientParams, claim)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", outbox.ErrNotForwarded, err)
+	}
+	p := s.newWaiter(0)
+	o := newOutgoing(&jsonrpc.Request{ID: mustID(p.id), Method: "tools/call", Params: params}, p)
+	s.queue(o)
+	select {
+	case <-o.sent:
+	case <-ctx.Done():
+		if o.abandon() {
+			return nil, fmt.Errorf("%w: %v", outbox.ErrNotForwarded, ctx.Err())
+		}
+	}
+	if o.err != nil {
+		return nil, fmt.Errorf("%w: %v", outbox.ErrNotForwarded, o.err)
+	}
+	if err := failpoint.Inject(failpoint.ProxyAfterForward); err != nil {
+		return nil, err
+	}
+	select {
+	case resp, ok := <-p.reply:
+		if !ok {
+			return nil, errUpstreamGone
+		}
+		if resp.Error != nil {
+			var wire *jsonrpc.Error
+			if errors.As(resp.Error, &wire) {
+				return nil, wire
+			}
+			return nil, resp.Error
+		}
+		var res mcp.CallToolResult
+		if err := json.Unmarshal(resp.Result, &res); err != nil {
+			return nil, fmt.Errorf("the tool server's answer is not a tool result: %v", err)
+		}
+		return &res, nil
+	case <-waitCtx.Done():
+		s.dropPending(p)
+		s.queue(newOutgoing(cancelNotification(p.id, json.RawMessage(`{"reason":"cancelled by the client"}`)), nil))
+		return nil, waitCtx.Err()
+	}
+}
+
+// withClaim adds the claim to params._meta, keeping everything else of the
+// client's params as it was.
+func withClaim(clientParams json.RawMessage, claim *outbox.Claim) (json.RawMessage, error) {
+	if claim == nil {
+		return clientParams, nil
+	}
+	var params map[string]json.RawMessage
+	if err := json.Unmarshal(clientParams, &params); err != nil {
+		return nil, err
+	}
+	if params == nil {
+		// null: assigning _meta below would panic, and take the proxy down.
+		return nil, errors.New("params: not an object")
+	}
+	meta := map[string]json.RawMessage{}
+	if raw, ok := params["_meta"]; ok && string(raw) != "null" {
+		if err := json.Unmarshal(raw, &meta); err != nil {
+			return nil, fmt.Errorf("_meta: %w", err)
+		}
+	}
+	var err error
+	if meta[outbox.MetaKeyClaim], err = json.Marshal(claim); err != nil {
+		return nil, err
+	}
+	if params["_meta"], err = json.Marshal(meta); err != nil {
+		return nil, err
+	}
+	return json.Marshal(params)
+}

@@ -1,0 +1,168 @@
+package sidecar
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// readClient dispatches the client's messages until its connection ends.
+func (s *session) readClient() error {
+	for {
+		msg, err := s.client.Read(s.ctx)
+		if err != nil {
+			return err
+		}
+		switch m := msg.(type) {
+		case *jsonrpc.Request:
+			if m.IsCall() {
+				s.onClientCall(m)
+			} else {
+				s.onClientNotification(m)
+			}
+		case *jsonrpc.Response:
+			// An answer to a request of the upstream (sampling, roots,
+			// elicitation), under the id the proxy gave that request.
+			s.onClientAnswer(m)
+		}
+	}
+}
+
+func (s *session) onClientCall(m *jsonrpc.Request) {
+	switch m.Method {
+	case "":
+		// Written on, a request without a method loses its "method"
+		// member and reaches the upstream as an answer to its own request
+		// of that id, and this one is never answered.
+		s.replyError(m.ID, codeInvalidRequest, "invalid request: the method is empty")
+	case "initialize":
+		s.mu.Lock()
+		s.initParams = m.Params
+		s.mu.Unlock()
+		s.forward(m, s.rewriteCapabilities)
+	case "server/discover":
+		// 2026-07-28 clients learn the capabilities here, not from
+		// initialize: the layer is advertised the same way.
+		s.forward(m, s.rewriteCapabilities)
+	case "tools/list":
+		s.forward(m, s.rewriteToolsList)
+	case "tools/call":
+		params, err := decodeCallParams(m.Params)
+		if err != nil {
+			s.replyError(m.ID, codeInvalidParams, "invalid tools/call params: "+err.Error())
+			return
+		}
+		ctx, cancel := context.WithCancel(s.ctx)
+		s.mu.Lock()
+		s.calls[m.ID] = cancel
+		s.mu.Unlock()
+		go func() {
+			defer func() {
+				s.mu.Lock()
+				delete(s.calls, m.ID)
+				s.mu.Unlock()
+				cancel()
+			}()
+			s.callTool(ctx, m, params)
+		}()
+	default:
+		s.forward(m, nil)
+	}
+}
+
+// callParamFields are the members of tools/call params the proxy reads.
+var callParamFields = []string{"name", "arguments", "_meta", "inputResponses", "requestState"}
+
+// decodeCallParams reads tools/call params as the upstream will. Go's
+// decoder matches member names without regard to case, an upstream in
+// another language does not: {"name":"look","Name":"charge"} would be
+// recorded as a call of charge and run as one of look. Such params are
+// refused.
+func decodeCallParams(raw json.RawMessage) (*mcp.CallToolParamsRaw, error) {
+	var params mcp.CallToolParamsRaw
+	if err := json.Unmarshal(raw, &params); err != nil || params.Name == "" {
+		return nil, errors.New("a name and JSON arguments are required")
+	}
+	var members map[string]json.RawMessage
+	_ = json.Unmarshal(raw, &members)
+	for k := range members {
+		for _, field := range callParamFields {
+			if k != field && strings.EqualFold(k, field) {
+				return nil, fmt.Errorf("member %q: spell it %q", k, field)
+			}
+		}
+	}
+	return &params, nil
+}
+
+func (s *session) onClientNotification(m *jsonrpc.Request) {
+	switch m.Method {
+	case "":
+		// Written on, it would be {"jsonrpc":"2.0"}: no JSON-RPC message
+		// at all, and nothing for the upstream to act on.
+		return
+	case "notifications/cancelled":
+		var c struct {
+			RequestID any `json:"requestId"`
+		}
+		_ = json.Unmarshal(m.Params, &c)
+		id, err := jsonrpc.MakeID(c.RequestID)
+		if err != nil {
+			return
+		}
+		s.mu.Lock()
+		cancel, isCall := s.calls[id]
+		upID, isForwarded := s.forwarded[id]
+		s.mu.Unlock()
+		switch {
+		case isCall:
+			// The layer's forward passes the cancellation on itself, with
+			// the id it used upstream.
+			cancel()
+			return
+		case isForwarded:
+			m = cancelNotification(upID, m.Params)
+		default:
+			return // answered already, or never seen
+		}
+	}
+	s.queue(newOutgoing(m, nil))
+}
+
+// cancelNotification is notifications/cancelled for the proxy's id, with the
+// client's reason.
+func cancelNotification(upID int64, clientParams json.RawMessage) *jsonrpc.Request {
+	var params map[string]json.RawMessage
+	if json.Unmarshal(clientParams, &params) != nil || params == nil {
+		params = map[string]json.RawMessage{}
+	}
+	params["requestId"], _ = json.Marshal(upID)
+	b, _ := json.Marshal(params)
+	return &jsonrpc.Request{Method: "notifications/cancelled", Params: b}
+}
+
+func (s *session) writeClient(m jsonrpc.Message) {
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	if err := s.client.Write(s.ctx, m); err != nil && s.ctx.Err() == nil {
+		s.p.logger.Warn("write to client", "error", err)
+	}
+}
+
+func (s *session) replyError(id jsonrpc.ID, code int64, msg string) {
+	s.writeClient(&jsonrpc.Response{ID: id, Error: &jsonrpc.Error{Code: code, Message: msg}})
+}
+
+func (s *session) replyResult(id jsonrpc.ID, res *mcp.CallToolResult) {
+	b, err := json.Marshal(res)
+	if err != nil {
+		s.replyError(id, codeInternal, fmt.Sprintf("encode result: %v", err))
+		return
+	}
+	s.writeClient(&jsonrpc.Response{ID: id, Result: b})
+}

@@ -1,0 +1,104 @@
+package sidecar
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/outbox"
+)
+
+// rewriteCapabilities advertises, in an initialize or server/discover
+// result, the layer, and tools (the status tool is
+// one even when the upstream has none). Everything else passes member by
+// member as raw JSON, exactly as the upstream wrote it (through any,
+// numbers beyond 2^53 would round).
+func (s *session) rewriteCapabilities(result json.RawMessage) (json.RawMessage, error) {
+	r, err := jsonObject(result)
+	if err != nil {
+		return nil, err
+	}
+	caps, _ := jsonObject(r["capabilities"])
+	if caps == nil {
+		caps = map[string]json.RawMessage{}
+	}
+	if tools, _ := jsonObject(caps["tools"]); tools == nil {
+		caps["tools"] = json.RawMessage(`{}`)
+	}
+	exp, _ := jsonObject(caps["experimental"])
+	if exp == nil {
+		exp = map[string]json.RawMessage{}
+	}
+	if exp[outbox.CapabilityName], err = json.Marshal(s.p.opts.Layer.Capability()); err != nil {
+		return nil, err
+	}
+	if caps["experimental"], err = json.Marshal(exp); err != nil {
+		return nil, err
+	}
+	if r["capabilities"], err = json.Marshal(caps); err != nil {
+		return nil, err
+	}
+	return json.Marshal(r)
+}
+
+// jsonObject decodes raw as a JSON object, keeping its members raw; null
+// and anything else that is not an object is an error.
+func jsonObject(raw json.RawMessage) (map[string]json.RawMessage, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return nil, err
+	}
+	if m == nil {
+		return nil, errors.New("not a JSON object")
+	}
+	return m, nil
+}
+
+// rewriteToolsList learns the tools' annotations and appends the status
+// tool to the last page.
+func (s *session) rewriteToolsList(result json.RawMessage) (json.RawMessage, error) {
+	r, err := jsonObject(result)
+	if err != nil {
+		return nil, err
+	}
+	var listed []json.RawMessage
+	if raw, ok := r["tools"]; ok {
+		if err := json.Unmarshal(raw, &listed); err != nil {
+			return nil, fmt.Errorf("tools: %w", err)
+		}
+	}
+	tools := make([]json.RawMessage, 0, len(listed)+1)
+	defs := make([]*mcp.Tool, 0, len(listed))
+	for _, raw := range listed {
+		var t mcp.Tool
+		if json.Unmarshal(raw, &t) == nil {
+			if t.Name == outbox.StatusToolName {
+				// The proxy answers calls of this name itself; listing the
+				// upstream's too would give the client two tools of one name.
+				continue
+			}
+			defs = append(defs, &t)
+		}
+		tools = append(tools, raw)
+	}
+	s.p.learnTools(defs)
+	var cursor string
+	if raw, ok := r["nextCursor"]; ok {
+		_ = json.Unmarshal(raw, &cursor)
+	}
+	if cursor == "" {
+		status, err := json.Marshal(outbox.StatusTool())
+		if err != nil {
+			return nil, err
+		}
+		tools = append(tools, status)
+	}
+	b, err := json.Marshal(tools)
+	if err != nil {
+		return nil, err
+	}
+	r["tools"] = b
+	return json.Marshal(r)
+}
