@@ -69,7 +69,7 @@ func authServer(t *testing.T, ac *authConfig) string {
 	}
 	t.Cleanup(func() { a.Close() })
 	a.auth = ac
-	srv := httptest.NewServer(newRouter(a, logger))
+	srv := httptest.NewServer(testRouter(t, a, logger))
 	t.Cleanup(srv.Close)
 	return srv.URL + "/mcp"
 }
@@ -202,7 +202,7 @@ func TestAuthAdminToken(t *testing.T) {
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	a := &app{db: f.db, server: mcp.NewServer(&mcp.Implementation{Name: "auth-test", Version: "v0"}, nil), logger: logger,
 		auth: loadAuth(t, sha256Hex(adminToken), aliceLine)}
-	f.router = newRouter(a, logger)
+	f.router = testRouter(t, a, logger)
 
 	authz := func(v string) func(*http.Request) { return func(r *http.Request) { r.Header.Set("Authorization", v) } }
 	remote := func(r *http.Request) { r.RemoteAddr, r.Host = "192.0.2.7:40000", "ledger.example:8080" }
@@ -241,7 +241,7 @@ func TestAuthAdminToken(t *testing.T) {
 	// Without an admin token, MCP tokens leave /admin loopback-only.
 	g := newAdminFixture(t, path)
 	b := &app{db: g.db, server: a.server, logger: logger, auth: loadAuth(t, "", aliceLine)}
-	g.router = newRouter(b, logger)
+	g.router = testRouter(t, b, logger)
 	status, m = g.do(t, http.MethodGet, "/admin/summary", "", remote, authz("Bearer "+aliceToken))
 	wantError(t, "remote with an MCP token, no admin token", status, m, http.StatusForbidden, "loopback")
 	if status, m := g.do(t, http.MethodGet, "/admin/summary", ""); status != 200 {
