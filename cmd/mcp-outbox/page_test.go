@@ -1072,15 +1072,7 @@ const chromiumPath = "/usr/bin/chromium"
 // with an hour of staged history in the chart (the README's picture:
 // MCP_OUTBOX_SCREENSHOT=$PWD/testdata/screenshots/operator-page.png).
 func TestOperatorPageBrowser(t *testing.T) {
-	if _, err := os.Stat(chromiumPath); err != nil {
-		if os.Getenv("MCP_OUTBOX_REQUIRE_BROWSER") == "1" {
-			t.Fatalf("MCP_OUTBOX_REQUIRE_BROWSER=1, but there is no browser: %v (apt-get install chromium)", err)
-		}
-		t.Skipf("no Chromium at %s (apt-get install chromium; MCP_OUTBOX_REQUIRE_BROWSER=1 makes this a failure)", chromiumPath)
-	}
-	if testing.Short() && os.Getenv("MCP_OUTBOX_REQUIRE_BROWSER") != "1" {
-		t.Skip("-short: no browser")
-	}
+	requireBrowser(t)
 	screenshot := os.Getenv("MCP_OUTBOX_SCREENSHOT")
 	// Not parallel: a browser is the heaviest thing in the suite, and runs
 	// best while nothing else does.
@@ -1234,6 +1226,21 @@ func pollUntil(t *testing.T, timeout time.Duration, what string, done func() boo
 			t.Fatalf("waited %s for %s", timeout, what)
 		}
 		<-tick.C
+	}
+}
+
+// requireBrowser skips the test without Chromium, or under -short, unless
+// MCP_OUTBOX_REQUIRE_BROWSER=1, which makes a missing browser a failure.
+func requireBrowser(t *testing.T) {
+	t.Helper()
+	if _, err := os.Stat(chromiumPath); err != nil {
+		if os.Getenv("MCP_OUTBOX_REQUIRE_BROWSER") == "1" {
+			t.Fatalf("MCP_OUTBOX_REQUIRE_BROWSER=1, but there is no browser: %v (apt-get install chromium)", err)
+		}
+		t.Skipf("no Chromium at %s (apt-get install chromium; MCP_OUTBOX_REQUIRE_BROWSER=1 makes this a failure)", chromiumPath)
+	}
+	if testing.Short() && os.Getenv("MCP_OUTBOX_REQUIRE_BROWSER") != "1" {
+		t.Skip("-short: no browser")
 	}
 }
 
