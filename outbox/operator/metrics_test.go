@@ -48,3 +48,22 @@ func TestMetricsHandler(t *testing.T) {
 		t.Errorf("GET /metrics from another host without an admin token: %d, want 403", rec.Code)
 	}
 }
+
+// A dispatcher with no destinations knows none: every pending effect is
+// for a destination it does not deliver to.
+func TestMetricsUnconfiguredNoDestinations(t *testing.T) {
+	t.Parallel()
+	db := openTestDB(t)
+	d, err := outbox.NewDispatcher(db, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := d.Destinations(); got == nil || len(got) != 0 {
+		t.Fatalf("Destinations() = %#v, want empty and not nil", got)
+	}
+	insertEffect(t, db, "mailer", "pending")
+	body := get(t, NewMetricsHandler(db, &Options{Dispatcher: d}), "/metrics")
+	if !strings.Contains(body, `mcp_outbox_effects_unconfigured{destination="mailer"} 1`) {
+		t.Errorf("scrape lacks the unconfigured mailer:\n%s", grepLines(body, "unconfigured"))
+	}
+}
