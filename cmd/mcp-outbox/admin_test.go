@@ -15,7 +15,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/mcp-outbox/mcp-outbox/outbox/operator"
+	"github.com/mcp-outbox/mcp-outbox/internal/operate"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -35,7 +35,7 @@ func newAdminFixture(t *testing.T, path string) *adminFixture {
 	t.Cleanup(func() { db.Close() })
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	a := &app{db: db, server: mcp.NewServer(&mcp.Implementation{Name: "admin-test", Version: "v0"}, nil), logger: logger}
-	return &adminFixture{db: db, router: newRouter(a, logger)}
+	return &adminFixture{db: db, router: testRouter(t, a, logger)}
 }
 
 // fromLoopback makes a request look like one from a client on this host;
@@ -200,7 +200,7 @@ func TestAdminActions(t *testing.T) {
 
 	t.Run("refusals change nothing", func(t *testing.T) {
 		before := readEffectRecord(t, db, 7)
-		big := `{"outcome": "` + strings.Repeat("x", operator.MaxAdminBody) + `"}`
+		big := `{"outcome": "` + strings.Repeat("x", operate.MaxAdminBody) + `"}`
 		for _, tc := range []struct {
 			target, body string
 			status       int
@@ -220,7 +220,7 @@ func TestAdminActions(t *testing.T) {
 			{"/admin/effects/retry-dead", big, http.StatusRequestEntityTooLarge, "larger than"},
 		} {
 			status, m := f.do(t, http.MethodPost, tc.target, tc.body)
-			wantError(t, "POST "+tc.target+" "+operator.Shorten(tc.body, 50), status, m, tc.status, tc.want)
+			wantError(t, "POST "+tc.target+" "+operate.Shorten(tc.body, 50), status, m, tc.status, tc.want)
 		}
 		if after := readEffectRecord(t, db, 7); after != before {
 			t.Errorf("effect 7 changed: %+v -> %+v", before, after)
@@ -378,7 +378,7 @@ func TestAdminUnknownCalls(t *testing.T) {
 			{"POST", "/admin/calls/resolve", `{"callId": "call_nobody", "outcome": "rerun"}`, http.StatusNotFound, "call call_nobody: no such call"},
 		} {
 			status, m := f.do(t, tc.method, tc.target, tc.body)
-			wantError(t, tc.method+" "+tc.target+" "+operator.Shorten(tc.body, 50), status, m, tc.status, tc.want)
+			wantError(t, tc.method+" "+tc.target+" "+operate.Shorten(tc.body, 50), status, m, tc.status, tc.want)
 		}
 		if n := countRows(t, db, `SELECT count(*) FROM calls WHERE state = 'unknown'`); n != 3 {
 			t.Errorf("%d unknown calls after refusals, want 3", n)

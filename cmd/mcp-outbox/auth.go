@@ -2,12 +2,15 @@ package main
 
 import (
 	"bytes"
+	"encoding/hex"
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"strings"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/operate"
 	"github.com/mcp-outbox/mcp-outbox/outbox/bearer"
-	"github.com/mcp-outbox/mcp-outbox/outbox/operator"
 )
 
 const authHelp = `Authentication (with --http):
@@ -23,6 +26,11 @@ const authHelp = `Authentication (with --http):
   from any address; without it /admin answers loopback clients only. The
   operator page at / follows the same rule; a browser logs in at /login
   with the admin token and gets a session cookie instead of the header.
+  --operator-path /ops/ moves the page, /admin, /metrics, /healthz and
+  /readyz under /ops/ (for a reverse proxy that routes by prefix). Session
+  cookies are signed with the key in --operator-key-file, or else with a key
+  kept in the database (table operator_secret, made on first start), so a
+  login holds on every replica that shares the database.
 `
 
 // authConfig is serve's HTTP authentication: bearer tokens for /mcp, an
@@ -32,8 +40,12 @@ type authConfig struct {
 	adminHashHex   string
 	insecureNoAuth bool
 
-	tokens    []bearer.Token
-	adminHash []byte
+	operatorPath    string
+	operatorKeyFile string
+
+	tokens     []bearer.Token
+	adminHash  []byte
+	sessionKey []byte // from operatorKeyFile; nil means the database's
 }
 
 func (c *authConfig) flags(env *environment, fs *flag.FlagSet) {
@@ -41,6 +53,11 @@ func (c *authConfig) flags(env *environment, fs *flag.FlagSet) {
 		"with --http, require a bearer token on /mcp: `FILE` of 'PRINCIPAL SHA256HEX' lines; see below [MCP_OUTBOX_TOKENS_FILE, and MCP_OUTBOX_TOKENS=principal=sha256hex,...]")
 	fs.StringVar(&c.adminHashHex, "admin-token-sha256", env.envDefault("MCP_OUTBOX_ADMIN_TOKEN_SHA256", ""),
 		"with --http, require a bearer token whose SHA-256 is `HEX` on /admin, and accept it from any address [MCP_OUTBOX_ADMIN_TOKEN_SHA256]")
+	fs.StringVar(&c.operatorPath, "operator-path", env.envDefault("MCP_OUTBOX_OPERATOR_PATH", "/"),
+		"with --http, serve the operator page, /admin, /metrics, /healthz and /readyz under `PATH`, such as /ops/ [MCP_OUTBOX_OPERATOR_PATH]")
+	fs.StringVar(&c.operatorKeyFile, "operator-key-file", env.envDefault("MCP_OUTBOX_OPERATOR_KEY_FILE", ""),
+		"with --http, sign the operator page's sessions with the key in `FILE` (hex, at least 32 bytes; the same on every replica); "+
+			"without it the key is kept in the database [MCP_OUTBOX_OPERATOR_KEY_FILE]")
 	// No environment variable on purpose: turning authentication off should
 	// be visible on the command line, not inherited.
 	fs.BoolVar(&c.insecureNoAuth, "insecure-no-auth", false,
@@ -83,13 +100,47 @@ func (c *authConfig) load(env *environment, listen string) error {
 		}
 		c.adminHash = h
 	}
+	if err := c.loadOperator(); err != nil {
+		return err
+	}
 	switch {
 	case len(c.tokens) > 0 && c.insecureNoAuth:
 		return usagef("--insecure-no-auth with tokens configured: drop one of them")
-	case len(c.tokens) == 0 && !c.insecureNoAuth && !operator.LoopbackHost(listen):
+	case len(c.tokens) == 0 && !c.insecureNoAuth && !operate.LoopbackHost(listen):
 		return usagef("--http %q is not a loopback address and no tokens are configured, so anyone who can reach it could charge: "+
 			"configure --tokens (see 'mcp-outbox token --help'), listen on 127.0.0.1, or pass --insecure-no-auth", listen)
 	}
+	return nil
+}
+
+// loadOperator checks --operator-path and reads --operator-key-file.
+func (c *authConfig) loadOperator() error {
+	p := c.operatorPath
+	if p == "" {
+		p = "/"
+	}
+	if !strings.HasPrefix(p, "/") {
+		p = "/" + p
+	}
+	if !strings.HasSuffix(p, "/") {
+		p += "/"
+	}
+	if p == "/mcp/" || strings.HasPrefix(p, "/mcp/") || strings.ContainsAny(p, "?#\\ {}*") || strings.Contains(p, "..") || strings.Contains(p, "//") {
+		return usagef("--operator-path %q: want a path such as /ops/, not /mcp or below it", c.operatorPath)
+	}
+	c.operatorPath = p
+	if c.operatorKeyFile == "" {
+		return nil
+	}
+	b, err := os.ReadFile(c.operatorKeyFile)
+	if err != nil {
+		return usagef("--operator-key-file: %v", err)
+	}
+	key, err := hex.DecodeString(strings.TrimSpace(string(b)))
+	if err != nil || len(key) < 32 {
+		return usagef("--operator-key-file %s: want at least 64 hex digits (32 bytes), such as 'openssl rand -hex 32' prints", c.operatorKeyFile)
+	}
+	c.sessionKey = key
 	return nil
 }
 

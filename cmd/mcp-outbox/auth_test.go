@@ -69,7 +69,7 @@ func authServer(t *testing.T, ac *authConfig) string {
 	}
 	t.Cleanup(func() { a.Close() })
 	a.auth = ac
-	srv := httptest.NewServer(newRouter(a, logger))
+	srv := httptest.NewServer(testRouter(t, a, logger))
 	t.Cleanup(srv.Close)
 	return srv.URL + "/mcp"
 }
@@ -202,7 +202,7 @@ func TestAuthAdminToken(t *testing.T) {
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	a := &app{db: f.db, server: mcp.NewServer(&mcp.Implementation{Name: "auth-test", Version: "v0"}, nil), logger: logger,
 		auth: loadAuth(t, sha256Hex(adminToken), aliceLine)}
-	f.router = newRouter(a, logger)
+	f.router = testRouter(t, a, logger)
 
 	authz := func(v string) func(*http.Request) { return func(r *http.Request) { r.Header.Set("Authorization", v) } }
 	remote := func(r *http.Request) { r.RemoteAddr, r.Host = "192.0.2.7:40000", "ledger.example:8080" }
@@ -241,7 +241,7 @@ func TestAuthAdminToken(t *testing.T) {
 	// Without an admin token, MCP tokens leave /admin loopback-only.
 	g := newAdminFixture(t, path)
 	b := &app{db: g.db, server: a.server, logger: logger, auth: loadAuth(t, "", aliceLine)}
-	g.router = newRouter(b, logger)
+	g.router = testRouter(t, b, logger)
 	status, m = g.do(t, http.MethodGet, "/admin/summary", "", remote, authz("Bearer "+aliceToken))
 	wantError(t, "remote with an MCP token, no admin token", status, m, http.StatusForbidden, "loopback")
 	if status, m := g.do(t, http.MethodGet, "/admin/summary", ""); status != 200 {
@@ -256,6 +256,11 @@ func TestAuthBadConfig(t *testing.T) {
 	_, aliceLine := newTokenFor(t, "alice")
 	aliceHash := strings.Fields(aliceLine)[1]
 	const cleartext = "c2VjcmV0LXRva2VuLXRoYXQtc2hvdWxkLW5vdC1sZWFr"
+	const shortKey = "5eed5eed5eed5eed"
+	shortKeyFile := filepath.Join(t.TempDir(), "operator-key")
+	if err := os.WriteFile(shortKeyFile, []byte(shortKey+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name  string
 		file  string // tokens file content; "" for no --tokens
@@ -284,6 +289,11 @@ func TestAuthBadConfig(t *testing.T) {
 		{"LAN address", "", []string{"--http", "192.168.1.10:8080"}, nil, `is not a loopback address`, ""},
 		{"host name", "", []string{"--http", "ledger.example:8080"}, nil, `is not a loopback address`, ""},
 		{"admin token alone", "", []string{"--http", "0.0.0.0:8080", "--admin-token-sha256", aliceHash}, nil, `is not a loopback address`, ""},
+		{"operator path under /mcp", "", []string{"--operator-path", "/mcp/ops"}, nil, `--operator-path "/mcp/ops": want a path such as /ops/, not /mcp or below it`, ""},
+		{"operator path query", "", []string{"--operator-path", "/ops?x=1"}, nil, `--operator-path "/ops?x=1": want a path such as /ops/`, ""},
+		{"operator path env", "", nil, map[string]string{"MCP_OUTBOX_OPERATOR_PATH": "/a/../b"}, `--operator-path "/a/../b"`, ""},
+		{"operator key missing", "", []string{"--operator-key-file", "/nonexistent/key"}, nil, "--operator-key-file: open /nonexistent/key", ""},
+		{"operator key short", "", []string{"--operator-key-file", shortKeyFile}, nil, "want at least 64 hex digits (32 bytes)", shortKey},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -405,5 +415,26 @@ func TestTokenCommands(t *testing.T) {
 	r := runCLI(t, nil, "token", "--help")
 	if r.code != 0 || !strings.Contains(r.stdout, "mcp-outbox token new PRINCIPAL") {
 		t.Errorf("token --help: exit %d, %q", r.code, r.stdout)
+	}
+}
+
+// TestOperatorConfig: --operator-path gains its slashes, and
+// --operator-key-file's hex key reaches the operator surface.
+func TestOperatorConfig(t *testing.T) {
+	t.Parallel()
+	key := strings.Repeat("ab", 32)
+	file := filepath.Join(t.TempDir(), "operator-key")
+	if err := os.WriteFile(file, []byte(key+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := &authConfig{operatorPath: "ops", operatorKeyFile: file}
+	if err := c.loadOperator(); err != nil {
+		t.Fatal(err)
+	}
+	if c.operatorBase() != "/ops/" || hex.EncodeToString(c.sessionKey) != key {
+		t.Errorf("path %q, key %x; want /ops/ and %s", c.operatorBase(), c.sessionKey, key)
+	}
+	if (*authConfig)(nil).operatorBase() != "/" {
+		t.Error("no configuration: want the operator surface at /")
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
@@ -16,8 +17,9 @@ import (
 )
 
 // newRouter is serve's and proxy's --http listener: /mcp (behind the
-// bearer tokens, when there are any) and the operator surface.
-func newRouter(a *app, logger *slog.Logger) http.Handler {
+// bearer tokens, when there are any) and the operator surface, at
+// --operator-path.
+func newRouter(ctx context.Context, a *app, logger *slog.Logger) (http.Handler, error) {
 	r := chi.NewRouter()
 	r.Use(middleware.Recoverer)
 	mcpH := a.mcpHTTP
@@ -25,22 +27,48 @@ func newRouter(a *app, logger *slog.Logger) http.Handler {
 		mcpH = mcphttp.NewHandler(a.server, &mcphttp.Options{Logger: logger})
 	}
 	r.Handle("/mcp", a.auth.verifier().Require(mcpH))
-	opts := &operator.Options{Logger: logger, Metrics: a.metricsHandler}
+	opts := &operator.Options{Logger: logger, Registry: a.metricsRegistry, BasePath: a.auth.operatorBase()}
 	if a.auth != nil {
-		opts.AdminTokenSHA256 = a.auth.adminHash
+		opts.AdminTokenSHA256, opts.SessionKey = a.auth.adminHash, a.auth.sessionKey
 	}
 	if a.layer != nil {
-		// Read when asked: the router may be built before the dispatcher
-		// starts.
-		opts.Dispatcher = runningFunc(func() bool { return a.dispatcher != nil && a.dispatcher.Running() })
+		opts.Dispatcher = appDispatcher{a}
 	}
-	r.Mount("/", operator.NewHandler(a.db, opts))
-	return r
+	ops, err := operator.NewHandler(ctx, a.db, opts)
+	if err != nil {
+		return nil, err
+	}
+	// chi mounts "/ops" as "/ops" and "/ops/*"; NewHandler serves both.
+	if opts.BasePath == "/" {
+		r.Mount("/", ops)
+	} else {
+		r.Mount(strings.TrimSuffix(opts.BasePath, "/"), ops)
+	}
+	return r, nil
 }
 
-type runningFunc func() bool
+// operatorBase is --operator-path, "/" when not set.
+func (c *authConfig) operatorBase() string {
+	if c == nil || c.operatorPath == "" {
+		return "/"
+	}
+	return c.operatorPath
+}
 
-func (f runningFunc) Running() bool { return f() }
+// appDispatcher is the operator's view of serve's dispatcher, read when
+// asked: the router is built before the dispatcher starts. Its set of
+// destinations is --dest's, as warnUnconfigured's is.
+type appDispatcher struct{ a *app }
+
+func (d appDispatcher) Running() bool { return d.a.dispatcher != nil && d.a.dispatcher.Running() }
+
+func (d appDispatcher) Destinations() []string {
+	names := make([]string, 0, len(d.a.dests))
+	for _, dst := range d.a.dests {
+		names = append(names, dst.Name)
+	}
+	return names
+}
 
 // serveHTTP listens on addr until ctx ends, then shuts down gracefully.
 func serveHTTP(ctx context.Context, a *app, addr string, logger *slog.Logger, stderr io.Writer) error {
@@ -48,7 +76,11 @@ func serveHTTP(ctx context.Context, a *app, addr string, logger *slog.Logger, st
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", addr, err)
 	}
-	h := newRouter(a, logger)
+	h, err := newRouter(ctx, a, logger)
+	if err != nil {
+		ln.Close()
+		return err
+	}
 	// Tests and scripts read the bound address (useful with port 0).
 	fmt.Fprintf(stderr, "mcp-outbox: serving MCP at http://%s/mcp\n", ln.Addr())
 	mcpAuth, adminAuth := "no authentication", "loopback clients only"
@@ -59,7 +91,8 @@ func serveHTTP(ctx context.Context, a *app, addr string, logger *slog.Logger, st
 		adminAuth = "admin token required"
 	}
 	fmt.Fprintf(stderr, "mcp-outbox: MCP authentication: %s\n", mcpAuth)
-	fmt.Fprintf(stderr, "mcp-outbox: operator API at http://%s/admin (%s)\n", ln.Addr(), adminAuth)
-	fmt.Fprintf(stderr, "mcp-outbox: operator page at http://%s/ (%s)\n", ln.Addr(), adminAuth)
+	base := a.auth.operatorBase()
+	fmt.Fprintf(stderr, "mcp-outbox: operator API at http://%s%sadmin (%s)\n", ln.Addr(), base, adminAuth)
+	fmt.Fprintf(stderr, "mcp-outbox: operator page at http://%s%s (%s)\n", ln.Addr(), base, adminAuth)
 	return mcphttp.Serve(ctx, ln, h)
 }

@@ -11,8 +11,8 @@ import (
 	"strings"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
+	"github.com/mcp-outbox/mcp-outbox/internal/operate"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
-	"github.com/mcp-outbox/mcp-outbox/outbox/operator"
 	"github.com/mcp-outbox/mcp-outbox/query"
 )
 
@@ -46,7 +46,7 @@ Subcommands:
                            settle an unknown call by what you found out
 
 Effect states:
-` + operator.EffectStatesHelp() + `
+` + operate.EffectStatesHelp() + `
 Retrying an unknown effect sends its request again. Effects become unknown only
 at at_most_once destinations, which do not dedup on Idempotency-Key: if the
 first request was applied, the destination applies it a second time. Check the
@@ -61,7 +61,7 @@ keeps its work outside the outbox's transaction, and the outcome was lost (a
 process died after forwarding). It may or may not have run. It never runs
 again by itself: a retry with its key gets an "outcome unknown" error until
 you check the tool server's own records and settle it with resolve-call:
-` + operator.CallOutcomesHelp() + `
+` + operate.CallOutcomesHelp() + `
 Unknown calls are never purged.
 
 Every subcommand takes --db FILE or URL (default $MCP_OUTBOX_DB, else ./mcp-outbox.db)
@@ -86,7 +86,7 @@ last change otherwise; in UTC), the call's key and the last error, the long
 ones shortened. --json prints every field of each row, unshortened.
 
 States (--state):
-` + operator.EffectStatesHelp(), runOutboxList},
+` + operate.EffectStatesHelp(), runOutboxList},
 		{"summary", `Usage: mcp-outbox outbox summary [--json] [--db FILE]
 
 Counts effects in each state, and the calls in state unknown. pending and
@@ -130,7 +130,7 @@ every field of each row.`, runOutboxCalls},
 
 Settles a call in state unknown by what you found out in the tool server's
 own records. OUTCOME is one of:
-` + operator.CallOutcomesHelp() + `
+` + operate.CallOutcomesHelp() + `
 The note (at most 1000 bytes) is recorded after "[resolved by an operator]"
 as the text of the call's result, which retries replay to the client: say
 what you found. The principal is "local" unless given: calls over stdio and
@@ -190,7 +190,7 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 // cliError turns an input mistake found by the shared validation into a
 // usage error (exit 2).
 func cliError(err error) error {
-	if errors.As(err, new(operator.BadInput)) {
+	if errors.As(err, new(operate.BadInput)) {
 		return usageError{err}
 	}
 	return err
@@ -198,9 +198,9 @@ func cliError(err error) error {
 
 func runOutboxList(ctx context.Context, env *environment, s outboxSub, args []string) error {
 	fs, dbPath := subFlags(env, s)
-	state := fs.String("state", "", "only effects in this `state`: "+strings.Join(operator.EffectStateNames(), ", "))
+	state := fs.String("state", "", "only effects in this `state`: "+strings.Join(operate.EffectStateNames(), ", "))
 	dest := fs.String("dest", "", "only effects for this destination `name`")
-	limit := fs.Int("limit", operator.DefaultListLimit, fmt.Sprintf("at most `N` effects, the newest (1 to %d)", operator.MaxListLimit))
+	limit := fs.Int("limit", operate.DefaultListLimit, fmt.Sprintf("at most `N` effects, the newest (1 to %d)", operate.MaxListLimit))
 	asJSON := fs.Bool("json", false, "print the rows as JSON")
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
@@ -209,7 +209,7 @@ func runOutboxList(ctx context.Context, env *environment, s outboxSub, args []st
 	if len(pos) > 0 {
 		return usagef("list: unexpected argument %q", pos[0])
 	}
-	f, err := operator.ParseEffectFilter(*state, *dest, *limit)
+	f, err := operate.ParseEffectFilter(*state, *dest, *limit)
 	if err != nil {
 		return cliError(err)
 	}
@@ -229,7 +229,7 @@ func runOutboxList(ctx context.Context, env *environment, s outboxSub, args []st
 		_, err := fmt.Fprintln(env.stdout, "no effects")
 		return err
 	}
-	return operator.WriteEffectTable(env.stdout, rows)
+	return operate.WriteEffectTable(env.stdout, rows)
 }
 
 func runOutboxSummary(ctx context.Context, env *environment, s outboxSub, args []string) error {
@@ -247,7 +247,7 @@ func runOutboxSummary(ctx context.Context, env *environment, s outboxSub, args [
 		return err
 	}
 	defer db.Close()
-	sum, err := operator.SummarizeEffects(ctx, db)
+	sum, err := operate.SummarizeEffects(ctx, db)
 	if err != nil {
 		return err
 	}
@@ -328,8 +328,8 @@ func runOutboxResolve(ctx context.Context, env *environment, s outboxSub, args [
 // runEffectAction validates everything it can before it opens the
 // database, so that a mistyped command changes nothing.
 func runEffectAction(ctx context.Context, env *environment, dbPath, name, idArg, outcome string) error {
-	a, _ := operator.FindEffectAction(name)
-	id, err := operator.ParseEffectID(idArg)
+	a, _ := operate.FindEffectAction(name)
+	id, err := operate.ParseEffectID(idArg)
 	if err != nil {
 		return cliError(err)
 	}
@@ -341,13 +341,13 @@ func runEffectAction(ctx context.Context, env *environment, dbPath, name, idArg,
 		return err
 	}
 	defer db.Close()
-	res, err := operator.ApplyEffectAction(ctx, db, a, id, outcome)
+	res, err := operate.ApplyEffectAction(ctx, db, a, id, outcome)
 	if err != nil {
 		return cliError(err)
 	}
 	e := res.Effect
 	fmt.Fprintf(env.stdout, "effect %d (%s %s to %s): was %s, now %s\n",
-		e.ID, e.Method, operator.Shorten(e.Path, 60), operator.Shorten(e.Destination, 40), res.PreviousState, e.State)
+		e.ID, e.Method, operate.Shorten(e.Path, 60), operate.Shorten(e.Destination, 40), res.PreviousState, e.State)
 	if res.Warning != "" {
 		fmt.Fprintf(env.stderr, "warning: %s\n", res.Warning)
 	}
@@ -356,7 +356,7 @@ func runEffectAction(ctx context.Context, env *environment, dbPath, name, idArg,
 
 func runOutboxCalls(ctx context.Context, env *environment, s outboxSub, args []string) error {
 	fs, dbPath := subFlags(env, s)
-	limit := fs.Int("limit", operator.DefaultListLimit, fmt.Sprintf("at most `N` calls, the oldest (1 to %d)", operator.MaxListLimit))
+	limit := fs.Int("limit", operate.DefaultListLimit, fmt.Sprintf("at most `N` calls, the oldest (1 to %d)", operate.MaxListLimit))
 	asJSON := fs.Bool("json", false, "print the rows as JSON")
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
@@ -365,8 +365,8 @@ func runOutboxCalls(ctx context.Context, env *environment, s outboxSub, args []s
 	if len(pos) > 0 {
 		return usagef("calls: unexpected argument %q", pos[0])
 	}
-	if *limit < 1 || *limit > operator.MaxListLimit {
-		return usagef("limit %d: want 1 to %d", *limit, operator.MaxListLimit)
+	if *limit < 1 || *limit > operate.MaxListLimit {
+		return usagef("limit %d: want 1 to %d", *limit, operate.MaxListLimit)
 	}
 	db, err := openExisting(ctx, *dbPath)
 	if err != nil {
@@ -384,7 +384,7 @@ func runOutboxCalls(ctx context.Context, env *environment, s outboxSub, args []s
 		_, err := fmt.Fprintln(env.stdout, "no unknown calls")
 		return err
 	}
-	if err := operator.WriteUnknownCallTable(env.stdout, rows); err != nil {
+	if err := operate.WriteUnknownCallTable(env.stdout, rows); err != nil {
 		return err
 	}
 	_, err = fmt.Fprintln(env.stdout, "Settle each with: mcp-outbox outbox resolve-call --key KEY [--principal P] --outcome completed|failed|rerun --note TEXT")
@@ -396,7 +396,7 @@ func runOutboxResolveCall(ctx context.Context, env *environment, s outboxSub, ar
 	key := fs.String("key", "", "the idempotency `key` of the call")
 	principal := fs.String("principal", outbox.LocalPrincipal, "whose call it is: local, or a token's principal (alice or user:alice)")
 	callID := fs.String("call-id", "", "instead of --key and --principal: the call's `id` (callId in the status tool, call_id in the logs)")
-	outcome := fs.String("outcome", "", "what you found out: "+strings.Join(operator.CallOutcomeNames(), ", "))
+	outcome := fs.String("outcome", "", "what you found out: "+strings.Join(operate.CallOutcomeNames(), ", "))
 	note := fs.String("note", "", "what you found, recorded in the call's result (at most 1000 bytes)")
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
@@ -408,11 +408,11 @@ func runOutboxResolveCall(ctx context.Context, env *environment, s outboxSub, ar
 	if *principal != "" { // an explicit empty principal is refused below
 		*principal = outbox.ParsePrincipal(*principal)
 	}
-	ref := operator.CallRef{Principal: *principal, Key: *key, CallID: *callID}
+	ref := operate.CallRef{Principal: *principal, Key: *key, CallID: *callID}
 	if *callID != "" {
 		ref.Principal = ""
 	}
-	if err := operator.CheckResolveCall(ref, *outcome, *note); err != nil {
+	if err := operate.CheckResolveCall(ref, *outcome, *note); err != nil {
 		return cliError(err)
 	}
 	db, err := openExisting(ctx, *dbPath)
@@ -420,7 +420,7 @@ func runOutboxResolveCall(ctx context.Context, env *environment, s outboxSub, ar
 		return err
 	}
 	defer db.Close()
-	res, err := operator.ResolveUnknownCall(ctx, db, ref, *outcome, *note)
+	res, err := operate.ResolveUnknownCall(ctx, db, ref, *outcome, *note)
 	if err != nil {
 		return cliError(err)
 	}
@@ -429,7 +429,7 @@ func runOutboxResolveCall(ctx context.Context, env *environment, s outboxSub, ar
 		what = "forgotten: the next retry with its key runs it"
 	}
 	_, err = fmt.Fprintf(env.stdout, "call %q of %s (%s, %s): was unknown, %s\n",
-		operator.Shorten(res.Key, callkey.MaxKeyBytes), operator.Shorten(res.Principal, 60), operator.Shorten(res.Tool, 40), res.CallID, what)
+		operate.Shorten(res.Key, callkey.MaxKeyBytes), operate.Shorten(res.Principal, 60), operate.Shorten(res.Tool, 40), res.CallID, what)
 	return err
 }
 

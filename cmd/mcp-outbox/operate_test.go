@@ -17,8 +17,8 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
+	"github.com/mcp-outbox/mcp-outbox/internal/operate"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
-	"github.com/mcp-outbox/mcp-outbox/outbox/operator"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -229,7 +229,7 @@ func TestEffectActionStates(t *testing.T) {
 	}
 	// The table that help and errors quote says the same as the library.
 	for _, ac := range actionOutcomes[:3] {
-		a, ok := operator.FindEffectAction(ac.args[0])
+		a, ok := operate.FindEffectAction(ac.args[0])
 		if !ok {
 			t.Fatalf("no action %s", ac.args[0])
 		}

@@ -27,6 +27,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/downstream"
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
+	"github.com/mcp-outbox/mcp-outbox/internal/operate"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/outbox/operator"
 	"github.com/mcp-outbox/mcp-outbox/query"
@@ -56,7 +57,7 @@ func newPageServer(t *testing.T, path string, ac *authConfig) *pageServer {
 	t.Cleanup(func() { db.Close() })
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	a := &app{db: db, server: mcp.NewServer(&mcp.Implementation{Name: "page-test", Version: "v0"}, nil), logger: logger, auth: ac}
-	return startPageServer(t, newRouter(a, logger))
+	return startPageServer(t, testRouter(t, a, logger))
 }
 
 // newPageOnlyServer is the operator surface alone on a real loopback
@@ -68,7 +69,21 @@ func newPageOnlyServer(t *testing.T, path string, ac *authConfig, now func() tim
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	return startPageServer(t, operator.NewHandler(db, &operator.Options{AdminTokenSHA256: ac.adminHash, Now: now}))
+	h, err := operator.NewHandler(context.Background(), db, &operator.Options{AdminTokenSHA256: ac.adminHash, Now: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return startPageServer(t, h)
+}
+
+// testRouter is newRouter, failing t on an error.
+func testRouter(t testing.TB, a *app, logger *slog.Logger) http.Handler {
+	t.Helper()
+	h, err := newRouter(context.Background(), a, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
 }
 
 func startPageServer(t *testing.T, router http.Handler) *pageServer {
@@ -223,7 +238,7 @@ func TestPageShowsOutbox(t *testing.T) {
 	}
 	// Seven calls, each named by the logs' hash of its key, never the key.
 	for i := 1; i <= 7; i++ {
-		wantContains(t, "recent calls", r.raw, operator.KeyHash(outbox.LocalPrincipal, fmt.Sprintf("operate-%d", i)))
+		wantContains(t, "recent calls", r.raw, operate.KeyHash(outbox.LocalPrincipal, fmt.Sprintf("operate-%d", i)))
 	}
 	if strings.Contains(r.body, "operate-") {
 		t.Error("the page shows a raw idempotency key")
@@ -313,7 +328,7 @@ func TestPageBadInput(t *testing.T) {
 		{"/effects/5/resolve", nil, `outcome "": want delivered`},
 		{"/effects/4/retry", outcome("delivered"), `unexpected form field "outcome"`},
 		{"/effects/5/resolve", url.Values{"outcome": {"delivered", "retry"}}, `form field "outcome" given 2 times`},
-		{"/effects/4/cancel", url.Values{"x": {strings.Repeat("y", operator.MaxPageForm)}}, "request body too large"},
+		{"/effects/4/cancel", url.Values{"x": {strings.Repeat("y", operate.MaxPageForm)}}, "request body too large"},
 		{"/effects/retry-dead", url.Values{"all": {"1"}}, `unexpected form field "all"`},
 	} {
 		r := s.post(t, tc.path, tc.form)
@@ -470,7 +485,7 @@ func TestPageLogin(t *testing.T) {
 		t.Fatalf("login set cookies %q, want one", r.header.Values("Set-Cookie"))
 	}
 	c := cookies[0]
-	if !c.HttpOnly || c.SameSite != http.SameSiteStrictMode || c.Secure || c.Path != "/" || c.MaxAge != int(operator.PageSessionTTL.Seconds()) ||
+	if !c.HttpOnly || c.SameSite != http.SameSiteStrictMode || c.Secure || c.Path != "/" || c.MaxAge != int(operate.PageSessionTTL.Seconds()) ||
 		strings.Contains(c.Value, adminToken) || strings.Contains(c.Value, sha256Hex(adminToken)) {
 		t.Errorf("session cookie %+v: want HttpOnly, SameSite=Strict, not Secure over plain HTTP, holding no token", c)
 	}
@@ -582,7 +597,7 @@ FROM calls WHERE id = ?`, id).Scan(&c.state, &c.owner, &c.leaseUntil, &c.attempt
 }
 
 // TestPageUnknownCalls: the page lists unknown calls newest first, at most
-// operator.PageUnknownCalls of them, with the total, each named by its key's
+// operate.PageUnknownCalls of them, with the total, each named by its key's
 // hash and with a form to settle it; without any it says so.
 func TestPageUnknownCalls(t *testing.T) {
 	t.Parallel()
@@ -603,7 +618,7 @@ func TestPageUnknownCalls(t *testing.T) {
 		t.Fatalf("GET /: %d", r.status)
 	}
 	wantContains(t, "unknown calls", r.raw, `Unknown calls <span class="badge s-unknown">3</span>`,
-		operator.KeyHash("local", "lost-1"), operator.KeyHash("local", "lost-2"), operator.KeyHash("user:alice", "lost-1"),
+		operate.KeyHash("local", "lost-1"), operate.KeyHash("local", "lost-2"), operate.KeyHash("user:alice", "lost-1"),
 		"call_"+sha256Hex("user:alice\x00lost-1")[:24], "<td>user:alice</td>",
 		fmt.Sprintf(`action="/calls/%d/resolve"`, lost1), `name="outcome" required`,
 		`<option value="completed">`, `<option value="failed">`, `<option value="rerun">`, `name="note" maxlength="1000"`,
@@ -632,16 +647,16 @@ func TestPageUnknownCalls(t *testing.T) {
 		t.Error("a completed call is listed as unknown")
 	}
 
-	// Bounded: the newest operator.PageUnknownCalls, and how many there are.
-	for i := range operator.PageUnknownCalls - 2 {
+	// Bounded: the newest operate.PageUnknownCalls, and how many there are.
+	for i := range operate.PageUnknownCalls - 2 {
 		addPageUnknownCall(t, db, "local", fmt.Sprintf("more-%d", i), base+10000+int64(i), 0)
 	}
 	r = s.get(t, "/")
-	total := operator.PageUnknownCalls + 1
-	if n := strings.Count(r.raw, `<tr id="call-`); n != operator.PageUnknownCalls {
-		t.Errorf("%d unknown calls listed, want %d", n, operator.PageUnknownCalls)
+	total := operate.PageUnknownCalls + 1
+	if n := strings.Count(r.raw, `<tr id="call-`); n != operate.PageUnknownCalls {
+		t.Errorf("%d unknown calls listed, want %d", n, operate.PageUnknownCalls)
 	}
-	wantContains(t, "a long list", r.body, fmt.Sprintf("Showing the %d newest of %d.", operator.PageUnknownCalls, total),
+	wantContains(t, "a long list", r.body, fmt.Sprintf("Showing the %d newest of %d.", operate.PageUnknownCalls, total),
 		fmt.Sprintf(`Unknown calls <span class="badge s-unknown">%d</span>`, total))
 	if strings.Contains(r.raw, fmt.Sprintf(`id="call-%d"`, lost1)) {
 		t.Error("the oldest unknown call is listed beyond the limit")
@@ -683,7 +698,7 @@ func TestPageResolveCall(t *testing.T) {
 		id := addPageUnknownCall(t, db, "user:alice", key, base+int64(i), base+int64(i)+500)
 		twin := addPageUnknownCall(t, db, "user:twin", key, base+int64(i), base+int64(i)+500)
 		done, msg := settle(id, tc.outcome, tc.note)
-		wantName := fmt.Sprintf("Call %d (charge of user:alice, key %s): ", id, operator.KeyHash("user:alice", key))
+		wantName := fmt.Sprintf("Call %d (charge of user:alice, key %s): ", id, operate.KeyHash("user:alice", key))
 		if !done || !strings.HasPrefix(msg, wantName) || !strings.Contains(msg, tc.want) {
 			t.Errorf("settle %s: done %v, %q; want %q...%q", tc.outcome, done, msg, wantName, tc.want)
 		}
@@ -716,7 +731,7 @@ func TestPageResolveCall(t *testing.T) {
 	before, _ := readCallRow(t, db, id)
 	done, msg := settle(id, outbox.ResolveFailed, "second")
 	if after, _ := readCallRow(t, db, id); done || after != before ||
-		!strings.Contains(msg, fmt.Sprintf("settle refused: Call %d (charge of local, key %s) is completed: only a call in state unknown can be resolved", id, operator.KeyHash("local", "lost-twice"))) {
+		!strings.Contains(msg, fmt.Sprintf("settle refused: Call %d (charge of local, key %s) is completed: only a call in state unknown can be resolved", id, operate.KeyHash("local", "lost-twice"))) {
 		t.Errorf("settling twice: done %v, %q; row %+v -> %+v", done, msg, before, after)
 	}
 }
@@ -767,14 +782,14 @@ func TestPageResolveCallRefusals(t *testing.T) {
 		{target, form("outcome", "completed", "outcome", "rerun"), `form field "outcome" given 2 times`},
 		{target, form("outcome", "rerun", "key", "lost-1"), `unexpected form field "key"`},
 		{target, form("outcome", "completed", "note", strings.Repeat("n", 1001)), "note: 1001 bytes, the limit is 1000"},
-		{target, form("outcome", "completed", "note", strings.Repeat("n", operator.MaxPageForm)), "request body too large"},
+		{target, form("outcome", "completed", "note", strings.Repeat("n", operate.MaxPageForm)), "request body too large"},
 		{fmt.Sprintf("/calls/%d/resolve", done), form("outcome", "rerun"),
-			fmt.Sprintf("Call %d (charge of local, key %s) is completed: only a call in state unknown can be resolved", done, operator.KeyHash("local", "operate-1"))},
+			fmt.Sprintf("Call %d (charge of local, key %s) is completed: only a call in state unknown can be resolved", done, operate.KeyHash("local", "operate-1"))},
 	} {
 		r := s.post(t, tc.path, tc.form)
 		ok, msg := flashOf(t, r)
 		if ok || !strings.Contains(msg, tc.want) {
-			t.Errorf("POST %s %v: done %v, %q; want refused with %q", tc.path, operator.Shorten(tc.form.Encode(), 80), ok, msg, tc.want)
+			t.Errorf("POST %s %v: done %v, %q; want refused with %q", tc.path, operate.Shorten(tc.form.Encode(), 80), ok, msg, tc.want)
 		}
 		if strings.Contains(msg, "operate-1") || strings.Contains(msg, "lost-1") {
 			t.Errorf("POST %s: the message names a raw key: %q", tc.path, msg)
@@ -825,7 +840,7 @@ func (c *fakeClock) advance(d time.Duration) {
 	c.now = c.now.Add(d)
 }
 
-// TestPageLoginRateLimit: after operator.MaxLoginFailures wrong tokens from one
+// TestPageLoginRateLimit: after operate.MaxLoginFailures wrong tokens from one
 // address within loginWindow, its logins get 429 with Retry-After, the
 // token unchecked, until the window ends; other addresses, and logins
 // that succeed, are not held against it.
@@ -862,7 +877,7 @@ func TestPageLoginRateLimit(t *testing.T) {
 	}
 
 	wantLogin("the right token first", login(adminToken))
-	for i := 1; i < operator.MaxLoginFailures; i++ {
+	for i := 1; i < operate.MaxLoginFailures; i++ {
 		wantRefused(fmt.Sprintf("failure %d", i), login("wrong"))
 		clock.advance(time.Second)
 	}
@@ -893,7 +908,7 @@ func TestPageLoginRateLimit(t *testing.T) {
 	wantLimited("half a second before the window ends", login(adminToken), "1")
 	clock.advance(500 * time.Millisecond)
 	wantLogin("the right token after the window", login(adminToken))
-	for i := 1; i < operator.MaxLoginFailures; i++ {
+	for i := 1; i < operate.MaxLoginFailures; i++ {
 		wantRefused(fmt.Sprintf("failure %d of a new window", i), login("wrong"))
 	}
 	wantRefused("the last failure of a new window", login("wrong"))
@@ -918,7 +933,7 @@ func TestPageLookup(t *testing.T) {
 	r := lookup("", "operate-4")
 	wantContains(t, "known key", r.raw, `<span class="badge s-completed">completed</span>`, "<dd>charge</dd>",
 		`id="lookup-effect-4"`, `<span class="badge s-dead">dead</span>`, `action="/effects/4/retry"`,
-		operator.KeyHash(outbox.LocalPrincipal, "operate-4"), "Recorded result", "charge_id")
+		operate.KeyHash(outbox.LocalPrincipal, "operate-4"), "Recorded result", "charge_id")
 	if r := lookup("local", "operate-5"); !strings.Contains(r.raw, `id="lookup-effect-5"`) || !strings.Contains(r.raw, `value="retry"`) {
 		t.Error("lookup by the explicit principal local: not effect 5 with its resolve buttons")
 	}
@@ -987,7 +1002,7 @@ func TestPageKeyHashMatchesLogs(t *testing.T) {
 			logged = append(logged, rec.Key)
 		}
 	}
-	if want := operator.KeyHash(outbox.LocalPrincipal, "hash-me"); !slices.Equal(logged, []string{want}) {
+	if want := operate.KeyHash(outbox.LocalPrincipal, "hash-me"); !slices.Equal(logged, []string{want}) {
 		t.Errorf("call events carry keys %q, the page shows %s", logged, want)
 	}
 }
@@ -1057,15 +1072,7 @@ const chromiumPath = "/usr/bin/chromium"
 // with an hour of staged history in the chart (the README's picture:
 // MCP_OUTBOX_SCREENSHOT=$PWD/testdata/screenshots/operator-page.png).
 func TestOperatorPageBrowser(t *testing.T) {
-	if _, err := os.Stat(chromiumPath); err != nil {
-		if os.Getenv("MCP_OUTBOX_REQUIRE_BROWSER") == "1" {
-			t.Fatalf("MCP_OUTBOX_REQUIRE_BROWSER=1, but there is no browser: %v (apt-get install chromium)", err)
-		}
-		t.Skipf("no Chromium at %s (apt-get install chromium; MCP_OUTBOX_REQUIRE_BROWSER=1 makes this a failure)", chromiumPath)
-	}
-	if testing.Short() && os.Getenv("MCP_OUTBOX_REQUIRE_BROWSER") != "1" {
-		t.Skip("-short: no browser")
-	}
+	requireBrowser(t)
 	screenshot := os.Getenv("MCP_OUTBOX_SCREENSHOT")
 	// Not parallel: a browser is the heaviest thing in the suite, and runs
 	// best while nothing else does.
@@ -1219,6 +1226,21 @@ func pollUntil(t *testing.T, timeout time.Duration, what string, done func() boo
 			t.Fatalf("waited %s for %s", timeout, what)
 		}
 		<-tick.C
+	}
+}
+
+// requireBrowser skips the test without Chromium, or under -short, unless
+// MCP_OUTBOX_REQUIRE_BROWSER=1, which makes a missing browser a failure.
+func requireBrowser(t *testing.T) {
+	t.Helper()
+	if _, err := os.Stat(chromiumPath); err != nil {
+		if os.Getenv("MCP_OUTBOX_REQUIRE_BROWSER") == "1" {
+			t.Fatalf("MCP_OUTBOX_REQUIRE_BROWSER=1, but there is no browser: %v (apt-get install chromium)", err)
+		}
+		t.Skipf("no Chromium at %s (apt-get install chromium; MCP_OUTBOX_REQUIRE_BROWSER=1 makes this a failure)", chromiumPath)
+	}
+	if testing.Short() && os.Getenv("MCP_OUTBOX_REQUIRE_BROWSER") != "1" {
+		t.Skip("-short: no browser")
 	}
 }
 

@@ -11,13 +11,13 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/gctune"
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/outbox/destconfig"
-	"github.com/mcp-outbox/mcp-outbox/outbox/operator"
 	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -88,9 +88,10 @@ type app struct {
 	// logSensitive puts raw keys and arguments in the events (--log-sensitive).
 	logSensitive bool
 
-	retention      outbox.Retention // what the reaper keeps
-	metrics        *outbox.Metrics  // nil records nothing
-	metricsHandler http.Handler     // GET /metrics; nil when not built
+	retention outbox.Retention // what the reaper keeps
+	metrics   *outbox.Metrics  // nil records nothing
+	// metricsRegistry holds metrics' counters; the operator surface serves it.
+	metricsRegistry *prometheus.Registry
 	// mcpHTTP serves /mcp instead of server (the proxy's sessions).
 	mcpHTTP http.Handler
 	// tracerProvider makes the spans of the layer and the dispatcher; nil
@@ -188,7 +189,8 @@ func openStore(ctx context.Context, env *environment, cfg *appConfig) (*app, err
 		return nil, err
 	}
 	a := &app{db: db, dests: dests, logger: logger, logSensitive: cfg.logSensitive, retention: cfg.retention}
-	a.metricsHandler, a.metrics = operator.NewMetrics(db)
+	a.metricsRegistry = prometheus.NewRegistry()
+	a.metrics = outbox.NewMetrics(a.metricsRegistry)
 	if cfg.bare {
 		return a, nil
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/outbox/bearer"
@@ -52,7 +53,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if _, err = db.Write.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS invoices (id INTEGER PRIMARY KEY, customer TEXT)`); err != nil {
 		return err
 	}
-	metrics, m := operator.NewMetrics(db)
+	reg := prometheus.NewRegistry()
+	m := outbox.NewMetrics(reg)
 	layer, err := outbox.New(db, &outbox.Options{Metrics: m})
 	if err != nil {
 		return err
@@ -89,7 +91,11 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	r := chi.NewRouter()
 	r.Handle("/mcp", bearer.NewVerifier(toks).Require(mcphttp.NewHandler(server, nil)))
-	r.Mount("/", operator.NewHandler(db, &operator.Options{Dispatcher: d, Metrics: metrics}))
+	ops, err := operator.NewHandler(ctx, db, &operator.Options{Dispatcher: d, Registry: reg})
+	if err != nil {
+		return err
+	}
+	r.Mount("/", ops)
 	ln, err := net.Listen("tcp", *httpAddr)
 	if err != nil {
 		return err

@@ -16,18 +16,17 @@ import (
 	"strings"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/operate"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
-// MaxAdminBody bounds an admin API request body; the largest legitimate
-// one is a few bytes of {"outcome": ...}.
-const MaxAdminBody = 1 << 20
-
-// adminRouter is the operator API that serve mounts at /admin: the same
-// actions and validation as `mcp-outbox outbox` (operate.go), in JSON.
+// NewAdmin returns the admin API: the same actions and validation as
+// `mcp-outbox outbox`, in JSON, at these paths under Options.BasePath
+// (NewHandler mounts it at BasePath + "admin/"):
 //
 //	GET  /summary                     counts by state, and unknown calls
 //	GET  /effects?state=&dest=&limit= effects, newest first
@@ -43,10 +42,13 @@ const MaxAdminBody = 1 << 20
 // Errors are {"error": "..."}: 400 bad input, 403 refused, 404 no such
 // effect or call, 409 not in a state the action applies to, 413 body too
 // large.
-func adminRouter(db *schema.DB, logger *slog.Logger, ac *adminAuth) http.Handler {
-	h := &adminHandler{db: db, logger: logger}
+//
+// Who may call it: see Options.AdminTokenSHA256.
+func NewAdmin(db *schema.DB, opts *Options) http.Handler {
+	o := mustOptions(opts)
+	h := &adminHandler{db: db, logger: o.Logger}
 	r := chi.NewRouter()
-	r.Use(adminGuard(ac))
+	r.Use(middleware.Recoverer, adminGuard(newAdminAuth(o)))
 	r.NotFound(func(w http.ResponseWriter, _ *http.Request) {
 		writeAdminJSON(w, http.StatusNotFound, adminErrorBody{"no such admin endpoint"})
 	})
@@ -57,12 +59,12 @@ func adminRouter(db *schema.DB, logger *slog.Logger, ac *adminAuth) http.Handler
 	r.Get("/effects", h.list)
 	r.Get("/effects/{id}", h.get)
 	r.Post("/effects/retry-dead", h.retryDead)
-	for _, a := range effectActions {
-		r.Post("/effects/{id}/"+a.name, h.action(a))
+	for _, a := range operate.EffectActions {
+		r.Post("/effects/{id}/"+a.Name(), h.action(a))
 	}
 	r.Get("/calls/unknown", h.unknownCalls)
 	r.Post("/calls/resolve", h.resolveCall)
-	return r
+	return underBase(o.BasePath, r)
 }
 
 type adminHandler struct {
@@ -89,7 +91,7 @@ var adminCSRF = http.NewCrossOriginProtection()
 func adminGuard(ac *adminAuth) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if ac != nil && ac.adminHash != nil {
+			if ac.tokenRequired() {
 				if !ac.checkAdminToken(r) {
 					w.Header().Set("WWW-Authenticate", `Bearer realm="mcp-outbox admin"`)
 					writeAdminJSON(w, http.StatusUnauthorized, adminErrorBody{"the admin API requires 'Authorization: Bearer' with the admin token"})
@@ -121,14 +123,14 @@ func checkAdminClient(r *http.Request) error {
 	if ip, err := netip.ParseAddr(host); err != nil || !ip.Unmap().IsLoopback() {
 		return fmt.Errorf("without an admin token (--admin-token-sha256) the admin API answers only clients on this host over loopback; %s is not a loopback address", host)
 	}
-	if !LoopbackHost(r.Host) {
+	if !operate.LoopbackHost(r.Host) {
 		return fmt.Errorf("the admin API answers only requests addressed to localhost or a loopback address, not %q", r.Host)
 	}
 	return nil
 }
 
 func (h *adminHandler) summary(w http.ResponseWriter, r *http.Request) {
-	sum, err := SummarizeEffects(r.Context(), h.db)
+	sum, err := operate.SummarizeEffects(r.Context(), h.db)
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -141,23 +143,23 @@ func (h *adminHandler) summary(w http.ResponseWriter, r *http.Request) {
 var listParams = []string{"state", "dest", "limit"}
 
 // listQuery reads a list endpoint's query: only the parameters allowed,
-// each at most once, and a limit from 1 to MaxListLimit (default
-// DefaultListLimit).
+// each at most once, and a limit from 1 to operate.MaxListLimit (default
+// operate.DefaultListLimit).
 func listQuery(r *http.Request, allowed ...string) (url.Values, int, error) {
 	q := r.URL.Query()
 	for k, v := range q {
 		if !slices.Contains(allowed, k) {
-			return nil, 0, badInputf("unknown parameter %q (want %s)", k, strings.Join(allowed, ", "))
+			return nil, 0, operate.BadInputf("unknown parameter %q (want %s)", k, strings.Join(allowed, ", "))
 		}
 		if len(v) > 1 {
-			return nil, 0, badInputf("parameter %q given %d times", k, len(v))
+			return nil, 0, operate.BadInputf("parameter %q given %d times", k, len(v))
 		}
 	}
-	limit := DefaultListLimit
+	limit := operate.DefaultListLimit
 	if s := q.Get("limit"); s != "" {
 		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 || n > MaxListLimit {
-			return nil, 0, badInputf("limit %q: want a number from 1 to %d", s, MaxListLimit)
+		if err != nil || n < 1 || n > operate.MaxListLimit {
+			return nil, 0, operate.BadInputf("limit %q: want a number from 1 to %d", s, operate.MaxListLimit)
 		}
 		limit = n
 	}
@@ -170,7 +172,7 @@ func (h *adminHandler) list(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	f, err := ParseEffectFilter(q.Get("state"), q.Get("dest"), limit)
+	f, err := operate.ParseEffectFilter(q.Get("state"), q.Get("dest"), limit)
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -186,12 +188,12 @@ func (h *adminHandler) list(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *adminHandler) get(w http.ResponseWriter, r *http.Request) {
-	id, err := ParseEffectID(chi.URLParam(r, "id"))
+	id, err := operate.ParseEffectID(chi.URLParam(r, "id"))
 	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
-	e, err := readEffect(r.Context(), h.db, id)
+	e, err := operate.ReadEffect(r.Context(), h.db, id)
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -215,9 +217,9 @@ func (h *adminHandler) retryDead(w http.ResponseWriter, r *http.Request) {
 	}{n})
 }
 
-func (h *adminHandler) action(a EffectAction) http.HandlerFunc {
+func (h *adminHandler) action(a operate.EffectAction) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		id, err := ParseEffectID(chi.URLParam(r, "id"))
+		id, err := operate.ParseEffectID(chi.URLParam(r, "id"))
 		if err != nil {
 			h.fail(w, r, err)
 			return
@@ -226,20 +228,20 @@ func (h *adminHandler) action(a EffectAction) http.HandlerFunc {
 			Outcome string `json:"outcome"`
 		}
 		var dst any = &struct{}{}
-		if a.outcome {
+		if a.TakesOutcome() {
 			dst = &body
 		}
 		if err := readAdminBody(w, r, dst); err != nil {
 			h.fail(w, r, err)
 			return
 		}
-		res, err := ApplyEffectAction(r.Context(), h.db, a, id, body.Outcome)
+		res, err := operate.ApplyEffectAction(r.Context(), h.db, a, id, body.Outcome)
 		if err != nil {
 			h.fail(w, r, err)
 			return
 		}
 		// The admin token names no user; the log is the audit trail.
-		h.logger.Info("admin action", "action", a.name, "outcome", body.Outcome, "effect", id,
+		h.logger.Info("admin action", "action", a.Name(), "outcome", body.Outcome, "effect", id,
 			"from", res.PreviousState, "to", res.Effect.State, "remote", r.RemoteAddr)
 		if res.Warning != "" {
 			h.logger.Warn(res.Warning, "effect", id)
@@ -276,17 +278,17 @@ func (h *adminHandler) resolveCall(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	ref := CallRef{Key: body.Key, CallID: body.CallID}
+	ref := operate.CallRef{Key: body.Key, CallID: body.CallID}
 	if body.CallID == "" {
 		ref.Principal = outbox.ParsePrincipal(body.Principal)
 	} else if body.Principal != "" {
-		h.fail(w, r, badInputf("give the call's principal and key or its callId, not both"))
+		h.fail(w, r, operate.BadInputf("give the call's principal and key or its callId, not both"))
 		return
 	}
 	body.Principal = ref.Principal
-	res, err := ResolveUnknownCall(r.Context(), h.db, ref, body.Outcome, body.Note)
+	res, err := operate.ResolveUnknownCall(r.Context(), h.db, ref, body.Outcome, body.Note)
 	if err != nil {
-		h.failLogging(w, r, err, redactKey(err, body.Principal, body.Key))
+		h.failLogging(w, r, err, operate.RedactKey(err, body.Principal, body.Key))
 		return
 	}
 	// The admin token names no user; the log is the audit trail. The key
@@ -300,12 +302,12 @@ func (h *adminHandler) resolveCall(w http.ResponseWriter, r *http.Request) {
 // field is more likely a mistake (an outcome sent to /retry) than
 // something to ignore.
 func readAdminBody(w http.ResponseWriter, r *http.Request, v any) error {
-	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxAdminBody))
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, operate.MaxAdminBody))
 	if err != nil {
 		if errors.As(err, new(*http.MaxBytesError)) {
-			return fmt.Errorf("body larger than %d bytes: %w", MaxAdminBody, err)
+			return fmt.Errorf("body larger than %d bytes: %w", operate.MaxAdminBody, err)
 		}
-		return badInputf("read body: %v", err)
+		return operate.BadInputf("read body: %v", err)
 	}
 	if len(bytes.TrimSpace(b)) == 0 {
 		return nil
@@ -313,10 +315,10 @@ func readAdminBody(w http.ResponseWriter, r *http.Request, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		return badInputf("body: %v", err)
+		return operate.BadInputf("body: %v", err)
 	}
 	if err := dec.Decode(new(json.RawMessage)); err != io.EOF {
-		return badInputf("body: want one JSON object")
+		return operate.BadInputf("body: want one JSON object")
 	}
 	return nil
 }
@@ -334,7 +336,7 @@ func (h *adminHandler) failLogging(w http.ResponseWriter, r *http.Request, err, 
 	switch {
 	case errors.As(err, new(*http.MaxBytesError)):
 		status = http.StatusRequestEntityTooLarge
-	case errors.As(err, new(BadInput)):
+	case errors.As(err, new(operate.BadInput)):
 		status = http.StatusBadRequest
 	case errors.Is(err, outbox.ErrNoEffect), errors.Is(err, outbox.ErrNoCall):
 		status = http.StatusNotFound

@@ -65,7 +65,7 @@ func FuzzAdminBody(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Cleanup(func() { db.Close() })
-	router := adminRouter(db, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	router := NewAdmin(db, &Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	now := time.Now().UnixMilli()
 	const setup = `
 INSERT INTO calls (uid, principal, key, key_source, tool, args_hash, state, attempts, created_at, completed_at, expires_at, result)

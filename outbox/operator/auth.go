@@ -1,10 +1,7 @@
 package operator
 
 import (
-	"net"
 	"net/http"
-	"net/netip"
-	"strings"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox/bearer"
 )
@@ -16,6 +13,11 @@ type adminAuth struct {
 	adminHash []byte
 }
 
+func newAdminAuth(o Options) *adminAuth { return &adminAuth{adminHash: o.AdminTokenSHA256} }
+
+// tokenRequired reports whether an admin token is configured.
+func (c *adminAuth) tokenRequired() bool { return c != nil && c.adminHash != nil }
+
 // checkAdminToken reports whether r carries the admin token.
 func (c *adminAuth) checkAdminToken(r *http.Request) bool {
 	token, ok := bearer.FromRequest(r)
@@ -26,19 +28,4 @@ func (c *adminAuth) checkAdminToken(r *http.Request) bool {
 // header and the operator page's login form alike.
 func (c *adminAuth) isAdminToken(token string) bool {
 	return bearer.Matches(c.adminHash, token)
-}
-
-// LoopbackHost reports whether hostport (a host, or host:port) names this
-// host over loopback: localhost or a loopback address. serve uses it to
-// refuse an unauthenticated listener anyone else could reach.
-func LoopbackHost(hostport string) bool {
-	host, _, err := net.SplitHostPort(hostport)
-	if err != nil {
-		host = strings.TrimSuffix(strings.TrimPrefix(hostport, "["), "]")
-	}
-	if strings.EqualFold(host, "localhost") {
-		return true
-	}
-	ip, err := netip.ParseAddr(host)
-	return err == nil && ip.Unmap().IsLoopback()
 }

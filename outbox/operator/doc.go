@@ -1,31 +1,67 @@
 // Package operator is the operator surface of an MCP server built on the
-// outbox: what a person (or a load balancer, or Prometheus) uses to see and
-// repair the state of the calls and their effects. [NewHandler] serves it
-// all on one http.Handler, mountable at the root of chi or http.ServeMux
-// beside the MCP endpoint:
+// outbox: what a person, a load balancer or Prometheus uses to see and
+// repair the state of the calls and their effects. It has four parts, each
+// an http.Handler from a constructor of its own, to mount where you like:
 //
-//   - the admin API under /admin, JSON: counts by state, effects listed and
-//     read, retry, cancel and resolve of an effect, retry of every dead one,
-//     the calls in state unknown and their settlement (admin.go lists the
-//     routes);
-//   - the operator page at /: the same, server-rendered, no script, with a
-//     login at /login that trades the admin token for a session cookie, and
-//     a limit on failed logins per client;
-//   - GET /healthz and GET /readyz (database writable and current,
-//     dispatcher running);
-//   - GET /metrics, from [NewMetrics].
+//   - [NewHealth]: GET healthz (the process serves) and GET readyz (the
+//     database takes writes and has this binary's schema, and the
+//     dispatcher runs). readyz says "degraded", still 200, naming the
+//     destinations, when effects are pending for a destination the
+//     dispatcher does not deliver to: a mistyped or dropped destination
+//     would otherwise wait forever without a word. Its reasons are generic;
+//     database errors go to the log.
+//   - [NewMetricsHandler]: the Prometheus scrape, with the outbox depth and
+//     mcp_outbox_effects_unconfigured (pending effects per unknown
+//     destination), serving the registry given to outbox.NewMetrics.
+//   - [NewAdmin]: the admin API, JSON: counts by state, effects listed and
+//     read, retry, cancel and resolve of an effect, retry of every dead
+//     one, the calls in state unknown and their settlement.
+//   - [NewPage]: the operator page, the same server-rendered, no script,
+//     with a login that trades the admin token for a session cookie. It
+//     names the unconfigured destinations too.
+//
+// [NewHandler] mounts all four under one prefix, for the common case.
+//
+// # Mounting
+//
+// Options.BasePath is where a handler is mounted, "/" by default. Links,
+// form actions, redirects and the session cookie's path start with it, so
+// the page works under a prefix such as /ops/ behind a reverse proxy that
+// routes by path. A handler accepts its paths with the prefix (chi's Mount,
+// http.ServeMux) or with the prefix already stripped (http.StripPrefix):
+//
+//	ops, err := operator.NewHandler(ctx, db, &operator.Options{BasePath: "/ops/", AdminTokenSHA256: hash, Dispatcher: d})
+//	mux.Handle("/ops/", ops)
+//
+// # Who may use it
 //
 // Without an admin token (Options.AdminTokenSHA256, the SHA-256 that
 // bearer.Hash gives) everything but the health checks answers clients on
 // this host only, over loopback and addressed by a loopback name; with one,
-// anyone who presents it. Cross-origin browser requests are refused either
-// way.
+// anyone who presents it, in the Authorization header or (the page)
+// through a login session. Cross-origin browser requests are refused
+// either way.
 //
-// The same actions are exported for a command line ([FindEffectAction],
-// [ApplyEffectAction], [ResolveUnknownCall], ...), so that the command
-// line, the API and the page accept and refuse exactly the same things;
-// [WriteEffectTable] and [WriteUnknownCallTable] print the lists for a
-// terminal.
+// # Sessions and keys, across replicas
+//
+// Page sessions are cookies signed with HMAC-SHA256, carrying their expiry
+// (12 hours) and bound to the admin token: any replica verifies them
+// without asking the one that issued them, so a round-robin balancer needs
+// no sticky sessions. A logout is recorded in the database (table
+// operator_logouts), so it ends the session on every replica. The flash
+// message an action redirects with is signed with a key derived from the
+// same key.
+//
+// The key is Options.SessionKey (at least 32 bytes, the same on every
+// replica). Without one, [NewPage] uses the key kept in the database, in
+// table operator_secret, which the first process to need it generates;
+// every replica on that database finds the same key. NewPage logs where the
+// key is kept ("operator page session key", kept_in=...). A new key, or a
+// new admin token, ends every session: delete the operator_secret row and
+// restart, or configure another key.
+//
+// Failed logins are limited per client address in each process's memory,
+// not across replicas: see loginLimiter for why.
 //
 // In the layers of this module operator is a surface on the library
 // (outbox, query, schema), beside mcphttp and sidecar.

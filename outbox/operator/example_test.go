@@ -8,13 +8,18 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/outbox/operator"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
-// The operator surface mounted on a plain http.ServeMux, beside the MCP
-// endpoint; without an admin token it answers clients on this host only.
+// The whole operator surface under /ops/ on a plain http.ServeMux, beside
+// the MCP endpoint; without an admin token it answers clients on this host
+// only, except for the health checks.
 func Example() {
 	ctx := context.Background()
 	dir, _ := os.MkdirTemp("", "operator-example")
@@ -25,15 +30,19 @@ func Example() {
 	}
 	defer db.Close()
 
-	metrics, _ := operator.NewMetrics(db) // its *outbox.Metrics go to outbox.Options
+	ops, err := operator.NewHandler(ctx, db, &operator.Options{BasePath: "/ops/"})
+	if err != nil {
+		log.Fatal(err)
+	}
 	mux := http.NewServeMux()
 	// mux.Handle("/mcp", mcphttp.NewHandler(server, nil))
-	mux.Handle("/", operator.NewHandler(db, &operator.Options{Metrics: metrics}))
+	mux.Handle("/ops/", ops)
 
 	for _, c := range []struct{ path, remote string }{
-		{"/healthz", "192.0.2.7:40000"},
-		{"/admin/summary", "127.0.0.1:50123"},
-		{"/admin/summary", "192.0.2.7:40000"},
+		{"/ops/healthz", "192.0.2.7:40000"},
+		{"/ops/admin/summary", "127.0.0.1:50123"},
+		{"/ops/admin/summary", "192.0.2.7:40000"},
+		{"/ops/", "127.0.0.1:50123"},
 	} {
 		req := httptest.NewRequest(http.MethodGet, c.path, nil)
 		req.RemoteAddr, req.Host = c.remote, "127.0.0.1:8080"
@@ -42,7 +51,50 @@ func Example() {
 		fmt.Printf("%s from %s: %d\n", c.path, c.remote, rec.Code)
 	}
 	// Output:
-	// /healthz from 192.0.2.7:40000: 200
-	// /admin/summary from 127.0.0.1:50123: 200
-	// /admin/summary from 192.0.2.7:40000: 403
+	// /ops/healthz from 192.0.2.7:40000: 200
+	// /ops/admin/summary from 127.0.0.1:50123: 200
+	// /ops/admin/summary from 192.0.2.7:40000: 403
+	// /ops/ from 127.0.0.1:50123: 200
+}
+
+// Each part where you like: health checks at the root for the load
+// balancer, metrics at /metrics with the layer's own counters, the admin
+// API and the page under /internal/ behind the admin token.
+func Example_separate() {
+	ctx := context.Background()
+	dir, _ := os.MkdirTemp("", "operator-example")
+	defer os.RemoveAll(dir)
+	db, err := schema.Open(ctx, filepath.Join(dir, "app.db"), nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	reg := prometheus.NewRegistry()
+	metrics := outbox.NewMetrics(reg) // for outbox.Options and outbox.DispatcherOptions
+	_ = metrics
+	token := []byte("the SHA-256 of the admin token (bearer.Hash)")
+
+	page, err := operator.NewPage(ctx, db, &operator.Options{BasePath: "/internal/ops/", AdminTokenSHA256: token})
+	if err != nil {
+		log.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	health := operator.NewHealth(db, nil)
+	mux.Handle("GET /healthz", health)
+	mux.Handle("GET /readyz", health)
+	mux.Handle("GET /metrics", operator.NewMetricsHandler(db, &operator.Options{Registry: reg, AdminTokenSHA256: token}))
+	mux.Handle("/internal/admin/", operator.NewAdmin(db, &operator.Options{BasePath: "/internal/admin/", AdminTokenSHA256: token}))
+	mux.Handle("/internal/ops/", page)
+
+	for _, path := range []string{"/readyz", "/metrics", "/internal/admin/summary", "/internal/ops/"} {
+		req := httptest.NewRequest(http.MethodGet, path, nil)
+		rec := httptest.NewRecorder()
+		mux.ServeHTTP(rec, req)
+		fmt.Println(strings.TrimSpace(fmt.Sprint(path, " ", rec.Code, " ", rec.Header().Get("Location"))))
+	}
+	// Output:
+	// /readyz 200
+	// /metrics 401
+	// /internal/admin/summary 401
+	// /internal/ops/ 303 /internal/ops/login
 }

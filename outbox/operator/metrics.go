@@ -1,7 +1,10 @@
 package operator
 
 import (
+	"context"
+	"errors"
 	"net/http"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -11,19 +14,67 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
-// NewMetrics returns the handler of GET /metrics (for Options.Metrics) and
-// the outbox's metrics to record into (for outbox.Options and
-// outbox.DispatcherOptions). It serves a registry of its own rather than
-// the global one, so nothing a dependency registers leaks into the scrape:
-// the Go runtime's and the process's metrics, the outbox's, and the outbox
-// depth read from db at each scrape.
-func NewMetrics(db *schema.DB) (http.Handler, *outbox.Metrics) {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(
+// NewMetricsHandler returns the Prometheus scrape endpoint, answering at
+// whatever path it is mounted (conventionally /metrics), under the admin
+// rule (Options.AdminTokenSHA256): metrics name tools and destinations.
+//
+// It serves Options.Registry (a registry of its own when nil), into which
+// it registers the Go runtime's and the process's collectors, the outbox
+// depth (outbox.NewDepthCollector) read from db at each scrape, and
+// mcp_outbox_effects_unconfigured: the pending effects per destination
+// that Options.Dispatcher does not deliver to. Give Options.Registry the
+// registry passed to outbox.NewMetrics to serve the layer's and the
+// dispatcher's counters too:
+//
+//	reg := prometheus.NewRegistry()
+//	m := outbox.NewMetrics(reg) // for outbox.Options and DispatcherOptions
+//	mux.Handle("GET /metrics", operator.NewMetricsHandler(db, &operator.Options{Registry: reg}))
+//
+// A collector the registry already holds is kept, not registered twice.
+func NewMetricsHandler(db *schema.DB, opts *Options) http.Handler {
+	o := mustOptions(opts)
+	reg := o.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	for _, c := range []prometheus.Collector{
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		outbox.NewDepthCollector(db),
-	)
-	m := outbox.NewMetrics(reg)
-	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), m
+		newUnconfiguredCollector(db, o.Dispatcher),
+	} {
+		if err := reg.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {
+			panic(err) // a collector of another kind under one of these names: a programming mistake
+		}
+	}
+	return adminGuard(newAdminAuth(o))(promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+}
+
+// unconfiguredCollector reports mcp_outbox_effects_unconfigured.
+type unconfiguredCollector struct {
+	db         *schema.DB
+	dispatcher Dispatcher
+	desc       *prometheus.Desc
+}
+
+func newUnconfiguredCollector(db *schema.DB, d Dispatcher) *unconfiguredCollector {
+	return &unconfiguredCollector{db: db, dispatcher: d, desc: prometheus.NewDesc("mcp_outbox_effects_unconfigured",
+		"Pending effects for a destination this process's dispatcher does not deliver to: they wait until a process that knows it runs.",
+		[]string{"destination"}, nil)}
+}
+
+func (c *unconfiguredCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *unconfiguredCollector) Collect(ch chan<- prometheus.Metric) {
+	// A scrape must not hang on a locked or slow database.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	u, err := findUnconfigured(ctx, c.db, c.dispatcher)
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.desc, err)
+		return
+	}
+	for _, d := range u {
+		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(d.Pending), d.Destination)
+	}
 }

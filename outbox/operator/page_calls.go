@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/operate"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
@@ -20,7 +21,7 @@ import (
 
 // Unknown calls on the operator page: calls forwarded to a tool server
 // whose work is outside the call's transaction, whose outcome was lost
-// (outbox/doc.go). The page lists the newest and settles one at a time, as
+// (outbox/doc.go). The page lists the newest (operate.PageUnknownCalls) and settles one at a time, as
 // `mcp-outbox outbox resolve-call` and POST /admin/calls/resolve do.
 //
 //	POST /calls/{id}/resolve        form fields outcome (completed, failed or
@@ -32,10 +33,6 @@ import (
 // keys out of. Row ids are never handed out twice (AUTOINCREMENT), so an id
 // names one call for good: after a rerun deletes it, the next call with
 // the same key has another id.
-
-// PageUnknownCalls bounds the list, as pageStuckLimit does the stuck
-// effects.
-const PageUnknownCalls = 50
 
 // pageUnknownCall is a row of the page's list of unknown calls. It holds
 // the raw key for the template's keyHash; the page never prints it.
@@ -94,7 +91,7 @@ func listPageUnknownCalls(ctx context.Context, db *sql.DB, limit int) ([]pageUnk
 func parseCallID(s string) (int64, error) {
 	id, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || id < 1 {
-		return 0, badInputf("call id %q: want a positive integer", Shorten(s, 40))
+		return 0, operate.BadInputf("call id %q: want a positive integer", operate.Shorten(s, 40))
 	}
 	return id, nil
 }
@@ -135,8 +132,8 @@ func (p *pageHandler) resolveCall(w http.ResponseWriter, r *http.Request) {
 	}
 	outcome, note := form.Get("outcome"), strings.TrimSpace(form.Get("note"))
 	// The outcome first, so that a bad one is refused whatever the call.
-	if !slices.Contains(CallOutcomeNames(), outcome) {
-		p.redirectFailed(w, r, action, badInputf("outcome %q: want %s", Shorten(outcome, 40), orList(CallOutcomeNames())))
+	if !slices.Contains(operate.CallOutcomeNames(), outcome) {
+		p.redirectFailed(w, r, action, operate.BadInputf("outcome %q: want %s", operate.Shorten(outcome, 40), operate.OrList(operate.CallOutcomeNames())))
 		return
 	}
 	call, err := readPageCall(r.Context(), p.db, id)
@@ -144,14 +141,14 @@ func (p *pageHandler) resolveCall(w http.ResponseWriter, r *http.Request) {
 		p.redirectFailed(w, r, action, err)
 		return
 	}
-	name := fmt.Sprintf("Call %d (%s of %s, key %s)", id, Shorten(call.Tool, 40), Shorten(call.Principal, 60), KeyHash(call.Principal, call.Key))
+	name := fmt.Sprintf("Call %d (%s of %s, key %s)", id, operate.Shorten(call.Tool, 40), operate.Shorten(call.Principal, 60), operate.KeyHash(call.Principal, call.Key))
 	if call.State != string(query.OutcomeUnknown) {
 		p.redirectFailed(w, r, action, fmt.Errorf("%s is %s: %w", name, call.State, outbox.ErrCallNotUnknown))
 		return
 	}
 	// By uid, never reused: if this call was settled as rerun meanwhile
 	// and a new call with its key became unknown, that one is not touched.
-	if err := CheckResolveCall(CallRef{CallID: call.UID}, outcome, note); err != nil {
+	if err := operate.CheckResolveCall(operate.CallRef{CallID: call.UID}, outcome, note); err != nil {
 		p.redirectFailed(w, r, action, err)
 		return
 	}

@@ -3,27 +3,50 @@ package operator
 import (
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/operate"
 )
 
-// TestPageSessions: sessions expire, and the store stays bounded.
+// TestPageSessions: a session cookie is valid until it expires, only as
+// its key signed it, and only while the admin token is the same.
 func TestPageSessions(t *testing.T) {
 	t.Parallel()
-	s := pageSessions{byHash: map[[32]byte]time.Time{}}
+	key := subkey([]byte(strings.Repeat("k", 32)), "session")
+	s := pageSessions{key: key, adminHash: []byte("hash of the admin token")}
 	now := time.Now()
-	first := s.create(now)
-	if !s.valid(first, now) || s.valid(first, now.Add(PageSessionTTL)) || s.valid("", now) || s.valid("forged", now) {
-		t.Error("a session is valid only until it expires, and only its own id")
+	v := s.create(now)
+	valid := func(s pageSessions, v string, now time.Time) bool { _, _, ok := s.verify(v, now); return ok }
+	if !valid(s, v, now) || !valid(s, v, now.Add(operate.PageSessionTTL-time.Second)) {
+		t.Errorf("a fresh session %q is refused", v)
 	}
-	for i := 0; i < maxPageSessions+10; i++ {
-		s.create(now.Add(time.Duration(i+1) * time.Millisecond))
+	if valid(s, v, now.Add(operate.PageSessionTTL)) {
+		t.Error("an expired session is accepted")
 	}
-	if n := len(s.byHash); n > maxPageSessions {
-		t.Errorf("%d sessions kept, want at most %d", n, maxPageSessions)
+	if v2 := s.create(now); v2 == v {
+		t.Error("two sessions got one id")
 	}
-	if s.valid(first, now) {
-		t.Error("the oldest session survived a full store")
+	p := strings.Split(v, ".")
+	ver, exp, id, sig := p[0], p[1], p[2], p[3]
+	longer := fmt.Sprint(now.Add(100 * operate.PageSessionTTL).Unix())
+	for _, bad := range []string{"", "forged", ver + "." + longer + "." + id + "." + sig, "v0." + exp + "." + id + "." + sig,
+		ver + "." + exp + "." + id + "." + sig[:len(sig)-2], ver + "." + exp + "." + id + "." + strings.Repeat("A", len(sig)),
+		ver + "." + exp + ".other." + sig, ver + "." + exp + "." + id, v + "x", v + ".x"} {
+		if valid(s, bad, now) {
+			t.Errorf("a tampered session %q is accepted", bad)
+		}
+	}
+	other := pageSessions{key: subkey([]byte(strings.Repeat("o", 32)), "session"), adminHash: s.adminHash}
+	if valid(other, v, now) {
+		t.Error("a session signed with another key is accepted")
+	}
+	if rotated := (pageSessions{key: key, adminHash: []byte("a new admin token")}); valid(rotated, v, now) {
+		t.Error("a session survives a new admin token")
+	}
+	if flash := subkey([]byte(strings.Repeat("k", 32)), "flash"); string(flash) == string(key) {
+		t.Error("the flash key is the session key")
 	}
 }
 
@@ -33,8 +56,8 @@ func TestPageLoginLimiter(t *testing.T) {
 	t.Parallel()
 	l := loginLimiter{byClient: map[string]loginFailures{}}
 	now := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
-	for i := 1; i <= MaxLoginFailures; i++ {
-		if reached := l.fail("a", now); reached != (i == MaxLoginFailures) {
+	for i := 1; i <= operate.MaxLoginFailures; i++ {
+		if reached := l.fail("a", now); reached != (i == operate.MaxLoginFailures) {
 			t.Errorf("failure %d: limit reached %v", i, reached)
 		}
 	}
@@ -52,7 +75,7 @@ func TestPageLoginLimiter(t *testing.T) {
 	for i := range maxLoginClients - 1 {
 		l.fail(fmt.Sprintf("c%d", i), now.Add(time.Second+time.Duration(i)*time.Millisecond))
 	}
-	for range MaxLoginFailures {
+	for range operate.MaxLoginFailures {
 		l.fail("c0", now.Add(2*time.Second))
 	}
 	l.fail("new-1", now.Add(loginWindow)) // "old"'s window has ended

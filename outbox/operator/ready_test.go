@@ -1,20 +1,80 @@
 package operator
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/pgtest"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
+// lockedBuffer is a log destination that handlers may write to from
+// several goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestMain stops the PostgreSQL server the tests started, if any.
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// openTestDB opens a database on the store MCP_OUTBOX_TEST_STORE names:
+// SQLite by default, PostgreSQL with "postgres".
+func openTestDB(t testing.TB) *schema.DB {
+	t.Helper()
+	target := filepath.Join(t.TempDir(), "operator.db")
+	if os.Getenv("MCP_OUTBOX_TEST_STORE") == "postgres" {
+		target = pgtest.Database(t)
+	}
+	db, err := schema.Open(context.Background(), target, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// getJSON GETs path from h as a client on this host.
+func getJSON(t *testing.T, h http.Handler, path string) (int, map[string]any) {
+	t.Helper()
+	req := httptest.NewRequest(http.MethodGet, path, nil)
+	req.RemoteAddr, req.Host = "127.0.0.1:50123", "127.0.0.1:8080"
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	var body map[string]any
+	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+		t.Fatalf("GET %s: body %q: %v", path, rec.Body.String(), err)
+	}
+	return rec.Code, body
+}
+
+// TestReadyz turns an SQLite database read-only, which has no PostgreSQL
+// counterpart here.
 func TestReadyz(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -22,24 +82,16 @@ func TestReadyz(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer db.Close()
+	t.Cleanup(func() { db.Close() })
 	d, err := outbox.NewDispatcher(db, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	router := NewHandler(db, &Options{Dispatcher: d})
-	get := func() (int, map[string]any) {
-		t.Helper()
-		rec := httptest.NewRecorder()
-		router.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
-		var body map[string]any
-		if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
-			t.Fatalf("readyz body %q: %v", rec.Body.String(), err)
-		}
-		return rec.Code, body
-	}
+	var logs lockedBuffer
+	health := NewHealth(db, &Options{Dispatcher: d, BasePath: "/ops/", Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	get := func() (int, map[string]any) { t.Helper(); return getJSON(t, health, "/ops/readyz") }
 
-	if code, body := get(); code != http.StatusServiceUnavailable {
+	if code, body := get(); code != http.StatusServiceUnavailable || body["status"] != "unavailable" {
 		t.Errorf("before the dispatcher starts: %d %v, want 503", code, body)
 	}
 	dctx, cancel := context.WithCancel(ctx)
@@ -53,24 +105,34 @@ func TestReadyz(t *testing.T) {
 		}
 		runtime.Gosched()
 	}
-	if code, body := get(); code != http.StatusOK || body["ready"] != true {
-		t.Fatalf("running: %d %v, want 200", code, body)
+	if code, body := get(); code != http.StatusOK || body["ready"] != true || body["status"] != "ok" {
+		t.Fatalf("running: %d %v, want 200 ok", code, body)
 	}
 
-	// The database stops taking writes: not ready, and says why.
+	// The database stops taking writes: not ready, and says so without
+	// the driver's text, which goes to the log.
 	if _, err := db.Write.Exec(`PRAGMA query_only = 1`); err != nil {
 		t.Fatal(err)
 	}
 	code, body := get()
 	checks, _ := body["checks"].(map[string]any)
-	if code != http.StatusServiceUnavailable || checks["database"] == "ok" {
-		t.Errorf("read-only database: %d %v, want 503 naming the database", code, body)
+	if code != http.StatusServiceUnavailable || checks["database"] != "not ready: see the server's log" {
+		t.Errorf("read-only database: %d %v, want 503 with a generic reason", code, body)
+	}
+	if !strings.Contains(logs.String(), "readonly") {
+		t.Errorf("the log lacks the database's error:\n%s", logs.String())
 	}
 	if _, err := db.Write.Exec(`PRAGMA query_only = 0`); err != nil {
 		t.Fatal(err)
 	}
 	if code, _ := get(); code != http.StatusOK {
 		t.Errorf("writable again: %d, want 200", code)
+	}
+	if rec := httptest.NewRecorder(); true {
+		health.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/ops/healthz", nil))
+		if rec.Code != http.StatusOK || rec.Body.String() != "ok\n" {
+			t.Errorf("healthz: %d %q", rec.Code, rec.Body.String())
+		}
 	}
 
 	stop()
@@ -79,29 +141,86 @@ func TestReadyz(t *testing.T) {
 	}
 }
 
-// The handler serves the metrics, under the admin rule.
-func TestMetricsEndpoint(t *testing.T) {
+// runningDispatcher is a Dispatcher that runs and knows a fixed set.
+type runningDispatcher []string
+
+func (runningDispatcher) Running() bool            { return true }
+func (d runningDispatcher) Destinations() []string { return d }
+
+func insertEffect(t *testing.T, db *schema.DB, dest, state string) {
+	t.Helper()
+	if _, err := db.Write.Exec(`INSERT INTO effects (seq, destination, method, path, idempotency_key, state, next_attempt_at, created_at, updated_at)
+		VALUES (1, $1, 'POST', '/v1/charges', $2, $3, 0, 0, 0)`, dest, dest+"-"+state+"-"+time.Now().String(), state); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// An effect pending for a destination the dispatcher does not know is
+// named by the readiness check (degraded, still 200), counted in the
+// metrics, and shown on the page; one the dispatcher knows is not.
+func TestUnconfiguredDestination(t *testing.T) {
 	t.Parallel()
-	db, err := schema.Open(context.Background(), filepath.Join(t.TempDir(), "m.db"), nil)
+	db := openTestDB(t)
+	opts := &Options{Dispatcher: runningDispatcher{"payments"}}
+	health := NewHealth(db, opts)
+	metrics := NewMetricsHandler(db, opts)
+	page, err := NewPage(context.Background(), db, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer db.Close()
-	metrics, _ := NewMetrics(db)
-	router := NewHandler(db, &Options{Metrics: metrics})
+	insertEffect(t, db, "payments", "pending")
+	insertEffect(t, db, "paymnets", "dead") // not pending: nothing waits for it
+	if code, body := getJSON(t, health, "/readyz"); code != http.StatusOK || body["status"] != "ok" {
+		t.Errorf("only known destinations pending: %d %v, want 200 ok", code, body)
+	}
 
-	req := httptest.NewRequest(http.MethodGet, "/metrics", nil)
-	req.RemoteAddr, req.Host = "127.0.0.1:50123", "127.0.0.1:8080" // a client on this host
+	insertEffect(t, db, "paymnets", "pending")
+	insertEffect(t, db, "paymnets", "pending")
+	code, body := getJSON(t, health, "/readyz")
+	checks, _ := body["checks"].(map[string]any)
+	if code != http.StatusOK || body["status"] != "degraded" || body["ready"] != true ||
+		checks["destinations"] != "effects pending for destinations this dispatcher does not know: paymnets" {
+		t.Errorf("pending for an unknown destination: %d %v, want 200 degraded naming paymnets", code, body)
+	}
+
+	scrape := get(t, metrics, "/metrics")
+	if !strings.Contains(scrape, `mcp_outbox_effects_unconfigured{destination="paymnets"} 2`) ||
+		strings.Contains(scrape, `mcp_outbox_effects_unconfigured{destination="payments"}`) {
+		t.Errorf("metrics: want 2 unconfigured for paymnets alone:\n%s", grepLines(scrape, "unconfigured"))
+	}
+
+	html := get(t, page, "/")
+	if !strings.Contains(html, `id="unconfigured"`) || !strings.Contains(html, "<code>paymnets</code> (2 pending)") ||
+		strings.Count(html, "not configured here") != 1 {
+		t.Errorf("page does not name paymnets as unconfigured (once):\n%s", grepLines(html, "paymnets"))
+	}
+
+	// Without a dispatcher there is no set to compare with.
+	if code, body := getJSON(t, NewHealth(db, nil), "/readyz"); code != http.StatusOK || body["status"] != "ok" {
+		t.Errorf("no dispatcher: %d %v, want 200 ok", code, body)
+	}
+}
+
+// get GETs path from h as a client on this host and returns the body.
+func get(t *testing.T, h http.Handler, path string) string {
+	t.Helper()
+	req := httptest.NewRequest(http.MethodGet, path, nil)
+	req.RemoteAddr, req.Host = "127.0.0.1:50123", "127.0.0.1:8080"
 	rec := httptest.NewRecorder()
-	router.ServeHTTP(rec, req)
-	if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), "go_goroutines ") {
-		t.Fatalf("GET /metrics from loopback: %d %.200q", rec.Code, rec.Body.String())
+	h.ServeHTTP(rec, req)
+	b, _ := io.ReadAll(rec.Result().Body)
+	if rec.Code != http.StatusOK {
+		t.Fatalf("GET %s: %d %s", path, rec.Code, b)
 	}
-	remote := httptest.NewRequest(http.MethodGet, "/metrics", nil)
-	remote.RemoteAddr = "192.0.2.7:40000"
-	rec = httptest.NewRecorder()
-	router.ServeHTTP(rec, remote)
-	if rec.Code != http.StatusForbidden {
-		t.Errorf("GET /metrics from another host without an admin token: %d, want 403", rec.Code)
+	return string(b)
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for l := range strings.Lines(s) {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
 	}
+	return strings.Join(out, "")
 }

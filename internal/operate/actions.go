@@ -1,4 +1,4 @@
-package operator
+package operate
 
 import (
 	"context"
@@ -65,9 +65,13 @@ func EffectStatesHelp() string { return effectStates.help() }
 
 // BadInput is a request the operator got wrong: a usage error on the
 // command line, 400 from the API.
-type BadInput struct{ error }
+type BadInput struct{ Err error }
 
-func badInputf(format string, args ...any) error { return BadInput{fmt.Errorf(format, args...)} }
+func (b BadInput) Error() string { return b.Err.Error() }
+func (b BadInput) Unwrap() error { return b.Err }
+
+// BadInputf returns a BadInput with a formatted message.
+func BadInputf(format string, args ...any) error { return BadInput{fmt.Errorf(format, args...)} }
 
 // Bounds of a listing. The upper bound keeps an API response (each row
 // may carry a recorded response of a few KiB) to a sane size.
@@ -79,10 +83,10 @@ const (
 // ParseEffectFilter validates a listing's filters.
 func ParseEffectFilter(state, dest string, limit int) (query.EffectFilter, error) {
 	if state != "" && !slices.Contains(EffectStateNames(), state) {
-		return query.EffectFilter{}, badInputf("state %q: want one of %s", state, strings.Join(EffectStateNames(), ", "))
+		return query.EffectFilter{}, BadInputf("state %q: want one of %s", state, strings.Join(EffectStateNames(), ", "))
 	}
 	if limit < 1 || limit > MaxListLimit {
-		return query.EffectFilter{}, badInputf("limit %d: want 1 to %d", limit, MaxListLimit)
+		return query.EffectFilter{}, BadInputf("limit %d: want 1 to %d", limit, MaxListLimit)
 	}
 	return query.EffectFilter{State: state, Destination: dest, Limit: limit}, nil
 }
@@ -91,7 +95,7 @@ func ParseEffectFilter(state, dest string, limit int) (query.EffectFilter, error
 func ParseEffectID(s string) (int64, error) {
 	id, err := strconv.ParseInt(s, 10, 64)
 	if err != nil || id < 1 {
-		return 0, badInputf("effect id %q: want a positive integer", s)
+		return 0, BadInputf("effect id %q: want a positive integer", s)
 	}
 	return id, nil
 }
@@ -114,7 +118,7 @@ type EffectAction struct {
 	run     func(ctx context.Context, db *schema.DB, id int64, outcome string) error
 }
 
-var effectActions = []EffectAction{
+var EffectActions = []EffectAction{
 	{
 		name: "retry",
 		from: []string{"dead", "unknown", "pending", "cancelled"},
@@ -142,6 +146,9 @@ var effectActions = []EffectAction{
 // Name is the action's name: retry, cancel or resolve.
 func (a EffectAction) Name() string { return a.name }
 
+// TakesOutcome reports whether the action takes an outcome (resolve does).
+func (a EffectAction) TakesOutcome() bool { return a.outcome }
+
 // From lists the states of an effect the action applies to.
 func (a EffectAction) From() []string { return slices.Clone(a.from) }
 
@@ -149,16 +156,17 @@ func (a EffectAction) From() []string { return slices.Clone(a.from) }
 func (a EffectAction) CheckOutcome(outcome string) error {
 	switch {
 	case !a.outcome && outcome != "":
-		return badInputf("%s takes no outcome", a.name)
+		return BadInputf("%s takes no outcome", a.name)
 	case a.outcome && outcome != outcomeDelivered && outcome != outcomeRetry:
-		return badInputf("outcome %q: want %s (the destination has it) or %s (it does not; send it again)",
+		return BadInputf("outcome %q: want %s (the destination has it) or %s (it does not; send it again)",
 			outcome, outcomeDelivered, outcomeRetry)
 	}
 	return nil
 }
 
+// FindEffectAction returns the action of that name.
 func FindEffectAction(name string) (EffectAction, bool) {
-	for _, a := range effectActions {
+	for _, a := range EffectActions {
 		if a.name == name {
 			return a, true
 		}
@@ -178,7 +186,7 @@ func ApplyEffectAction(ctx context.Context, db *schema.DB, a EffectAction, id in
 	if err := a.CheckOutcome(outcome); err != nil {
 		return nil, err
 	}
-	before, err := readEffect(ctx, db, id)
+	before, err := ReadEffect(ctx, db, id)
 	if err != nil {
 		return nil, err
 	}
@@ -192,7 +200,7 @@ func ApplyEffectAction(ctx context.Context, db *schema.DB, a EffectAction, id in
 	}
 	if err := a.run(ctx, db, id, outcome); err != nil {
 		if errors.Is(err, outbox.ErrEffectState) || errors.Is(err, outbox.ErrNotResolvable) {
-			now, rerr := readEffect(ctx, db, id)
+			now, rerr := ReadEffect(ctx, db, id)
 			if rerr != nil {
 				return nil, rerr
 			}
@@ -200,7 +208,7 @@ func ApplyEffectAction(ctx context.Context, db *schema.DB, a EffectAction, id in
 		}
 		return nil, err
 	}
-	after, err := readEffect(ctx, db, id)
+	after, err := ReadEffect(ctx, db, id)
 	if err != nil {
 		return nil, err
 	}
@@ -213,21 +221,22 @@ func ApplyEffectAction(ctx context.Context, db *schema.DB, a EffectAction, id in
 	return res, nil
 }
 
-// stateError says what the effect's state is and what the action needs;
+// StateError says what the effect's state is and what the action needs;
 // it matches the library's sentinel without repeating its text.
-type stateError struct {
+type StateError struct {
 	msg      string
 	sentinel error
 }
 
-func (e *stateError) Error() string { return e.msg }
-func (e *stateError) Unwrap() error { return e.sentinel }
+func (e *StateError) Error() string { return e.msg }
+func (e *StateError) Unwrap() error { return e.sentinel }
 
 func newStateError(a EffectAction, id int64, state string, sentinel error) error {
-	return &stateError{fmt.Sprintf("effect %d is %s; %s applies only to %s effects", id, state, a.name, orList(a.from)), sentinel}
+	return &StateError{fmt.Sprintf("effect %d is %s; %s applies only to %s effects", id, state, a.name, OrList(a.from)), sentinel}
 }
 
-func readEffect(ctx context.Context, db *schema.DB, id int64) (*query.EffectRow, error) {
+// ReadEffect reads effect id, ErrNoEffect when there is none.
+func ReadEffect(ctx context.Context, db *schema.DB, id int64) (*query.EffectRow, error) {
 	rows, err := query.ListEffects(ctx, db.Read, query.EffectFilter{ID: id, Limit: 1})
 	if err != nil {
 		return nil, fmt.Errorf("read effect %d: %w", id, err)
@@ -247,6 +256,7 @@ type EffectSummary struct {
 	UnknownCalls int `json:"unknownCalls"`
 }
 
+// SummarizeEffects counts effects by state, and the unknown calls.
 func SummarizeEffects(ctx context.Context, db *schema.DB) (EffectSummary, error) {
 	c, err := query.CountEffects(ctx, db.Read)
 	if err != nil {
@@ -307,24 +317,24 @@ type CallRef struct {
 func CheckResolveCall(ref CallRef, outcome, note string) error {
 	switch {
 	case ref.CallID != "" && ref.Key != "":
-		return badInputf("give the call's key or its call id, not both")
+		return BadInputf("give the call's key or its call id, not both")
 	case ref.CallID != "":
 		if len(ref.CallID) > 64 || strings.ContainsFunc(ref.CallID, func(r rune) bool { return r <= ' ' || r > '~' }) {
-			return badInputf("call id %q: want the callId the status tool shows, such as call_0123abcd", Shorten(ref.CallID, 40))
+			return BadInputf("call id %q: want the callId the status tool shows, such as call_0123abcd", Shorten(ref.CallID, 40))
 		}
 	default:
 		if ref.Principal == "" {
-			return badInputf("principal: empty")
+			return BadInputf("principal: empty")
 		}
 		if err := callkey.Validate(ref.Key); err != nil {
-			return badInputf("key: %v", err)
+			return BadInputf("key: %v", err)
 		}
 	}
 	if !slices.Contains(CallOutcomeNames(), outcome) {
-		return badInputf("outcome %q: want %s", outcome, orList(CallOutcomeNames()))
+		return BadInputf("outcome %q: want %s", outcome, OrList(CallOutcomeNames()))
 	}
 	if len(note) > maxNoteBytes {
-		return badInputf("note: %d bytes, the limit is %d", len(note), maxNoteBytes)
+		return BadInputf("note: %d bytes, the limit is %d", len(note), maxNoteBytes)
 	}
 	return nil
 }
@@ -355,7 +365,7 @@ func ResolveUnknownCall(ctx context.Context, db *schema.DB, ref CallRef, outcome
 	}
 	if err != nil {
 		if errors.Is(err, outbox.ErrCallOutcome) {
-			return nil, BadInput{err}
+			return nil, BadInput{Err: err}
 		}
 		return nil, err
 	}
@@ -377,14 +387,16 @@ type keyRedacted struct {
 func (e *keyRedacted) Error() string { return e.msg }
 func (e *keyRedacted) Unwrap() error { return e.err }
 
-func redactKey(err error, principal, key string) error {
+// RedactKey names the call in err's message by its key's hash.
+func RedactKey(err error, principal, key string) error {
 	if err == nil || key == "" {
 		return err
 	}
 	return &keyRedacted{strings.ReplaceAll(err.Error(), strconv.Quote(key), "with key "+KeyHash(principal, key)), err}
 }
 
-func orList(items []string) string {
+// OrList joins items as "a, b or c".
+func OrList(items []string) string {
 	switch len(items) {
 	case 0:
 		return ""
@@ -407,4 +419,13 @@ func Shorten(s string, n int) string {
 		return string(r[:n-1]) + "…"
 	}
 	return s
+}
+
+// KeyHash is how the page and the logs name a call: outbox.KeyHash of its
+// principal and key, never the key itself. A call without a key has none.
+func KeyHash(principal, key string) string {
+	if key == "" {
+		return ""
+	}
+	return outbox.KeyHash(principal, key)
 }

@@ -1,11 +1,11 @@
-package operator_test
+package operate_test
 
 import (
 	"log"
 	"os"
 	"time"
 
-	"github.com/mcp-outbox/mcp-outbox/outbox/operator"
+	"github.com/mcp-outbox/mcp-outbox/internal/operate"
 	"github.com/mcp-outbox/mcp-outbox/query"
 )
 
@@ -21,7 +21,7 @@ func ExampleWriteEffectTable() {
 		{ID: 1, Effect: query.Effect{Destination: "mailer", Method: "POST", Path: "/send", State: "delivered",
 			Attempts: 1, LastStatus: 202, DeliveredAt: &t}, UpdatedAt: t},
 	}
-	if err := operator.WriteEffectTable(os.Stdout, rows); err != nil {
+	if err := operate.WriteEffectTable(os.Stdout, rows); err != nil {
 		log.Fatal(err)
 	}
 	// Output:
@@ -35,7 +35,7 @@ func ExampleWriteEffectTable() {
 func ExampleWriteUnknownCallTable() {
 	rows := []query.UnknownCall{{Principal: "user:alice", Key: "order-7", Tool: "charge", CallID: "c-1f2e",
 		Attempts: 1, CreatedAt: time.Date(2026, 7, 28, 9, 30, 0, 0, time.UTC)}}
-	if err := operator.WriteUnknownCallTable(os.Stdout, rows); err != nil {
+	if err := operate.WriteUnknownCallTable(os.Stdout, rows); err != nil {
 		log.Fatal(err)
 	}
 	// Output:
