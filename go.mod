@@ -3,6 +3,7 @@ module github.com/mcp-outbox/mcp-outbox
 go 1.26.0
 
 require (
+	github.com/XSAM/otelsql v0.44.0
 	github.com/chromedp/chromedp v0.23.1
 	github.com/go-chi/chi/v5 v5.5.0
 	github.com/google/jsonschema-go v0.4.3

@@ -216,24 +216,3 @@ func (l *Layer) claimOnce(ctx context.Context, u *unit, a *attempt) (claimResult
 	a.callID, a.uid, a.createdAt = r.id, r.uid, r.createdAt
 	return claimResult{kind: claimed}, nil
 }
-
-// isBusy reports whether err is SQLite's SQLITE_BUSY (or one of its extended
-// codes): another connection holds the lock the statement needed for longer
-// than it may wait. Within one layer every write goes through the one writer
-// connection, whose turns are taken in order, so the other connection is
-// another process (or another handle on the same file).
-//
-// On PostgreSQL the counterpart is a claim that waited for a row lock until
-// its lock_timeout (another attempt's transaction holds the call's row), or
-// that lost to a deadlock or a serialization failure.
-func isBusy(err error) bool {
-	switch schema.PgCode(err) {
-	case schema.PgLockNotAvailable, schema.PgDeadlockDetected, schema.PgSerializationFailure:
-		return true
-	}
-	var e interface{ Code() int } // modernc.org/sqlite's *Error
-	return errors.As(err, &e) && e.Code()&0xff == sqliteBusy
-}
-
-// sqliteBusy is SQLite's primary result code SQLITE_BUSY.
-const sqliteBusy = 5

@@ -424,14 +424,14 @@ func (d *Dispatcher) Drain(ctx context.Context, progress func(query.Counts)) (qu
 		}
 		if progress != nil && time.Since(lastProgress) >= drainProgressEvery {
 			lastProgress = time.Now()
-			if c, err := query.CountEffects(ctx, d.db.Read); err == nil {
+			if c, err := query.CountEffects(ctx, d.db); err == nil {
 				progress(c)
 			}
 		}
 		if !open {
 			d.inflight.Wait()
 			if open, err = d.openEffects(ctx); err != nil || !open {
-				c, cerr := query.CountEffects(context.WithoutCancel(ctx), d.db.Read)
+				c, cerr := query.CountEffects(context.WithoutCancel(ctx), d.db)
 				return c, errors.Join(err, cerr)
 			}
 		}
@@ -439,7 +439,7 @@ func (d *Dispatcher) Drain(ctx context.Context, progress func(query.Counts)) (qu
 		select {
 		case <-ctx.Done():
 			d.settle(ctx)
-			c, err := query.CountEffects(context.WithoutCancel(ctx), d.db.Read)
+			c, err := query.CountEffects(context.WithoutCancel(ctx), d.db)
 			return c, errors.Join(ctx.Err(), err)
 		case <-d.wake:
 		case <-timer.C:

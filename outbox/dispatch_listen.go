@@ -6,8 +6,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -18,7 +16,10 @@ import (
 // Notify wakes it: new effects of another replica are claimed at once
 // rather than at the next poll. Polling stays: a notification lost while
 // the connection was down only delays an effect until the next poll.
-const listenEffects = `LISTEN mcp_outbox_effects`
+//
+// The connection is the store's (schema.DB.Listen), so this package links
+// no PostgreSQL client.
+const listenEffects = "mcp_outbox_effects"
 
 // Waits before connecting the listener again after it failed, doubling
 // from the first to the last.
@@ -78,20 +79,12 @@ func (d *Dispatcher) listen(ctx context.Context) {
 func (d *Dispatcher) listenOnce(ctx context.Context, listening func()) error {
 	cctx, cancel := context.WithTimeout(ctx, listenConnectTimeout)
 	defer cancel()
-	conn, err := pgx.Connect(cctx, d.db.URL())
+	l, err := d.db.Listen(cctx, listenEffects)
 	if err != nil {
-		return fmt.Errorf("connect: %w", err)
+		return err
 	}
-	defer func() {
-		// Close says goodbye to the server, bounded: the server may be
-		// what failed.
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-		defer cancel()
-		_ = conn.Close(cctx)
-	}()
-	if _, err := conn.Exec(cctx, listenEffects); err != nil {
-		return fmt.Errorf("listen: %w", err)
-	}
+	// The listener bounds its goodbye: the server may be what failed.
+	defer func() { _ = l.Close(context.WithoutCancel(ctx)) }()
 	listening()
 	// Before the wake-up below, so that a test sees the listening first
 	// and the idle wait that follows the round it causes.
@@ -102,7 +95,7 @@ func (d *Dispatcher) listenOnce(ctx context.Context, listening func()) error {
 	// nobody: look once.
 	d.Notify()
 	for {
-		if _, err := conn.WaitForNotification(ctx); err != nil {
+		if err := l.Wait(ctx); err != nil {
 			return fmt.Errorf("wait for notification: %w", err)
 		}
 		d.Notify()

@@ -292,7 +292,8 @@ func TestDispatchPostgres_NotifyWakes(t *testing.T) {
 	// timeout): the dispatcher connects again and listens.
 	var pid int
 	waitUntil(t, 10*time.Second, func() bool {
-		err := dbs[1].Read.QueryRow(`SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query = 'LISTEN mcp_outbox_effects'`).Scan(&pid)
+		// The store quotes the channel: LISTEN "mcp_outbox_effects".
+		err := dbs[1].Read.QueryRow(`SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN %mcp_outbox_effects%'`).Scan(&pid)
 		return err == nil
 	})
 	if _, err := dbs[1].Write.Exec(`SELECT pg_terminate_backend($1)`, pid); err != nil {

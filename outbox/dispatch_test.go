@@ -419,7 +419,7 @@ func TestDispatch_OperatorActions(t *testing.T) {
 	d := s.dispatcher(t, outbox.Destination{}, nil)
 	round(t, d)
 	ctx := context.Background()
-	rows, err := query.ListEffects(ctx, s.db.Read, query.EffectFilter{State: "dead"})
+	rows, err := query.ListEffects(ctx, s.db, query.EffectFilter{State: "dead"})
 	if err != nil || len(rows) != 2 {
 		t.Fatalf("dead effects: %v %v", rows, err)
 	}

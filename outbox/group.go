@@ -457,7 +457,7 @@ func (g *groupCommit) finish(b *batch) {
 		b.err = fmt.Errorf("batch not committed: %w", b.broken)
 	} else if err := b.tx.Commit(); err != nil {
 		b.err = fmt.Errorf("commit: %w", err)
-		if g.own && schema.PgCommitRolledBack(err) {
+		if g.own && g.db.CommitRolledBack(err) {
 			// An error ended the transaction earlier; COMMIT rolled it
 			// back, which is certain.
 			b.err = fmt.Errorf("commit: %w", errOwnTxEnded)

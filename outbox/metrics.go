@@ -166,7 +166,7 @@ func (c *depthCollector) Collect(ch chan<- prometheus.Metric) {
 	// A scrape must not hang on a locked or slow database.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	unknown, err := query.CountUnknownCalls(ctx, c.db.Read)
+	unknown, err := query.CountUnknownCalls(ctx, c.db)
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(c.unknownCalls, err)
 	} else {
@@ -191,7 +191,7 @@ func (c *depthCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 func (c *depthCollector) read(ctx context.Context) (map[string]query.Counts, map[string]int64, error) {
-	byDest, err := query.CountEffectsByDestination(ctx, c.db.Read)
+	byDest, err := query.CountEffectsByDestination(ctx, c.db)
 	if err != nil {
 		return nil, nil, fmt.Errorf("read outbox depth: %w", err)
 	}

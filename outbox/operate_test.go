@@ -27,7 +27,7 @@ func TestResolveCall(t *testing.T) {
 		WHERE key IN ('ran', 'refused', 'never-ran')`); err != nil {
 		t.Fatal(err)
 	}
-	unknown, err := query.ListUnknownCalls(ctx, b.db.Read, 10)
+	unknown, err := query.ListUnknownCalls(ctx, b.db, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,7 +35,7 @@ func TestResolveCall(t *testing.T) {
 		unknown[0].Attempts != 1 || unknown[0].CallID == "" || unknown[0].CreatedAt.IsZero() {
 		t.Fatalf("unknown calls: %+v", unknown)
 	}
-	if n, err := query.CountUnknownCalls(ctx, b.db.Read); err != nil || n != 3 {
+	if n, err := query.CountUnknownCalls(ctx, b.db); err != nil || n != 3 {
 		t.Errorf("CountUnknownCalls = %d, %v; want 3", n, err)
 	}
 	before := charges(t, b)
@@ -75,7 +75,7 @@ func TestResolveCall(t *testing.T) {
 		t.Errorf("resolving twice: err = %v", err)
 	}
 
-	st, err := query.Lookup(ctx, b.db.Read, "local", "ran", time.Now())
+	st, err := query.Lookup(ctx, b.db, "local", "ran", time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +94,7 @@ func TestResolveCall(t *testing.T) {
 	if got := charges(t, b); got != before {
 		t.Errorf("%d charges after replaying resolved calls, want %d", got, before)
 	}
-	if st, _ := query.Lookup(ctx, b.db.Read, "local", "never-ran", time.Now()); st.State != query.NotFound {
+	if st, _ := query.Lookup(ctx, b.db, "local", "never-ran", time.Now()); st.State != query.NotFound {
 		t.Errorf("call resolved as rerun: %s, want not_found", st.State)
 	}
 	if res := callCharge(t, b.session, "never-ran", 102); res.IsError || callMeta(res)["replayed"] != false {
@@ -103,7 +103,7 @@ func TestResolveCall(t *testing.T) {
 	if got := charges(t, b); got != before+1 {
 		t.Errorf("%d charges, want %d: the call resolved as rerun runs on its retry", got, before+1)
 	}
-	if unknown, _ := query.ListUnknownCalls(ctx, b.db.Read, 10); len(unknown) != 0 {
+	if unknown, _ := query.ListUnknownCalls(ctx, b.db, 10); len(unknown) != 0 {
 		t.Errorf("unknown calls left: %+v", unknown)
 	}
 }
@@ -119,13 +119,13 @@ func TestResolveCall_RenewsAnExpiredKey(t *testing.T) {
 		VALUES ('call_old', 'local', 'old', 'meta', 'charge', '', 'unknown', $1, $2, 'unknown')`, long, long+3600000); err != nil {
 		t.Fatal(err)
 	}
-	if st, _ := query.Lookup(ctx, b.db.Read, "local", "old", time.Now()); st.State != query.OutcomeUnknown {
+	if st, _ := query.Lookup(ctx, b.db, "local", "old", time.Now()); st.State != query.OutcomeUnknown {
 		t.Errorf("an unknown call past its key's expiry: %s, want unknown", st.State)
 	}
 	if err := outbox.ResolveCall(ctx, b.db, "local", "old", outbox.ResolveCompleted, "done by hand"); err != nil {
 		t.Fatal(err)
 	}
-	st, err := query.Lookup(ctx, b.db.Read, "local", "old", time.Now())
+	st, err := query.Lookup(ctx, b.db, "local", "old", time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,7 +165,7 @@ func TestResolveCallUID(t *testing.T) {
 	if !errors.Is(err, outbox.ErrNoCall) || !strings.Contains(err.Error(), old) || strings.Contains(err.Error(), "secret-key") {
 		t.Errorf("resolving the rerun call again: %v, want no such call naming %s and not the key", err, old)
 	}
-	if st, _ := query.Lookup(ctx, b.db.Read, "local", "secret-key", time.Now()); st.State != query.OutcomeUnknown {
+	if st, _ := query.Lookup(ctx, b.db, "local", "secret-key", time.Now()); st.State != query.OutcomeUnknown {
 		t.Errorf("the newer call is %s, want it still unknown", st.State)
 	}
 	if err := outbox.ResolveCallUID(ctx, b.db, newer, outbox.ResolveFailed, ""); err != nil {

@@ -336,7 +336,7 @@ func TestPurge_AbandonedForwardedClaimsBecomeUnknown(t *testing.T) {
 	}
 	// Its key has expired, but an unknown call is reported as such: a retry
 	// would not run it.
-	st, err := query.Lookup(context.Background(), b.db.Read, "local", "lost-forwarded", now)
+	st, err := query.Lookup(context.Background(), b.db, "local", "lost-forwarded", now)
 	if err != nil {
 		t.Fatal(err)
 	}

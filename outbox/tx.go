@@ -273,49 +273,13 @@ func (a *attempt) wrapStmt(err error) error {
 	// isBusy: PostgreSQL's 40001, 40P01 and 55P03 are its SQLITE_BUSY, a
 	// conflict with another transaction that says nothing of the call;
 	// they also aborted the transaction, so the handler cannot go on.
-	if storeFailed(err) || isBusy(err) || errors.Is(err, sql.ErrConnDone) || errors.Is(err, sql.ErrTxDone) ||
+	if storeFailed(a.layer.db, err) || isBusy(err) || errors.Is(err, sql.ErrConnDone) || errors.Is(err, sql.ErrTxDone) ||
 		strings.Contains(msg, "SQLITE_BUSY") || strings.Contains(msg, "database is locked") ||
 		strings.Contains(msg, "SQLITE_IOERR") || strings.Contains(msg, "disk I/O error") ||
 		strings.Contains(msg, "SQLITE_FULL") || strings.Contains(msg, "interrupted") {
 		return a.wrap(err)
 	}
 	return err
-}
-
-// storeFailed reports whether err is SQLite saying that the database
-// failed, not the statement: by the result code, not the text. The texts
-// differ from the code names ("database or disk is full (13)" for
-// SQLITE_FULL, "attempt to write a readonly database (8)"), so matching
-// text let a full or read-only database reach a handler as an ordinary
-// error, which the call then recorded as its failed outcome and replayed
-// for the key's lifetime. These codes may also have rolled back the whole
-// transaction, so the handler must not go on in it.
-//
-// On PostgreSQL the store failed when the server cannot be reached or
-// refuses work for want of resources (schema.PgUnavailable).
-func storeFailed(err error) bool {
-	if schema.PgUnavailable(err) {
-		return true
-	}
-	var e interface{ Code() int } // modernc.org/sqlite's *Error
-	if !errors.As(err, &e) {
-		return false
-	}
-	switch e.Code() & 0xff { // the primary code; extended codes add bits above
-	case 5, // SQLITE_BUSY
-		6,  // SQLITE_LOCKED
-		7,  // SQLITE_NOMEM
-		8,  // SQLITE_READONLY
-		9,  // SQLITE_INTERRUPT
-		10, // SQLITE_IOERR
-		11, // SQLITE_CORRUPT
-		13, // SQLITE_FULL
-		14, // SQLITE_CANTOPEN
-		15, // SQLITE_PROTOCOL
-		26: // SQLITE_NOTADB
-		return true
-	}
-	return false
 }
 
 // Enqueue adds an effect to the call's transaction.

@@ -2,9 +2,10 @@ package query
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"time"
+
+	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
 // UnknownCall is a call in state unknown: forwarded to a tool server whose
@@ -29,8 +30,8 @@ LIMIT $1`
 
 // ListUnknownCalls returns up to limit calls in state unknown, the oldest
 // first: none of them changes without an operator.
-func ListUnknownCalls(ctx context.Context, db *sql.DB, limit int) ([]UnknownCall, error) {
-	rows, err := db.QueryContext(ctx, selectUnknownCalls, limit)
+func ListUnknownCalls(ctx context.Context, db *schema.DB, limit int) ([]UnknownCall, error) {
+	rows, err := db.Read.QueryContext(ctx, selectUnknownCalls, limit)
 	if err != nil {
 		return nil, fmt.Errorf("list unknown calls: %w", err)
 	}
@@ -54,9 +55,9 @@ func ListUnknownCalls(ctx context.Context, db *sql.DB, limit int) ([]UnknownCall
 }
 
 // CountUnknownCalls is the number of calls in state unknown.
-func CountUnknownCalls(ctx context.Context, db *sql.DB) (int, error) {
+func CountUnknownCalls(ctx context.Context, db *schema.DB) (int, error) {
 	var n int
-	if err := db.QueryRowContext(ctx, `SELECT count(*) FROM calls WHERE state = 'unknown'`).Scan(&n); err != nil {
+	if err := db.Read.QueryRowContext(ctx, `SELECT count(*) FROM calls WHERE state = 'unknown'`).Scan(&n); err != nil {
 		return 0, fmt.Errorf("count unknown calls: %w", err)
 	}
 	return n, nil

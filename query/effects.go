@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"fmt"
 	"time"
+
+	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
 // Counts is the number of effects in each state.
@@ -26,8 +28,8 @@ func (c Counts) Total() int {
 func (c Counts) Open() int { return c.Pending + c.InFlight }
 
 // CountEffects counts effects by state.
-func CountEffects(ctx context.Context, db *sql.DB) (Counts, error) {
-	rows, err := db.QueryContext(ctx, `SELECT state, count(*) FROM effects GROUP BY state`)
+func CountEffects(ctx context.Context, db *schema.DB) (Counts, error) {
+	rows, err := db.Read.QueryContext(ctx, `SELECT state, count(*) FROM effects GROUP BY state`)
 	if err != nil {
 		return Counts{}, fmt.Errorf("count effects: %w", err)
 	}
@@ -126,11 +128,11 @@ ORDER BY e.id DESC
 LIMIT $4`
 
 // ListEffects returns effects, newest first.
-func ListEffects(ctx context.Context, db *sql.DB, f EffectFilter) ([]EffectRow, error) {
+func ListEffects(ctx context.Context, db *schema.DB, f EffectFilter) ([]EffectRow, error) {
 	if f.Limit <= 0 {
 		f.Limit = 100
 	}
-	rows, err := db.QueryContext(ctx, pick(db, selectEffectRows, selectEffectRowsPostgres), f.State, f.Destination, f.ID, f.Limit)
+	rows, err := db.Read.QueryContext(ctx, db.Pick(selectEffectRows, selectEffectRowsPostgres), f.State, f.Destination, f.ID, f.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("list effects: %w", err)
 	}

@@ -5,6 +5,8 @@ import (
 	"database/sql"
 	"fmt"
 	"time"
+
+	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
 // Reads for the operator page: what an operator looks at first, bounded so
@@ -18,8 +20,8 @@ type DestinationCounts struct {
 
 // CountEffectsByDestination counts effects by destination and state, the
 // destinations in name order.
-func CountEffectsByDestination(ctx context.Context, db *sql.DB) ([]DestinationCounts, error) {
-	rows, err := db.QueryContext(ctx, `SELECT destination, state, count(*) FROM effects GROUP BY destination, state ORDER BY destination`)
+func CountEffectsByDestination(ctx context.Context, db *schema.DB) ([]DestinationCounts, error) {
+	rows, err := db.Read.QueryContext(ctx, `SELECT destination, state, count(*) FROM effects GROUP BY destination, state ORDER BY destination`)
 	if err != nil {
 		return nil, fmt.Errorf("count effects by destination: %w", err)
 	}
@@ -62,8 +64,8 @@ LIMIT $1`
 // ListStuckEffects returns up to limit dead and unknown effects, the most
 // recently stuck first: neither state changes without an operator. The
 // rows carry no response or Idempotency-Key; ListEffects has them.
-func ListStuckEffects(ctx context.Context, db *sql.DB, limit int) ([]StuckEffect, error) {
-	rows, err := db.QueryContext(ctx, selectStuckEffects, limit)
+func ListStuckEffects(ctx context.Context, db *schema.DB, limit int) ([]StuckEffect, error) {
+	rows, err := db.Read.QueryContext(ctx, selectStuckEffects, limit)
 	if err != nil {
 		return nil, fmt.Errorf("list dead and unknown effects: %w", err)
 	}
@@ -113,8 +115,8 @@ LIMIT $1`
 
 // RecentCalls returns the newest limit calls, with how many effects each
 // enqueued and how many of them are delivered.
-func RecentCalls(ctx context.Context, db *sql.DB, limit int) ([]CallRow, error) {
-	rows, err := db.QueryContext(ctx, selectRecentCalls, limit)
+func RecentCalls(ctx context.Context, db *schema.DB, limit int) ([]CallRow, error) {
+	rows, err := db.Read.QueryContext(ctx, selectRecentCalls, limit)
 	if err != nil {
 		return nil, fmt.Errorf("list recent calls: %w", err)
 	}
@@ -145,8 +147,8 @@ func RecentCalls(ctx context.Context, db *sql.DB, limit int) ([]CallRow, error) 
 
 // EffectIDs maps the positions of the effects of the call named uid (its
 // Status.CallID) to their ids, which the operator actions take.
-func EffectIDs(ctx context.Context, db *sql.DB, uid string) (map[int]int64, error) {
-	rows, err := db.QueryContext(ctx, `SELECT e.seq, e.id FROM effects e JOIN calls c ON c.id = e.call_id WHERE c.uid = $1`, uid)
+func EffectIDs(ctx context.Context, db *schema.DB, uid string) (map[int]int64, error) {
+	rows, err := db.Read.QueryContext(ctx, `SELECT e.seq, e.id FROM effects e JOIN calls c ON c.id = e.call_id WHERE c.uid = $1`, uid)
 	if err != nil {
 		return nil, fmt.Errorf("effect ids of call %s: %w", uid, err)
 	}
@@ -199,7 +201,7 @@ GROUP BY 1`
 
 // DeliveryHistory counts deliveries and failures in n consecutive buckets
 // of width step, the last one ending at end, oldest first.
-func DeliveryHistory(ctx context.Context, db *sql.DB, end time.Time, step time.Duration, n int) ([]Bucket, error) {
+func DeliveryHistory(ctx context.Context, db *schema.DB, end time.Time, step time.Duration, n int) ([]Bucket, error) {
 	if n < 1 || step < time.Millisecond {
 		return nil, fmt.Errorf("delivery history: want at least one bucket of at least 1ms, got %d of %s", n, step)
 	}
@@ -214,7 +216,7 @@ func DeliveryHistory(ctx context.Context, db *sql.DB, end time.Time, step time.D
 		stmt  string
 		count func(b *Bucket, n int)
 	}{
-		{pick(db, selectDeliveredBuckets, selectDeliveredBucketsPostgres), func(b *Bucket, n int) { b.Delivered = n }},
+		{db.Pick(selectDeliveredBuckets, selectDeliveredBucketsPostgres), func(b *Bucket, n int) { b.Delivered = n }},
 		{selectFailedBuckets, func(b *Bucket, n int) { b.Failed = n }},
 	} {
 		if err := countBuckets(ctx, db, q.stmt, startMS, stepMS, endMS, func(i, c int) { q.count(&out[i], c) }, n); err != nil {
@@ -224,8 +226,8 @@ func DeliveryHistory(ctx context.Context, db *sql.DB, end time.Time, step time.D
 	return out, nil
 }
 
-func countBuckets(ctx context.Context, db *sql.DB, stmt string, startMS, stepMS, endMS int64, set func(i, n int), buckets int) error {
-	rows, err := db.QueryContext(ctx, stmt, startMS, stepMS, endMS)
+func countBuckets(ctx context.Context, db *schema.DB, stmt string, startMS, stepMS, endMS int64, set func(i, n int), buckets int) error {
+	rows, err := db.Read.QueryContext(ctx, stmt, startMS, stepMS, endMS)
 	if err != nil {
 		return fmt.Errorf("delivery history: %w", err)
 	}

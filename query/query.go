@@ -2,6 +2,12 @@
 // the state of a call found by its key (or by tool and arguments, for a
 // client that sent no key), its recorded result and times, and the delivery
 // state of each effect it enqueued. It only reads.
+//
+// Every function takes the [schema.DB] and reads through its Read pool.
+// The few statements that differ between SQLite and PostgreSQL are chosen
+// by the DB's Dialect, which comes from what was opened, never from the
+// driver's type: a pool behind an instrumenting driver (otelsql, for
+// instance) gets PostgreSQL's statements all the same.
 package query
 
 import (
@@ -12,9 +18,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5/stdlib"
-
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
+	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
 // State of a call as the status lookup reports it.
@@ -80,7 +85,7 @@ FROM effects WHERE call_id = $1 ORDER BY seq`
 
 // Lookup reports the status of principal's call with key at time now. A
 // principal sees only its own calls: another principal's key is not found.
-func Lookup(ctx context.Context, db *sql.DB, principal, key string, now time.Time) (*Status, error) {
+func Lookup(ctx context.Context, db *schema.DB, principal, key string, now time.Time) (*Status, error) {
 	if err := callkey.Validate(key); err != nil {
 		return nil, err
 	}
@@ -92,7 +97,7 @@ func Lookup(ctx context.Context, db *sql.DB, principal, key string, now time.Tim
 		completed         sql.NullInt64
 		state, source, tl string
 	)
-	err := db.QueryRowContext(ctx, selectCall, principal, key).Scan(
+	err := db.Read.QueryRowContext(ctx, selectCall, principal, key).Scan(
 		&id, &st.CallID, &source, &tl, &state, &st.Attempts, &result, &created, &completed, &expires)
 	// An in_flight or unknown call is reported whatever its expiry: the
 	// first is running, the second waits for an operator, and a retry of
@@ -122,7 +127,7 @@ func Lookup(ctx context.Context, db *sql.DB, principal, key string, now time.Tim
 
 // LookupArgs finds the call a client made without a key, by the fingerprint
 // of principal, tool and arguments.
-func LookupArgs(ctx context.Context, db *sql.DB, principal, tool string, args json.RawMessage, now time.Time) (*Status, error) {
+func LookupArgs(ctx context.Context, db *schema.DB, principal, tool string, args json.RawMessage, now time.Time) (*Status, error) {
 	canonical, err := callkey.Canonical(args)
 	if err != nil {
 		return nil, err
@@ -130,8 +135,8 @@ func LookupArgs(ctx context.Context, db *sql.DB, principal, tool string, args js
 	return Lookup(ctx, db, principal, callkey.Fingerprint(principal, tool, canonical), now)
 }
 
-func effects(ctx context.Context, db *sql.DB, callID int64) ([]Effect, error) {
-	rows, err := db.QueryContext(ctx, selectEffects, callID)
+func effects(ctx context.Context, db *schema.DB, callID int64) ([]Effect, error) {
+	rows, err := db.Read.QueryContext(ctx, selectEffects, callID)
 	if err != nil {
 		return nil, fmt.Errorf("look up effects: %w", err)
 	}
@@ -194,17 +199,6 @@ func message(st *Status) string {
 			"An operator settles it with `mcp-outbox outbox resolve-call`."
 	}
 	return ""
-}
-
-// pick returns the statement for db's store: most are written once for
-// both, the few that cannot be are written twice, side by side. The
-// functions of this package take the pool itself (schema.DB's Read), so
-// the store is known by its driver: pgx's for PostgreSQL.
-func pick(db *sql.DB, sqlite, postgres string) string {
-	if _, ok := db.Driver().(*stdlib.Driver); ok {
-		return postgres
-	}
-	return sqlite
 }
 
 func ms(v int64) *time.Time {

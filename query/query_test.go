@@ -78,13 +78,18 @@ func fixture(t *testing.T, db *schema.DB, now time.Time) (uid string) {
 // The reads of this package, on the store the tests run on.
 func TestQuery_Reads(t *testing.T) {
 	t.Parallel()
-	db := openDB(t)
+	testReads(t, openDB(t))
+}
+
+// testReads writes the fixture to db and checks every read of this
+// package against it.
+func testReads(t *testing.T, db *schema.DB) {
 	now := time.UnixMilli(1_700_000_000_000)
 	uid := fixture(t, db, now)
 	ctx := context.Background()
 
 	t.Run("Lookup", func(t *testing.T) {
-		st, err := query.Lookup(ctx, db.Read, "p", "k1", now)
+		st, err := query.Lookup(ctx, db, "p", "k1", now)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -96,10 +101,10 @@ func TestQuery_Reads(t *testing.T) {
 				t.Errorf("effect %d: seq %d %s, want seq %d %s", i, e.Seq, e.State, i+1, want)
 			}
 		}
-		if st, _ := query.Lookup(ctx, db.Read, "p", "lost", now); st.State != query.OutcomeUnknown {
+		if st, _ := query.Lookup(ctx, db, "p", "lost", now); st.State != query.OutcomeUnknown {
 			t.Errorf("unknown call past its expiry: %s", st.State)
 		}
-		if st, _ := query.Lookup(ctx, db.Read, "q", "k1", now); st.State != query.NotFound {
+		if st, _ := query.Lookup(ctx, db, "q", "k1", now); st.State != query.NotFound {
 			t.Errorf("another principal's key: %s", st.State)
 		}
 	})
@@ -114,7 +119,7 @@ func TestQuery_Reads(t *testing.T) {
 			{query.EffectFilter{ID: bigID}, []int64{bigID}},
 			{query.EffectFilter{Destination: "payments", Limit: 2}, []int64{12, 11}},
 		} {
-			rows, err := query.ListEffects(ctx, db.Read, tc.f)
+			rows, err := query.ListEffects(ctx, db, tc.f)
 			if err != nil {
 				t.Fatalf("%+v: %v", tc.f, err)
 			}
@@ -128,47 +133,47 @@ func TestQuery_Reads(t *testing.T) {
 		}
 	})
 	t.Run("Counts", func(t *testing.T) {
-		c, err := query.CountEffects(ctx, db.Read)
+		c, err := query.CountEffects(ctx, db)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if want := (query.Counts{Pending: 1, Delivered: 1, Dead: 1, Unknown: 1}); c != want {
 			t.Errorf("counts %+v, want %+v", c, want)
 		}
-		by, err := query.CountEffectsByDestination(ctx, db.Read)
+		by, err := query.CountEffectsByDestination(ctx, db)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if len(by) != 2 || by[0].Destination != "other" || by[0].Unknown != 1 || by[1].Destination != "payments" || by[1].Total() != 3 {
 			t.Errorf("by destination: %+v", by)
 		}
-		if n, err := query.CountUnknownCalls(ctx, db.Read); err != nil || n != 1 {
+		if n, err := query.CountUnknownCalls(ctx, db); err != nil || n != 1 {
 			t.Errorf("unknown calls: %d, %v", n, err)
 		}
 	})
 	t.Run("Lists", func(t *testing.T) {
-		stuck, err := query.ListStuckEffects(ctx, db.Read, 10)
+		stuck, err := query.ListStuckEffects(ctx, db, 10)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if len(stuck) != 2 || stuck[0].ID != bigID || stuck[1].ID != 12 || stuck[1].Principal != "p" || stuck[1].CallKey != "k1" {
 			t.Errorf("stuck effects: %+v", stuck)
 		}
-		calls, err := query.RecentCalls(ctx, db.Read, 10)
+		calls, err := query.RecentCalls(ctx, db, 10)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if len(calls) != 2 || calls[1].Key != "k1" || calls[1].Effects != 3 || calls[1].Delivered != 1 || calls[1].CompletedAt == nil {
 			t.Errorf("recent calls: %+v", calls)
 		}
-		unknown, err := query.ListUnknownCalls(ctx, db.Read, 10)
+		unknown, err := query.ListUnknownCalls(ctx, db, 10)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if len(unknown) != 1 || unknown[0].Key != "lost" || unknown[0].CallID != "call_2" {
 			t.Errorf("unknown calls: %+v", unknown)
 		}
-		ids, err := query.EffectIDs(ctx, db.Read, uid)
+		ids, err := query.EffectIDs(ctx, db, uid)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -177,7 +182,7 @@ func TestQuery_Reads(t *testing.T) {
 		}
 	})
 	t.Run("DeliveryHistory", func(t *testing.T) {
-		h, err := query.DeliveryHistory(ctx, db.Read, now, time.Minute, 5)
+		h, err := query.DeliveryHistory(ctx, db, now, time.Minute, 5)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -6,6 +6,19 @@
 //
 // # PostgreSQL
 //
+// PostgreSQL is linked only into a program that imports its store, for
+// the side effect:
+//
+//	import _ "github.com/mcp-outbox/mcp-outbox/schema/postgres"
+//
+// A program of SQLite alone leaves the import out and links no pgx; there
+// [Open] refuses a postgres:// URL with an error that names the import.
+// The core speaks both dialects' SQL and chooses by [DB.Dialect], which
+// comes from the target opened, never from the driver's type; what only a
+// client library can do (read its errors, hold a listening connection) a
+// [Store] does, and the core asks the DB ([DB.Unavailable],
+// [DB.CommitRolledBack], [DB.Listen]).
+//
 // [Open] with a postgres:// or postgresql:// URL opens a pool of
 // connections (Write and Read are the same pool) to an existing database
 // and applies the outbox migrations of migrations_postgres/: the same
@@ -18,6 +31,13 @@
 // Applications give their own migrations per dialect ([DB.MigrationsFor]).
 // The URL's password never appears in errors or logs (DB.Path is the URL
 // without it).
+//
+// # Instrumented drivers
+//
+// A driver that wraps the store's own (otelsql, or any other registered
+// under a name of its own) is given as [Options].Driver; it must take the
+// DSN of the driver it wraps. Since the dialect comes from the target, the
+// wrapper changes nothing but what it observes.
 //
 // # Opening
 //

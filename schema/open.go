@@ -52,10 +52,13 @@ type Options struct {
 	BusyTimeout time.Duration
 	// ReadConns bounds the read pool; zero means DefaultReadConns.
 	ReadConns int
-	// Driver is the database/sql driver name; empty means "sqlite"
-	// (modernc.org/sqlite), or "pgx" for a postgres:// URL. It is for
-	// tests that wrap those drivers to inject faults (internal/faultdb);
-	// a driver given must take the DSN of the one it wraps.
+	// Driver is the database/sql driver name; empty means the store's
+	// own: "sqlite" (modernc.org/sqlite), or "pgx" for a postgres:// URL.
+	// It is for a driver that wraps the store's own under another name,
+	// to instrument it (otelsql.Register returns such a name) or to
+	// inject faults in tests (internal/faultdb). A driver given must take
+	// the DSN of the one it wraps. The dialect comes from the target,
+	// never from the driver, so a wrapper changes nothing else.
 	Driver string
 	// PostgresConns bounds the connections to a PostgreSQL store; zero
 	// means DefaultPostgresConns. SQLite ignores it.
@@ -77,13 +80,17 @@ type DB struct {
 	// Dialect is SQLite or Postgres. The zero value means SQLite.
 	Dialect Dialect
 
-	url string // PostgreSQL's connection string, see URL
+	store Store  // nil on SQLite
+	dsn   string // the store's data source name, for connections outside the pool
 }
 
 // Open opens a database and applies the outbox migrations. target is the
 // path of an SQLite file (created if needed; WAL, busy_timeout, foreign
 // keys and the durability level are set on every connection), or a
-// postgres:// URL of an existing PostgreSQL database.
+// postgres:// URL of an existing PostgreSQL database, which needs the
+// PostgreSQL store linked in (import _
+// "github.com/mcp-outbox/mcp-outbox/schema/postgres"); without it, Open
+// fails with an error saying so.
 func Open(ctx context.Context, target string, opts *Options) (*DB, error) {
 	path := target
 	var o Options
@@ -102,14 +109,14 @@ func Open(ctx context.Context, target string, opts *Options) (*DB, error) {
 	if o.ReadConns <= 0 {
 		o.ReadConns = DefaultReadConns
 	}
-	if o.Driver == "" {
-		o.Driver = "sqlite"
-	}
 	if path == "" {
 		return nil, errors.New("open database: empty path")
 	}
 	if IsPostgresURL(target) {
-		return openPostgres(ctx, target, o)
+		return openStore(ctx, Postgres, target, o)
+	}
+	if o.Driver == "" {
+		o.Driver = "sqlite"
 	}
 	if dir := filepath.Dir(path); dir != "" {
 		if _, err := os.Stat(dir); err != nil {

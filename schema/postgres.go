@@ -4,16 +4,11 @@ import (
 	"context"
 	"database/sql"
 	"embed"
-	"errors"
 	"fmt"
 	"io/fs"
 	"net/url"
 	"strings"
 	"time"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
 )
 
 // Dialect names the database behind a [DB].
@@ -47,33 +42,24 @@ const DefaultPostgresConns = 32
 // ASCII, as an int64).
 const migrateLock = 0x6d63702d6f7574
 
-func openPostgres(ctx context.Context, target string, o Options) (*DB, error) {
+// openStore opens target with the store registered for dialect d: a pool
+// (Write and Read are the same), pinged, and migrated with the outbox set
+// for d.
+func openStore(ctx context.Context, d Dialect, target string, o Options) (*DB, error) {
 	name := Redact(target)
-	cfg, err := url.Parse(target)
+	store, err := storeFor(d)
 	if err != nil {
 		return nil, fmt.Errorf("open database %s: %w", name, err)
 	}
-	q := cfg.Query()
-	if q.Get("application_name") == "" {
-		q.Set("application_name", "mcp-outbox")
+	dsn, err := store.DSN(target, o.Durability)
+	if err != nil {
+		return nil, fmt.Errorf("open database %s: %w", name, err)
 	}
-	if q.Get("connect_timeout") == "" {
-		// pgx waits for ever by default; an unreachable store must fail a
-		// call with an error, not hang it.
-		q.Set("connect_timeout", "5")
+	driver := o.Driver
+	if driver == "" {
+		driver = store.DriverName()
 	}
-	if o.Durability == DurabilityNormal {
-		// The counterpart of synchronous=NORMAL: a commit returns before
-		// its WAL is flushed; a crash of the server (not of this process)
-		// can lose the last commits, never half of one.
-		q.Set("synchronous_commit", "off")
-	}
-	cfg.RawQuery = q.Encode()
-	driver := "pgx" // unless a test wraps it (Options.Driver, which Open defaulted to SQLite's)
-	if o.Driver != "sqlite" {
-		driver = o.Driver
-	}
-	pool, err := sql.Open(driver, cfg.String())
+	pool, err := sql.Open(driver, dsn)
 	if err != nil {
 		return nil, fmt.Errorf("open database %s: %w", name, err)
 	}
@@ -84,7 +70,7 @@ func openPostgres(ctx context.Context, target string, o Options) (*DB, error) {
 	pool.SetMaxOpenConns(conns)
 	pool.SetMaxIdleConns(conns)
 	pool.SetConnMaxIdleTime(5 * time.Minute)
-	db := &DB{Write: pool, Read: pool, Path: name, Durability: o.Durability, Dialect: Postgres, url: cfg.String()}
+	db := &DB{Write: pool, Read: pool, Path: name, Durability: o.Durability, Dialect: d, store: store, dsn: dsn}
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := pool.PingContext(pctx); err != nil {
@@ -97,11 +83,6 @@ func openPostgres(ctx context.Context, target string, o Options) (*DB, error) {
 	}
 	return db, nil
 }
-
-// URL is the connection string of a PostgreSQL database, with the settings
-// Open added; "" for SQLite. It is for connections outside the pool (a
-// listener).
-func (db *DB) URL() string { return db.url }
 
 // Redact is a database target fit for logs and errors: an SQLite path as
 // it is, a PostgreSQL URL without its password and settings.
@@ -177,52 +158,4 @@ func (db *DB) Pick(sqlite, postgres string) string {
 		return postgres
 	}
 	return sqlite
-}
-
-// PostgreSQL error codes (SQLSTATE) that the layer tells apart.
-const (
-	PgUniqueViolation      = "23505"
-	PgSerializationFailure = "40001"
-	PgDeadlockDetected     = "40P01"
-	PgLockNotAvailable     = "55P03"
-	PgQueryCanceled        = "57014"
-)
-
-// PgCode is the SQLSTATE of a PostgreSQL error, or "" for any other error.
-func PgCode(err error) string {
-	var e *pgconn.PgError
-	if errors.As(err, &e) {
-		return e.Code
-	}
-	return ""
-}
-
-// PgCommitRolledBack reports whether err is a COMMIT that PostgreSQL
-// answered with ROLLBACK: an error had ended the transaction before, so
-// nothing of it committed.
-func PgCommitRolledBack(err error) bool { return errors.Is(err, pgx.ErrTxCommitRollback) }
-
-// PgUnavailable reports whether err says the server could not be reached
-// or went away (connection refused or reset, the server shutting down or
-// in recovery): the store failed, not the statement.
-func PgUnavailable(err error) bool {
-	if err == nil {
-		return false
-	}
-	if code := PgCode(err); code != "" {
-		// Class 08: connection exception; 57P: operator intervention
-		// (admin shutdown, crash shutdown, cannot connect now); 53:
-		// insufficient resources (disk full, out of memory, too many
-		// connections); 58: system error (I/O).
-		return strings.HasPrefix(code, "08") || strings.HasPrefix(code, "57P") ||
-			strings.HasPrefix(code, "53") || strings.HasPrefix(code, "58")
-	}
-	var ce *pgconn.ConnectError
-	if errors.As(err, &ce) || pgconn.SafeToRetry(err) || pgconn.Timeout(err) {
-		return true
-	}
-	msg := err.Error()
-	return strings.Contains(msg, "connection refused") || strings.Contains(msg, "unexpected EOF") ||
-		strings.Contains(msg, "broken pipe") || strings.Contains(msg, "connection reset") ||
-		strings.Contains(msg, "conn closed") || strings.Contains(msg, "driver: bad connection")
 }

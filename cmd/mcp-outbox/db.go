@@ -7,6 +7,10 @@ import (
 	"os"
 
 	"github.com/mcp-outbox/mcp-outbox/schema"
+	// --db takes an SQLite file or a PostgreSQL URL, so this program links
+	// both stores; a program of SQLite alone leaves this import out and
+	// links no pgx.
+	_ "github.com/mcp-outbox/mcp-outbox/schema/postgres"
 )
 
 // openExisting opens the database of an operator command. Opening would

@@ -218,7 +218,7 @@ func runOutboxList(ctx context.Context, env *environment, s outboxSub, args []st
 		return err
 	}
 	defer db.Close()
-	rows, err := query.ListEffects(ctx, db.Read, f)
+	rows, err := query.ListEffects(ctx, db, f)
 	if err != nil {
 		return err
 	}
@@ -373,7 +373,7 @@ func runOutboxCalls(ctx context.Context, env *environment, s outboxSub, args []s
 		return err
 	}
 	defer db.Close()
-	rows, err := query.ListUnknownCalls(ctx, db.Read, *limit)
+	rows, err := query.ListUnknownCalls(ctx, db, *limit)
 	if err != nil {
 		return err
 	}

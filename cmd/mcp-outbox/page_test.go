@@ -1031,7 +1031,11 @@ func TestPageDeliveryHistory(t *testing.T) {
 	at(4, "dead", 10*time.Second)                   // last bucket
 	at(5, "unknown", 59*time.Minute+30*time.Second) // first bucket
 	at(6, "delivered", -1*time.Millisecond)         // at the end: after the window
-	read := openLedgerDB(t, path)
+	read, err := schema.Open(context.Background(), path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { read.Close() })
 	buckets, err := query.DeliveryHistory(context.Background(), read, end, time.Minute, 60)
 	if err != nil {
 		t.Fatal(err)

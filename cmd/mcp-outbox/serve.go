@@ -367,7 +367,7 @@ func warnUnconfigured(ctx context.Context, a *app) {
 	for _, d := range a.dests {
 		known[d.Name] = true
 	}
-	counts, err := query.CountEffectsByDestination(ctx, a.db.Read)
+	counts, err := query.CountEffectsByDestination(ctx, a.db)
 	if err != nil {
 		return
 	}

@@ -55,9 +55,9 @@ func runStatus(ctx context.Context, env *environment, args []string) error {
 	*principal = outbox.ParsePrincipal(*principal)
 	var st *query.Status
 	if key != "" {
-		st, err = query.Lookup(ctx, d.Read, *principal, key, time.Now())
+		st, err = query.Lookup(ctx, d, *principal, key, time.Now())
 	} else {
-		st, err = query.LookupArgs(ctx, d.Read, *principal, *tool, json.RawMessage(*argsJSON), time.Now())
+		st, err = query.LookupArgs(ctx, d, *principal, *tool, json.RawMessage(*argsJSON), time.Now())
 	}
 	if err != nil {
 		return err

@@ -19,6 +19,7 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
 	"github.com/mcp-outbox/mcp-outbox/outbox/mcphttp"
 	"github.com/mcp-outbox/mcp-outbox/schema"
+	_ "github.com/mcp-outbox/mcp-outbox/schema/postgres" // --db takes a postgres:// URL too
 )
 
 // serveBareCommand re-runs this binary as a baseline server.

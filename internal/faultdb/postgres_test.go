@@ -127,7 +127,7 @@ func TestPostgres_CommitAndBeginFaults(t *testing.T) {
 		t.Errorf("rows %v, want only the committed [2]", got)
 	}
 	in.Set(faultdb.Rule{Name: "begin", Op: faultdb.Begin, Kind: faultdb.PgConnFailure, Rate: 1, Max: 1})
-	if _, err := db.Write.Begin(); pgCode(err) != "08006" || !schema.PgUnavailable(err) {
+	if _, err := db.Write.Begin(); pgCode(err) != "08006" || !db.Unavailable(err) {
 		t.Errorf("begin: %v, want 08006, which the layer takes for an unavailable store", err)
 	}
 	tx, err := db.Write.Begin()

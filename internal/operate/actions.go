@@ -237,7 +237,7 @@ func newStateError(a EffectAction, id int64, state string, sentinel error) error
 
 // ReadEffect reads effect id, ErrNoEffect when there is none.
 func ReadEffect(ctx context.Context, db *schema.DB, id int64) (*query.EffectRow, error) {
-	rows, err := query.ListEffects(ctx, db.Read, query.EffectFilter{ID: id, Limit: 1})
+	rows, err := query.ListEffects(ctx, db, query.EffectFilter{ID: id, Limit: 1})
 	if err != nil {
 		return nil, fmt.Errorf("read effect %d: %w", id, err)
 	}
@@ -258,11 +258,11 @@ type EffectSummary struct {
 
 // SummarizeEffects counts effects by state, and the unknown calls.
 func SummarizeEffects(ctx context.Context, db *schema.DB) (EffectSummary, error) {
-	c, err := query.CountEffects(ctx, db.Read)
+	c, err := query.CountEffects(ctx, db)
 	if err != nil {
 		return EffectSummary{}, err
 	}
-	n, err := query.CountUnknownCalls(ctx, db.Read)
+	n, err := query.CountUnknownCalls(ctx, db)
 	if err != nil {
 		return EffectSummary{}, err
 	}

@@ -34,7 +34,10 @@ import (
 	"testing"
 	"time"
 
-	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
+	// Registers the "pgx" driver for the admin connection, and the
+	// PostgreSQL store, so that schema.Open takes the URLs this package
+	// gives.
+	_ "github.com/mcp-outbox/mcp-outbox/schema/postgres"
 )
 
 // EnvURL names an existing server to use instead of starting one.

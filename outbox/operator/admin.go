@@ -177,7 +177,7 @@ func (h *adminHandler) list(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	rows, err := query.ListEffects(r.Context(), h.db.Read, f)
+	rows, err := query.ListEffects(r.Context(), h.db, f)
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -256,7 +256,7 @@ func (h *adminHandler) unknownCalls(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	calls, err := query.ListUnknownCalls(r.Context(), h.db.Read, limit)
+	calls, err := query.ListUnknownCalls(r.Context(), h.db, limit)
 	if err != nil {
 		h.fail(w, r, err)
 		return

@@ -84,28 +84,28 @@ func (p *pageHandler) show(w http.ResponseWriter, r *http.Request, lookup *looku
 func (p *pageHandler) read(ctx context.Context, d *indexData, window chartWindow) (err error) {
 	// One count of the effects for both the totals and the destinations:
 	// each reads every effect's index entry.
-	if d.ByDest, err = query.CountEffectsByDestination(ctx, p.db.Read); err != nil {
+	if d.ByDest, err = query.CountEffectsByDestination(ctx, p.db); err != nil {
 		return err
 	}
 	var all query.Counts
 	for _, bd := range d.ByDest {
 		all = all.Plus(bd.Counts)
 	}
-	unknownCalls, err := query.CountUnknownCalls(ctx, p.db.Read)
+	unknownCalls, err := query.CountUnknownCalls(ctx, p.db)
 	if err != nil {
 		return err
 	}
 	d.Summary = operate.EffectSummary{Counts: all, Total: all.Total(), UnknownCalls: unknownCalls}
-	if d.Stuck, err = query.ListStuckEffects(ctx, p.db.Read, pageStuckLimit); err != nil {
+	if d.Stuck, err = query.ListStuckEffects(ctx, p.db, pageStuckLimit); err != nil {
 		return err
 	}
 	if d.UnknownCalls, err = listPageUnknownCalls(ctx, p.db.Read, operate.PageUnknownCalls); err != nil {
 		return err
 	}
-	if d.Calls, err = query.RecentCalls(ctx, p.db.Read, pageCallsLimit); err != nil {
+	if d.Calls, err = query.RecentCalls(ctx, p.db, pageCallsLimit); err != nil {
 		return err
 	}
-	buckets, err := query.DeliveryHistory(ctx, p.db.Read, window.end(d.Now), window.Step, window.Buckets)
+	buckets, err := query.DeliveryHistory(ctx, p.db, window.end(d.Now), window.Step, window.Buckets)
 	if err != nil {
 		return err
 	}
@@ -153,7 +153,7 @@ func (p *pageHandler) findCall(ctx context.Context, res *lookupResult) error {
 	if err := callkey.Validate(res.Key); err != nil {
 		return operate.BadInput{Err: err}
 	}
-	st, err := query.Lookup(ctx, p.db.Read, principal, res.Key, time.Now())
+	st, err := query.Lookup(ctx, p.db, principal, res.Key, time.Now())
 	if err != nil {
 		return err
 	}
@@ -170,7 +170,7 @@ func (p *pageHandler) findCall(ctx context.Context, res *lookupResult) error {
 		}
 	}
 	if st.CallID != "" {
-		if res.EffectIDs, err = query.EffectIDs(ctx, p.db.Read, st.CallID); err != nil {
+		if res.EffectIDs, err = query.EffectIDs(ctx, p.db, st.CallID); err != nil {
 			return err
 		}
 	}
