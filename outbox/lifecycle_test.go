@@ -313,4 +313,3 @@ func TestLayer_Enqueue_ErrUnknownDestination(t *testing.T) {
 		t.Errorf("Enqueue: %v; want ErrUnknownDestination", err)
 	}
 }
-
