@@ -32,7 +32,7 @@ func newRouter(a *app, logger *slog.Logger) http.Handler {
 	if a.layer != nil {
 		// Read when asked: the router may be built before the dispatcher
 		// starts.
-		opts.Dispatcher = runningFunc(func() bool { return a.dispatcher != nil && a.dispatcher.Running() })
+		opts.Dispatcher = runningFunc(func() bool { r := a.runner.Load(); return r != nil && r.Running() })
 	}
 	r.Mount("/", operator.NewHandler(a.db, opts))
 	return r
