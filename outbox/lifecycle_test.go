@@ -313,3 +313,21 @@ func TestLayer_Enqueue_ErrUnknownDestination(t *testing.T) {
 		t.Errorf("Enqueue: %v; want ErrUnknownDestination", err)
 	}
 }
+
+// ExampleLayer_Start's program gives the same output on the test store,
+// PostgreSQL included: its SQL is portable.
+func TestLayer_Start_ExampleOnTestStore(t *testing.T) {
+	t.Parallel()
+	var out strings.Builder
+	if err := placeOrders(context.Background(), testTarget(t), &out); err != nil {
+		t.Fatal(err)
+	}
+	want := `result map[order_id:1], replayed: false
+result map[order_id:1], replayed: true
+mail API got POST /v1/send {"order":1}, with the effect's Idempotency-Key: true
+effect delivered, orders: 1
+`
+	if out.String() != want {
+		t.Errorf("output:\n%s\nwant:\n%s", out.String(), want)
+	}
+}
