@@ -183,8 +183,9 @@ func (l *Layer) Start(ctx context.Context, opts *StartOptions) (*Runner, error) 
 // passes, whichever comes first. Then they are cancelled: such an effect
 // is sent again, with the same Idempotency-Key, at the next Start, or
 // becomes unknown if its destination is AtMostOnce. Stop's error then
-// says that ctx ended. A second Stop waits in the same way and returns
-// the same kind of answer.
+// says that ctx ended. Stop may be called again: it waits in the same way.
+// After Stop the layer still refuses the destinations the stopped
+// dispatcher did not know; a Start with NoDispatcher forgets them.
 func (r *Runner) Stop(ctx context.Context) error {
 	r.stopOnce.Do(func() {
 		r.stopped.Store(true)
