@@ -94,6 +94,62 @@
 //	           never re-sent automatically; a probe or an operator decides
 //	cancelled  stopped by an operator
 //
+// # Lifecycle
+//
+// A server needs three things beside the layer: a dispatcher that delivers
+// the effects, woken by every commit that enqueued some; a reaper that
+// purges finished records, without which the tables grow without bound;
+// and an order in which they stop. [Layer.Start] begins the first two and
+// [Runner.Stop] ends them:
+//
+//	db, err := schema.Open(ctx, target, nil)  // an SQLite file or a postgres:// URL
+//	...
+//	defer db.Close()                           // deferred first, so it closes last
+//	layer, err := outbox.New(db, nil)
+//	server := layer.NewServer(impl, nil)
+//	outbox.AddTool(layer, server, tool, handler, nil)
+//	running, err := layer.Start(ctx, &outbox.StartOptions{Dispatcher: &outbox.DispatcherOptions{
+//		Destinations: []outbox.Destination{{Name: "mailer", URL: mailerURL}},
+//	}})
+//	...
+//	err = mcphttp.Serve(ctx, ln, handler)       // returns once the calls in flight finished
+//	return errors.Join(err, running.Stop(context.WithoutCancel(ctx)))
+//
+// The order matters: serving stops first, and the calls in flight finish
+// (mcphttp.Serve shuts its server down gracefully when ctx ends; go-sdk's
+// Server.Run, when its context ends, closes the session, which waits for
+// the requests in flight); then Stop lets the deliveries
+// in flight finish, bounded by its context and
+// [DispatcherOptions.ShutdownTimeout], and cancels the rest, which are
+// sent again with the same Idempotency-Key at the next Start; the database
+// closes last. Cancelling Start's context does not stop the work: only
+// Stop does. An effect that a call commits after Stop is not lost: it is
+// delivered at the next Start.
+//
+// The reaper purges at once and then every [DefaultReapInterval] (ten
+// minutes) what [Retention] no longer keeps: by default a finished call a
+// day after it finished, once its key expired too ([DefaultCallRetention],
+// matching [DefaultKeyRetention]), and delivered and cancelled effects
+// after a week
+// ([DefaultDeliveredRetention], [DefaultCancelledRetention]). Dead and
+// unknown effects, and calls in state unknown, are never purged: they wait
+// for an operator. [StartOptions.Retention] and [StartOptions.ReapInterval]
+// change it; [ReaperOff] leaves purging to something else ([Purge], or
+// mcp-outbox purge). On PostgreSQL every replica runs a reaper; their
+// batches do not collide.
+//
+// Destinations are checked where the mistake is made. Once Start runs a
+// dispatcher, the layer knows its destinations: an Enqueue to any other
+// name fails with an error that wraps [ErrUnknownDestination] and names the
+// destination and the known ones, and enqueues nothing; a handler returns
+// it like any other error. Start itself fails while effects are pending
+// for a destination its dispatcher does not know, since they would wait
+// forever. A layer that was never started, or was started with
+// [StartOptions.NoDispatcher] because another process delivers
+// (mcp-outbox drain, or a replica), cannot know that process's
+// destinations, and accepts any name. Replicas on one PostgreSQL database
+// must configure the same destinations.
+//
 // # On PostgreSQL
 //
 // The invariant is the same: a call's writes, its effects and its outcome

@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"net/http"
@@ -10,16 +11,24 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/mcpstdio"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
-// A dispatcher delivers committed effects. In a server, run it for the
-// server's lifetime with go d.Run(ctx) and connect it to the layer with
-// layer.OnEnqueue(d.Notify); here Drain delivers what is queued and returns.
+// A dispatcher delivers committed effects. In a server, [Layer.Start] runs
+// one for the server's lifetime (see ExampleLayer_Start); a process that
+// only delivers, as mcp-outbox drain does, calls Drain, which delivers what
+// is due and returns.
 func ExampleNewDispatcher() {
-	dir, _ := os.MkdirTemp("", "example")
+	dir, err := os.MkdirTemp("", "example")
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer os.RemoveAll(dir)
 	ctx := context.Background()
 	db, err := schema.Open(ctx, filepath.Join(dir, "app.db"), nil)
@@ -27,9 +36,11 @@ func ExampleNewDispatcher() {
 		log.Fatal(err)
 	}
 	defer db.Close()
-	// An effect as a tool's handler would have enqueued it with tx.Enqueue.
-	if _, err := db.Write.Exec(`INSERT INTO effects (seq, destination, method, path, body, idempotency_key, next_attempt_at, created_at, updated_at)
-		VALUES (1, 'mailer', 'POST', '/v1/send', '{"invoice":1}', 'call_example-1', 0, unixepoch() * 1000, 0)`); err != nil {
+	// An effect as a tool's handler would have enqueued it with tx.Enqueue
+	// in another process.
+	if _, err := db.Write.ExecContext(ctx, `
+INSERT INTO effects (seq, destination, method, path, body, idempotency_key, next_attempt_at, created_at, updated_at)
+VALUES (1, 'mailer', 'POST', '/v1/send', $1, 'call_example-1', 0, $2, $2)`, []byte(`{"invoice":1}`), time.Now().UnixMilli()); err != nil {
 		log.Fatal(err)
 	}
 
@@ -54,4 +65,72 @@ func ExampleNewDispatcher() {
 	// Output:
 	// POST /v1/send Idempotency-Key: "call_example-1" Authorization: Bearer xxxx
 	// delivered 1, pending 0
+}
+
+// Once Layer.Start runs a dispatcher, an effect to a destination it does
+// not deliver to is refused where it is enqueued, with nothing enqueued,
+// instead of waiting forever for a dispatcher that never comes.
+func ExampleErrUnknownDestination() {
+	dir, err := os.MkdirTemp("", "example")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	ctx := context.Background()
+	db, err := schema.Open(ctx, filepath.Join(dir, "app.db"), nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	layer, err := outbox.New(db, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	server := layer.NewServer(&mcp.Implementation{Name: "shop", Version: "v1"}, nil)
+	outbox.AddTool(layer, server, &mcp.Tool{Name: "remind", Description: "Mail a reminder."},
+		func(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
+			_, err := tx.Enqueue(ctx, outbox.Effect{Destination: "mailr", Path: "/v1/send"}) // a typo
+			fmt.Println(err)
+			fmt.Println("unknown destination:", errors.Is(err, outbox.ErrUnknownDestination))
+			return nil, nil, err
+		}, nil)
+
+	mailerURL, err := url.Parse("http://127.0.0.1:9090")
+	if err != nil {
+		log.Fatal(err)
+	}
+	running, err := layer.Start(ctx, &outbox.StartOptions{Dispatcher: &outbox.DispatcherOptions{
+		Destinations: []outbox.Destination{{Name: "mailer", URL: mailerURL}},
+	}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer func() {
+		if err := running.Stop(ctx); err != nil {
+			log.Fatal(err)
+		}
+	}()
+
+	st, ct := mcp.NewInMemoryTransports()
+	if _, err := server.Connect(ctx, mcpstdio.NewTransport(st, nil), nil); err != nil {
+		log.Fatal(err)
+	}
+	client, err := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "v1"}, nil).Connect(ctx, ct, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer client.Close()
+	res, err := client.CallTool(ctx, &mcp.CallToolParams{Name: "remind", Arguments: map[string]any{}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	var effects int
+	if err := db.Read.QueryRowContext(ctx, `SELECT count(*) FROM effects`).Scan(&effects); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("tool error: %v, effects: %d\n", res.IsError, effects)
+	// Output:
+	// outbox: unknown destination "mailr": this process's dispatcher delivers to "mailer"; nothing was enqueued
+	// unknown destination: true
+	// tool error: true, effects: 0
 }

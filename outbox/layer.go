@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -113,7 +114,11 @@ type Layer struct {
 	tools  map[string]*toolInfo
 	local  map[localKey]*attempt // attempts of this layer between claim and outcome
 	nextID uint64
-	notify func() // called after a commit that enqueued effects
+	notify func() // called after a commit that enqueued effects: every hook (lifecycle.go)
+	hooks  []*enqueueHook
+	runner *Runner // the work of Start, until its Stop
+
+	known atomic.Pointer[destSet] // the dispatcher's destinations once Start ran; see checkDestination
 
 	renewing bool // the lease renewal loop runs (PostgreSQL; renew.go)
 }
@@ -171,13 +176,15 @@ func New(db *schema.DB, opts *Options) (*Layer, error) {
 // DB returns the layer's database.
 func (l *Layer) DB() *schema.DB { return l.db }
 
-// OnEnqueue sets a function called after each commit that enqueued effects,
-// so a dispatcher in the same process can start delivering at once instead
-// of at its next poll. It must not block.
+// OnEnqueue adds f to the functions called after each commit that enqueued
+// effects, so that a dispatcher in the same process can start delivering at
+// once instead of at its next poll. Functions added earlier stay; a nil f is
+// ignored. [Layer.Start] adds its dispatcher's Notify itself. f must not
+// block.
 func (l *Layer) OnEnqueue(f func()) {
-	l.mu.Lock()
-	l.notify = f
-	l.mu.Unlock()
+	if f != nil {
+		l.addEnqueueHook(f)
+	}
 }
 
 // CapabilityName is the key under capabilities.experimental where a server

@@ -267,6 +267,12 @@ func purgeBatchOf(ctx context.Context, db *schema.DB, stmt string, args []any) (
 // tried again at the next interval: the data it would delete stays
 // correct, only the file stays larger for a while.
 func RunReaper(ctx context.Context, db *schema.DB, r Retention, interval time.Duration, logger *slog.Logger) error {
+	return runReaper(ctx, db, r, interval, logger, time.Now)
+}
+
+// runReaper is RunReaper on the clock now: [Layer.Start] passes the
+// layer's, so that records expire on the clock that wrote their expiry.
+func runReaper(ctx context.Context, db *schema.DB, r Retention, interval time.Duration, logger *slog.Logger, now func() time.Time) error {
 	if interval < 0 {
 		return fmt.Errorf("reaper: negative interval %s", interval)
 	}
@@ -283,7 +289,7 @@ func RunReaper(ctx context.Context, db *schema.DB, r Retention, interval time.Du
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		c, err := Purge(ctx, db, r, time.Now(), false)
+		c, err := Purge(ctx, db, r, now(), false)
 		switch {
 		case err != nil && ctx.Err() != nil:
 			// Cut short by shutdown: nothing to report.

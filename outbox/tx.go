@@ -290,6 +290,9 @@ func (a *attempt) Enqueue(ctx context.Context, e Effect) (string, error) {
 	if err := validateEffect(&e); err != nil {
 		return "", err
 	}
+	if err := a.layer.checkDestination(e.Destination); err != nil {
+		return "", err
+	}
 	if err := a.begin(ctx); err != nil {
 		return "", err
 	}

@@ -80,12 +80,12 @@ func TestFault_ReadyzFullAndReadOnly(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer a.Close()
-	stop, err := a.startDispatcher(ctx)
+	stop, err := a.start(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer stop()
-	for deadline := time.Now().Add(10 * time.Second); !a.dispatcher.Running(); {
+	for deadline := time.Now().Add(10 * time.Second); !a.runner.Load().Running(); {
 		if time.Now().After(deadline) {
 			t.Fatal("dispatcher not running within 10s")
 		}

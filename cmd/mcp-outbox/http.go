@@ -60,7 +60,7 @@ func (c *authConfig) operatorBase() string {
 // destinations is --dest's, as warnUnconfigured's is.
 type appDispatcher struct{ a *app }
 
-func (d appDispatcher) Running() bool { return d.a.dispatcher != nil && d.a.dispatcher.Running() }
+func (d appDispatcher) Running() bool { r := d.a.runner.Load(); return r != nil && r.Running() }
 
 func (d appDispatcher) Destinations() []string {
 	names := make([]string, 0, len(d.a.dests))

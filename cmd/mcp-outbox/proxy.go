@@ -96,12 +96,11 @@ func runProxy(ctx context.Context, env *environment, args []string) error {
 	if err != nil {
 		return err
 	}
-	stopDispatch, err := a.startDispatcher(ctx)
+	stop, err := a.start(ctx)
 	if err != nil {
 		return err
 	}
-	defer stopDispatch()
-	defer a.startReaper(ctx)()
+	defer stop()
 
 	gctune.Apply()
 	a.logger.Info("proxying MCP", "upstream", upstream.String(), "cooperating", *cooperating, "db", schema.Redact(cfg.db))

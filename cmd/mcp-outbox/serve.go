@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -37,8 +38,13 @@ Logs go to stderr only. Runs with GOGC=400 unless GOGC is set (the go-sdk's
 per-call garbage makes Go's default of 100 cost a third of the CPU).
 
 Delivers the outbox's effects to the destinations configured with --dest,
-starting at once with what a previous run left. On SIGTERM or SIGINT it stops
-taking new work, lets deliveries in flight finish (up to 10s), and exits.
+starting at once with what a previous run left; a tool call that enqueues to
+another destination then fails, enqueueing nothing, and serve refuses to
+start while effects are pending for a destination not given. Without --dest
+nothing is delivered here: effects stay queued for 'mcp-outbox drain' or a
+serve that knows their destinations. On SIGTERM or SIGINT it stops taking
+new work, lets calls in flight finish, then deliveries in flight (up to
+10s), and exits.
 Every 10 minutes it purges expired calls and old delivered effects (see
 'mcp-outbox purge --help'); dead and unknown effects are kept.
 
@@ -78,13 +84,15 @@ type appConfig struct {
 
 // app is a running example server: database, layer and MCP server.
 type app struct {
-	db         *schema.DB
-	layer      *outbox.Layer // nil when bare
-	server     *mcp.Server
-	dests      []outbox.Destination
-	logger     *slog.Logger
-	dispatcher *outbox.Dispatcher // set by startDispatcher; nil when bare
-	auth       *authConfig        // nil authenticates nothing (stdio, tests)
+	db     *schema.DB
+	layer  *outbox.Layer // nil when bare
+	server *mcp.Server
+	dests  []outbox.Destination
+	logger *slog.Logger
+	// runner is the dispatcher and the reaper, once start ran (the
+	// readiness check reads it from other goroutines).
+	runner atomic.Pointer[outbox.Runner]
+	auth   *authConfig // nil authenticates nothing (stdio, tests)
 	// logSensitive puts raw keys and arguments in the events (--log-sensitive).
 	logSensitive bool
 
@@ -276,12 +284,14 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 	defer a.Close()
 	a.auth = &ac
 	logger := a.logger
-	stopDispatch, err := a.startDispatcher(ctx)
+	// Started before serving and stopped after it: the deferred stop runs
+	// once the server has let its calls in flight finish, and before the
+	// database closes.
+	stop, err := a.start(ctx)
 	if err != nil {
 		return err
 	}
-	defer stopDispatch()
-	defer a.startReaper(ctx)()
+	defer stop()
 	if *httpAddr != "" {
 		return serveHTTP(ctx, a, *httpAddr, logger, env.stderr)
 	}
@@ -315,49 +325,35 @@ func (ac *authConfig) prepareHTTP(env *environment, addr string) error {
 	return nil
 }
 
-// startDispatcher delivers effects in the background from now on: at once
-// for what a previous run left, then as calls commit. The returned function
-// stops it (finishing attempts in flight, up to the shutdown timeout) and
-// waits; it must run before the database closes.
-func (a *app) startDispatcher(ctx context.Context) (stop func(), err error) {
+// start delivers effects and purges expired records in the background
+// from now on (Layer.Start): at once for what a previous run left, then as
+// calls commit. With no --dest no dispatcher runs here: effects stay queued
+// for 'drain' or a serve that knows their destinations, and the ones
+// waiting are named in a warning. The returned function stops both
+// (finishing deliveries in flight, up to the dispatcher's shutdown
+// timeout) and waits; it must run after serving ended and before the
+// database closes.
+func (a *app) start(ctx context.Context) (stop func(), err error) {
 	if a.layer == nil {
 		return func() {}, nil
 	}
-	warnUnconfigured(ctx, a)
-	d, err := outbox.NewDispatcher(a.db, &outbox.DispatcherOptions{Destinations: a.dests, Logger: a.logger, Metrics: a.metrics, LogSensitive: a.logSensitive,
-		TracerProvider: a.tracerProvider})
+	opts := &outbox.StartOptions{Retention: a.retention}
+	if len(a.dests) == 0 {
+		opts.NoDispatcher = true
+		warnUnconfigured(ctx, a)
+	} else {
+		opts.Dispatcher = &outbox.DispatcherOptions{Destinations: a.dests, LogSensitive: a.logSensitive}
+	}
+	r, err := a.layer.Start(ctx, opts)
 	if err != nil {
 		return nil, usageError{err}
 	}
-	a.layer.OnEnqueue(d.Notify)
-	a.dispatcher = d
-	dctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := d.Run(dctx); err != nil {
-			a.logger.Error("dispatcher stopped", "error", err)
+	a.runner.Store(r)
+	return func() {
+		if err := r.Stop(context.WithoutCancel(ctx)); err != nil {
+			a.logger.Error("stop the dispatcher and the reaper", "error", err)
 		}
-	}()
-	return func() { cancel(); <-done }, nil
-}
-
-// startReaper purges expired calls and old delivered effects in the
-// background with the default retention, so the file does not grow without
-// bound; the returned function stops it and waits.
-func (a *app) startReaper(ctx context.Context) (stop func()) {
-	if a.layer == nil {
-		return func() {}
-	}
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if err := outbox.RunReaper(rctx, a.db, a.retention, outbox.DefaultReapInterval, a.logger); err != nil {
-			a.logger.Error("reaper stopped", "error", err)
-		}
-	}()
-	return func() { cancel(); <-done }
+	}, nil
 }
 
 // warnUnconfigured says which destinations have effects waiting but no URL

@@ -150,6 +150,40 @@ func TestWarnUnconfigured(t *testing.T) {
 	}
 }
 
+// With --dest, serve refuses to start while effects are pending for a
+// destination it was not given, naming it; without --dest it starts, and
+// leaves them for a drain.
+func TestServeStart_PendingForUnconfigured(t *testing.T) {
+	t.Parallel()
+	path, check := newEffectsDB(t, 2) // effects 1 and 2, pending, to payments
+	setEffect(t, check, 2, "pending", "mailer")
+	ctx := context.Background()
+	for _, tc := range []struct {
+		dests []string
+		want  string // in the error; "" starts
+	}{
+		{[]string{"payments=http://127.0.0.1:1"}, `"mailer" (1)`},
+		{nil, ""},
+	} {
+		env := testEnv(nil, nil, io.Discard, io.Discard)
+		a, err := openApp(ctx, env, &appConfig{db: path, durability: "full", logLevel: "error", dests: tc.dests})
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop, err := a.start(ctx)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("--dest %v: %v; want it started", tc.dests, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("--dest %v: %v; want an error naming %s", tc.dests, err, tc.want)
+		}
+		if err == nil {
+			stop()
+		}
+		a.Close()
+	}
+}
+
 // serve runs the collector at gctune's default unless GOGC says otherwise,
 // as its /metrics tell (go_gc_gogc_percent reads the runtime's setting).
 func TestServeGCPercent(t *testing.T) {

@@ -4,6 +4,8 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -12,7 +14,6 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
-	"sync"
 	"syscall"
 
 	"github.com/go-chi/chi/v5"
@@ -38,9 +39,12 @@ func main() {
 	}
 }
 
-func run(ctx context.Context, args []string, stderr io.Writer) error {
+// run serves until ctx ends, then shuts down in order: the server stops
+// taking calls and lets those in flight finish, the dispatcher and the
+// reaper stop, and the database closes last.
+func run(ctx context.Context, args []string, stderr io.Writer) (err error) {
 	fs := flag.NewFlagSet("serve", flag.ExitOnError)
-	dbPath := fs.String("db", "invoices.db", "SQLite database file")
+	dbPath := fs.String("db", "invoices.db", "SQLite database file (PostgreSQL needs schema/postgres linked in, which this SQLite-only example leaves out)")
 	httpAddr := fs.String("http", "", "serve Streamable HTTP at ADDR instead of stdio")
 	tokens := fs.String("tokens", "", "file of 'PRINCIPAL SHA256HEX' lines: require bearer tokens on /mcp")
 	mailer := fs.String("mailer", "127.0.0.1:9090", "HOST:PORT of the mail API the effects go to")
@@ -49,9 +53,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer db.Close()
-	if _, err = db.Write.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS invoices (id INTEGER PRIMARY KEY, customer TEXT)`); err != nil {
-		return err
+	defer db.Close() // deferred first, so it runs last
+	if _, err = db.Write.ExecContext(ctx, db.Pick(createInvoicesSQLite, createInvoicesPostgres)); err != nil {
+		return fmt.Errorf("create invoices: %w", err)
 	}
 	reg := prometheus.NewRegistry()
 	m := outbox.NewMetrics(reg)
@@ -62,26 +66,38 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	server := layer.NewServer(&mcp.Implementation{Name: "invoices", Version: "v1"}, nil)
 	outbox.AddTool(layer, server, &mcp.Tool{Name: "send_invoice", Description: "Bill a customer and mail the invoice."},
 		func(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolRequest, in invoiceIn) (*mcp.CallToolResult, invoiceOut, error) {
-			res, err := tx.Exec(ctx, `INSERT INTO invoices (customer) VALUES (?)`, in.Customer)
+			var id int64
+			if err := tx.QueryRow(ctx, `INSERT INTO invoices (customer) VALUES ($1) RETURNING id`, in.Customer).Scan(&id); err != nil {
+				return nil, invoiceOut{}, err
+			}
+			body, err := json.Marshal(map[string]int64{"invoice": id})
 			if err != nil {
 				return nil, invoiceOut{}, err
 			}
-			id, _ := res.LastInsertId()
-			_, err = tx.Enqueue(ctx, outbox.Effect{Destination: "mailer", Method: "POST", Path: "/v1/send", Body: fmt.Appendf(nil, `{"invoice":%d}`, id)})
-			return nil, invoiceOut{InvoiceID: id}, err
+			if _, err := tx.Enqueue(ctx, outbox.Effect{Destination: "mailer", Path: "/v1/send", Body: body}); err != nil {
+				return nil, invoiceOut{}, err
+			}
+			return nil, invoiceOut{InvoiceID: id}, nil
 		}, nil)
-	mailerURL := &url.URL{Scheme: "http", Host: *mailer}
-	d, err := outbox.NewDispatcher(db, &outbox.DispatcherOptions{Destinations: []outbox.Destination{{Name: "mailer", URL: mailerURL}}, Metrics: m})
+
+	// The dispatcher (woken by every commit that enqueues) and the reaper
+	// (default retention), until Stop. An Enqueue to a destination not
+	// listed here is now an error.
+	running, err := layer.Start(ctx, &outbox.StartOptions{Dispatcher: &outbox.DispatcherOptions{
+		Destinations: []outbox.Destination{{Name: "mailer", URL: &url.URL{Scheme: "http", Host: *mailer}}},
+	}})
 	if err != nil {
 		return err
 	}
-	layer.OnEnqueue(d.Notify)
-	var wg sync.WaitGroup // both stop with ctx, before the database closes
-	defer wg.Wait()
-	wg.Go(func() { d.Run(ctx) })
-	wg.Go(func() { outbox.RunReaper(ctx, db, outbox.Retention{}, outbox.DefaultReapInterval, nil) })
+	// Runs once serving has returned, and so after the calls in flight.
+	defer func() { err = errors.Join(err, running.Stop(context.WithoutCancel(ctx))) }()
+
 	if *httpAddr == "" {
-		return server.Run(ctx, mcpstdio.NewTransport(&mcp.StdioTransport{}, nil))
+		err := server.Run(ctx, mcpstdio.NewTransport(&mcp.StdioTransport{}, nil))
+		if ctx.Err() != nil {
+			return nil // a signal, not a failure
+		}
+		return err
 	}
 	var toks []bearer.Token // none: no authentication
 	if *tokens != "" {
@@ -91,7 +107,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	r := chi.NewRouter()
 	r.Handle("/mcp", bearer.NewVerifier(toks).Require(mcphttp.NewHandler(server, nil)))
-	ops, err := operator.NewHandler(ctx, db, &operator.Options{Dispatcher: d, Registry: reg})
+	ops, err := operator.NewHandler(ctx, db, &operator.Options{Dispatcher: running, Registry: reg})
 	if err != nil {
 		return err
 	}
@@ -101,5 +117,13 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(stderr, "serving MCP at http://%s/mcp\n", ln.Addr()) // port 0 picks one
+	// Returns when ctx ends, once the requests in flight have finished.
 	return mcphttp.Serve(ctx, ln, r)
 }
+
+// The invoices table on each store: the id is the database's to assign,
+// which the handler reads back with RETURNING on both.
+const (
+	createInvoicesSQLite   = `CREATE TABLE IF NOT EXISTS invoices (id INTEGER PRIMARY KEY, customer TEXT NOT NULL)`
+	createInvoicesPostgres = `CREATE TABLE IF NOT EXISTS invoices (id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, customer TEXT NOT NULL)`
+)

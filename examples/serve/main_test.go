@@ -3,8 +3,10 @@ package main
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,19 +14,31 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/downstream"
+	"github.com/mcp-outbox/mcp-outbox/internal/pgtest"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 )
+
+// TestMain stops the PostgreSQL server a test started, if any.
+func TestMain(m *testing.M) { pgtest.Main(m) }
 
 // TestServeExample runs the example on 127.0.0.1 over HTTP: a call made
 // through the go-sdk client is recorded, its retry on a new connection is
 // replayed, and the operator surface answers beside /mcp.
 func TestServeExample(t *testing.T) {
 	t.Parallel()
+	mailer := downstream.Start(t, nil)
+	// The example's SQL is the same on both stores.
+	dbTarget := filepath.Join(t.TempDir(), "invoices.db")
+	if os.Getenv("MCP_OUTBOX_TEST_STORE") == "postgres" {
+		dbTarget = pgtest.Database(t)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"-db", filepath.Join(t.TempDir(), "invoices.db"), "-http", "127.0.0.1:0"}, pw)
+		done <- run(ctx, []string{"-db", dbTarget, "-http", "127.0.0.1:0",
+			"-mailer", strings.TrimPrefix(mailer.URL(), "http://")}, pw)
 		pw.Close()
 	}()
 	t.Cleanup(func() {
@@ -62,6 +76,18 @@ func TestServeExample(t *testing.T) {
 	first, second := call(), call()
 	if first["replayed"] != false || second["replayed"] != true || first["invoice"] != second["invoice"] || first["invoice"] == nil {
 		t.Errorf("first call %v, retry %v; want the retry replayed with the same invoice", first, second)
+	}
+
+	// The invoice's mail went out once, with the effect's key, with no
+	// wiring but Start.
+	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+	defer wcancel()
+	if err := mailer.WaitRequests(wctx, 1); err != nil {
+		t.Fatalf("no mail sent: %v", err)
+	}
+	if req := mailer.Requests()[0]; req.Path != "/v1/send" || !strings.HasPrefix(req.Key, "call_") ||
+		string(req.Body) != fmt.Sprintf(`{"invoice":%v}`, first["invoice"]) {
+		t.Errorf("mail request %s %q key %q; want /v1/send of invoice %v with the effect's key", req.Path, req.Body, req.Key, first["invoice"])
 	}
 
 	base := strings.TrimSuffix(url, "/mcp")

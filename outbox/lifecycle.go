@@ -1,0 +1,357 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// ReaperOff as [StartOptions.ReapInterval] runs no reaper: something else
+// purges (mcp-outbox purge from cron, another replica's reaper).
+const ReaperOff time.Duration = -1
+
+// ErrUnknownDestination is wrapped by the error of an Enqueue to a
+// destination that the dispatcher of [Layer.Start] does not deliver to.
+var ErrUnknownDestination = errors.New("outbox: unknown destination")
+
+// StartOptions configure [Layer.Start]. The zero value of each field
+// selects the default documented on it.
+type StartOptions struct {
+	// Dispatcher configures the dispatcher Start runs, its Destinations
+	// included: from Start on, the layer's Enqueue refuses every other
+	// destination name with [ErrUnknownDestination]. Nil means the
+	// dispatcher's defaults and no destinations, which suits a server
+	// whose tools enqueue nothing: any Enqueue is then an error. In the
+	// copy Start makes, nil Logger, Metrics, TracerProvider and Now are
+	// the layer's (see [Options]).
+	Dispatcher *DispatcherOptions
+	// NoDispatcher runs no dispatcher in this process: another one
+	// delivers (mcp-outbox drain, or a replica on the same PostgreSQL
+	// database), and the layer cannot know its destinations, so Enqueue
+	// accepts any name, as a layer that was never started does. False
+	// means a dispatcher runs. Dispatcher must then be nil.
+	NoDispatcher bool
+	// Retention is what the reaper keeps (see [Retention]); its zero
+	// value keeps calls for DefaultCallRetention after their key expires,
+	// delivered and cancelled effects for DefaultDeliveredRetention and
+	// DefaultCancelledRetention.
+	Retention Retention
+	// ReapInterval is how often the reaper purges, beginning at Start;
+	// zero means DefaultReapInterval, ReaperOff runs no reaper.
+	ReapInterval time.Duration
+}
+
+// A Runner is the background work that [Layer.Start] began: the dispatcher
+// and the reaper. Stop it with [Runner.Stop] before closing the database.
+type Runner struct {
+	layer      *Layer
+	dispatcher *Dispatcher // nil with NoDispatcher
+	cancel     context.CancelFunc
+	removeHook func()
+	done       chan struct{} // closed once the dispatcher and the reaper returned
+	err        error         // theirs; read after done
+	stopOnce   sync.Once
+	stopped    atomic.Bool
+}
+
+// Start begins what a server needs beside the layer, and returns at once:
+//
+//   - a [Dispatcher] for opts.Dispatcher's destinations (unless
+//     NoDispatcher), which delivers at once what a previous run left, and
+//     from then on is woken by every commit that enqueued effects
+//     (Start adds its Notify with [Layer.OnEnqueue]);
+//   - the reaper ([RunReaper] on the layer's clock), which purges at once
+//     and then every ReapInterval what opts.Retention no longer keeps, so
+//     that the tables do not grow without bound (unless ReaperOff).
+//
+// From Start on, Enqueue to a destination the dispatcher does not know is
+// an error that names the destination and the known ones, and enqueues
+// nothing; with NoDispatcher any name is accepted, as before Start.
+//
+// Start fails, and starts nothing, when effects are pending for a
+// destination the dispatcher does not know: they would wait forever,
+// silently. Configure the destination, cancel the effects (mcp-outbox
+// outbox cancel), or use NoDispatcher if another process delivers them.
+// Replicas on one PostgreSQL database must configure the same
+// destinations, for the same reason. A second Start before Stop is an
+// error; after Stop the layer can be started again.
+//
+// ctx bounds Start's own work; its values (not its cancellation) reach the
+// background work, which runs until [Runner.Stop]. So the shutdown order
+// is the caller's: stop serving and let calls in flight finish (for
+// HTTP, mcphttp.Serve does this when its context ends), then Stop, then
+// close the database. Effects that calls commit after Stop are delivered
+// at the next Start.
+func (l *Layer) Start(ctx context.Context, opts *StartOptions) (*Runner, error) {
+	var o StartOptions
+	if opts != nil {
+		o = *opts
+	}
+	if o.NoDispatcher && o.Dispatcher != nil {
+		return nil, errors.New("start outbox: StartOptions has both Dispatcher and NoDispatcher; choose one")
+	}
+	if o.ReapInterval < 0 && o.ReapInterval != ReaperOff {
+		return nil, fmt.Errorf("start outbox: negative reap interval %s (ReaperOff turns the reaper off)", o.ReapInterval)
+	}
+	if o.ReapInterval == 0 {
+		o.ReapInterval = DefaultReapInterval
+	}
+	retention, err := o.Retention.withDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("start outbox: %w", err)
+	}
+
+	l.mu.Lock()
+	if l.runner != nil {
+		l.mu.Unlock()
+		return nil, errors.New("start outbox: the layer is already started; call Stop first")
+	}
+	r := &Runner{layer: l, done: make(chan struct{})}
+	l.runner = r // held while Start checks, so that a concurrent Start fails
+	l.mu.Unlock()
+	fail := func(err error) (*Runner, error) {
+		l.mu.Lock()
+		l.runner = nil
+		l.mu.Unlock()
+		return nil, err
+	}
+
+	if !o.NoDispatcher {
+		var do DispatcherOptions
+		if o.Dispatcher != nil {
+			do = *o.Dispatcher
+		}
+		if do.Logger == nil {
+			do.Logger = l.opts.Logger
+		}
+		if do.Metrics == nil {
+			do.Metrics = l.opts.Metrics
+		}
+		if do.TracerProvider == nil {
+			do.TracerProvider = l.opts.TracerProvider
+		}
+		if do.Now == nil {
+			do.Now = l.now
+		}
+		d, err := NewDispatcher(l.db, &do)
+		if err != nil {
+			return fail(fmt.Errorf("start dispatcher: %w", err))
+		}
+		// The set first, then the check: an Enqueue from now on is
+		// refused, so a pending effect the check does not see was
+		// committed by a call that enqueued before Start.
+		old := l.known.Swap(newDestSet(d))
+		if err := l.checkPending(ctx, d); err != nil {
+			l.known.Store(old)
+			return fail(err)
+		}
+		r.dispatcher = d
+	} else {
+		l.known.Store(nil) // forget the set of an earlier Start
+	}
+
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	r.cancel = cancel
+	var wg sync.WaitGroup
+	var dispatchErr, reapErr error
+	if d := r.dispatcher; d != nil {
+		r.removeHook = l.addEnqueueHook(d.Notify)
+		wg.Go(func() { dispatchErr = d.Run(runCtx) })
+	}
+	if o.ReapInterval != ReaperOff {
+		wg.Go(func() {
+			reapErr = runReaper(runCtx, l.db, retention, o.ReapInterval, l.opts.Logger, l.now)
+		})
+	}
+	go func() {
+		wg.Wait()
+		r.err = errors.Join(dispatchErr, reapErr)
+		close(r.done)
+	}()
+	return r, nil
+}
+
+// Stop stops the dispatcher and the reaper and returns once both have
+// returned; no goroutine of Start outlives it. The dispatcher claims
+// nothing more and releases what it claimed but had not sent; deliveries
+// in flight may finish until ctx ends or the dispatcher's ShutdownTimeout
+// passes, whichever comes first. Then they are cancelled: such an effect
+// is sent again, with the same Idempotency-Key, at the next Start, or
+// becomes unknown if its destination is AtMostOnce. Stop's error then
+// says that ctx ended. Stop may be called again: it waits in the same way.
+// After Stop the layer still refuses the destinations the stopped
+// dispatcher did not know; a Start with NoDispatcher forgets them.
+func (r *Runner) Stop(ctx context.Context) error {
+	r.stopOnce.Do(func() {
+		r.stopped.Store(true)
+		if r.removeHook != nil {
+			r.removeHook()
+		}
+		r.cancel()
+	})
+	var err error
+	select {
+	case <-r.done:
+	case <-ctx.Done():
+		if r.dispatcher != nil {
+			r.dispatcher.cancelInFlight()
+		}
+		<-r.done
+		err = fmt.Errorf("stop outbox: deliveries in flight were cancelled: %w", ctx.Err())
+	}
+	l := r.layer
+	l.mu.Lock()
+	if l.runner == r {
+		l.runner = nil
+	}
+	l.mu.Unlock()
+	return errors.Join(err, r.err)
+}
+
+// Running reports whether the work of Start runs: Stop was not called,
+// and the dispatcher, if there is one, is delivering. It suits the
+// readiness check of package operator (Options.Dispatcher).
+func (r *Runner) Running() bool {
+	if r.stopped.Load() {
+		return false
+	}
+	return r.dispatcher == nil || r.dispatcher.Running()
+}
+
+// Destinations returns the names the started dispatcher delivers to,
+// sorted, or nil with NoDispatcher (another process delivers, so this one
+// cannot tell which names are configured). With Running it makes the
+// Runner what package operator's Options.Dispatcher wants: readiness then
+// reports effects pending for a name outside this set.
+func (r *Runner) Destinations() []string {
+	if r.dispatcher == nil {
+		return nil
+	}
+	return r.dispatcher.Destinations()
+}
+
+// cancelInFlight cancels the requests of the attempts in flight, as Run's
+// shutdown does when its timeout passes.
+func (d *Dispatcher) cancelInFlight() {
+	d.mu.Lock()
+	cancel := d.cancelReq
+	d.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+}
+
+// pendingByDestination reads the pending effects per destination: the
+// state index finds them without reading the delivered ones.
+const pendingByDestination = `
+SELECT destination, count(*) FROM effects WHERE state = 'pending' GROUP BY destination ORDER BY destination`
+
+// checkPending fails when effects are pending for destinations d does not
+// deliver to.
+func (l *Layer) checkPending(ctx context.Context, d *Dispatcher) error {
+	rows, err := l.db.Read.QueryContext(ctx, pendingByDestination)
+	if err != nil {
+		return fmt.Errorf("start outbox: count pending effects: %w", err)
+	}
+	defer rows.Close()
+	var unknown []string
+	for rows.Next() {
+		var (
+			dest string
+			n    int64
+		)
+		if err := rows.Scan(&dest, &n); err != nil {
+			return fmt.Errorf("start outbox: count pending effects: %w", err)
+		}
+		if _, ok := d.dests[dest]; !ok {
+			unknown = append(unknown, fmt.Sprintf("%q (%d)", dest, n))
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("start outbox: count pending effects: %w", err)
+	}
+	if len(unknown) == 0 {
+		return nil
+	}
+	return fmt.Errorf("start outbox: effects are pending for destinations the dispatcher does not know: %s; "+
+		"the dispatcher knows %s. Configure them, cancel the effects, or set StartOptions.NoDispatcher if another process delivers them",
+		strings.Join(unknown, ", "), newDestSet(d).list)
+}
+
+// destSet is the destinations of the dispatcher that Start runs.
+type destSet struct {
+	names map[string]bool
+	list  string // for errors: "a", "b", or none
+}
+
+func newDestSet(d *Dispatcher) *destSet {
+	s := &destSet{names: map[string]bool{}}
+	var quoted []string
+	for name := range d.dests {
+		s.names[name] = true
+		quoted = append(quoted, fmt.Sprintf("%q", name))
+	}
+	slices.Sort(quoted)
+	s.list = strings.Join(quoted, ", ")
+	if s.list == "" {
+		s.list = "none"
+	}
+	return s
+}
+
+// checkDestination refuses a destination that the dispatcher of Start does
+// not deliver to; before Start, or with NoDispatcher, the layer does not
+// know the deliverer's set and accepts any name. Every way of enqueueing
+// calls it before writing anything.
+func (l *Layer) checkDestination(name string) error {
+	s := l.known.Load()
+	if s == nil || s.names[name] {
+		return nil
+	}
+	return fmt.Errorf("%w %q: this process's dispatcher delivers to %s; nothing was enqueued",
+		ErrUnknownDestination, name, s.list)
+}
+
+// enqueueHook is one function of OnEnqueue; a pointer, so that the one
+// Start added can be removed by identity.
+type enqueueHook struct{ f func() }
+
+// addEnqueueHook adds f to the functions that l.notify calls, and returns
+// a function that removes it again.
+func (l *Layer) addEnqueueHook(f func()) (remove func()) {
+	h := &enqueueHook{f}
+	l.mu.Lock()
+	l.hooks = append(slices.Clone(l.hooks), h)
+	l.setNotifyLocked()
+	l.mu.Unlock()
+	return func() {
+		l.mu.Lock()
+		l.hooks = slices.DeleteFunc(slices.Clone(l.hooks), func(x *enqueueHook) bool { return x == h })
+		l.setNotifyLocked()
+		l.mu.Unlock()
+	}
+}
+
+// setNotifyLocked makes l.notify call every hook. The commit path reads
+// l.notify under l.mu and calls it outside, so it gets a slice that is
+// never changed afterwards.
+func (l *Layer) setNotifyLocked() {
+	hooks := l.hooks
+	switch len(hooks) {
+	case 0:
+		l.notify = nil
+	case 1:
+		l.notify = hooks[0].f
+	default:
+		l.notify = func() {
+			for _, h := range hooks {
+				h.f()
+			}
+		}
+	}
+}

@@ -1,0 +1,333 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/downstream"
+	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
+	"github.com/mcp-outbox/mcp-outbox/outbox"
+)
+
+// payments is the ledger's destination, delivered to fake.
+func payments(fake *downstream.Server) *outbox.DispatcherOptions {
+	u, _ := url.Parse(fake.URL())
+	return &outbox.DispatcherOptions{Destinations: []outbox.Destination{{Name: ledger.Destination, URL: u}}}
+}
+
+// start starts b's layer and stops it when the test ends, checking that
+// Stop succeeds.
+func start(t *testing.T, b *bundle, opts *outbox.StartOptions) *outbox.Runner {
+	t.Helper()
+	r, err := b.layer.Start(context.Background(), opts)
+	if err != nil {
+		t.Fatalf("start: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := r.Stop(context.Background()); err != nil {
+			t.Errorf("stop: %v", err)
+		}
+	})
+	return r
+}
+
+// waitFor polls cond until it holds, failing the test after 30 seconds.
+func pollUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); !cond(); {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 30s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// addEnqueueTool adds a tool that enqueues one effect to the destination
+// its argument names, and answers the Enqueue's error as its own.
+func addEnqueueTool(b *bundle) {
+	type in struct{ Destination string }
+	outbox.AddTool(b.layer, b.server, &mcp.Tool{Name: "enqueue", Description: "Enqueue an effect."},
+		func(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolRequest, in in) (*mcp.CallToolResult, any, error) {
+			if _, err := tx.Enqueue(ctx, outbox.Effect{Destination: in.Destination, Path: "/v1/things"}); err != nil {
+				return nil, nil, err
+			}
+			return nil, map[string]any{"ok": true}, nil
+		}, nil)
+}
+
+func TestLayer_OnEnqueueAddsCallbacks(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil, nil)
+	first, second := make(chan struct{}, 1), make(chan struct{}, 1)
+	b.layer.OnEnqueue(func() { first <- struct{}{} })
+	b.layer.OnEnqueue(nil) // ignored, not a crash at the commit
+	b.layer.OnEnqueue(func() { second <- struct{}{} })
+	if res := callCharge(t, b.session, "both", 1); res.IsError {
+		t.Fatal(text(res))
+	}
+	for name, ch := range map[string]chan struct{}{"first": first, "second": second} {
+		select {
+		case <-ch:
+		default:
+			t.Errorf("the %s callback did not fire on the commit that enqueued an effect", name)
+		}
+	}
+}
+
+// Start is all the wiring: an effect that a call commits reaches its
+// destination with its Idempotency-Key, woken by the commit (the poll is
+// an hour), and Stop returns with the outcome recorded.
+func TestLayer_Start_Delivers(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil, nil)
+	fake := downstream.Start(t, nil)
+	opts := payments(fake)
+	opts.PollInterval = time.Hour
+	r, err := b.layer.Start(context.Background(), &outbox.StartOptions{Dispatcher: opts})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pollUntil(t, "the dispatcher running", r.Running)
+	if res := callCharge(t, b.session, "start-delivers", 7); res.IsError {
+		t.Fatal(text(res))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := fake.WaitRequests(ctx, 1); err != nil {
+		t.Fatalf("no delivery: %v", err)
+	}
+	if err := r.Stop(context.Background()); err != nil {
+		t.Fatalf("stop: %v", err)
+	}
+	if r.Running() {
+		t.Error("Running after Stop")
+	}
+	var key, state string
+	if err := b.db.Read.QueryRow(`SELECT idempotency_key, state FROM effects`).Scan(&key, &state); err != nil {
+		t.Fatal(err)
+	}
+	if got := fake.Requests()[0].Key; got != key || state != "delivered" {
+		t.Errorf("sent Idempotency-Key %q, effect's %q in state %q; want the effect's key, delivered", got, key, state)
+	}
+}
+
+// Stop returns only once the dispatcher and the reaper have returned. Not
+// parallel: it reads every goroutine's stack, and only the sequential
+// tests of this package run meanwhile.
+func TestLayer_Start_StopEndsGoroutines(t *testing.T) {
+	b := setup(t, nil, nil)
+	r, err := b.layer.Start(context.Background(), &outbox.StartOptions{Dispatcher: payments(downstream.Start(t, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	background := func() (dispatcher, reaper bool) {
+		buf := make([]byte, 1<<20)
+		stacks := string(buf[:runtime.Stack(buf, true)])
+		return strings.Contains(stacks, "outbox.(*Dispatcher).Run("), strings.Contains(stacks, "outbox.runReaper(")
+	}
+	pollUntil(t, "the dispatcher and the reaper running", func() bool { d, r := background(); return d && r })
+	if err := r.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if d, r := background(); d || r {
+		t.Errorf("after Stop: dispatcher running %v, reaper running %v", d, r)
+	}
+	if err := r.Stop(context.Background()); err != nil {
+		t.Errorf("second Stop: %v", err)
+	}
+}
+
+// Stop with a context that ends cancels the deliveries in flight, says
+// so, and still returns only after the dispatcher did.
+func TestLayer_Start_StopCancelsDeliveriesInFlight(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil, nil)
+	fake := downstream.Start(t, nil)
+	fake.FailNext(1, downstream.Hang())
+	opts := payments(fake)
+	opts.Destinations[0].Timeout = time.Hour
+	opts.ShutdownTimeout = time.Hour
+	r, err := b.layer.Start(context.Background(), &outbox.StartOptions{Dispatcher: opts})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res := callCharge(t, b.session, "hangs", 1); res.IsError {
+		t.Fatal(text(res))
+	}
+	wctx, wcancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer wcancel()
+	if err := fake.WaitRequests(wctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := r.Stop(ctx); !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "cancelled") {
+		t.Errorf("Stop with an ended context: %v; want an error saying deliveries were cancelled", err)
+	}
+	if n := count(t, b.db.Read, `SELECT count(*) FROM effects WHERE state = 'pending'`); n != 1 {
+		t.Errorf("%d pending effects after Stop; want the cancelled delivery pending again", n)
+	}
+}
+
+// The reaper runs on the layer's clock: once the records are past their
+// retention by that clock, a restart purges them at once.
+func TestLayer_Start_Reaps(t *testing.T) {
+	t.Parallel()
+	clk := &clock{t: time.Now()}
+	b := setup(t, &outbox.Options{Now: clk.Now}, nil)
+	fake := downstream.Start(t, nil)
+	opts := &outbox.StartOptions{Dispatcher: payments(fake), ReapInterval: time.Hour}
+	r, err := b.layer.Start(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res := callCharge(t, b.session, "reaped", 1); res.IsError {
+		t.Fatal(text(res))
+	}
+	pollUntil(t, "delivery", func() bool {
+		return count(t, b.db.Read, `SELECT count(*) FROM effects WHERE state = 'delivered'`) == 1
+	})
+	if err := r.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	clk.Add(outbox.DefaultDeliveredRetention + time.Minute)
+	start(t, b, opts)
+	pollUntil(t, "the reaper's first pass", func() bool {
+		return count(t, b.db.Read, `SELECT count(*) FROM effects`)+count(t, b.db.Read, `SELECT count(*) FROM calls`) == 0
+	})
+}
+
+func TestLayer_Start_Errors(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil, nil)
+	fake := downstream.Start(t, nil)
+	ctx := context.Background()
+
+	// Before any Start the layer cannot know who delivers: a charge's
+	// effect to payments is accepted, and left pending.
+	if res := callCharge(t, b.session, "before-start", 1); res.IsError {
+		t.Fatal(text(res))
+	}
+	for _, tc := range []struct {
+		name string
+		opts *outbox.StartOptions
+		want string
+	}{
+		{"PendingForUnknown", nil, `effects are pending for destinations the dispatcher does not know: "payments" (1); the dispatcher knows none`},
+		{"BothDispatcherAndNone", &outbox.StartOptions{Dispatcher: payments(fake), NoDispatcher: true}, "both Dispatcher and NoDispatcher"},
+		{"NegativeInterval", &outbox.StartOptions{ReapInterval: -2}, "negative reap interval"},
+		{"NegativeRetention", &outbox.StartOptions{Retention: outbox.Retention{Calls: -time.Hour}}, "negative duration"},
+		{"BadDestination", &outbox.StartOptions{Dispatcher: &outbox.DispatcherOptions{Destinations: []outbox.Destination{{Name: "x"}}}},
+			`start dispatcher: destination "x"`},
+	} {
+		r, err := b.layer.Start(ctx, tc.opts)
+		if err == nil {
+			r.Stop(ctx)
+			t.Errorf("%s: started", tc.name)
+		} else if !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v; want it to say %q", tc.name, err, tc.want)
+		}
+	}
+	// A failed Start leaves the layer as it was: unstarted, accepting any
+	// destination.
+	if res := callCharge(t, b.session, "after-failed-start", 2); res.IsError {
+		t.Errorf("a charge after a failed Start: %s", text(res))
+	}
+
+	r := start(t, b, &outbox.StartOptions{Dispatcher: payments(fake)})
+	if _, err := b.layer.Start(ctx, &outbox.StartOptions{Dispatcher: payments(fake)}); err == nil || !strings.Contains(err.Error(), "already started") {
+		t.Errorf("second Start: %v; want already started", err)
+	}
+	if err := r.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	start(t, b, &outbox.StartOptions{Dispatcher: payments(fake)}) // again after Stop
+}
+
+// Once Start runs a dispatcher, an Enqueue to another destination is the
+// handler's error, naming the destination and the known ones, and nothing
+// is enqueued; with NoDispatcher, or before Start, any name goes.
+func TestLayer_Enqueue_ChecksDestination(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil, nil)
+	addEnqueueTool(b)
+	fake := downstream.Start(t, nil)
+	enqueue := func(key, dest string) *mcp.CallToolResult {
+		t.Helper()
+		return call(t, b.session, "enqueue", key, map[string]any{"Destination": dest})
+	}
+	effects := func(dest string) int {
+		return count(t, b.db.Read, `SELECT count(*) FROM effects WHERE destination = $1`, dest)
+	}
+	if res := enqueue("before", "anywhere"); res.IsError || effects("anywhere") != 1 {
+		t.Errorf("before Start: %s, %d effects; want any destination accepted", text(res), effects("anywhere"))
+	}
+
+	u, _ := url.Parse(fake.URL())
+	opts := payments(fake)
+	opts.Destinations = append(opts.Destinations, outbox.Destination{Name: "anywhere", URL: u})
+	r, err := b.layer.Start(context.Background(), &outbox.StartOptions{Dispatcher: opts})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := enqueue("typo", "paymnets")
+	want := `unknown destination "paymnets": this process's dispatcher delivers to "anywhere", "payments"; nothing was enqueued`
+	if !res.IsError || !strings.Contains(text(res), want) || effects("paymnets") != 0 {
+		t.Errorf("enqueue to a typo: %q, %d effects; want an error saying %q, nothing enqueued", text(res), effects("paymnets"), want)
+	}
+	if res := enqueue("known", "payments"); res.IsError {
+		t.Errorf("enqueue to a known destination: %s", text(res))
+	}
+	if err := r.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+
+	start(t, b, &outbox.StartOptions{NoDispatcher: true})
+	if res := enqueue("elsewhere", "drained-elsewhere"); res.IsError || effects("drained-elsewhere") != 1 {
+		t.Errorf("with NoDispatcher: %s, %d effects; want any destination accepted", text(res), effects("drained-elsewhere"))
+	}
+}
+
+// The Enqueue error wraps ErrUnknownDestination for handlers that tell it
+// apart.
+func TestLayer_Enqueue_ErrUnknownDestination(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil, nil)
+	got := make(chan error, 1)
+	outbox.AddTool(b.layer, b.server, &mcp.Tool{Name: "typo", Description: "Enqueue to a typo."},
+		func(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
+			_, err := tx.Enqueue(ctx, outbox.Effect{Destination: "mailr", Path: "/"})
+			got <- err
+			return nil, nil, err
+		}, nil)
+	start(t, b, &outbox.StartOptions{Dispatcher: payments(downstream.Start(t, nil))})
+	call(t, b.session, "typo", "typo-1", map[string]any{})
+	if err := <-got; !errors.Is(err, outbox.ErrUnknownDestination) {
+		t.Errorf("Enqueue: %v; want ErrUnknownDestination", err)
+	}
+}
+
+// ExampleLayer_Start's program gives the same output on the test store,
+// PostgreSQL included: its SQL is portable.
+func TestLayer_Start_ExampleOnTestStore(t *testing.T) {
+	t.Parallel()
+	var out strings.Builder
+	if err := placeOrders(context.Background(), testTarget(t), &out); err != nil {
+		t.Fatal(err)
+	}
+	want := `result map[order_id:1], replayed: false
+result map[order_id:1], replayed: true
+mail API got POST /v1/send {"order":1}, with the effect's Idempotency-Key: true
+effect delivered, orders: 1
+`
+	if out.String() != want {
+		t.Errorf("output:\n%s\nwant:\n%s", out.String(), want)
+	}
+}
