@@ -12,6 +12,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
 	"github.com/mcp-outbox/mcp-outbox/outbox/operator"
 	"github.com/mcp-outbox/mcp-outbox/query"
 )
@@ -287,7 +288,7 @@ func runOutboxRetry(ctx context.Context, env *environment, s outboxSub, args []s
 			return err
 		}
 		defer db.Close()
-		n, err := outbox.RetryDead(ctx, db)
+		n, err := admin.RetryDead(ctx, db)
 		if err != nil {
 			return err
 		}
@@ -425,7 +426,7 @@ func runOutboxResolveCall(ctx context.Context, env *environment, s outboxSub, ar
 		return cliError(err)
 	}
 	what := "now " + string(res.State)
-	if res.Outcome == outbox.ResolveRerun {
+	if res.Outcome == string(admin.CallRerun) {
 		what = "forgotten: the next retry with its key runs it"
 	}
 	_, err = fmt.Fprintf(env.stdout, "call %q of %s (%s, %s): was unknown, %s\n",

@@ -28,6 +28,7 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/internal/downstream"
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
 	"github.com/mcp-outbox/mcp-outbox/outbox/operator"
 	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
@@ -649,7 +650,7 @@ func TestPageUnknownCalls(t *testing.T) {
 }
 
 // TestPageResolveCall: settling an unknown call from the page does to its
-// row what outbox.ResolveCall does, says so, and names the call without
+// row what admin.ResolveCall does, says so, and names the call without
 // its key; a settled call cannot be settled again.
 func TestPageResolveCall(t *testing.T) {
 	t.Parallel()
@@ -667,17 +668,17 @@ func TestPageResolveCall(t *testing.T) {
 		return done, msg
 	}
 	// Each call through the page has a twin (another principal, same
-	// times) settled by outbox.ResolveCall itself.
+	// times) settled by admin.ResolveCall itself.
 	direct, err := schema.Open(context.Background(), path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer direct.Close()
 	for i, tc := range []struct{ outcome, note, want string }{
-		{outbox.ResolveCompleted, "  charge ch_1 is at the processor ", "was unknown, now completed."},
-		{outbox.ResolveFailed, "", "was unknown, now failed."},
-		{outbox.ResolveRerun, "", "was unknown, now forgotten: the next retry with its key runs it."},
-		{outbox.ResolveRerun, "it never arrived", "The note was not recorded"},
+		{string(admin.CallCompleted), "  charge ch_1 is at the processor ", "was unknown, now completed."},
+		{string(admin.CallFailed), "", "was unknown, now failed."},
+		{string(admin.CallRerun), "", "was unknown, now forgotten: the next retry with its key runs it."},
+		{string(admin.CallRerun), "it never arrived", "The note was not recorded"},
 	} {
 		key := fmt.Sprintf("lost-%d", i)
 		id := addPageUnknownCall(t, db, "user:alice", key, base+int64(i), base+int64(i)+500)
@@ -687,7 +688,8 @@ func TestPageResolveCall(t *testing.T) {
 		if !done || !strings.HasPrefix(msg, wantName) || !strings.Contains(msg, tc.want) {
 			t.Errorf("settle %s: done %v, %q; want %q...%q", tc.outcome, done, msg, wantName, tc.want)
 		}
-		if err := outbox.ResolveCall(context.Background(), direct, "user:twin", key, tc.outcome, strings.TrimSpace(tc.note)); err != nil {
+		if err := admin.ResolveCall(context.Background(), direct, admin.CallRef{Principal: "user:twin", Key: key},
+			admin.Resolution{Outcome: admin.CallOutcome(tc.outcome), Note: strings.TrimSpace(tc.note)}); err != nil {
 			t.Fatal(err)
 		}
 		got, gotOK := readCallRow(t, db, id)
@@ -695,13 +697,13 @@ func TestPageResolveCall(t *testing.T) {
 		if gotOK != wantOK || got.settled() != want.settled() {
 			t.Errorf("settle %s: row %+v (%v), ResolveCall made %+v (%v)", tc.outcome, got, gotOK, want, wantOK)
 		}
-		if tc.outcome == outbox.ResolveCompleted {
+		if tc.outcome == string(admin.CallCompleted) {
 			if st, res := callStateOf(t, db, "user:alice", key); st != "completed" ||
 				res != `{"content":[{"type":"text","text":"[resolved by an operator] charge ch_1 is at the processor"}]}` {
 				t.Errorf("settled as completed: %s %s", st, res)
 			}
 		}
-		if tc.outcome == outbox.ResolveRerun && gotOK {
+		if tc.outcome == string(admin.CallRerun) && gotOK {
 			t.Errorf("settled as rerun, the call is still there: %+v", got)
 		}
 		if r := s.get(t, "/"); strings.Contains(r.raw, fmt.Sprintf(`id="call-%d"`, id)) {
@@ -710,11 +712,11 @@ func TestPageResolveCall(t *testing.T) {
 	}
 	// Twice: refused, naming the state, and nothing changes.
 	id := addPageUnknownCall(t, db, "local", "lost-twice", base, 0)
-	if done, msg := settle(id, outbox.ResolveCompleted, "first"); !done {
+	if done, msg := settle(id, string(admin.CallCompleted), "first"); !done {
 		t.Fatalf("settle: %s", msg)
 	}
 	before, _ := readCallRow(t, db, id)
-	done, msg := settle(id, outbox.ResolveFailed, "second")
+	done, msg := settle(id, string(admin.CallFailed), "second")
 	if after, _ := readCallRow(t, db, id); done || after != before ||
 		!strings.Contains(msg, fmt.Sprintf("settle refused: Call %d (charge of local, key %s) is completed: only a call in state unknown can be resolved", id, operator.KeyHash("local", "lost-twice"))) {
 		t.Errorf("settling twice: done %v, %q; row %+v -> %+v", done, msg, before, after)

@@ -18,6 +18,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
 	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -204,7 +205,7 @@ func (h *adminHandler) retryDead(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	n, err := outbox.RetryDead(r.Context(), h.db)
+	n, err := admin.RetryDead(r.Context(), h.db)
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -336,9 +337,9 @@ func (h *adminHandler) failLogging(w http.ResponseWriter, r *http.Request, err, 
 		status = http.StatusRequestEntityTooLarge
 	case errors.As(err, new(BadInput)):
 		status = http.StatusBadRequest
-	case errors.Is(err, outbox.ErrNoEffect), errors.Is(err, outbox.ErrNoCall):
+	case errors.Is(err, admin.ErrNoEffect), errors.Is(err, admin.ErrNoCall):
 		status = http.StatusNotFound
-	case errors.Is(err, outbox.ErrEffectState), errors.Is(err, outbox.ErrNotResolvable), errors.Is(err, outbox.ErrCallNotUnknown):
+	case errors.Is(err, admin.ErrEffectState), errors.Is(err, admin.ErrNotResolvable), errors.Is(err, admin.ErrCallNotUnknown):
 		status = http.StatusConflict
 	default:
 		h.logger.Error("admin request failed", "method", r.Method, "path", r.URL.Path, "error", logged)

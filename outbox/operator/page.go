@@ -30,6 +30,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
 	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -642,7 +643,7 @@ func (p *pageHandler) retryDead(w http.ResponseWriter, r *http.Request) {
 		p.redirectFailed(w, r, "retry-dead", err)
 		return
 	}
-	n, err := outbox.RetryDead(r.Context(), p.db)
+	n, err := admin.RetryDead(r.Context(), p.db)
 	if err != nil {
 		p.redirectFailed(w, r, "retry-dead", err)
 		return
@@ -653,8 +654,8 @@ func (p *pageHandler) retryDead(w http.ResponseWriter, r *http.Request) {
 
 func (p *pageHandler) redirectFailed(w http.ResponseWriter, r *http.Request, action string, err error) {
 	var known *stateError
-	if !errors.As(err, new(BadInput)) && !errors.As(err, &known) && !errors.Is(err, outbox.ErrNoEffect) &&
-		!errors.Is(err, outbox.ErrNoCall) && !errors.Is(err, outbox.ErrCallNotUnknown) {
+	if !errors.As(err, new(BadInput)) && !errors.As(err, &known) && !errors.Is(err, admin.ErrNoEffect) &&
+		!errors.Is(err, admin.ErrNoCall) && !errors.Is(err, admin.ErrCallNotUnknown) {
 		p.logger.Error("operator page action failed", "action", action, "error", err)
 	}
 	p.redirectFlash(w, r, flashFailed, fmt.Sprintf("%s refused: %v", action, err))
