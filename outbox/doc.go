@@ -65,7 +65,7 @@
 //	unknown    a forwarded call (see [RemoteTool]) whose answer was lost: it
 //	           may or may not have run, so it never runs again by itself; a
 //	           retry gets an outcome_unknown error until an operator settles
-//	           it ([ResolveCall]). It never expires.
+//	           it (admin.ResolveCall). It never expires.
 //
 // A claim records what its abandonment means (calls.on_lost): 'rerun' for
 // the layer's own tools, whose work commits with the outcome, so a claim
@@ -93,6 +93,14 @@
 //	unknown    an at_most_once destination may or may not have applied it;
 //	           never re-sent automatically; a probe or an operator decides
 //	cancelled  stopped by an operator
+//
+// # Operators
+//
+// What an operator does to calls and effects (retry, cancel, settle an
+// unknown effect or call, purge at once) is package
+// [github.com/mcp-outbox/mcp-outbox/outbox/admin]; the command line and the
+// operator surface are built on it. Finished records are purged
+// continuously by [RunReaper], which keeps what [Retention] says.
 //
 // # On PostgreSQL
 //
@@ -181,13 +189,39 @@
 // With a TracerProvider ([Options.TracerProvider], nil meaning the global
 // one) every request the server receives gets a SERVER span after the
 // OpenTelemetry MCP conventions, whose parent is the trace context the
-// client put in params._meta (SEP-414), and tools/call spans carry the
-// layer's attributes (mcp_outbox.*: outcome, key source, key hash, call
-// id, effects); see trace.go. An effect stores the traceparent of the
+// client put in params._meta (SEP-414; [Propagator] and [MetaCarrier] put
+// it there from a Go client). An effect stores the traceparent of the
 // span that enqueued it, and the [Dispatcher] makes each delivery attempt
 // a CLIENT span in that trace ([DispatcherOptions.TracerProvider]),
 // sending the attempt's traceparent to the destination. Keys appear only
 // as hashes; arguments and results only with LogSensitive.
+//
+// Beside the conventions' mcp.* and gen_ai.* attributes, a tools/call span
+// carries the layer's own:
+//
+//	mcp_outbox.key_source        where the key came from: meta, params, header,
+//	                             argument or fingerprint ("" without a key)
+//	mcp_outbox.outcome           executed, failed, replayed, joined, conflict,
+//	                             in_progress, unknown or not_recorded, as in
+//	                             the call event and mcp_outbox_calls_total
+//	mcp_outbox.key_hash          the call's key as a hash (the first 12 hex
+//	                             digits of SHA-256 over principal, NUL, key),
+//	                             never the key: whoever holds a key can replay
+//	                             the call; the logs and the operator page show
+//	                             the same hash
+//	mcp_outbox.call_id           the recorded call's id ("callId" in the
+//	                             result's _meta under [MetaKeyCall])
+//	mcp_outbox.effects_enqueued  how many effects the call enqueued
+//	mcp_outbox.recorded          whether the tool's calls are recorded at all
+//
+// and a delivery attempt's span, beside the HTTP client conventions':
+//
+//	mcp_outbox.destination                  the destination's configured name
+//	mcp_outbox.effect.id                    the effect's row id
+//	mcp_outbox.effect.seq                   its position in its call, from 1
+//	mcp_outbox.delivery.result              delivered, retry, dead or unknown
+//	mcp_outbox.effect.idempotency_key_hash  the effect's Idempotency-Key as
+//	                                        a 12-digit hash
 //
 // # Keys
 //
@@ -196,7 +230,10 @@
 // and [LiftParamsKey]); the HTTP Idempotency-Key header; the tool's
 // idempotency_key argument when its input schema declares one. Without any, the
 // key is a fingerprint of principal, tool and canonical arguments, remembered
-// for the tool's fingerprint window. Keys are scoped by principal: the
-// authenticated user's ID on HTTP, otherwise [callkey.LocalPrincipal]; never by
-// JSON-RPC id or session id, which do not survive a reconnect.
+// for the tool's fingerprint window. Keys are scoped by principal, never by
+// JSON-RPC id or session id, which do not survive a reconnect. The
+// principal is stored as "user:" followed by the authenticated user's ID
+// (the go-sdk's TokenInfo.UserID) on HTTP with authentication, and as
+// "local" otherwise; the status tool, package query and admin.CallRef name
+// it so.
 package outbox

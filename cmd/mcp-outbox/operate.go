@@ -11,7 +11,6 @@ import (
 	"strings"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
-	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
 	"github.com/mcp-outbox/mcp-outbox/outbox/operator"
 	"github.com/mcp-outbox/mcp-outbox/query"
@@ -395,7 +394,7 @@ func runOutboxCalls(ctx context.Context, env *environment, s outboxSub, args []s
 func runOutboxResolveCall(ctx context.Context, env *environment, s outboxSub, args []string) error {
 	fs, dbPath := subFlags(env, s)
 	key := fs.String("key", "", "the idempotency `key` of the call")
-	principal := fs.String("principal", outbox.LocalPrincipal, "whose call it is: local, or a token's principal (alice or user:alice)")
+	principal := fs.String("principal", callkey.LocalPrincipal, "whose call it is: local, or a token's principal (alice or user:alice)")
 	callID := fs.String("call-id", "", "instead of --key and --principal: the call's `id` (callId in the status tool, call_id in the logs)")
 	outcome := fs.String("outcome", "", "what you found out: "+strings.Join(operator.CallOutcomeNames(), ", "))
 	note := fs.String("note", "", "what you found, recorded in the call's result (at most 1000 bytes)")
@@ -407,7 +406,7 @@ func runOutboxResolveCall(ctx context.Context, env *environment, s outboxSub, ar
 		return usagef("resolve-call: unexpected argument %q (give the key with --key)", pos[0])
 	}
 	if *principal != "" { // an explicit empty principal is refused below
-		*principal = outbox.ParsePrincipal(*principal)
+		*principal = callkey.ParsePrincipal(*principal)
 	}
 	ref := operator.CallRef{Principal: *principal, Key: *key, CallID: *callID}
 	if *callID != "" {

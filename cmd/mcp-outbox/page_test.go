@@ -25,6 +25,7 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/internal/downstream"
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
@@ -224,7 +225,7 @@ func TestPageShowsOutbox(t *testing.T) {
 	}
 	// Seven calls, each named by the logs' hash of its key, never the key.
 	for i := 1; i <= 7; i++ {
-		wantContains(t, "recent calls", r.raw, operator.KeyHash(outbox.LocalPrincipal, fmt.Sprintf("operate-%d", i)))
+		wantContains(t, "recent calls", r.raw, operator.KeyHash(callkey.LocalPrincipal, fmt.Sprintf("operate-%d", i)))
 	}
 	if strings.Contains(r.body, "operate-") {
 		t.Error("the page shows a raw idempotency key")
@@ -920,7 +921,7 @@ func TestPageLookup(t *testing.T) {
 	r := lookup("", "operate-4")
 	wantContains(t, "known key", r.raw, `<span class="badge s-completed">completed</span>`, "<dd>charge</dd>",
 		`id="lookup-effect-4"`, `<span class="badge s-dead">dead</span>`, `action="/effects/4/retry"`,
-		operator.KeyHash(outbox.LocalPrincipal, "operate-4"), "Recorded result", "charge_id")
+		operator.KeyHash(callkey.LocalPrincipal, "operate-4"), "Recorded result", "charge_id")
 	if r := lookup("local", "operate-5"); !strings.Contains(r.raw, `id="lookup-effect-5"`) || !strings.Contains(r.raw, `value="retry"`) {
 		t.Error("lookup by the explicit principal local: not effect 5 with its resolve buttons")
 	}
@@ -989,7 +990,7 @@ func TestPageKeyHashMatchesLogs(t *testing.T) {
 			logged = append(logged, rec.Key)
 		}
 	}
-	if want := operator.KeyHash(outbox.LocalPrincipal, "hash-me"); !slices.Equal(logged, []string{want}) {
+	if want := operator.KeyHash(callkey.LocalPrincipal, "hash-me"); !slices.Equal(logged, []string{want}) {
 		t.Errorf("call events carry keys %q, the page shows %s", logged, want)
 	}
 }

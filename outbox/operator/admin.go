@@ -17,7 +17,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
-	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
 	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
@@ -279,7 +279,7 @@ func (h *adminHandler) resolveCall(w http.ResponseWriter, r *http.Request) {
 	}
 	ref := CallRef{Key: body.Key, CallID: body.CallID}
 	if body.CallID == "" {
-		ref.Principal = outbox.ParsePrincipal(body.Principal)
+		ref.Principal = callkey.ParsePrincipal(body.Principal)
 	} else if body.Principal != "" {
 		h.fail(w, r, badInputf("give the call's principal and key or its callId, not both"))
 		return
@@ -292,7 +292,7 @@ func (h *adminHandler) resolveCall(w http.ResponseWriter, r *http.Request) {
 	}
 	// The admin token names no user; the log is the audit trail. The key
 	// is logged as the call log writes it: hashed, never raw.
-	h.logger.Info("admin action", "action", "resolve-call", "outcome", res.Outcome, "key", outbox.KeyHash(res.Principal, res.Key),
+	h.logger.Info("admin action", "action", "resolve-call", "outcome", res.Outcome, "key", callkey.KeyHash(res.Principal, res.Key),
 		"tool", res.Tool, "from", res.PreviousState, "to", res.State, "remote", r.RemoteAddr)
 	writeAdminJSON(w, http.StatusOK, res)
 }

@@ -29,7 +29,6 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
-	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
 	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
@@ -570,7 +569,7 @@ func (p *pageHandler) lookupCall(w http.ResponseWriter, r *http.Request) {
 func (p *pageHandler) findCall(ctx context.Context, res *lookupResult) error {
 	// local, a token's principal (alice), or as the calls table stores it
 	// (user:alice).
-	principal := outbox.ParsePrincipal(res.Principal)
+	principal := callkey.ParsePrincipal(res.Principal)
 	if len(principal) > maxPagePrincipal || strings.ContainsFunc(principal, unicode.IsControl) {
 		return badInputf("principal %q: want local, or a token's principal such as alice", Shorten(res.Principal, 40))
 	}
@@ -726,13 +725,13 @@ func (p *pageHandler) render(w http.ResponseWriter, status int, name string, dat
 	w.Write(b.Bytes())
 }
 
-// KeyHash is how the page and the logs name a call: outbox.KeyHash of its
+// KeyHash is how the page and the logs name a call: callkey.KeyHash of its
 // principal and key, never the key itself. A call without a key has none.
 func KeyHash(principal, key string) string {
 	if key == "" {
 		return ""
 	}
-	return outbox.KeyHash(principal, key)
+	return callkey.KeyHash(principal, key)
 }
 
 // chartWindow is a span the delivery chart can show.

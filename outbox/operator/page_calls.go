@@ -13,7 +13,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
-	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
 	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
@@ -168,7 +168,7 @@ func (p *pageHandler) resolveCall(w http.ResponseWriter, r *http.Request) {
 		state = string(query.NotFound)
 	}
 	p.logger.Info("operator page action", "action", "resolve-call", "outcome", outcome, "call", id, "call_id", call.UID,
-		"key", outbox.KeyHash(call.Principal, call.Key), "tool", call.Tool, "from", query.OutcomeUnknown, "to", state, "remote", r.RemoteAddr)
+		"key", callkey.KeyHash(call.Principal, call.Key), "tool", call.Tool, "from", query.OutcomeUnknown, "to", state, "remote", r.RemoteAddr)
 	msg := name + ": was unknown, now " + state + "."
 	if outcome == string(admin.CallRerun) {
 		msg = name + ": was unknown, now forgotten: the next retry with its key runs it."
