@@ -26,7 +26,7 @@ func effectID(t *testing.T, db *schema.DB, key string) int64 {
 }
 
 // TestResolveEffect settles unknown effects by the typed outcome: delivered
-// or resend; any other outcome, and any effect not unknown or dead, is
+// or retry (send again); any other outcome, and any effect not unknown or dead, is
 // refused and nothing changes.
 func TestResolveEffect(t *testing.T) {
 	t.Parallel()
@@ -51,7 +51,7 @@ func TestResolveEffect(t *testing.T) {
 	if err := admin.ResolveEffect(ctx, b.db, arrived, admin.EffectDelivered); err != nil {
 		t.Fatal(err)
 	}
-	if err := admin.ResolveEffect(ctx, b.db, lost, admin.EffectResend); err != nil {
+	if err := admin.ResolveEffect(ctx, b.db, lost, admin.EffectRetry); err != nil {
 		t.Fatal(err)
 	}
 	if got := effectState(t, b.db, "arrived") + " " + effectState(t, b.db, "lost"); got != "delivered pending" {

@@ -19,7 +19,7 @@ var (
 	ErrNoEffect      = errors.New("no such effect")
 	ErrEffectState   = errors.New("effect is not in a state this action applies to")
 	ErrNotResolvable = errors.New("only an unknown or dead effect can be resolved")
-	ErrEffectOutcome = errors.New("outcome must be delivered or resend")
+	ErrEffectOutcome = errors.New("outcome must be delivered or retry")
 )
 
 // EffectOutcome is what an operator found out at an effect's destination.
@@ -30,10 +30,10 @@ const (
 	// EffectDelivered: the destination has the effect. It becomes
 	// delivered and is never sent again.
 	EffectDelivered EffectOutcome = "delivered"
-	// EffectResend: the destination did not apply the effect. It becomes
+	// EffectRetry: the destination did not apply the effect. It becomes
 	// pending with a fresh attempt budget, to be sent again with the same
 	// Idempotency-Key.
-	EffectResend EffectOutcome = "retry"
+	EffectRetry EffectOutcome = "retry"
 )
 
 // Operator actions on effects. Each is one statement whose WHERE clause
@@ -84,7 +84,7 @@ func CancelEffect(ctx context.Context, db *schema.DB, id int64) error {
 }
 
 // ResolveEffect settles an unknown (or dead) effect by what an operator
-// found out at the destination: [EffectDelivered], or [EffectResend] for
+// found out at the destination: [EffectDelivered], or [EffectRetry] for
 // one not applied there, to be sent again. Any other outcome is
 // [ErrEffectOutcome], and nothing is changed.
 func ResolveEffect(ctx context.Context, db *schema.DB, id int64, outcome EffectOutcome) error {
@@ -92,7 +92,7 @@ func ResolveEffect(ctx context.Context, db *schema.DB, id int64, outcome EffectO
 	switch outcome {
 	case EffectDelivered:
 		stmt = resolveDelivered
-	case EffectResend:
+	case EffectRetry:
 		stmt = resolveRetry
 	default:
 		return fmt.Errorf("resolve effect %d: outcome %q: %w", id, outcome, ErrEffectOutcome)
@@ -151,8 +151,8 @@ type Resolution struct {
 	// Outcome is required; anything but the three CallOutcome constants is
 	// [ErrCallOutcome].
 	Outcome CallOutcome
-	// Note follows [ResolvedPrefix] in the result a retry replays, for
-	// CallCompleted and CallFailed; it may be empty.
+	// Note follows "[resolved by an operator]" in the text of the result a
+	// retry replays, for CallCompleted and CallFailed; it may be empty.
 	Note string
 }
 
@@ -165,9 +165,9 @@ type CallRef struct {
 	Key       string
 }
 
-// ResolvedPrefix starts the text of the result an operator's resolution
-// records.
-const ResolvedPrefix = "[resolved by an operator]"
+// resolvedPrefix starts the text of the result an operator's resolution
+// records, so that whoever reads a replay sees that no tool produced it.
+const resolvedPrefix = "[resolved by an operator]"
 
 // The statements of ResolveCall. Each applies only to a call in state
 // unknown, so a resolution cannot race an attempt: nothing claims an
@@ -212,9 +212,9 @@ type callName struct {
 // ResolveCall settles a call in state unknown (forwarded to a tool server
 // whose work is outside the call's transaction, its outcome lost) by what
 // an operator found out there: completed or failed records that outcome,
-// with a result whose text is ResolvedPrefix and the note, which retries
-// replay; rerun deletes the call, so that the next retry runs it. The
-// call's effects, if any, are not touched. A call in any other state is
+// with a result whose text is "[resolved by an operator]" and the note,
+// which retries replay; rerun deletes the call, so that the next retry
+// runs it. The call's effects, if any, are not touched. A call in any other state is
 // [ErrCallNotUnknown], and one not there [ErrNoCall].
 func ResolveCall(ctx context.Context, db *schema.DB, call CallRef, r Resolution) error {
 	return resolveCall(ctx, db, callName{
@@ -248,7 +248,7 @@ func resolveCall(ctx context.Context, db *schema.DB, c callName, rs Resolution) 
 		// The recorded result is what outbox replays: the same JSON as the
 		// result of a handler that returned this text.
 		res, eerr := json.Marshal(&mcp.CallToolResult{
-			Content: []mcp.Content{&mcp.TextContent{Text: strings.TrimSpace(ResolvedPrefix + " " + rs.Note)}},
+			Content: []mcp.Content{&mcp.TextContent{Text: strings.TrimSpace(resolvedPrefix + " " + rs.Note)}},
 			IsError: rs.Outcome == CallFailed,
 		})
 		if eerr != nil {

@@ -33,9 +33,6 @@ type PurgeCounts struct {
 	UnknownCalls int64 `json:"unknownCalls"`
 }
 
-// Effects is the number of effects of both kinds.
-func (c PurgeCounts) Effects() int64 { return c.DeliveredEffects + c.CancelledEffects }
-
 // Purge deletes at once the records opts.Retention no longer keeps (see
 // [outbox.Retention]), as the reaper would on its next pass, and says how
 // many; nil opts purges now with the default retention. Rows go in
