@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -188,7 +189,7 @@ func BenchmarkDeliver(b *testing.B) {
 						return
 					}
 					req.Header.Set("Content-Type", "application/json")
-					req.Header.Set(outbox.HeaderIdempotencyKey, outbox.FormatIdempotencyKey(benchKey(i)))
+					req.Header.Set(outbox.HeaderIdempotencyKey, callkey.HeaderValue(benchKey(i)))
 					resp, err := client.Do(req)
 					if err != nil {
 						errs <- err

@@ -6,6 +6,8 @@ import (
 	"io"
 	"net/http"
 	"time"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 )
 
 // unknownProbeDelay is how long after an attempt went unknown the first probe
@@ -114,7 +116,7 @@ func (d *Dispatcher) probeOne(ctx context.Context, ds *destState, p probed) erro
 	if err != nil {
 		return fmt.Errorf("build probe: %w", err)
 	}
-	req.Header.Set(HeaderIdempotencyKey, FormatIdempotencyKey(key))
+	req.Header.Set(HeaderIdempotencyKey, callkey.HeaderValue(key))
 	if ds.AuthHeader != "" {
 		req.Header.Set(ds.AuthHeader, ds.AuthValue)
 	}

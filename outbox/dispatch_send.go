@@ -9,13 +9,13 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/url"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/propagation"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/internal/failpoint"
 )
 
@@ -25,13 +25,6 @@ const (
 	fpDispatchAfterSend     = "dispatch.after_send"
 	fpDispatchAfterResponse = "dispatch.after_response"
 )
-
-// FormatIdempotencyKey renders a key as the Idempotency-Key header's value:
-// a Structured Field string (RFC 8941), as
-// draft-ietf-httpapi-idempotency-key-header specifies.
-func FormatIdempotencyKey(key string) string {
-	return strconv.Quote(key) // keys are printable ASCII or UTF-8 without controls
-}
 
 // deliver makes one attempt of e, has its outcome recorded, and returns
 // the effect its slot serves next (see next); nil when the slot is free.
@@ -103,7 +96,7 @@ func (d *Dispatcher) attempt(ctx context.Context, ds *destState, e *claimedEffec
 	for k, v := range e.headers {
 		req.Header.Set(k, v)
 	}
-	req.Header.Set(HeaderIdempotencyKey, FormatIdempotencyKey(e.key))
+	req.Header.Set(HeaderIdempotencyKey, callkey.HeaderValue(e.key))
 	propagator.Inject(ctx, propagation.HeaderCarrier(req.Header)) // the attempt's span (dispatch_trace.go)
 	if ds.AuthHeader != "" {
 		req.Header.Set(ds.AuthHeader, ds.AuthValue)

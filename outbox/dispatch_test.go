@@ -15,6 +15,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/downstream"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
 	"github.com/mcp-outbox/mcp-outbox/query"
 )
 
@@ -318,7 +319,7 @@ func TestDispatch_AtMostOnce(t *testing.T) {
 			t.Fatalf("unknown effect: %+v after %d requests", e, len(s.fake.Requests()))
 		}
 		// An operator resolves it.
-		if err := outbox.ResolveEffect(context.Background(), s.db, 1, true); err != nil {
+		if err := admin.ResolveEffect(context.Background(), s.db, 1, admin.EffectDelivered); err != nil {
 			t.Fatal(err)
 		}
 		if e := effect(t, s.db.Read, 1); e.state != "delivered" {
@@ -423,16 +424,16 @@ func TestDispatch_OperatorActions(t *testing.T) {
 	if err != nil || len(rows) != 2 {
 		t.Fatalf("dead effects: %v %v", rows, err)
 	}
-	if err := outbox.CancelEffect(ctx, s.db, rows[0].ID); err != nil {
+	if err := admin.CancelEffect(ctx, s.db, rows[0].ID); err != nil {
 		t.Fatal(err)
 	}
-	if err := outbox.CancelEffect(ctx, s.db, rows[0].ID); err == nil {
+	if err := admin.CancelEffect(ctx, s.db, rows[0].ID); err == nil {
 		t.Error("cancelling a cancelled effect: want an error")
 	}
-	if err := outbox.RetryEffect(ctx, s.db, 999); err == nil {
+	if err := admin.RetryEffect(ctx, s.db, 999); err == nil {
 		t.Error("retrying a missing effect: want an error")
 	}
-	n, err := outbox.RetryDead(ctx, s.db)
+	n, err := admin.RetryDead(ctx, s.db)
 	if err != nil || n != 1 {
 		t.Fatalf("retry dead: %d, %v", n, err)
 	}

@@ -15,20 +15,20 @@ import (
 // Attributes of a delivery attempt's span, beside the HTTP client
 // conventions' own.
 const (
-	// AttrDestination is the effect's destination, by its configured name.
-	AttrDestination = attribute.Key("mcp_outbox.destination")
-	// AttrEffectID is the effect's row id, as the operator tools name it.
-	AttrEffectID = attribute.Key("mcp_outbox.effect.id")
-	// AttrEffectSeq is the effect's position in its call (from 1).
-	AttrEffectSeq = attribute.Key("mcp_outbox.effect.seq")
-	// AttrDeliveryResult is what the attempt came to, as in the delivery
+	// attrDestination is the effect's destination, by its configured name.
+	attrDestination = attribute.Key("mcp_outbox.destination")
+	// attrEffectID is the effect's row id, as the operator tools name it.
+	attrEffectID = attribute.Key("mcp_outbox.effect.id")
+	// attrEffectSeq is the effect's position in its call (from 1).
+	attrEffectSeq = attribute.Key("mcp_outbox.effect.seq")
+	// attrDeliveryResult is what the attempt came to, as in the delivery
 	// event: delivered, retry, dead or unknown.
-	AttrDeliveryResult = attribute.Key("mcp_outbox.delivery.result")
-	// AttrEffectKeyHash is the hash prefix of the effect's Idempotency-Key,
+	attrDeliveryResult = attribute.Key("mcp_outbox.delivery.result")
+	// attrEffectKeyHash is the hash prefix of the effect's Idempotency-Key,
 	// as the delivery event's key_hash: the key itself would let anyone
 	// who reads the trace send a request the destination takes for the
 	// effect.
-	AttrEffectKeyHash = attribute.Key("mcp_outbox.effect.idempotency_key_hash")
+	attrEffectKeyHash = attribute.Key("mcp_outbox.effect.idempotency_key_hash")
 )
 
 // tracedAttempt is attempt inside a CLIENT span of its own.
@@ -70,11 +70,11 @@ func (d *Dispatcher) describeAttempt(span trace.Span, ds *destState, e *claimedE
 	attrs = append(attrs,
 		semconv.HTTPRequestMethodKey.String(e.method),
 		semconv.ServerAddressKey.String(ds.URL.Hostname()),
-		AttrDestination.String(ds.Name),
-		AttrEffectID.Int64(e.id),
-		AttrEffectSeq.Int(e.seq),
-		AttrDeliveryResult.String(deliveryResult(o)),
-		AttrEffectKeyHash.String(hashPrefix(e.key)),
+		attrDestination.String(ds.Name),
+		attrEffectID.Int64(e.id),
+		attrEffectSeq.Int(e.seq),
+		attrDeliveryResult.String(deliveryResult(o)),
+		attrEffectKeyHash.String(hashPrefix(e.key)),
 	)
 	if port := ds.URL.Port(); port != "" {
 		if n, err := strconv.Atoi(port); err == nil {

@@ -65,7 +65,7 @@
 //	unknown    a forwarded call (see [RemoteTool]) whose answer was lost: it
 //	           may or may not have run, so it never runs again by itself; a
 //	           retry gets an outcome_unknown error until an operator settles
-//	           it ([ResolveCall]). It never expires.
+//	           it (admin.ResolveCall). It never expires.
 //
 // A claim records what its abandonment means (calls.on_lost): 'rerun' for
 // the layer's own tools, whose work commits with the outcome, so a claim
@@ -134,8 +134,8 @@
 // ([DefaultDeliveredRetention], [DefaultCancelledRetention]). Dead and
 // unknown effects, and calls in state unknown, are never purged: they wait
 // for an operator. [StartOptions.Retention] and [StartOptions.ReapInterval]
-// change it; [ReaperOff] leaves purging to something else ([Purge], or
-// mcp-outbox purge). On PostgreSQL every replica runs a reaper; their
+// change it; [ReaperOff] leaves purging to something else (admin.Purge,
+// or mcp-outbox purge). On PostgreSQL every replica runs a reaper; their
 // batches do not collide.
 //
 // Destinations are checked where the mistake is made. Once Start runs a
@@ -149,6 +149,14 @@
 // (mcp-outbox drain, or a replica), cannot know that process's
 // destinations, and accepts any name. Replicas on one PostgreSQL database
 // must configure the same destinations.
+//
+// # Operators
+//
+// What an operator does to calls and effects (retry, cancel, settle an
+// unknown effect or call, purge at once) is package
+// [github.com/mcp-outbox/mcp-outbox/outbox/admin]; the command line and the
+// operator surface are built on it. Finished records are purged
+// continuously by the reaper (see Lifecycle), which keeps what [Retention] says.
 //
 // # On PostgreSQL
 //
@@ -237,13 +245,39 @@
 // With a TracerProvider ([Options.TracerProvider], nil meaning the global
 // one) every request the server receives gets a SERVER span after the
 // OpenTelemetry MCP conventions, whose parent is the trace context the
-// client put in params._meta (SEP-414), and tools/call spans carry the
-// layer's attributes (mcp_outbox.*: outcome, key source, key hash, call
-// id, effects); see trace.go. An effect stores the traceparent of the
+// client put in params._meta (SEP-414; [Propagator] and [MetaCarrier] put
+// it there from a Go client). An effect stores the traceparent of the
 // span that enqueued it, and the [Dispatcher] makes each delivery attempt
 // a CLIENT span in that trace ([DispatcherOptions.TracerProvider]),
 // sending the attempt's traceparent to the destination. Keys appear only
 // as hashes; arguments and results only with LogSensitive.
+//
+// Beside the conventions' mcp.* and gen_ai.* attributes, a tools/call span
+// carries the layer's own:
+//
+//	mcp_outbox.key_source        where the key came from: meta, params, header,
+//	                             argument or fingerprint ("" without a key)
+//	mcp_outbox.outcome           executed, failed, replayed, joined, conflict,
+//	                             in_progress, unknown or not_recorded, as in
+//	                             the call event and mcp_outbox_calls_total
+//	mcp_outbox.key_hash          the call's key as a hash (the first 12 hex
+//	                             digits of SHA-256 over principal, NUL, key),
+//	                             never the key: whoever holds a key can replay
+//	                             the call; the logs and the operator page show
+//	                             the same hash
+//	mcp_outbox.call_id           the recorded call's id ("callId" in the
+//	                             result's _meta under [MetaKeyCall])
+//	mcp_outbox.effects_enqueued  how many effects the call enqueued
+//	mcp_outbox.recorded          whether the tool's calls are recorded at all
+//
+// and a delivery attempt's span, beside the HTTP client conventions':
+//
+//	mcp_outbox.destination                  the destination's configured name
+//	mcp_outbox.effect.id                    the effect's row id
+//	mcp_outbox.effect.seq                   its position in its call, from 1
+//	mcp_outbox.delivery.result              delivered, retry, dead or unknown
+//	mcp_outbox.effect.idempotency_key_hash  the effect's Idempotency-Key as
+//	                                        a 12-digit hash
 //
 // # Keys
 //
@@ -253,7 +287,10 @@
 // Streamable HTTP); the HTTP Idempotency-Key header; the tool's
 // idempotency_key argument when its input schema declares one. Without any, the
 // key is a fingerprint of principal, tool and canonical arguments, remembered
-// for the tool's fingerprint window. Keys are scoped by principal: the
-// authenticated user's ID on HTTP, otherwise [callkey.LocalPrincipal]; never by
-// JSON-RPC id or session id, which do not survive a reconnect.
+// for the tool's fingerprint window. Keys are scoped by principal, never by
+// JSON-RPC id or session id, which do not survive a reconnect. The
+// principal is stored as "user:" followed by the authenticated user's ID
+// (the go-sdk's TokenInfo.UserID) on HTTP with authentication, and as
+// "local" otherwise; the status tool, package query and admin.CallRef name
+// it so.
 package outbox

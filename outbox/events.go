@@ -2,12 +2,12 @@ package outbox
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"log/slog"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 )
 
 // Events: one log record per call (msg "call") and one per recorded delivery
@@ -17,25 +17,14 @@ import (
 // call or learning who made it. Arguments and results never appear unless
 // Options.LogSensitive (or DispatcherOptions.LogSensitive) asks for them.
 
-// hashLen is the hex length of a logged hash: 48 bits tell apart the keys
-// alive at one time without giving an attacker a full digest to match.
-const hashLen = 12
-
-func hashPrefix(s string) string {
-	sum := sha256.Sum256([]byte(s))
-	return hex.EncodeToString(sum[:])[:hashLen]
-}
-
-// KeyHash is how logs and operator views name a call's key without showing
-// it: the first 12 hex digits of SHA-256 over principal, NUL, key. It is
-// scoped by principal, as keys are: alice's and bob's "k1" are two calls and
-// show as two hashes.
-func KeyHash(principal, key string) string { return hashPrefix(principal + "\x00" + key) }
+// hashPrefix is how logs and spans show a secret: see callkey.HashPrefix
+// (48 bits), and callkey.KeyHash for a call's key.
+func hashPrefix(s string) string { return callkey.HashPrefix(s) }
 
 // principalLabel keeps the unauthenticated principal readable: it names no
 // one, and "local" in a log says at once that auth was off.
 func principalLabel(p string) string {
-	if p == LocalPrincipal {
+	if p == callkey.LocalPrincipal {
 		return p
 	}
 	return hashPrefix(p)
@@ -55,7 +44,7 @@ func (l *Layer) logCall(ctx context.Context, a *attempt, req *mcp.CallToolReques
 		slog.String("key_source", string(a.id.source)),
 	}
 	if a.id.key != "" {
-		attrs = append(attrs, slog.String("key", KeyHash(a.id.principal, a.id.key)))
+		attrs = append(attrs, slog.String("key", callkey.KeyHash(a.id.principal, a.id.key)))
 	}
 	ann := a.tool.annotations
 	attrs = append(attrs,

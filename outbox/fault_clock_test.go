@@ -12,6 +12,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/downstream"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -144,7 +145,7 @@ func TestFault_ClockKeysAndRetention(t *testing.T) {
 			t.Errorf("key %q, clock three hours back: %v %s", c.key, r.Meta, text(r))
 		}
 	}
-	if c, err := outbox.Purge(context.Background(), b.db, outbox.Retention{}, clk.Now(), false); err != nil || c != (outbox.PurgeCounts{}) {
+	if c, err := admin.Purge(context.Background(), b.db, &admin.PurgeOptions{Now: clk.Now()}); err != nil || c != (admin.PurgeCounts{}) {
 		t.Errorf("purge with the clock back: %+v %v", c, err)
 	}
 	clk.Add(3*time.Hour + 5*time.Minute + time.Second)

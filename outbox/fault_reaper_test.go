@@ -9,6 +9,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/faultdb"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
 )
 
 // A purge that store faults interrupt says so and deletes only what
@@ -39,13 +40,13 @@ func TestFault_Reaper(t *testing.T) {
 			settle(t, fb.db, "fresh", "delivered", clk.Now())
 
 			fb.inj.Set(faultdb.Rule{Name: "purge", Stmt: purges, Kind: kind, Rate: 0.5})
-			var total outbox.PurgeCounts
+			var total admin.PurgeCounts
 			failed := 0
 			for pass := 0; ; pass++ {
 				if pass == 50 {
 					t.Fatalf("purge did not finish in 50 passes")
 				}
-				c, err := outbox.Purge(context.Background(), fb.db, outbox.Retention{}, clk.Now(), false)
+				c, err := admin.Purge(context.Background(), fb.db, &admin.PurgeOptions{Now: clk.Now()})
 				total.Calls += c.Calls
 				total.DeliveredEffects += c.DeliveredEffects
 				total.CancelledEffects += c.CancelledEffects
@@ -61,7 +62,7 @@ func TestFault_Reaper(t *testing.T) {
 			if failed == 0 || fb.inj.Faults("purge") != failed {
 				t.Fatalf("%d purges failed, %d faults injected: want each fault to fail its purge", failed, fb.inj.Faults("purge"))
 			}
-			if want := (outbox.PurgeCounts{Calls: 3, DeliveredEffects: 1, CancelledEffects: 1}); total != want {
+			if want := (admin.PurgeCounts{Calls: 3, DeliveredEffects: 1, CancelledEffects: 1}); total != want {
 				t.Errorf("purged in all %+v, want %+v", total, want)
 			}
 			if calls := keysOf(t, fb.db, `SELECT key FROM calls ORDER BY key`); calls != "[dead fresh pending unknown]" {

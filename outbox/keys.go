@@ -34,33 +34,14 @@ type callIdentity struct {
 	argsHash  string
 }
 
-// UserPrincipal is the principal of calls authenticated as user (the
-// go-sdk's TokenInfo.UserID), as the calls table stores it.
-func UserPrincipal(user string) string { return userPrefix + user }
-
-const userPrefix = "user:"
-
-// ParsePrincipal reads a principal as an operator writes it: empty or
-// "local" for the local principal, a user's name ("alice") or the stored
-// form ("user:alice") for an authenticated user.
-func ParsePrincipal(s string) string {
-	switch {
-	case s == "" || s == LocalPrincipal:
-		return LocalPrincipal
-	case strings.HasPrefix(s, userPrefix):
-		return s
-	}
-	return UserPrincipal(s)
-}
-
 // principalOf is the authenticated user of an HTTP request, else the local
 // principal. The session id is deliberately not used: it does not survive a
 // reconnect, and is empty on stdio and stateless HTTP.
 func principalOf(req *mcp.CallToolRequest) string {
 	if req.Extra != nil && req.Extra.TokenInfo != nil && req.Extra.TokenInfo.UserID != "" {
-		return UserPrincipal(req.Extra.TokenInfo.UserID)
+		return callkey.UserPrincipal(req.Extra.TokenInfo.UserID)
 	}
-	return LocalPrincipal
+	return callkey.LocalPrincipal
 }
 
 // identify finds the key of a call. It returns source "" when the call

@@ -73,9 +73,9 @@ func FuzzIdentify(f *testing.F) {
 		tool := &toolInfo{name: "charge", keyArgument: keyArg}
 		id, err := identify(req, tool, window)
 
-		principal := LocalPrincipal
+		principal := callkey.LocalPrincipal
 		if user != "" {
-			principal = UserPrincipal(user)
+			principal = callkey.UserPrincipal(user)
 		}
 		canonical, cerr := callkey.Canonical(json.RawMessage(args))
 		if cerr != nil {

@@ -317,20 +317,3 @@ func TestKeys_RetentionExpiry(t *testing.T) {
 		t.Errorf("distinct effect keys = %d, want 2", got)
 	}
 }
-
-func TestParsePrincipal(t *testing.T) {
-	for in, want := range map[string]string{
-		"":           outbox.LocalPrincipal,
-		"local":      outbox.LocalPrincipal,
-		"alice":      "user:alice",
-		"user:alice": "user:alice",
-		"user:local": "user:local",
-	} {
-		if got := outbox.ParsePrincipal(in); got != want {
-			t.Errorf("ParsePrincipal(%q) = %q, want %q", in, got, want)
-		}
-	}
-	if got := outbox.UserPrincipal("bob"); got != outbox.ParsePrincipal("bob") {
-		t.Errorf("UserPrincipal(bob) = %q, ParsePrincipal(bob) = %q", got, outbox.ParsePrincipal("bob"))
-	}
-}

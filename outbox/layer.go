@@ -47,9 +47,6 @@ const (
 // without a key then run unrecorded.
 const FingerprintOff time.Duration = -1
 
-// LocalPrincipal is the principal of calls without an authenticated user.
-const LocalPrincipal = callkey.LocalPrincipal
-
 // StatusToolName is the name of the status tool every layer adds.
 const StatusToolName = "call_status"
 

@@ -101,8 +101,9 @@ func (l *Layer) Start(ctx context.Context, opts *StartOptions) (*Runner, error) 
 	if o.ReapInterval == 0 {
 		o.ReapInterval = DefaultReapInterval
 	}
-	retention, err := o.Retention.withDefaults()
-	if err != nil {
+	// Checked here, so that a bad retention fails Start rather than
+	// the reaper's goroutine later.
+	if _, err := o.Retention.ages(); err != nil {
 		return nil, fmt.Errorf("start outbox: %w", err)
 	}
 
@@ -165,7 +166,7 @@ func (l *Layer) Start(ctx context.Context, opts *StartOptions) (*Runner, error) 
 	}
 	if o.ReapInterval != ReaperOff {
 		wg.Go(func() {
-			reapErr = runReaper(runCtx, l.db, retention, o.ReapInterval, l.opts.Logger, l.now)
+			reapErr = runReaper(runCtx, l.db, o.Retention, o.ReapInterval, l.opts.Logger, l.now)
 		})
 	}
 	go func() {

@@ -2,12 +2,12 @@ package outbox
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"io"
 	"log/slog"
 	"time"
 
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/retention"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -29,12 +29,9 @@ const (
 	DefaultReapInterval = 10 * time.Minute
 )
 
-// purgeBatch bounds the rows one purge transaction deletes, so that the
-// single writer is held for milliseconds and tool calls queue behind a
-// purge only briefly.
-const purgeBatch = 1000
-
-// Retention says how long finished records stay in the database. The zero
+// Retention says how long finished records stay in the database: what
+// [RunReaper] keeps, and what an operator's purge
+// ([github.com/mcp-outbox/mcp-outbox/outbox/admin.Purge]) keeps. The zero
 // value of each field selects the default documented on it.
 //
 // What is purged, and when:
@@ -61,7 +58,8 @@ const purgeBatch = 1000
 // process whose work is outside the call's transaction, such as a tool
 // server behind mcp-outbox proxy) may have run there. Deleting it would let
 // a retry run it again, so it becomes state unknown instead, owned by
-// nobody, for an operator to settle ([ResolveCall]).
+// nobody, for an operator to settle
+// ([github.com/mcp-outbox/mcp-outbox/outbox/admin.ResolveCall]).
 //
 // Never purged: calls in state unknown, which wait for an operator, and
 // pending, in_flight, dead and unknown effects, which still need a
@@ -78,190 +76,15 @@ type Retention struct {
 	Cancelled time.Duration
 }
 
-func (r Retention) withDefaults() (Retention, error) {
-	for _, f := range []struct {
-		d   *time.Duration
-		def time.Duration
-	}{{&r.Calls, DefaultCallRetention}, {&r.Delivered, DefaultDeliveredRetention}, {&r.Cancelled, DefaultCancelledRetention}} {
-		switch {
-		case *f.d < 0:
-			return r, fmt.Errorf("retention: negative duration %s", *f.d)
-		case *f.d == 0:
-			*f.d = f.def
-		}
-	}
-	return r, nil
-}
-
-// PurgeCounts are the rows a purge deleted, or would delete in a dry run,
-// and the abandoned claims it turned into unknown calls (or would).
-type PurgeCounts struct {
-	Calls            int64 `json:"calls"`
-	DeliveredEffects int64 `json:"deliveredEffects"`
-	CancelledEffects int64 `json:"cancelledEffects"`
-	// UnknownCalls are abandoned claims of forwarded calls that became
-	// state unknown instead of being deleted; nothing was deleted of them.
-	UnknownCalls int64 `json:"unknownCalls"`
-}
-
-// Effects is the number of effects of both kinds.
-func (c PurgeCounts) Effects() int64 { return c.DeliveredEffects + c.CancelledEffects }
-
-// The purge statements. Each delete takes at most its last parameter's
-// number of rows, picked by the same condition as its count, with the same
-// parameters before it, so a dry run reports what a purge would delete.
-// The calls condition leaves a call alone while any effect of it still
-// needs work or a decision; delivered and cancelled effects do not hold
-// it, and lose their call_id when it goes (ON DELETE SET NULL).
-const (
-	// effects_delivered, named: without statistics SQLite prefers the
-	// equality on effects_state and reads every delivered effect.
-	countDelivered  = `SELECT count(*) FROM effects INDEXED BY effects_delivered WHERE state = 'delivered' AND delivered_at <= $1`
-	deleteDelivered = `
-DELETE FROM effects WHERE id IN (
-    SELECT id FROM effects INDEXED BY effects_delivered WHERE state = 'delivered' AND delivered_at <= $1 LIMIT $2)`
-
-	countCancelled  = `SELECT count(*) FROM effects WHERE state = 'cancelled' AND updated_at <= $1`
-	deleteCancelled = `
-DELETE FROM effects WHERE id IN (
-    SELECT id FROM effects WHERE state = 'cancelled' AND updated_at <= $1 LIMIT $2)`
-
-	// An abandoned claim of a forwarded call (on_lost = 'unknown') is not
-	// deleted: it becomes unknown, owned by nobody. It leaves the in_flight
-	// state, so each batch finds the next ones.
-	countLost = `SELECT count(*) FROM calls WHERE state = 'in_flight' AND on_lost = 'unknown' AND lease_until <= $1`
-	markLost  = `
-UPDATE calls SET state = 'unknown', owner = '', lease_until = 0 WHERE id IN (
-    SELECT id FROM calls WHERE state = 'in_flight' AND on_lost = 'unknown' AND lease_until <= $1 LIMIT $2)`
-
-	// Calls in state unknown are never deleted: only an operator settles
-	// them. $1 is now, $2 the latest completion kept no longer.
-	countCalls = `
-SELECT count(*) FROM calls c
-WHERE ((c.state IN ('completed', 'failed') AND c.expires_at <= $1 AND coalesce(c.completed_at, c.created_at) <= $2)
-       OR (c.state = 'in_flight' AND c.on_lost = 'rerun' AND c.lease_until <= $2))
-  AND NOT EXISTS (SELECT 1 FROM effects e
-                  WHERE e.call_id = c.id AND e.state IN ('pending', 'in_flight', 'dead', 'unknown'))`
-	deleteCalls = `
-DELETE FROM calls WHERE id IN (
-    SELECT c.id FROM calls c
-    WHERE ((c.state IN ('completed', 'failed') AND c.expires_at <= $1 AND coalesce(c.completed_at, c.created_at) <= $2)
-           OR (c.state = 'in_flight' AND c.on_lost = 'rerun' AND c.lease_until <= $2))
-      AND NOT EXISTS (SELECT 1 FROM effects e
-                      WHERE e.call_id = c.id AND e.state IN ('pending', 'in_flight', 'dead', 'unknown'))
-    LIMIT $3)`
-)
-
-// The purge statements on PostgreSQL, where every replica runs a reaper,
-// at once if it happens so, while the call path and the dispatchers change
-// the same rows. Without a lock between the reapers: each batch locks the
-// rows it picked, FOR UPDATE SKIP LOCKED, so concurrent reapers take
-// disjoint batches and none waits for a call's transaction that holds its
-// row (a claim, an outcome, a lease renewal); a row changed since the
-// statement's snapshot is checked again, as it is now, before it is locked,
-// so a claim renewed or taken over meanwhile, or an effect an operator
-// retried, is not purged on the strength of what it was. (The effects'
-// condition of a call, NOT EXISTS, is read from the snapshot: an effect
-// only gains a call's reference in the transaction that writes the call's
-// outcome, which holds the call's row.) INDEXED BY is SQLite's; PostgreSQL
-// finds the partial index effects_delivered by itself. The counts are the
-// same text on both.
-const (
-	deleteDeliveredPostgres = `
-DELETE FROM effects WHERE id IN (
-    SELECT id FROM effects WHERE state = 'delivered' AND delivered_at <= $1 LIMIT $2 FOR UPDATE SKIP LOCKED)`
-	countDeliveredPostgres = `SELECT count(*) FROM effects WHERE state = 'delivered' AND delivered_at <= $1`
-
-	deleteCancelledPostgres = `
-DELETE FROM effects WHERE id IN (
-    SELECT id FROM effects WHERE state = 'cancelled' AND updated_at <= $1 LIMIT $2 FOR UPDATE SKIP LOCKED)`
-
-	markLostPostgres = `
-UPDATE calls SET state = 'unknown', owner = '', lease_until = 0 WHERE id IN (
-    SELECT id FROM calls WHERE state = 'in_flight' AND on_lost = 'unknown' AND lease_until <= $1 LIMIT $2
-    FOR UPDATE SKIP LOCKED)`
-
-	deleteCallsPostgres = `
-DELETE FROM calls WHERE id IN (
-    SELECT c.id FROM calls c
-    WHERE ((c.state IN ('completed', 'failed') AND c.expires_at <= $1 AND coalesce(c.completed_at, c.created_at) <= $2)
-           OR (c.state = 'in_flight' AND c.on_lost = 'rerun' AND c.lease_until <= $2))
-      AND NOT EXISTS (SELECT 1 FROM effects e
-                      WHERE e.call_id = c.id AND e.state IN ('pending', 'in_flight', 'dead', 'unknown'))
-    LIMIT $3
-    FOR UPDATE OF c SKIP LOCKED)`
-)
-
-// Purge deletes the records r no longer keeps at time now (see [Retention])
-// and says how many. With dryRun it deletes nothing and says how many it
-// would. Rows go in transactions of at most a thousand, so a large purge
-// does not hold the writer from tool calls; if ctx ends midway, the counts
-// say what was already deleted.
-func Purge(ctx context.Context, db *schema.DB, r Retention, now time.Time, dryRun bool) (PurgeCounts, error) {
-	r, err := r.withDefaults()
-	if err != nil {
-		return PurgeCounts{}, err
-	}
-	nowMS := now.UnixMilli()
-	// Effects go first: calls are never held by delivered or cancelled
-	// effects, but deleting those first keeps the ON DELETE SET NULL of
-	// the calls' deletes from touching rows about to go anyway.
-	var c PurgeCounts
-	completedBefore := nowMS - r.Calls.Milliseconds()
-	steps := []struct {
-		what          string
-		count, delete string
-		args          []any // the count's; the delete's batch size follows
-		n             *int64
-	}{
-		{"expired delivered effects", db.Pick(countDelivered, countDeliveredPostgres), db.Pick(deleteDelivered, deleteDeliveredPostgres),
-			[]any{nowMS - r.Delivered.Milliseconds()}, &c.DeliveredEffects},
-		{"expired cancelled effects", countCancelled, db.Pick(deleteCancelled, deleteCancelledPostgres),
-			[]any{nowMS - r.Cancelled.Milliseconds()}, &c.CancelledEffects},
-		{"abandoned claims of forwarded calls (marking them unknown)", countLost, db.Pick(markLost, markLostPostgres),
-			[]any{completedBefore}, &c.UnknownCalls},
-		{"expired calls", countCalls, db.Pick(deleteCalls, deleteCallsPostgres),
-			[]any{nowMS, completedBefore}, &c.Calls},
-	}
-	for _, s := range steps {
-		if dryRun {
-			if err := db.Read.QueryRowContext(ctx, s.count, s.args...).Scan(s.n); err != nil {
-				return c, fmt.Errorf("count %s: %w", s.what, err)
-			}
-			continue
-		}
-		args := append(s.args, purgeBatch)
-		for {
-			n, err := purgeBatchOf(ctx, db, s.delete, args)
-			*s.n += n
-			if err != nil {
-				return c, fmt.Errorf("purge %s: %w", s.what, err)
-			}
-			if n < purgeBatch {
-				break
-			}
-		}
-	}
-	return c, nil
-}
-
-// purgeBatchOf runs one batch delete in its own transaction. A purge lost
-// to a power failure only brings back rows the next purge deletes again,
-// so it does not pay for an fsync of its own.
-func purgeBatchOf(ctx context.Context, db *schema.DB, stmt string, args []any) (int64, error) {
-	var n int64
-	err := db.Relaxed(ctx, func(conn *sql.Conn) error {
-		res, err := conn.ExecContext(ctx, stmt, args...)
-		if err != nil {
-			return err
-		}
-		n, err = res.RowsAffected()
-		return err
+// ages is r as the shared purge takes it, defaults filled in; a negative
+// duration is an error.
+func (r Retention) ages() (retention.Ages, error) {
+	return retention.Ages{Calls: r.Calls, Delivered: r.Delivered, Cancelled: r.Cancelled}.WithDefaults(retention.Ages{
+		Calls: DefaultCallRetention, Delivered: DefaultDeliveredRetention, Cancelled: DefaultCancelledRetention,
 	})
-	return n, err
 }
 
-// RunReaper purges expired records (see [Purge]) at once and then every
+// RunReaper purges expired records (see [Retention]) at once and then every
 // interval until ctx ends, then returns. Zero interval means
 // DefaultReapInterval; nil logger discards. A failed pass is logged and
 // tried again at the next interval: the data it would delete stays
@@ -279,7 +102,8 @@ func runReaper(ctx context.Context, db *schema.DB, r Retention, interval time.Du
 	if interval == 0 {
 		interval = DefaultReapInterval
 	}
-	if _, err := r.withDefaults(); err != nil {
+	ages, err := r.ages()
+	if err != nil {
 		return err
 	}
 	if logger == nil {
@@ -289,7 +113,7 @@ func runReaper(ctx context.Context, db *schema.DB, r Retention, interval time.Du
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		c, err := Purge(ctx, db, r, now(), false)
+		c, err := retention.Purge(ctx, db, ages, now(), false)
 		switch {
 		case err != nil && ctx.Err() != nil:
 			// Cut short by shutdown: nothing to report.
@@ -301,7 +125,7 @@ func runReaper(ctx context.Context, db *schema.DB, r Retention, interval time.Du
 			logger.WarnContext(ctx, "abandoned forwarded calls are now unknown: an operator must settle them (mcp-outbox outbox calls)",
 				"unknown_calls", c.UnknownCalls, "calls", c.Calls, "delivered_effects", c.DeliveredEffects,
 				"cancelled_effects", c.CancelledEffects)
-		case c.Calls+c.Effects() > 0:
+		case c.Calls+c.DeliveredEffects+c.CancelledEffects > 0:
 			logger.InfoContext(ctx, "purged expired records",
 				"calls", c.Calls, "delivered_effects", c.DeliveredEffects, "cancelled_effects", c.CancelledEffects)
 		default:

@@ -18,6 +18,8 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 )
 
 // Traces: one SERVER span per MCP request the server receives, following
@@ -32,28 +34,29 @@ import (
 // tracerName is the instrumentation scope of the layer's spans.
 const tracerName = "github.com/mcp-outbox/mcp-outbox/outbox"
 
-// The layer's span attributes. They live in a namespace of their own: mcp.*
-// and gen_ai.* belong to the conventions, which know nothing of keys and
-// outboxes.
+// The layer's span attributes, listed in the package doc ("Traces"), which
+// is what a user filtering spans reads: keep the two in step. They live in
+// a namespace of their own: mcp.* and gen_ai.* belong to the conventions,
+// which know nothing of keys and outboxes.
 const (
-	// AttrKeySource is where the call's key came from: meta, params,
+	// attrKeySource is where the call's key came from: meta, params,
 	// header, argument or fingerprint ("" when it has none).
-	AttrKeySource = attribute.Key("mcp_outbox.key_source")
-	// AttrOutcome is the call's outcome, as in the call event and the
+	attrKeySource = attribute.Key("mcp_outbox.key_source")
+	// attrOutcome is the call's outcome, as in the call event and the
 	// mcp_outbox_calls_total metric: executed, failed, replayed, joined,
 	// conflict, in_progress, unknown, not_recorded.
-	AttrOutcome = attribute.Key("mcp_outbox.outcome")
-	// AttrKeyHash is [KeyHash] of the call's key, never the key itself:
+	attrOutcome = attribute.Key("mcp_outbox.outcome")
+	// attrKeyHash is callkey.KeyHash of the call's key, never the key itself:
 	// whoever holds a key can replay the call.
-	AttrKeyHash = attribute.Key("mcp_outbox.key_hash")
-	// AttrCallID is the recorded call's id (calls.uid, "callId" in the
+	attrKeyHash = attribute.Key("mcp_outbox.key_hash")
+	// attrCallID is the recorded call's id (calls.uid, "callId" in the
 	// result's _meta): a replay names the call it replays.
-	AttrCallID = attribute.Key("mcp_outbox.call_id")
-	// AttrEffects is how many effects the call enqueued.
-	AttrEffects = attribute.Key("mcp_outbox.effects_enqueued")
-	// AttrRecorded says whether the tool's calls are recorded at all
+	attrCallID = attribute.Key("mcp_outbox.call_id")
+	// attrEffects is how many effects the call enqueued.
+	attrEffects = attribute.Key("mcp_outbox.effects_enqueued")
+	// attrRecorded says whether the tool's calls are recorded at all
 	// (readOnlyHint and idempotentHint tools run unrecorded by default).
-	AttrRecorded = attribute.Key("mcp_outbox.recorded")
+	attrRecorded = attribute.Key("mcp_outbox.recorded")
 )
 
 // Propagation is W3C Trace Context and Baggage, fixed rather than the
@@ -229,7 +232,7 @@ func endServerSpan(span trace.Span, res mcp.Result, err error, sensitive bool) {
 	}
 	if cr, ok := res.(*mcp.CallToolResult); ok && cr != nil {
 		if id := callIDOf(cr); id != "" {
-			span.SetAttributes(AttrCallID.String(id))
+			span.SetAttributes(attrCallID.String(id))
 		}
 		if cr.IsError {
 			span.SetAttributes(semconv.ErrorTypeKey.String("tool_error"))
@@ -379,14 +382,14 @@ func (l *Layer) traceCall(ctx context.Context, a *attempt) {
 	}
 	attrs := make([]attribute.KeyValue, 0, 5)
 	attrs = append(attrs,
-		AttrOutcome.String(a.outcome),
-		AttrRecorded.Bool(a.tool.record),
-		AttrEffects.Int(a.effects))
+		attrOutcome.String(a.outcome),
+		attrRecorded.Bool(a.tool.record),
+		attrEffects.Int(a.effects))
 	if a.id.source != "" { // a call refused before its key was known, or an unrecorded tool's
-		attrs = append(attrs, AttrKeySource.String(string(a.id.source)))
+		attrs = append(attrs, attrKeySource.String(string(a.id.source)))
 	}
 	if a.id.key != "" {
-		attrs = append(attrs, AttrKeyHash.String(KeyHash(a.id.principal, a.id.key)))
+		attrs = append(attrs, attrKeyHash.String(callkey.KeyHash(a.id.principal, a.id.key)))
 	}
 	span.SetAttributes(attrs...)
 }

@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 )
@@ -144,7 +145,7 @@ func TestTrace_CallSpans(t *testing.T) {
 			"network.transport":        "pipe",
 			"mcp.protocol.version":     b.session.InitializeResult().ProtocolVersion,
 			"mcp_outbox.key_source":    "meta",
-			"mcp_outbox.key_hash":      outbox.KeyHash(outbox.LocalPrincipal, key),
+			"mcp_outbox.key_hash":      callkey.KeyHash(callkey.LocalPrincipal, key),
 			"mcp_outbox.call_id":       callID,
 			"mcp_outbox.recorded":      "true",
 			"jsonrpc.protocol.version": "2.0",

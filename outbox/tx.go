@@ -7,9 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strconv"
 	"strings"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -304,7 +304,7 @@ func (a *attempt) Enqueue(ctx context.Context, e Effect) (string, error) {
 		headers = []byte("{}")
 	}
 	a.effects++
-	key := EffectKey(a.uid, a.effects)
+	key := callkey.EffectKey(a.uid, a.effects)
 	now := a.layer.nowMS()
 	var callID any
 	if a.recorded() {
@@ -323,14 +323,6 @@ const insertEffect = `
 INSERT INTO effects (call_id, seq, destination, method, path, headers, body, idempotency_key,
                      next_attempt_at, created_at, updated_at, traceparent)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`
-
-// EffectKey is the Idempotency-Key of a call's n-th effect (from 1). The
-// call's uid is random and fixed when the call is first claimed, so the key
-// is the same on every delivery attempt and after restarts, and a key reused
-// after its retention window does not collide with the old call's effects.
-func EffectKey(callUID string, n int) string {
-	return callUID + "-" + strconv.Itoa(n)
-}
 
 func validateEffect(e *Effect) error {
 	if e.Destination == "" {

@@ -14,6 +14,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/internal/pgtest"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/outbox/mcpstdio"
@@ -104,7 +105,7 @@ func TestQuery_InstrumentedPostgresLayer(t *testing.T) {
 		t.Fatalf("call: %v, %+v", err, res)
 	}
 
-	status, err := query.Lookup(ctx, db, outbox.LocalPrincipal, "ticket-1", time.Now())
+	status, err := query.Lookup(ctx, db, callkey.LocalPrincipal, "ticket-1", time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 )
 
@@ -255,7 +256,7 @@ func TestCLIStatus(t *testing.T) {
 		}
 		e, _ := effects[0].(map[string]any)
 		if e["destination"] != "payments" || e["path"] != "/v1/charges" || e["state"] != "pending" ||
-			e["idempotencyKey"] != outbox.EffectKey(m["callId"].(string), 1) {
+			e["idempotencyKey"] != callkey.EffectKey(m["callId"].(string), 1) {
 			t.Errorf("effect %v, want a pending POST /v1/charges to payments keyed by the call", e)
 		}
 	})

@@ -12,7 +12,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/internal/operate"
-	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
 	"github.com/mcp-outbox/mcp-outbox/query"
 )
 
@@ -287,7 +287,7 @@ func runOutboxRetry(ctx context.Context, env *environment, s outboxSub, args []s
 			return err
 		}
 		defer db.Close()
-		n, err := outbox.RetryDead(ctx, db)
+		n, err := admin.RetryDead(ctx, db)
 		if err != nil {
 			return err
 		}
@@ -394,7 +394,7 @@ func runOutboxCalls(ctx context.Context, env *environment, s outboxSub, args []s
 func runOutboxResolveCall(ctx context.Context, env *environment, s outboxSub, args []string) error {
 	fs, dbPath := subFlags(env, s)
 	key := fs.String("key", "", "the idempotency `key` of the call")
-	principal := fs.String("principal", outbox.LocalPrincipal, "whose call it is: local, or a token's principal (alice or user:alice)")
+	principal := fs.String("principal", callkey.LocalPrincipal, "whose call it is: local, or a token's principal (alice or user:alice)")
 	callID := fs.String("call-id", "", "instead of --key and --principal: the call's `id` (callId in the status tool, call_id in the logs)")
 	outcome := fs.String("outcome", "", "what you found out: "+strings.Join(operate.CallOutcomeNames(), ", "))
 	note := fs.String("note", "", "what you found, recorded in the call's result (at most 1000 bytes)")
@@ -406,7 +406,7 @@ func runOutboxResolveCall(ctx context.Context, env *environment, s outboxSub, ar
 		return usagef("resolve-call: unexpected argument %q (give the key with --key)", pos[0])
 	}
 	if *principal != "" { // an explicit empty principal is refused below
-		*principal = outbox.ParsePrincipal(*principal)
+		*principal = callkey.ParsePrincipal(*principal)
 	}
 	ref := operate.CallRef{Principal: *principal, Key: *key, CallID: *callID}
 	if *callID != "" {
@@ -425,7 +425,7 @@ func runOutboxResolveCall(ctx context.Context, env *environment, s outboxSub, ar
 		return cliError(err)
 	}
 	what := "now " + string(res.State)
-	if res.Outcome == outbox.ResolveRerun {
+	if res.Outcome == string(admin.CallRerun) {
 		what = "forgotten: the next retry with its key runs it"
 	}
 	_, err = fmt.Fprintf(env.stdout, "call %q of %s (%s, %s): was unknown, %s\n",

@@ -25,10 +25,12 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/internal/downstream"
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
 	"github.com/mcp-outbox/mcp-outbox/internal/operate"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
 	"github.com/mcp-outbox/mcp-outbox/outbox/operator"
 	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
@@ -238,7 +240,7 @@ func TestPageShowsOutbox(t *testing.T) {
 	}
 	// Seven calls, each named by the logs' hash of its key, never the key.
 	for i := 1; i <= 7; i++ {
-		wantContains(t, "recent calls", r.raw, operate.KeyHash(outbox.LocalPrincipal, fmt.Sprintf("operate-%d", i)))
+		wantContains(t, "recent calls", r.raw, operate.KeyHash(callkey.LocalPrincipal, fmt.Sprintf("operate-%d", i)))
 	}
 	if strings.Contains(r.body, "operate-") {
 		t.Error("the page shows a raw idempotency key")
@@ -664,7 +666,7 @@ func TestPageUnknownCalls(t *testing.T) {
 }
 
 // TestPageResolveCall: settling an unknown call from the page does to its
-// row what outbox.ResolveCall does, says so, and names the call without
+// row what admin.ResolveCall does, says so, and names the call without
 // its key; a settled call cannot be settled again.
 func TestPageResolveCall(t *testing.T) {
 	t.Parallel()
@@ -682,17 +684,17 @@ func TestPageResolveCall(t *testing.T) {
 		return done, msg
 	}
 	// Each call through the page has a twin (another principal, same
-	// times) settled by outbox.ResolveCall itself.
+	// times) settled by admin.ResolveCall itself.
 	direct, err := schema.Open(context.Background(), path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer direct.Close()
 	for i, tc := range []struct{ outcome, note, want string }{
-		{outbox.ResolveCompleted, "  charge ch_1 is at the processor ", "was unknown, now completed."},
-		{outbox.ResolveFailed, "", "was unknown, now failed."},
-		{outbox.ResolveRerun, "", "was unknown, now forgotten: the next retry with its key runs it."},
-		{outbox.ResolveRerun, "it never arrived", "The note was not recorded"},
+		{string(admin.CallCompleted), "  charge ch_1 is at the processor ", "was unknown, now completed."},
+		{string(admin.CallFailed), "", "was unknown, now failed."},
+		{string(admin.CallRerun), "", "was unknown, now forgotten: the next retry with its key runs it."},
+		{string(admin.CallRerun), "it never arrived", "The note was not recorded"},
 	} {
 		key := fmt.Sprintf("lost-%d", i)
 		id := addPageUnknownCall(t, db, "user:alice", key, base+int64(i), base+int64(i)+500)
@@ -702,7 +704,8 @@ func TestPageResolveCall(t *testing.T) {
 		if !done || !strings.HasPrefix(msg, wantName) || !strings.Contains(msg, tc.want) {
 			t.Errorf("settle %s: done %v, %q; want %q...%q", tc.outcome, done, msg, wantName, tc.want)
 		}
-		if err := outbox.ResolveCall(context.Background(), direct, "user:twin", key, tc.outcome, strings.TrimSpace(tc.note)); err != nil {
+		if err := admin.ResolveCall(context.Background(), direct, admin.CallRef{Principal: "user:twin", Key: key},
+			admin.Resolution{Outcome: admin.CallOutcome(tc.outcome), Note: strings.TrimSpace(tc.note)}); err != nil {
 			t.Fatal(err)
 		}
 		got, gotOK := readCallRow(t, db, id)
@@ -710,13 +713,13 @@ func TestPageResolveCall(t *testing.T) {
 		if gotOK != wantOK || got.settled() != want.settled() {
 			t.Errorf("settle %s: row %+v (%v), ResolveCall made %+v (%v)", tc.outcome, got, gotOK, want, wantOK)
 		}
-		if tc.outcome == outbox.ResolveCompleted {
+		if tc.outcome == string(admin.CallCompleted) {
 			if st, res := callStateOf(t, db, "user:alice", key); st != "completed" ||
 				res != `{"content":[{"type":"text","text":"[resolved by an operator] charge ch_1 is at the processor"}]}` {
 				t.Errorf("settled as completed: %s %s", st, res)
 			}
 		}
-		if tc.outcome == outbox.ResolveRerun && gotOK {
+		if tc.outcome == string(admin.CallRerun) && gotOK {
 			t.Errorf("settled as rerun, the call is still there: %+v", got)
 		}
 		if r := s.get(t, "/"); strings.Contains(r.raw, fmt.Sprintf(`id="call-%d"`, id)) {
@@ -725,11 +728,11 @@ func TestPageResolveCall(t *testing.T) {
 	}
 	// Twice: refused, naming the state, and nothing changes.
 	id := addPageUnknownCall(t, db, "local", "lost-twice", base, 0)
-	if done, msg := settle(id, outbox.ResolveCompleted, "first"); !done {
+	if done, msg := settle(id, string(admin.CallCompleted), "first"); !done {
 		t.Fatalf("settle: %s", msg)
 	}
 	before, _ := readCallRow(t, db, id)
-	done, msg := settle(id, outbox.ResolveFailed, "second")
+	done, msg := settle(id, string(admin.CallFailed), "second")
 	if after, _ := readCallRow(t, db, id); done || after != before ||
 		!strings.Contains(msg, fmt.Sprintf("settle refused: Call %d (charge of local, key %s) is completed: only a call in state unknown can be resolved", id, operate.KeyHash("local", "lost-twice"))) {
 		t.Errorf("settling twice: done %v, %q; row %+v -> %+v", done, msg, before, after)
@@ -933,7 +936,7 @@ func TestPageLookup(t *testing.T) {
 	r := lookup("", "operate-4")
 	wantContains(t, "known key", r.raw, `<span class="badge s-completed">completed</span>`, "<dd>charge</dd>",
 		`id="lookup-effect-4"`, `<span class="badge s-dead">dead</span>`, `action="/effects/4/retry"`,
-		operate.KeyHash(outbox.LocalPrincipal, "operate-4"), "Recorded result", "charge_id")
+		operate.KeyHash(callkey.LocalPrincipal, "operate-4"), "Recorded result", "charge_id")
 	if r := lookup("local", "operate-5"); !strings.Contains(r.raw, `id="lookup-effect-5"`) || !strings.Contains(r.raw, `value="retry"`) {
 		t.Error("lookup by the explicit principal local: not effect 5 with its resolve buttons")
 	}
@@ -1002,7 +1005,7 @@ func TestPageKeyHashMatchesLogs(t *testing.T) {
 			logged = append(logged, rec.Key)
 		}
 	}
-	if want := operate.KeyHash(outbox.LocalPrincipal, "hash-me"); !slices.Equal(logged, []string{want}) {
+	if want := operate.KeyHash(callkey.LocalPrincipal, "hash-me"); !slices.Equal(logged, []string{want}) {
 		t.Errorf("call events carry keys %q, the page shows %s", logged, want)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
 )
 
 const purgeUsage = `Usage: mcp-outbox purge [flags]
@@ -58,13 +59,13 @@ func runPurge(ctx context.Context, env *environment, args []string) error {
 		return err
 	}
 	defer d.Close()
-	c, err := outbox.Purge(ctx, d, r, time.Now(), *dryRun)
+	c, err := admin.Purge(ctx, d, &admin.PurgeOptions{Retention: r, DryRun: *dryRun})
 	if err != nil {
 		return err
 	}
 	if *asJSON {
 		return json.NewEncoder(env.stdout).Encode(struct {
-			outbox.PurgeCounts
+			admin.PurgeCounts
 			DryRun bool `json:"dryRun"`
 		}{c, *dryRun})
 	}

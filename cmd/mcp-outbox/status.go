@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"time"
 
-	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/query"
 )
 
@@ -27,7 +27,7 @@ belong to the principal "local", calls with a token to the token's principal
 func runStatus(ctx context.Context, env *environment, args []string) error {
 	fs := newFlagSet(env, "status", statusUsage)
 	db := fs.String("db", env.envDefault("MCP_OUTBOX_DB", "./mcp-outbox.db"), "the database: an SQLite `file`, or a postgres:// URL [MCP_OUTBOX_DB]")
-	principal := fs.String("principal", outbox.LocalPrincipal, "whose call to look up: local, or a token's principal (alice or user:alice)")
+	principal := fs.String("principal", callkey.LocalPrincipal, "whose call to look up: local, or a token's principal (alice or user:alice)")
 	tool := fs.String("tool", "", "for a call without a key: the tool's name")
 	argsJSON := fs.String("args", "{}", "for a call without a key: its arguments as JSON")
 	if err := parseFlags(fs, args); err != nil {
@@ -52,7 +52,7 @@ func runStatus(ctx context.Context, env *environment, args []string) error {
 	if *principal == "" {
 		return usagef("--principal: empty")
 	}
-	*principal = outbox.ParsePrincipal(*principal)
+	*principal = callkey.ParsePrincipal(*principal)
 	var st *query.Status
 	if key != "" {
 		st, err = query.Lookup(ctx, d, *principal, key, time.Now())

@@ -24,6 +24,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 )
 
@@ -227,7 +228,7 @@ func TestTraceEndToEnd(t *testing.T) {
 		want := map[string]string{
 			"mcp.method.name": "tools/call", "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "charge",
 			"network.transport": "pipe", "mcp.protocol.version": cs.InitializeResult().ProtocolVersion,
-			"mcp_outbox.key_source": "meta", "mcp_outbox.key_hash": outbox.KeyHash(outbox.LocalPrincipal, key),
+			"mcp_outbox.key_source": "meta", "mcp_outbox.key_hash": callkey.KeyHash(callkey.LocalPrincipal, key),
 			"mcp_outbox.call_id": callID, "mcp_outbox.outcome": []string{"executed", "replayed"}[i],
 			"mcp_outbox.effects_enqueued": []string{"1", "0"}[i],
 		}

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -190,7 +191,7 @@ func post(ctx context.Context, client *http.Client, target string, body []byte, 
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(outbox.HeaderIdempotencyKey, outbox.FormatIdempotencyKey(key))
+	req.Header.Set(outbox.HeaderIdempotencyKey, callkey.HeaderValue(key))
 	resp, err := client.Do(req)
 	if err != nil {
 		return err

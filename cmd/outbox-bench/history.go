@@ -6,7 +6,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 )
 
 // history is a database filled with completed charge calls, each with its
@@ -22,7 +22,7 @@ type history struct {
 	firstPending int64
 }
 
-// historyKey is call i's idempotency key (principal outbox.LocalPrincipal).
+// historyKey is call i's idempotency key (principal callkey.LocalPrincipal).
 func historyKey(i int) string { return fmt.Sprintf("h-%d", i) }
 
 // The seeding statements make their rows inside SQLite, a range of ids at a
@@ -85,7 +85,7 @@ func (e *env) seedHistory(ctx context.Context, name string, calls, pending int) 
 		}
 		for from := 1; from <= calls; from += seedChunk {
 			to := min(from+seedChunk-1, calls)
-			if _, err := stmt.ExecContext(ctx, from, to, now, h.firstPending, outbox.LocalPrincipal, calls); err != nil {
+			if _, err := stmt.ExecContext(ctx, from, to, now, h.firstPending, callkey.LocalPrincipal, calls); err != nil {
 				stmt.Close()
 				return nil, fmt.Errorf("seed history: %s %d to %d: %w", q.what, from, to, err)
 			}

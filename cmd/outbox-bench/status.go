@@ -6,7 +6,7 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -52,7 +52,7 @@ func lookups(ctx context.Context, h *history, n int, seed uint64) ([]time.Durati
 	for range n {
 		key := historyKey(rng.IntN(h.calls) + 1)
 		start := time.Now()
-		st, err := query.Lookup(ctx, db, outbox.LocalPrincipal, key, now)
+		st, err := query.Lookup(ctx, db, callkey.LocalPrincipal, key, now)
 		took := time.Since(start)
 		if err != nil {
 			return nil, fmt.Errorf("look up %s: %w", key, err)

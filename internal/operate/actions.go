@@ -11,7 +11,7 @@ import (
 	"unicode"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
-	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
 	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -123,14 +123,14 @@ var EffectActions = []EffectAction{
 		name: "retry",
 		from: []string{"dead", "unknown", "pending", "cancelled"},
 		run: func(ctx context.Context, db *schema.DB, id int64, _ string) error {
-			return outbox.RetryEffect(ctx, db, id)
+			return admin.RetryEffect(ctx, db, id)
 		},
 	},
 	{
 		name: "cancel",
 		from: []string{"pending", "dead", "unknown"},
 		run: func(ctx context.Context, db *schema.DB, id int64, _ string) error {
-			return outbox.CancelEffect(ctx, db, id)
+			return admin.CancelEffect(ctx, db, id)
 		},
 	},
 	{
@@ -138,7 +138,7 @@ var EffectActions = []EffectAction{
 		from:    []string{"unknown", "dead"},
 		outcome: true,
 		run: func(ctx context.Context, db *schema.DB, id int64, outcome string) error {
-			return outbox.ResolveEffect(ctx, db, id, outcome == outcomeDelivered)
+			return admin.ResolveEffect(ctx, db, id, admin.EffectOutcome(outcome))
 		},
 	},
 }
@@ -196,15 +196,15 @@ func ApplyEffectAction(ctx context.Context, db *schema.DB, a EffectAction, id in
 	// reads before it writes, but RetryEffect's own statement still never
 	// touches an effect in flight.
 	if a.outcome && !slices.Contains(a.from, before.State) {
-		return nil, newStateError(a, id, before.State, outbox.ErrNotResolvable)
+		return nil, newStateError(a, id, before.State, admin.ErrNotResolvable)
 	}
 	if err := a.run(ctx, db, id, outcome); err != nil {
-		if errors.Is(err, outbox.ErrEffectState) || errors.Is(err, outbox.ErrNotResolvable) {
+		if errors.Is(err, admin.ErrEffectState) || errors.Is(err, admin.ErrNotResolvable) {
 			now, rerr := ReadEffect(ctx, db, id)
 			if rerr != nil {
 				return nil, rerr
 			}
-			return nil, newStateError(a, id, now.State, outbox.ErrEffectState)
+			return nil, newStateError(a, id, now.State, admin.ErrEffectState)
 		}
 		return nil, err
 	}
@@ -242,7 +242,7 @@ func ReadEffect(ctx context.Context, db *schema.DB, id int64) (*query.EffectRow,
 		return nil, fmt.Errorf("read effect %d: %w", id, err)
 	}
 	if len(rows) == 0 {
-		return nil, fmt.Errorf("effect %d: %w", id, outbox.ErrNoEffect)
+		return nil, fmt.Errorf("effect %d: %w", id, admin.ErrNoEffect)
 	}
 	return &rows[0], nil
 }
@@ -276,9 +276,9 @@ func SummarizeEffects(ctx context.Context, db *schema.DB) (EffectSummary, error)
 // callOutcomes are the outcomes an operator can resolve an unknown call to,
 // and what each means. Validation and help text both come from this list.
 var callOutcomes = glossary{
-	{outbox.ResolveCompleted, "it ran and its work is done: record it as completed; a retry\nreplays the note as its result"},
-	{outbox.ResolveFailed, "it ran and failed, or must not run: record it as failed; a retry\nreplays the note as a tool error"},
-	{outbox.ResolveRerun, "it did not run: forget it, so that the next retry with its key\nruns it"},
+	{string(admin.CallCompleted), "it ran and its work is done: record it as completed; a retry\nreplays the note as its result"},
+	{string(admin.CallFailed), "it ran and failed, or must not run: record it as failed; a retry\nreplays the note as a tool error"},
+	{string(admin.CallRerun), "it did not run: forget it, so that the next retry with its key\nruns it"},
 }
 
 // CallOutcomeNames are the outcomes an operator can settle a call to.
@@ -359,18 +359,18 @@ func ResolveUnknownCall(ctx context.Context, db *schema.DB, ref CallRef, outcome
 		return nil, fmt.Errorf("read the call: %w", err)
 	}
 	if ref.CallID != "" {
-		err = outbox.ResolveCallUID(ctx, db, ref.CallID, outcome, note)
+		err = admin.ResolveCallUID(ctx, db, ref.CallID, admin.Resolution{Outcome: admin.CallOutcome(outcome), Note: note})
 	} else {
-		err = outbox.ResolveCall(ctx, db, ref.Principal, ref.Key, outcome, note)
+		err = admin.ResolveCall(ctx, db, admin.CallRef{Principal: ref.Principal, Key: ref.Key}, admin.Resolution{Outcome: admin.CallOutcome(outcome), Note: note})
 	}
 	if err != nil {
-		if errors.Is(err, outbox.ErrCallOutcome) {
+		if errors.Is(err, admin.ErrCallOutcome) {
 			return nil, BadInput{Err: err}
 		}
 		return nil, err
 	}
 	res.State = query.State(outcome)
-	if outcome == outbox.ResolveRerun {
+	if outcome == string(admin.CallRerun) {
 		res.State = query.NotFound
 	}
 	return res, nil
@@ -421,11 +421,11 @@ func Shorten(s string, n int) string {
 	return s
 }
 
-// KeyHash is how the page and the logs name a call: outbox.KeyHash of its
+// KeyHash is how the page and the logs name a call: callkey.KeyHash of its
 // principal and key, never the key itself. A call without a key has none.
 func KeyHash(principal, key string) string {
 	if key == "" {
 		return ""
 	}
-	return outbox.KeyHash(principal, key)
+	return callkey.KeyHash(principal, key)
 }

@@ -18,8 +18,9 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/internal/operate"
-	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
 	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -206,7 +207,7 @@ func (h *adminHandler) retryDead(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	n, err := outbox.RetryDead(r.Context(), h.db)
+	n, err := admin.RetryDead(r.Context(), h.db)
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -280,7 +281,7 @@ func (h *adminHandler) resolveCall(w http.ResponseWriter, r *http.Request) {
 	}
 	ref := operate.CallRef{Key: body.Key, CallID: body.CallID}
 	if body.CallID == "" {
-		ref.Principal = outbox.ParsePrincipal(body.Principal)
+		ref.Principal = callkey.ParsePrincipal(body.Principal)
 	} else if body.Principal != "" {
 		h.fail(w, r, operate.BadInputf("give the call's principal and key or its callId, not both"))
 		return
@@ -293,7 +294,7 @@ func (h *adminHandler) resolveCall(w http.ResponseWriter, r *http.Request) {
 	}
 	// The admin token names no user; the log is the audit trail. The key
 	// is logged as the call log writes it: hashed, never raw.
-	h.logger.Info("admin action", "action", "resolve-call", "outcome", res.Outcome, "key", outbox.KeyHash(res.Principal, res.Key),
+	h.logger.Info("admin action", "action", "resolve-call", "outcome", res.Outcome, "key", callkey.KeyHash(res.Principal, res.Key),
 		"tool", res.Tool, "from", res.PreviousState, "to", res.State, "remote", r.RemoteAddr)
 	writeAdminJSON(w, http.StatusOK, res)
 }
@@ -338,9 +339,9 @@ func (h *adminHandler) failLogging(w http.ResponseWriter, r *http.Request, err, 
 		status = http.StatusRequestEntityTooLarge
 	case errors.As(err, new(operate.BadInput)):
 		status = http.StatusBadRequest
-	case errors.Is(err, outbox.ErrNoEffect), errors.Is(err, outbox.ErrNoCall):
+	case errors.Is(err, admin.ErrNoEffect), errors.Is(err, admin.ErrNoCall):
 		status = http.StatusNotFound
-	case errors.Is(err, outbox.ErrEffectState), errors.Is(err, outbox.ErrNotResolvable), errors.Is(err, outbox.ErrCallNotUnknown):
+	case errors.Is(err, admin.ErrEffectState), errors.Is(err, admin.ErrNotResolvable), errors.Is(err, admin.ErrCallNotUnknown):
 		status = http.StatusConflict
 	default:
 		h.logger.Error("admin request failed", "method", r.Method, "path", r.URL.Path, "error", logged)

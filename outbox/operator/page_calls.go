@@ -13,8 +13,9 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/internal/operate"
-	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
 	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -108,7 +109,7 @@ func readPageCall(ctx context.Context, db *schema.DB, id int64) (*pageCallRef, e
 	err := db.Read.QueryRowContext(ctx, `SELECT principal, key, uid, tool, state FROM calls WHERE id = $1`, id).
 		Scan(&c.Principal, &c.Key, &c.UID, &c.Tool, &c.State)
 	if errors.Is(err, sql.ErrNoRows) {
-		return nil, fmt.Errorf("call %d: %w (settled and forgotten, or purged)", id, outbox.ErrNoCall)
+		return nil, fmt.Errorf("call %d: %w (settled and forgotten, or purged)", id, admin.ErrNoCall)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("read call %d: %w", id, err)
@@ -143,7 +144,7 @@ func (p *pageHandler) resolveCall(w http.ResponseWriter, r *http.Request) {
 	}
 	name := fmt.Sprintf("Call %d (%s of %s, key %s)", id, operate.Shorten(call.Tool, 40), operate.Shorten(call.Principal, 60), operate.KeyHash(call.Principal, call.Key))
 	if call.State != string(query.OutcomeUnknown) {
-		p.redirectFailed(w, r, action, fmt.Errorf("%s is %s: %w", name, call.State, outbox.ErrCallNotUnknown))
+		p.redirectFailed(w, r, action, fmt.Errorf("%s is %s: %w", name, call.State, admin.ErrCallNotUnknown))
 		return
 	}
 	// By uid, never reused: if this call was settled as rerun meanwhile
@@ -152,21 +153,21 @@ func (p *pageHandler) resolveCall(w http.ResponseWriter, r *http.Request) {
 		p.redirectFailed(w, r, action, err)
 		return
 	}
-	if err := outbox.ResolveCallUID(r.Context(), p.db, call.UID, outcome, note); err != nil {
-		if errors.Is(err, outbox.ErrNoCall) || errors.Is(err, outbox.ErrCallNotUnknown) {
+	if err := admin.ResolveCallUID(r.Context(), p.db, call.UID, admin.Resolution{Outcome: admin.CallOutcome(outcome), Note: note}); err != nil {
+		if errors.Is(err, admin.ErrNoCall) || errors.Is(err, admin.ErrCallNotUnknown) {
 			err = fmt.Errorf("%s was settled meanwhile: %w", name, err)
 		}
 		p.redirectFailed(w, r, action, err)
 		return
 	}
 	state := outcome
-	if outcome == outbox.ResolveRerun {
+	if outcome == string(admin.CallRerun) {
 		state = string(query.NotFound)
 	}
 	p.logger.Info("operator page action", "action", "resolve-call", "outcome", outcome, "call", id, "call_id", call.UID,
-		"key", outbox.KeyHash(call.Principal, call.Key), "tool", call.Tool, "from", query.OutcomeUnknown, "to", state, "remote", r.RemoteAddr)
+		"key", callkey.KeyHash(call.Principal, call.Key), "tool", call.Tool, "from", query.OutcomeUnknown, "to", state, "remote", r.RemoteAddr)
 	msg := name + ": was unknown, now " + state + "."
-	if outcome == outbox.ResolveRerun {
+	if outcome == string(admin.CallRerun) {
 		msg = name + ": was unknown, now forgotten: the next retry with its key runs it."
 		if note != "" {
 			msg += " The note was not recorded: rerun records no result."

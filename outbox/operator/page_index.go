@@ -16,7 +16,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/internal/operate"
-	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
 	"github.com/mcp-outbox/mcp-outbox/query"
 )
 
@@ -143,7 +143,7 @@ func (p *pageHandler) lookupCall(w http.ResponseWriter, r *http.Request) {
 func (p *pageHandler) findCall(ctx context.Context, res *lookupResult) error {
 	// local, a token's principal (alice), or as the calls table stores it
 	// (user:alice).
-	principal := outbox.ParsePrincipal(res.Principal)
+	principal := callkey.ParsePrincipal(res.Principal)
 	if len(principal) > maxPagePrincipal || strings.ContainsFunc(principal, unicode.IsControl) {
 		return operate.BadInputf("principal %q: want local, or a token's principal such as alice", operate.Shorten(res.Principal, 40))
 	}
@@ -216,7 +216,7 @@ func (p *pageHandler) retryDead(w http.ResponseWriter, r *http.Request) {
 		p.redirectFailed(w, r, "retry-dead", err)
 		return
 	}
-	n, err := outbox.RetryDead(r.Context(), p.db)
+	n, err := admin.RetryDead(r.Context(), p.db)
 	if err != nil {
 		p.redirectFailed(w, r, "retry-dead", err)
 		return
@@ -227,8 +227,8 @@ func (p *pageHandler) retryDead(w http.ResponseWriter, r *http.Request) {
 
 func (p *pageHandler) redirectFailed(w http.ResponseWriter, r *http.Request, action string, err error) {
 	var known *operate.StateError
-	if !errors.As(err, new(operate.BadInput)) && !errors.As(err, &known) && !errors.Is(err, outbox.ErrNoEffect) &&
-		!errors.Is(err, outbox.ErrNoCall) && !errors.Is(err, outbox.ErrCallNotUnknown) {
+	if !errors.As(err, new(operate.BadInput)) && !errors.As(err, &known) && !errors.Is(err, admin.ErrNoEffect) &&
+		!errors.Is(err, admin.ErrNoCall) && !errors.Is(err, admin.ErrCallNotUnknown) {
 		p.logger.Error("operator page action failed", "action", action, "error", err)
 	}
 	p.redirectFlash(w, r, flashFailed, fmt.Sprintf("%s refused: %v", action, err))

@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -129,7 +130,7 @@ func TestProxyTrace(t *testing.T) {
 		}
 		for k, v := range map[attribute.Key]string{
 			"mcp.method.name": "tools/call", "gen_ai.tool.name": "work", "network.transport": "pipe",
-			"mcp_outbox.outcome": outcomes[i], "mcp_outbox.key_hash": outbox.KeyHash(outbox.LocalPrincipal, key),
+			"mcp_outbox.outcome": outcomes[i], "mcp_outbox.key_hash": callkey.KeyHash(callkey.LocalPrincipal, key),
 			"mcp.protocol.version": cs.InitializeResult().ProtocolVersion,
 		} {
 			if got[k] != v {

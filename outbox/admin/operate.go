@@ -1,8 +1,9 @@
-package outbox
+package admin
 
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -13,11 +14,26 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
-// Errors of the operator actions.
+// Errors of the actions on effects.
 var (
 	ErrNoEffect      = errors.New("no such effect")
 	ErrEffectState   = errors.New("effect is not in a state this action applies to")
 	ErrNotResolvable = errors.New("only an unknown or dead effect can be resolved")
+	ErrEffectOutcome = errors.New("outcome must be delivered or retry")
+)
+
+// EffectOutcome is what an operator found out at an effect's destination.
+type EffectOutcome string
+
+// The outcomes [ResolveEffect] takes.
+const (
+	// EffectDelivered: the destination has the effect. It becomes
+	// delivered and is never sent again.
+	EffectDelivered EffectOutcome = "delivered"
+	// EffectRetry: the destination did not apply the effect. It becomes
+	// pending with a fresh attempt budget, to be sent again with the same
+	// Idempotency-Key.
+	EffectRetry EffectOutcome = "retry"
 )
 
 // Operator actions on effects. Each is one statement whose WHERE clause
@@ -68,12 +84,18 @@ func CancelEffect(ctx context.Context, db *schema.DB, id int64) error {
 }
 
 // ResolveEffect settles an unknown (or dead) effect by what an operator
-// found out at the destination: delivered, or not applied and to be sent
-// again (retry).
-func ResolveEffect(ctx context.Context, db *schema.DB, id int64, delivered bool) error {
-	stmt := resolveRetry
-	if delivered {
+// found out at the destination: [EffectDelivered], or [EffectRetry] for
+// one not applied there, to be sent again. Any other outcome is
+// [ErrEffectOutcome], and nothing is changed.
+func ResolveEffect(ctx context.Context, db *schema.DB, id int64, outcome EffectOutcome) error {
+	var stmt string
+	switch outcome {
+	case EffectDelivered:
 		stmt = resolveDelivered
+	case EffectRetry:
+		stmt = resolveRetry
+	default:
+		return fmt.Errorf("resolve effect %d: outcome %q: %w", id, outcome, ErrEffectOutcome)
 	}
 	err := changeEffect(ctx, db, id, stmt, time.Now().UnixMilli(), id)
 	if errors.Is(err, ErrEffectState) {
@@ -101,29 +123,51 @@ func changeEffect(ctx context.Context, db *schema.DB, id int64, stmt string, arg
 	return fmt.Errorf("effect %d is %s: %w", id, state, ErrEffectState)
 }
 
-// Errors of ResolveCall.
+// Errors of ResolveCall and ResolveCallUID.
 var (
 	ErrNoCall         = errors.New("no such call")
 	ErrCallNotUnknown = errors.New("only a call in state unknown can be resolved")
 	ErrCallOutcome    = errors.New("outcome must be completed, failed or rerun")
 )
 
-// Outcomes an operator can resolve an unknown call to.
+// CallOutcome is what an operator found out about a call in state unknown.
+type CallOutcome string
+
+// The outcomes an operator can resolve an unknown call to.
 const (
-	// ResolveCompleted: the call ran and its work is done. It becomes
+	// CallCompleted: the call ran and its work is done. It becomes
 	// completed; a retry replays the operator's note as its result.
-	ResolveCompleted = "completed"
-	// ResolveFailed: the call ran and failed, or must not run: it becomes
+	CallCompleted CallOutcome = "completed"
+	// CallFailed: the call ran and failed, or must not run: it becomes
 	// failed; a retry replays the operator's note as a tool error.
-	ResolveFailed = "failed"
-	// ResolveRerun: the call did not run. Its row is deleted, so that the
-	// next retry with its key runs it.
-	ResolveRerun = "rerun"
+	CallFailed CallOutcome = "failed"
+	// CallRerun: the call did not run. Its row is deleted, so that the
+	// next retry with its key runs it. A note is not recorded.
+	CallRerun CallOutcome = "rerun"
 )
 
-// ResolvedPrefix starts the text of the result an operator's resolution
-// records.
-const ResolvedPrefix = "[resolved by an operator]"
+// Resolution is an operator's decision on a call in state unknown.
+type Resolution struct {
+	// Outcome is required; anything but the three CallOutcome constants is
+	// [ErrCallOutcome].
+	Outcome CallOutcome
+	// Note follows "[resolved by an operator]" in the text of the result a
+	// retry replays, for CallCompleted and CallFailed; it may be empty.
+	Note string
+}
+
+// CallRef names a call by whose it is and its key, as the calls table
+// holds them (the status tool's principal and key).
+type CallRef struct {
+	// Principal is "local" for calls without an authenticated user, and
+	// "user:" followed by the go-sdk's TokenInfo.UserID otherwise.
+	Principal string
+	Key       string
+}
+
+// resolvedPrefix starts the text of the result an operator's resolution
+// records, so that whoever reads a replay sees that no tool produced it.
+const resolvedPrefix = "[resolved by an operator]"
 
 // The statements of ResolveCall. Each applies only to a call in state
 // unknown, so a resolution cannot race an attempt: nothing claims an
@@ -168,15 +212,16 @@ type callName struct {
 // ResolveCall settles a call in state unknown (forwarded to a tool server
 // whose work is outside the call's transaction, its outcome lost) by what
 // an operator found out there: completed or failed records that outcome,
-// with a result whose text is ResolvedPrefix and note, which retries
-// replay; rerun deletes the call, so that the next retry runs it. The
-// call's effects, if any, are not touched.
-func ResolveCall(ctx context.Context, db *schema.DB, principal, key, outcome, note string) error {
+// with a result whose text is "[resolved by an operator]" and the note,
+// which retries replay; rerun deletes the call, so that the next retry
+// runs it. The call's effects, if any, are not touched. A call in any other state is
+// [ErrCallNotUnknown], and one not there [ErrNoCall].
+func ResolveCall(ctx context.Context, db *schema.DB, call CallRef, r Resolution) error {
 	return resolveCall(ctx, db, callName{
 		outcome: db.Pick(resolveCallOutcomeByKey, resolveCallOutcomeByKeyPostgres),
 		rerun:   resolveCallRerunByKey, state: resolveCallStateByKey,
-		args: []any{principal, key}, name: fmt.Sprintf("call %q of %s", key, principal),
-	}, outcome, note)
+		args: []any{call.Principal, call.Key}, name: fmt.Sprintf("call %q of %s", call.Key, call.Principal),
+	}, r)
 }
 
 // ResolveCallUID is ResolveCall for the call named by its uid (the callId
@@ -184,34 +229,36 @@ func ResolveCall(ctx context.Context, db *schema.DB, principal, key, outcome, no
 // deletes the call, the next one with its key has another uid, so a
 // resolution meant for the old call cannot reach the new one. Its errors
 // name the uid, never the key.
-func ResolveCallUID(ctx context.Context, db *schema.DB, uid, outcome, note string) error {
+func ResolveCallUID(ctx context.Context, db *schema.DB, uid string, r Resolution) error {
 	return resolveCall(ctx, db, callName{
 		outcome: db.Pick(resolveCallOutcomeByUID, resolveCallOutcomeByUIDPostgres),
 		rerun:   resolveCallRerunByUID, state: resolveCallStateByUID,
 		args: []any{uid}, name: "call " + uid,
-	}, outcome, note)
+	}, r)
 }
 
-func resolveCall(ctx context.Context, db *schema.DB, c callName, outcome, note string) error {
+func resolveCall(ctx context.Context, db *schema.DB, c callName, rs Resolution) error {
 	now := time.Now().UnixMilli()
 	var (
 		r   sql.Result
 		err error
 	)
-	switch outcome {
-	case ResolveCompleted, ResolveFailed:
-		res, eerr := encodeResult(&mcp.CallToolResult{
-			Content: []mcp.Content{&mcp.TextContent{Text: strings.TrimSpace(ResolvedPrefix + " " + note)}},
-			IsError: outcome == ResolveFailed,
+	switch rs.Outcome {
+	case CallCompleted, CallFailed:
+		// The recorded result is what outbox replays: the same JSON as the
+		// result of a handler that returned this text.
+		res, eerr := json.Marshal(&mcp.CallToolResult{
+			Content: []mcp.Content{&mcp.TextContent{Text: strings.TrimSpace(resolvedPrefix + " " + rs.Note)}},
+			IsError: rs.Outcome == CallFailed,
 		})
 		if eerr != nil {
-			return eerr
+			return fmt.Errorf("encode result: %w", eerr)
 		}
-		r, err = db.Write.ExecContext(ctx, c.outcome, append([]any{outcome, res, now}, c.args...)...)
-	case ResolveRerun:
+		r, err = db.Write.ExecContext(ctx, c.outcome, append([]any{string(rs.Outcome), string(res), now}, c.args...)...)
+	case CallRerun:
 		r, err = db.Write.ExecContext(ctx, c.rerun, c.args...)
 	default:
-		return fmt.Errorf("outcome %q: %w", outcome, ErrCallOutcome)
+		return fmt.Errorf("outcome %q: %w", rs.Outcome, ErrCallOutcome)
 	}
 	if err != nil {
 		return fmt.Errorf("resolve %s: %w", c.name, err)

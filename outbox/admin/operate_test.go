@@ -1,4 +1,4 @@
-package outbox_test
+package admin_test
 
 import (
 	"context"
@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
 	"github.com/mcp-outbox/mcp-outbox/query"
 )
 
@@ -16,7 +16,7 @@ import (
 // and anything but an unknown call is refused naming its state.
 func TestResolveCall(t *testing.T) {
 	t.Parallel()
-	b := setup(t, nil, nil)
+	b := setup(t, nil)
 	ctx := context.Background()
 	// A call whose outcome was lost, as a proxy leaves it: its row made
 	// by a real charge (so that a retry's arguments match), then unknown.
@@ -41,36 +41,37 @@ func TestResolveCall(t *testing.T) {
 	before := charges(t, b)
 
 	for _, tc := range []struct {
-		key, outcome, note string
-		err                error
-		want               string
+		key     string
+		outcome admin.CallOutcome
+		err     error
+		want    string
 	}{
-		{"nobody", outbox.ResolveCompleted, "", outbox.ErrNoCall, `call "nobody" of local: no such call`},
-		{"completed", outbox.ResolveRerun, "", outbox.ErrCallNotUnknown, `call "completed" of local is completed`},
-		{"ran", "done", "", outbox.ErrCallOutcome, `outcome "done"`},
-		{"ran", "", "", outbox.ErrCallOutcome, `outcome ""`},
+		{"nobody", admin.CallCompleted, admin.ErrNoCall, `call "nobody" of local: no such call`},
+		{"completed", admin.CallRerun, admin.ErrCallNotUnknown, `call "completed" of local is completed`},
+		{"ran", "done", admin.ErrCallOutcome, `outcome "done"`},
+		{"ran", "", admin.ErrCallOutcome, `outcome ""`},
 	} {
-		err := outbox.ResolveCall(ctx, b.db, "local", tc.key, tc.outcome, tc.note)
+		err := admin.ResolveCall(ctx, b.db, admin.CallRef{Principal: "local", Key: tc.key}, admin.Resolution{Outcome: tc.outcome})
 		if !errors.Is(err, tc.err) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("resolve %s %q: err = %v, want %v containing %q", tc.key, tc.outcome, err, tc.err, tc.want)
 		}
 	}
 	// Another principal's call of the same key is not this one.
-	if err := outbox.ResolveCall(ctx, b.db, "user:mallory", "ran", outbox.ResolveRerun, ""); !errors.Is(err, outbox.ErrNoCall) {
+	if err := admin.ResolveCall(ctx, b.db, admin.CallRef{Principal: "user:mallory", Key: "ran"}, admin.Resolution{Outcome: admin.CallRerun}); !errors.Is(err, admin.ErrNoCall) {
 		t.Errorf("another principal: err = %v, want no such call", err)
 	}
 
-	if err := outbox.ResolveCall(ctx, b.db, "local", "ran", outbox.ResolveCompleted, "charge ch_42 found at the processor"); err != nil {
+	if err := admin.ResolveCall(ctx, b.db, admin.CallRef{Principal: "local", Key: "ran"}, admin.Resolution{Outcome: admin.CallCompleted, Note: "charge ch_42 found at the processor"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := outbox.ResolveCall(ctx, b.db, "local", "refused", outbox.ResolveFailed, ""); err != nil {
+	if err := admin.ResolveCall(ctx, b.db, admin.CallRef{Principal: "local", Key: "refused"}, admin.Resolution{Outcome: admin.CallFailed}); err != nil {
 		t.Fatal(err)
 	}
-	if err := outbox.ResolveCall(ctx, b.db, "local", "never-ran", outbox.ResolveRerun, "not at the processor"); err != nil {
+	if err := admin.ResolveCall(ctx, b.db, admin.CallRef{Principal: "local", Key: "never-ran"}, admin.Resolution{Outcome: admin.CallRerun, Note: "not at the processor"}); err != nil {
 		t.Fatal(err)
 	}
 	// Once resolved, a call is no longer unknown: resolving it again is refused.
-	if err := outbox.ResolveCall(ctx, b.db, "local", "ran", outbox.ResolveFailed, ""); !errors.Is(err, outbox.ErrCallNotUnknown) ||
+	if err := admin.ResolveCall(ctx, b.db, admin.CallRef{Principal: "local", Key: "ran"}, admin.Resolution{Outcome: admin.CallFailed}); !errors.Is(err, admin.ErrCallNotUnknown) ||
 		!strings.Contains(err.Error(), "is completed") {
 		t.Errorf("resolving twice: err = %v", err)
 	}
@@ -112,7 +113,7 @@ func TestResolveCall(t *testing.T) {
 // again from the resolution, so that the client's retries replay it.
 func TestResolveCall_RenewsAnExpiredKey(t *testing.T) {
 	t.Parallel()
-	b := setup(t, nil, nil)
+	b := setup(t, nil)
 	ctx := context.Background()
 	long := time.Now().Add(-72 * time.Hour).UnixMilli()
 	if _, err := b.db.Write.Exec(`INSERT INTO calls (uid, principal, key, key_source, tool, args_hash, state, created_at, expires_at, on_lost)
@@ -122,7 +123,7 @@ func TestResolveCall_RenewsAnExpiredKey(t *testing.T) {
 	if st, _ := query.Lookup(ctx, b.db, "local", "old", time.Now()); st.State != query.OutcomeUnknown {
 		t.Errorf("an unknown call past its key's expiry: %s, want unknown", st.State)
 	}
-	if err := outbox.ResolveCall(ctx, b.db, "local", "old", outbox.ResolveCompleted, "done by hand"); err != nil {
+	if err := admin.ResolveCall(ctx, b.db, admin.CallRef{Principal: "local", Key: "old"}, admin.Resolution{Outcome: admin.CallCompleted, Note: "done by hand"}); err != nil {
 		t.Fatal(err)
 	}
 	st, err := query.Lookup(ctx, b.db, "local", "old", time.Now())
@@ -139,7 +140,7 @@ func TestResolveCall_RenewsAnExpiredKey(t *testing.T) {
 // name the uid, not the key.
 func TestResolveCallUID(t *testing.T) {
 	t.Parallel()
-	b := setup(t, nil, nil)
+	b := setup(t, nil)
 	ctx := context.Background()
 	markUnknown := func() string {
 		t.Helper()
@@ -152,7 +153,7 @@ func TestResolveCallUID(t *testing.T) {
 	}
 	callCharge(t, b.session, "secret-key", 100)
 	old := markUnknown()
-	if err := outbox.ResolveCallUID(ctx, b.db, old, outbox.ResolveRerun, ""); err != nil {
+	if err := admin.ResolveCallUID(ctx, b.db, old, admin.Resolution{Outcome: admin.CallRerun}); err != nil {
 		t.Fatal(err)
 	}
 	// The next call with the key runs, and is lost again: a new uid.
@@ -161,17 +162,17 @@ func TestResolveCallUID(t *testing.T) {
 	if newer == old {
 		t.Fatalf("the new call has the old uid %s", old)
 	}
-	err := outbox.ResolveCallUID(ctx, b.db, old, outbox.ResolveCompleted, "meant for the old call")
-	if !errors.Is(err, outbox.ErrNoCall) || !strings.Contains(err.Error(), old) || strings.Contains(err.Error(), "secret-key") {
+	err := admin.ResolveCallUID(ctx, b.db, old, admin.Resolution{Outcome: admin.CallCompleted, Note: "meant for the old call"})
+	if !errors.Is(err, admin.ErrNoCall) || !strings.Contains(err.Error(), old) || strings.Contains(err.Error(), "secret-key") {
 		t.Errorf("resolving the rerun call again: %v, want no such call naming %s and not the key", err, old)
 	}
 	if st, _ := query.Lookup(ctx, b.db, "local", "secret-key", time.Now()); st.State != query.OutcomeUnknown {
 		t.Errorf("the newer call is %s, want it still unknown", st.State)
 	}
-	if err := outbox.ResolveCallUID(ctx, b.db, newer, outbox.ResolveFailed, ""); err != nil {
+	if err := admin.ResolveCallUID(ctx, b.db, newer, admin.Resolution{Outcome: admin.CallFailed}); err != nil {
 		t.Fatal(err)
 	}
-	if err := outbox.ResolveCallUID(ctx, b.db, newer, outbox.ResolveRerun, ""); !errors.Is(err, outbox.ErrCallNotUnknown) ||
+	if err := admin.ResolveCallUID(ctx, b.db, newer, admin.Resolution{Outcome: admin.CallRerun}); !errors.Is(err, admin.ErrCallNotUnknown) ||
 		!strings.Contains(err.Error(), newer+" is failed") {
 		t.Errorf("resolving twice: %v", err)
 	}

@@ -1,0 +1,17 @@
+// Package admin holds an operator's writes to an outbox database: settling
+// effects and calls whose outcome is in doubt, retrying or cancelling
+// effects, and purging expired records on demand. The mcp-outbox command's
+// outbox and purge subcommands and the operator surface's actions are
+// built on it; a program of its own can call it the same way.
+//
+// Every action is one statement whose WHERE clause names the states it
+// applies to, so it cannot race a dispatcher or a call in flight: an
+// effect under a dispatcher's lease, or a call that is not unknown, is
+// never changed, and the action says what state it found instead
+// ([ErrEffectState], [ErrCallNotUnknown]). Nothing here needs a running
+// layer or dispatcher; the database ([schema.DB]) is enough, on SQLite and
+// on PostgreSQL alike.
+//
+// The continuous purge, [outbox.RunReaper], stays beside the layer: [Purge]
+// is the same deletion, run once.
+package admin

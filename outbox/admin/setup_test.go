@@ -1,0 +1,180 @@
+package admin_test
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
+	"github.com/mcp-outbox/mcp-outbox/internal/pgtest"
+	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/query"
+	"github.com/mcp-outbox/mcp-outbox/schema"
+)
+
+// TestMain stops the PostgreSQL server the tests started, if any.
+func TestMain(m *testing.M) { pgtest.Main(m) }
+
+// The tests run on SQLite by default and on PostgreSQL when
+// MCP_OUTBOX_TEST_STORE=postgres, as package outbox's do.
+func onPostgres() bool { return os.Getenv("MCP_OUTBOX_TEST_STORE") == "postgres" }
+
+func sqliteOnly(tb testing.TB, what string) {
+	tb.Helper()
+	if onPostgres() {
+		tb.Skip("SQLite only: " + what)
+	}
+}
+
+func openDB(tb testing.TB) *schema.DB {
+	tb.Helper()
+	target := filepath.Join(tb.TempDir(), "test.db")
+	if onPostgres() {
+		target = pgtest.Database(tb)
+	}
+	db, err := schema.Open(context.Background(), target, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { db.Close() })
+	if err := ledger.Migrate(context.Background(), db); err != nil {
+		tb.Fatal(err)
+	}
+	return db
+}
+
+// bundle is a database with a layer serving the ledger's tools, and a
+// client connected to it: the operator's actions settle what real calls
+// left.
+type bundle struct {
+	db      *schema.DB
+	session *mcp.ClientSession
+}
+
+func setup(tb testing.TB, opts *outbox.Options) *bundle {
+	tb.Helper()
+	db := openDB(tb)
+	l, err := outbox.New(db, opts)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	s := l.NewServer(&mcp.Implementation{Name: "test", Version: "v0"}, nil)
+	ledger.Register(l, s, nil)
+	ctx := context.Background()
+	// The keys travel in _meta, so the transport needs no wrapping.
+	st, ct := mcp.NewInMemoryTransports()
+	ss, err := s.Connect(ctx, st, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "client", Version: "v0"}, nil).Connect(ctx, ct, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { cs.Close(); ss.Wait() })
+	return &bundle{db: db, session: cs}
+}
+
+func call(t *testing.T, cs *mcp.ClientSession, name, key string, args any) *mcp.CallToolResult {
+	t.Helper()
+	p := &mcp.CallToolParams{Name: name, Arguments: args}
+	if key != "" {
+		p.Meta = mcp.Meta{outbox.MetaKeyIdempotency: key}
+	}
+	res, err := cs.CallTool(context.Background(), p)
+	if err != nil {
+		t.Fatalf("call %s: %v", name, err)
+	}
+	return res
+}
+
+func callCharge(t *testing.T, cs *mcp.ClientSession, key string, amount int) *mcp.CallToolResult {
+	t.Helper()
+	return call(t, cs, "charge", key, map[string]any{"amount": amount})
+}
+
+func callMeta(res *mcp.CallToolResult) map[string]any {
+	m, _ := res.Meta[outbox.MetaKeyCall].(map[string]any)
+	return m
+}
+
+func text(res *mcp.CallToolResult) string {
+	var b strings.Builder
+	for _, c := range res.Content {
+		if tc, ok := c.(*mcp.TextContent); ok {
+			b.WriteString(tc.Text)
+			b.WriteString("\n")
+		}
+	}
+	return b.String()
+}
+
+func status(t *testing.T, cs *mcp.ClientSession, args map[string]any) query.Status {
+	t.Helper()
+	res := call(t, cs, outbox.StatusToolName, "", args)
+	if res.IsError {
+		t.Fatalf("status %v: %s", args, text(res))
+	}
+	b, _ := json.Marshal(res.StructuredContent)
+	var st query.Status
+	if err := json.Unmarshal(b, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func count(tb testing.TB, db *sql.DB, query string, args ...any) int {
+	tb.Helper()
+	var n int
+	if err := db.QueryRow(query, args...).Scan(&n); err != nil {
+		tb.Fatal(err)
+	}
+	return n
+}
+
+func charges(tb testing.TB, b *bundle) int {
+	return count(tb, b.db.Read, `SELECT count(*) FROM charges`)
+}
+
+func keysOf(t *testing.T, db *schema.DB, q string) string {
+	t.Helper()
+	rows, err := db.Read.Query(q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, s)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprint(out)
+}
+
+// clock is the layer's clock, moved by the test.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) Add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
