@@ -36,7 +36,10 @@ type attempt struct {
 	readConn *sql.Conn // a read-only tool's connection
 	tx       *sql.Tx   // where the handler's statements run: the unit's or the read transaction
 	txErr    error     // the database failed under the handler
-	effects  int       // effects enqueued so far
+	// handlerErr: the handler returned an error not marked Final, which
+	// is logged and never recorded or shown to the client.
+	handlerErr error
+	effects    int // effects enqueued so far
 
 	completedAt int64  // unix ms of the recorded outcome
 	stored      string // the result as recorded (see confirmCommit)

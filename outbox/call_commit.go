@@ -26,16 +26,27 @@ func (a *attempt) finish(ctx context.Context, res mcp.Result, err error) (mcp.Re
 		// canceled" result; it must never become the recorded outcome.
 		reason = "cancelled"
 	case a.txErr != nil:
+		// The database failed under the handler (busy, I/O, full): that
+		// says nothing of the call, so it is never its outcome.
+		a.layer.logger.ErrorContext(ctx, "database failed under the handler; nothing recorded",
+			"tool", a.tool.name, "call_id", a.uid, "error", a.txErr)
 		a.abandon(ctx)
 		return a.notCommitted(a.txErr), nil
+	case a.handlerErr != nil:
+		// An unmarked error is a fault, not an outcome (see Final): keep
+		// nothing, so a retry runs the call again, and keep its text from
+		// the client.
+		a.outcome = outcomeNotRecorded
+		a.layer.logger.ErrorContext(ctx, "tool handler failed; nothing recorded",
+			"tool", a.tool.name, "call_id", a.uid, "error", a.handlerErr)
+		a.abandon(ctx)
+		return a.handlerFailed(), nil
 	case cr == nil:
 		reason = "no result"
 	case cr.InputRequests != nil:
 		// A multi round-trip request: the client retries with the same
 		// _meta and its inputResponses, as part of this logical call.
 		reason = "input required"
-	case isRetryable(cr.GetError()):
-		reason = "retryable error"
 	}
 	if reason != "" {
 		a.outcome = outcomeNotRecorded
@@ -50,7 +61,7 @@ func (a *attempt) finish(ctx context.Context, res mcp.Result, err error) (mcp.Re
 	if err != nil {
 		a.abandon(ctx)
 		if !errors.Is(err, ErrOwnershipLost) {
-			a.layer.logger.ErrorContext(ctx, "commit call", "tool", a.tool.name, "error", err)
+			a.layer.logger.ErrorContext(ctx, "commit call", "tool", a.tool.name, "call_id", a.uid, "error", err)
 		}
 		return a.notCommitted(err), nil
 	}
@@ -143,8 +154,10 @@ func (a *attempt) notCommitted(err error) *mcp.CallToolResult {
 			"the call may have been recorded. Ask the %s tool for the outcome of key %q, or retry with the same key: "+
 			"a retry replays the outcome if it was recorded, and runs the call if it was not.", err, StatusToolName, a.id.key)
 	}
+	// The cause is in the log (finish logs it): its text is the driver's.
 	a.outcome = outcomeNotRecorded
-	return toolError(codeNotRecorded, "the call did not commit (%v); nothing of it was recorded, a retry will run it.", err)
+	return toolError(codeNotRecorded, "the call did not commit, and nothing of it was kept: a retry runs it again. "+
+		"The server's log has the cause under call id %s.", a.uid)
 }
 
 func stateOf(cr *mcp.CallToolResult) string {
@@ -258,23 +271,11 @@ func (a *attempt) abandon(ctx context.Context) {
 	}
 }
 
-type retryableError struct{ err error }
-
-func (e *retryableError) Error() string { return e.err.Error() }
-func (e *retryableError) Unwrap() error { return e.err }
-
-// Retryable marks a handler error as transient: the call is not recorded
-// as failed, its claim is released, and a retry runs the handler again.
-func Retryable(err error) error {
-	if err == nil {
-		return nil
-	}
-	return &retryableError{err}
-}
-
+// isRetryable reports whether a result's error means that nothing of the
+// call happened for certain: the database failed, the call was cancelled, or
+// another attempt took it over. Such a result is never recorded.
 func isRetryable(err error) bool {
-	var r *retryableError
 	var t *txError
-	return errors.As(err, &r) || errors.As(err, &t) || errors.Is(err, context.Canceled) ||
+	return errors.As(err, &t) || errors.Is(err, context.Canceled) ||
 		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrOwnershipLost)
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/jsonschema-go/jsonschema"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -18,9 +19,16 @@ import (
 // an effect, delivered after the commit, not in the handler: SQLite has one
 // writer, and tx holds it from the handler's first statement to the commit.
 //
-// A returned error becomes a tool error (isError) that is recorded as the
-// call's outcome and replayed, with the handler's writes rolled back; wrap it
-// with [Retryable] when a retry should run the handler again instead.
+// What it returns decides what is recorded. A result with IsError set, or
+// an error marked with [Final] (a business rejection: "card declined"), is
+// the call's outcome: recorded as failed, with the handler's writes and
+// effects rolled back, and replayed to a retry with the same key. Any other
+// error is a fault (a bad statement, a bug, a downstream that did not
+// answer): the handler's writes roll back, nothing is recorded, so a retry
+// runs the handler again, and the client gets a generic tool error naming
+// the call's id, never the error's text, which goes to the layer's log
+// with that id. A *jsonrpc.Error is a protocol error and is not recorded
+// either.
 type HandlerFor[In, Out any] func(ctx context.Context, tx Tx, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error)
 
 // ToolOptions configure one tool registered with [AddTool]; nil means all
@@ -115,9 +123,17 @@ func AddTool[In, Out any](l *Layer, s *mcp.Server, t *mcp.Tool, h HandlerFor[In,
 			// older clients) or in the client's retry, which carries the same
 			// _meta and so the same key. Either way only the final run's work
 			// may commit.
-			if rerr := a.discardWork(ctx); rerr != nil {
-				return nil, out, rerr
-			}
+			err = a.discardWork(ctx)
+		}
+		var wire *jsonrpc.Error
+		if err != nil && !isFinal(err) && !errors.As(err, &wire) {
+			// The SDK would put err's text into the result it sends
+			// (CallToolResult.SetError), and that text may be a driver's.
+			// finish answers for the call instead; the SDK only sees a
+			// stand-in.
+			a.handlerErr = err
+			var zero Out
+			return nil, zero, errHandlerFailed
 		}
 		return res, out, err
 	})

@@ -1,0 +1,179 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/outbox"
+)
+
+// verdict is what the "verdict" test tool does on its next run.
+type verdict int32
+
+const (
+	verdictOK        verdict = iota
+	verdictBadSQL            // runs a statement on a table that does not exist, returns its error
+	verdictPlain             // returns a plain Go error
+	verdictFinal             // returns an error marked Final
+	verdictErrResult         // returns a result with IsError
+)
+
+type verdictTool struct {
+	next atomic.Int32
+	runs atomic.Int32
+}
+
+// addVerdict adds a tool that writes a charge, then does what v.next says.
+func addVerdict(l *outbox.Layer, s *mcp.Server, name string, ann *mcp.ToolAnnotations) *verdictTool {
+	v := &verdictTool{}
+	outbox.AddTool(l, s, &mcp.Tool{Name: name, Description: "test tool", Annotations: ann},
+		func(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, struct{}, error) {
+			v.runs.Add(1)
+			if _, err := tx.Exec(ctx, `INSERT INTO charges (amount, currency, created_at) VALUES (1, 'usd', 0)`); err != nil {
+				return nil, struct{}{}, fmt.Errorf("record charge: %w", err)
+			}
+			switch verdict(v.next.Load()) {
+			case verdictBadSQL:
+				if _, err := tx.Exec(ctx, `INSERT INTO no_such_table (x) VALUES (1)`); err != nil {
+					return nil, struct{}{}, fmt.Errorf("record audit: %w", err)
+				}
+				return nil, struct{}{}, errors.New("the bad statement ran")
+			case verdictPlain:
+				return nil, struct{}{}, errors.New("secret: upstream token abc123 refused")
+			case verdictFinal:
+				return nil, struct{}{}, outbox.Final(errors.New("card declined"))
+			case verdictErrResult:
+				return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: "over the limit"}}}, struct{}{}, nil
+			}
+			return nil, struct{}{}, nil
+		}, nil)
+	return v
+}
+
+// TestHandlerErrors checks the rule of "What is recorded": an unmarked
+// error leaves nothing, hides its text and lets a retry run the call; a
+// Final error and an isError result are the call's recorded outcome.
+func TestHandlerErrors(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		v      verdict
+		leaked []string // texts that must not reach the client
+	}{
+		{"BadStatement", verdictBadSQL, []string{"no_such_table", "no such table", "does not exist", "record audit"}},
+		{"PlainError", verdictPlain, []string{"abc123", "secret"}},
+	} {
+		t.Run(tc.name+"NotRecorded", func(t *testing.T) {
+			t.Parallel()
+			var logs logBuffer
+			b := setup(t, &outbox.Options{Logger: logs.logger()}, nil)
+			v := addVerdict(b.layer, b.server, "verdict", nil)
+			v.next.Store(int32(tc.v))
+
+			res := call(t, b.session, "verdict", "v1", map[string]any{})
+			if !res.IsError || errorCode(res) != "not_recorded" {
+				t.Fatalf("answer = %v %q, want a not_recorded error", res.Meta, text(res))
+			}
+			for _, s := range tc.leaked {
+				if strings.Contains(text(res), s) {
+					t.Errorf("answer %q leaks %q", text(res), s)
+				}
+			}
+			recs := logs.records(t, "tool handler failed; nothing recorded")
+			if len(recs) != 1 {
+				t.Fatalf("%d log records of the failure, want 1:\n%s", len(recs), logs.String())
+			}
+			id, _ := recs[0]["call_id"].(string)
+			if !strings.HasPrefix(id, "call_") || !strings.Contains(text(res), id) {
+				t.Errorf("answer %q does not name the logged call id %q", text(res), id)
+			}
+			if e, _ := recs[0]["error"].(string); !strings.Contains(e, tc.leaked[0]) {
+				t.Errorf("logged error = %q, want the handler's (%q)", e, tc.leaked[0])
+			}
+			if n := count(t, b.db.Read, `SELECT count(*) FROM calls`); n != 0 {
+				t.Errorf("calls rows = %d, want 0: the claim must be released", n)
+			}
+			if n := charges(t, b); n != 0 {
+				t.Errorf("charges = %d, want 0: the handler's write must roll back", n)
+			}
+
+			v.next.Store(int32(verdictOK))
+			again := call(t, b.session, "verdict", "v1", map[string]any{})
+			if again.IsError || callMeta(again)["replayed"] != false {
+				t.Fatalf("retry = %q %v, want a new successful run", text(again), callMeta(again))
+			}
+			if got := v.runs.Load(); got != 2 {
+				t.Errorf("handler runs = %d, want 2", got)
+			}
+			if n := charges(t, b); n != 1 {
+				t.Errorf("charges after the retry = %d, want 1", n)
+			}
+		})
+	}
+
+	for _, tc := range []struct {
+		name string
+		v    verdict
+		want string
+	}{
+		{"FinalError", verdictFinal, "card declined"},
+		{"IsErrorResult", verdictErrResult, "over the limit"},
+	} {
+		t.Run(tc.name+"Recorded", func(t *testing.T) {
+			t.Parallel()
+			b := setup(t, nil, nil)
+			v := addVerdict(b.layer, b.server, "verdict", nil)
+			v.next.Store(int32(tc.v))
+
+			res := call(t, b.session, "verdict", "v1", map[string]any{})
+			if !res.IsError || !strings.Contains(text(res), tc.want) || callMeta(res)["state"] != "failed" {
+				t.Fatalf("answer = %q %v, want the recorded failure %q", text(res), res.Meta, tc.want)
+			}
+			if n := charges(t, b); n != 0 {
+				t.Errorf("charges = %d, want 0: a failed call keeps nothing of its work", n)
+			}
+			v.next.Store(int32(verdictOK)) // a run now would succeed: the replay must not run
+			again := call(t, b.session, "verdict", "v1", map[string]any{})
+			if !again.IsError || callMeta(again)["replayed"] != true || !strings.Contains(text(again), tc.want) {
+				t.Fatalf("retry = %q %v, want the failure replayed", text(again), callMeta(again))
+			}
+			if got := v.runs.Load(); got != 1 {
+				t.Errorf("handler runs = %d, want 1", got)
+			}
+		})
+	}
+
+	// A tool that is never recorded (idempotentHint) rolls back the same
+	// way and hides the text the same way.
+	t.Run("UnrecordedToolPlainError", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, nil, nil)
+		v := addVerdict(b.layer, b.server, "verdict", &mcp.ToolAnnotations{IdempotentHint: true})
+		v.next.Store(int32(verdictPlain))
+		res := call(t, b.session, "verdict", "", map[string]any{})
+		if !res.IsError || strings.Contains(text(res), "abc123") || !strings.Contains(text(res), "call_") {
+			t.Fatalf("answer = %q, want a generic error naming the call", text(res))
+		}
+		if n := charges(t, b); n != 0 {
+			t.Errorf("charges = %d, want 0", n)
+		}
+	})
+}
+
+func TestFinal(t *testing.T) {
+	t.Parallel()
+	if outbox.Final(nil) != nil {
+		t.Error("Final(nil) != nil")
+	}
+	base := errors.New("card declined")
+	err := outbox.Final(fmt.Errorf("charge: %w", base))
+	if !errors.Is(err, base) || err.Error() != "charge: card declined" {
+		t.Errorf("Final(err) = %v, want it to wrap err and keep its text", err)
+	}
+}
