@@ -74,22 +74,6 @@ func attemptFrom(ctx context.Context) *attempt {
 	return a
 }
 
-func (l *Layer) middleware(next mcp.MethodHandler) mcp.MethodHandler {
-	return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
-		creq, ok := req.(*mcp.CallToolRequest)
-		if !ok || creq.Params == nil {
-			return next(ctx, method, req)
-		}
-		l.mu.Lock()
-		t := l.tools[creq.Params.Name]
-		l.mu.Unlock()
-		if t == nil { // not a tool of the layer: the SDK handles it, unknown tools included
-			return next(ctx, method, req)
-		}
-		return l.call(ctx, t, creq, method, next)
-	}
-}
-
 func (l *Layer) call(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest, method string, next mcp.MethodHandler) (mcp.Result, error) {
 	var handlers mcp.Result // what the SDK's handler answered, if it ran
 	res, err := l.run(ctx, t, req, func(ctx context.Context, a *attempt) (mcp.Result, error) {

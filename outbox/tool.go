@@ -68,7 +68,10 @@ func (t *toolInfo) onLostPolicy() string {
 }
 
 // AddTool registers a side-effecting tool on s, which must have the layer
-// installed. Like [mcp.AddTool], In and Out give the input and output
+// installed ([Layer.NewServer] or [Layer.Install]); it panics otherwise, as
+// [mcp.AddTool] does for a tool it cannot serve. The tool belongs to s
+// alone: other servers of the layer may have a tool of the same name with
+// another handler. Like [mcp.AddTool], In and Out give the input and output
 // schemas, and arguments are validated before the handler runs. A call
 // whose arguments hold a number that a float64 cannot hold, which the SDK's
 // validation would change, is refused and nothing runs (see "Numbers in
@@ -105,9 +108,12 @@ func AddTool[In, Out any](l *Layer, s *mcp.Server, t *mcp.Tool, h HandlerFor[In,
 	}
 	info.keyArgument = declared
 
-	l.mu.Lock()
-	l.tools[t.Name] = info
-	l.mu.Unlock()
+	reg := l.toolsOf(s)
+	if reg == nil {
+		panic(fmt.Sprintf("outbox.AddTool %q: the layer is not installed on this server; "+
+			"create the server with Layer.NewServer, or call Layer.Install on it first", t.Name))
+	}
+	reg.add(info)
 
 	mcp.AddTool(s, sdkTool, func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
 		a := attemptFrom(ctx)
