@@ -144,15 +144,19 @@ func (e *commitUnknownError) Unwrap() error { return e.err }
 func (a *attempt) notCommitted(err error) *mcp.CallToolResult {
 	if errors.Is(err, ErrOwnershipLost) {
 		a.outcome = outcomeInProgress
-		return toolError(codeInProgress, "%v; this attempt recorded nothing. Ask the %s tool for the outcome of key %q.",
-			ErrOwnershipLost, StatusToolName, a.id.key)
+		return toolError(codeInProgress, "%v; this attempt recorded nothing. %s for the call's outcome.",
+			ErrOwnershipLost, askStatus(a.id))
 	}
 	var unknown *commitUnknownError
 	if errors.As(err, &unknown) {
 		a.outcome = outcomeInProgress
+		retry := "retry with the same key"
+		if keyless(a.id) {
+			retry = "make the identical call again"
+		}
 		return toolError(codeInProgress, "the database did not confirm the call's commit (%v), and could not be read to tell: "+
-			"the call may have been recorded. Ask the %s tool for the outcome of key %q, or retry with the same key: "+
-			"a retry replays the outcome if it was recorded, and runs the call if it was not.", err, StatusToolName, a.id.key)
+			"the call may have been recorded. %s for its outcome, or %s: "+
+			"a retry replays the outcome if it was recorded, and runs the call if it was not.", err, askStatus(a.id), retry)
 	}
 	// The cause is in the log (finish logs it): its text is the driver's.
 	a.outcome = outcomeNotRecorded

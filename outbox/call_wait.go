@@ -111,7 +111,7 @@ func waitFor[T any](ctx context.Context, ch <-chan T, deadline time.Time, a *att
 		return nil
 	case <-ctx.Done():
 		a.outcome = outcomeNotRecorded
-		return toolError(codeNotRecorded, "call cancelled while waiting for the original attempt of key %q; nothing was executed.", a.id.key)
+		return toolError(codeNotRecorded, "call cancelled while waiting for the attempt of %s; nothing was executed.", earlierCall(a.id))
 	case <-t.C:
 		a.outcome = outcomeInProgress
 		return inProgressError(a)

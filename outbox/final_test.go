@@ -177,3 +177,57 @@ func TestFinal(t *testing.T) {
 		t.Errorf("Final(err) = %v, want it to wrap err and keep its text", err)
 	}
 }
+
+// The answers and call_status texts of a call made without a key speak of
+// identical calls, never of a key the client did not send.
+func TestKeylessWords(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil, nil)
+	args := map[string]any{"amount": 100}
+	status := func() string {
+		t.Helper()
+		res := call(t, b.session, outbox.StatusToolName, "", map[string]any{"tool": "charge", "arguments": args})
+		m, _ := res.StructuredContent.(map[string]any)
+		msg, _ := m["message"].(string)
+		if res.IsError || msg == "" {
+			t.Fatalf("call_status: %s", text(res))
+		}
+		return msg
+	}
+	noKeyTalk := func(what, s string) {
+		t.Helper()
+		for _, bad := range []string{"same key", "new key", "idempotency key \""} {
+			if strings.Contains(s, bad) {
+				t.Errorf("%s: %q says %q", what, s, bad)
+			}
+		}
+	}
+
+	if res := callCharge(t, b.session, "", 100); res.IsError {
+		t.Fatal(text(res))
+	}
+	replayed := call(t, b.session, "charge", "", args)
+	if !strings.Contains(text(replayed), "Identical calls without a key replay it until") {
+		t.Errorf("replay: %q, want it to say until when identical calls replay", text(replayed))
+	}
+	noKeyTalk("replay", text(replayed))
+	if msg := status(); !strings.Contains(msg, "an identical call (same tool and arguments, without a key) made before expiresAt replays it") {
+		t.Errorf("status of a completed keyless call: %q", msg)
+	} else {
+		noKeyTalk("status completed", msg)
+	}
+
+	if _, err := b.db.Write.Exec(`UPDATE calls SET state = 'unknown' WHERE key_source = 'fingerprint'`); err != nil {
+		t.Fatal(err)
+	}
+	unknown := call(t, b.session, "charge", "", args)
+	if errorCode(unknown) != "outcome_unknown" || !strings.Contains(text(unknown), "Identical calls without an idempotency key get this answer until an operator settles it") {
+		t.Errorf("unknown: %v %q", unknown.Meta, text(unknown))
+	}
+	noKeyTalk("unknown", text(unknown))
+	if msg := status(); !strings.Contains(msg, "an identical call (same tool and arguments, without a key) gets an \"outcome unknown\" error") {
+		t.Errorf("status of an unknown keyless call: %q", msg)
+	} else {
+		noKeyTalk("status unknown", msg)
+	}
+}
