@@ -158,10 +158,15 @@ func (a *attempt) notCommitted(err error) *mcp.CallToolResult {
 			"the call may have been recorded. %s for its outcome, or %s: "+
 			"a retry replays the outcome if it was recorded, and runs the call if it was not.", err, askStatus(a.id), retry)
 	}
-	// The cause is in the log (finish logs it): its text is the driver's.
 	a.outcome = outcomeNotRecorded
-	return toolError(codeNotRecorded, "the call did not commit, and nothing of it was kept: a retry runs it again. "+
-		"The server's log has the cause under call id %s.", a.uid)
+	var te *txError
+	if errors.As(err, &te) {
+		// The database failed under the handler's statements: the text is
+		// the driver's, so it goes to the log (finish), not to the client.
+		return toolError(codeNotRecorded, "the call did not commit, and nothing of it was kept: a retry runs it again. "+
+			"The server's log has the cause under call id %s.", a.uid)
+	}
+	return toolError(codeNotRecorded, "the call did not commit (%v); nothing of it was kept, a retry runs it again.", err)
 }
 
 func stateOf(cr *mcp.CallToolResult) string {

@@ -31,7 +31,7 @@ func answers(a *attempt) map[string]*mcp.CallToolResult {
 		"cancelledWait": waitFor(cancelled, make(chan struct{}), time.Now().Add(time.Hour), a),
 		"ownershipLost": a.notCommitted(ErrOwnershipLost),
 		"commitUnknown": a.notCommitted(&commitUnknownError{errors.New("connection reset")}),
-		"notCommitted":  a.notCommitted(errors.New("disk I/O error")),
+		"txFailed":      a.notCommitted(&txError{errors.New("disk I/O error")}),
 		"handlerFailed": a.handlerFailed(),
 	}
 }
@@ -83,7 +83,7 @@ func TestAnswers_Keyed(t *testing.T) {
 			t.Errorf("%s: %q does not name the key", name, got)
 		}
 	}
-	for _, name := range []string{"notCommitted", "handlerFailed"} {
+	for _, name := range []string{"txFailed", "handlerFailed"} {
 		got := textOf(all[name])
 		if !strings.Contains(got, "call_x") || strings.Contains(got, "disk I/O") {
 			t.Errorf("%s: %q, want the call id and not the driver's text", name, got)
