@@ -221,4 +221,16 @@
 // for the tool's fingerprint window. Keys are scoped by principal: the
 // authenticated user's ID on HTTP, otherwise [callkey.LocalPrincipal]; never by
 // JSON-RPC id or session id, which do not survive a reconnect.
+//
+// # Several servers on one layer
+//
+// A layer may be installed on any number of servers ([Layer.NewServer] for
+// each tenant, or for each request in the getServer of go-sdk's
+// StreamableHTTPHandler), each with its own tools: [AddTool] registers a
+// tool on one server, and a tool of the same name on another server may
+// have another handler. A server that is no longer used leaves the layer
+// when the garbage collector takes it. All servers of a layer share its
+// key space, since a retry may reach another instance of the same server;
+// tenants whose calls must never meet need distinct principals or a layer
+// each.
 package outbox
