@@ -160,9 +160,10 @@ func (a *attempt) notCommitted(err error) *mcp.CallToolResult {
 	}
 	a.outcome = outcomeNotRecorded
 	var te *txError
-	if errors.As(err, &te) {
+	if errors.As(err, &te) && !errors.Is(err, errLeaseExpired) && !errors.Is(err, errClaimGone) {
 		// The database failed under the handler's statements: the text is
 		// the driver's, so it goes to the log (finish), not to the client.
+		// The layer's own reasons (the fence's) are said.
 		return toolError(codeNotRecorded, "the call did not commit, and nothing of it was kept: a retry runs it again. "+
 			"The server's log has the cause under call id %s.", a.uid)
 	}
