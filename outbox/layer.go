@@ -111,11 +111,14 @@ type Layer struct {
 	self   processID
 	tracer trace.Tracer
 
-	mu      sync.Mutex
-	servers map[weak.Pointer[mcp.Server]]*serverTools // see servers.go
-	local   map[localKey]*attempt                     // attempts of this layer between claim and outcome
-	nextID  uint64
-	notify  func() // called after a commit that enqueued effects
+	mu     sync.Mutex
+	local  map[localKey]*attempt // attempts of this layer between claim and outcome
+	nextID uint64
+	notify func() // called after a commit that enqueued effects
+
+	// servers holds the tools of each server the layer is installed on
+	// (servers.go); guarded by mu.
+	servers map[weak.Pointer[mcp.Server]]*serverTools
 
 	renewing bool // the lease renewal loop runs (PostgreSQL; renew.go)
 }
@@ -158,15 +161,14 @@ func New(db *schema.DB, opts *Options) (*Layer, error) {
 	group := newGroupCommit(db, o.MaxBatchCalls, o.MaxBatchWait, time.Now)
 	group.onCommit = func(calls int) { o.Metrics.commit(commitCalls, calls) }
 	return &Layer{
-		db:      db,
-		group:   group,
-		opts:    o,
-		logger:  logger.With("subsystem", "outbox"),
-		now:     o.Now,
-		self:    currentProcess(),
-		tracer:  tracerOf(o.TracerProvider),
-		servers: map[weak.Pointer[mcp.Server]]*serverTools{},
-		local:   map[localKey]*attempt{},
+		db:     db,
+		group:  group,
+		opts:   o,
+		logger: logger.With("subsystem", "outbox"),
+		now:    o.Now,
+		self:   currentProcess(),
+		tracer: tracerOf(o.TracerProvider),
+		local:  map[localKey]*attempt{},
 	}, nil
 }
 

@@ -50,6 +50,9 @@ func (l *Layer) register(s *mcp.Server) (r *serverTools, added bool) {
 		return r, false
 	}
 	r = &serverTools{tools: map[string]*toolInfo{}}
+	if l.servers == nil {
+		l.servers = map[weak.Pointer[mcp.Server]]*serverTools{}
+	}
 	l.servers[key] = r
 	// The cleanup and its argument reach s only weakly, so they do not
 	// keep it alive; neither does anything the layer holds.
