@@ -221,13 +221,36 @@ func TestKeylessWords(t *testing.T) {
 		t.Fatal(err)
 	}
 	unknown := call(t, b.session, "charge", "", args)
-	if errorCode(unknown) != "outcome_unknown" || !strings.Contains(text(unknown), "Identical calls without an idempotency key get this answer until an operator settles it") {
+	if errorCode(unknown) != "outcome_unknown" || !strings.Contains(text(unknown), "Identical calls without an idempotency key get this answer until") {
 		t.Errorf("unknown: %v %q", unknown.Meta, text(unknown))
 	}
 	noKeyTalk("unknown", text(unknown))
-	if msg := status(); !strings.Contains(msg, "an identical call (same tool and arguments, without a key) gets an \"outcome unknown\" error") {
+	if msg := status(); !strings.Contains(msg, "an identical call (same tool and arguments, without a key) made before expiresAt "+
+		"gets an \"outcome unknown\" error, and after that runs as a new call") {
 		t.Errorf("status of an unknown keyless call: %q", msg)
 	} else {
 		noKeyTalk("status unknown", msg)
+	}
+
+	// Past the fingerprint window, an identical call is a new call, as it
+	// is after a completed one; the unknown call stays for an operator.
+	if _, err := b.db.Write.Exec(`UPDATE calls SET expires_at = 0 WHERE state = 'unknown'`); err != nil {
+		t.Fatal(err)
+	}
+	fresh := call(t, b.session, "charge", "", args)
+	if fresh.IsError || callMeta(fresh)["replayed"] != false {
+		t.Fatalf("identical call past the window of an unknown one: %v %q, want a new run", fresh.Meta, text(fresh))
+	}
+	if n := charges(t, b); n != 2 {
+		t.Errorf("charges = %d, want 2", n)
+	}
+	if n := count(t, b.db.Read, `SELECT count(*) FROM calls WHERE state = 'unknown' AND key LIKE '%/call_%'`); n != 1 {
+		t.Errorf("unknown calls set aside = %d, want 1", n)
+	}
+
+	res := call(t, b.session, outbox.StatusToolName, "", map[string]any{"tool": "charge", "arguments": map[string]any{"amount": 7}})
+	m, _ := res.StructuredContent.(map[string]any)
+	if msg, _ := m["message"].(string); !strings.HasPrefix(msg, "No identical call (same tool and arguments, without a key)") {
+		t.Errorf("status of a keyless call never made: %q", msg)
 	}
 }

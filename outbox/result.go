@@ -177,9 +177,10 @@ func writerBusyError(a *attempt, waited time.Duration) *mcp.CallToolResult {
 func unknownError(r callRow, a *attempt) *mcp.CallToolResult {
 	next := "Use a new key only for a deliberately new call."
 	if keyless(a.id) {
-		// claimOnce never lets an unknown call expire, fingerprint or not.
-		next = "Identical calls without an idempotency key get this answer until an operator settles it; " +
-			"a call that carries a key is told apart by its key."
+		// claimOnce sets the call aside once the window has passed.
+		next = fmt.Sprintf("Identical calls without an idempotency key get this answer until %s, the end of the "+
+			"fingerprint window; after that, an identical call runs as a new call. A call that carries a key is told apart by its key.",
+			time.UnixMilli(r.expiresAt).UTC().Format(time.RFC3339))
 	}
 	return toolError(codeUnknown,
 		"the outcome of %s is unknown: it was handed to the tool server at %s and its answer was lost. "+

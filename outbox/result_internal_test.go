@@ -63,7 +63,7 @@ func TestAnswers_Keyless(t *testing.T) {
 	for name, want := range map[string]string{
 		"replay":     "Identical calls without a key replay it until 1970-01-01T00:00:00Z",
 		"inProgress": "an identical call (same tool and arguments, sent without an idempotency key) is still in progress",
-		"unknown":    "Identical calls without an idempotency key get this answer until an operator settles it",
+		"unknown":    "Identical calls without an idempotency key get this answer until 1970-01-01T00:00:00Z, the end of the fingerprint window",
 		"writerBusy": "this call (sent without an idempotency key) was not recorded",
 	} {
 		if got := textOf(answers(a)[name]); !strings.Contains(got, want) {

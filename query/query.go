@@ -127,7 +127,14 @@ func LookupArgs(ctx context.Context, db *sql.DB, principal, tool string, args js
 	if err != nil {
 		return nil, err
 	}
-	return Lookup(ctx, db, principal, callkey.Fingerprint(principal, tool, canonical), now)
+	st, err := Lookup(ctx, db, principal, callkey.Fingerprint(principal, tool, canonical), now)
+	if err == nil && st.State == NotFound {
+		// The client sent no key: speak of what it sent.
+		st.KeySource = string(callkey.SourceFingerprint)
+		st.Message = "No identical call (same tool and arguments, without a key) within the fingerprint window: " +
+			"it expired or was never seen. Making the call would run it."
+	}
+	return st, err
 }
 
 func effects(ctx context.Context, db *sql.DB, callID int64) ([]Effect, error) {
@@ -200,13 +207,15 @@ func message(st *Status) string {
 	case Failed:
 		return "The tool returned an error; nothing of its work was kept. " + retryCap + " replays the error."
 	case OutcomeUnknown:
+		m := "The call was forwarded to the tool server but its outcome was lost: it may or may not have run. " +
+			"It will not run again automatically; " + retry + " gets an \"outcome unknown\" error until it is settled. "
 		if st.KeySource == "fingerprint" {
-			// An unknown call never expires (outbox's claim), fingerprint or not.
-			retry = "an identical call (same tool and arguments, without a key)"
+			// outbox's claim sets such a call aside once its window passed.
+			m = "The call was forwarded to the tool server but its outcome was lost: it may or may not have run. " +
+				"It will not run again automatically; " + retry + " gets an \"outcome unknown\" error, " +
+				"and after that runs as a new call. "
 		}
-		return "The call was forwarded to the tool server but its outcome was lost: it may or may not have run. " +
-			"It will not run again automatically; " + retry + " gets an \"outcome unknown\" error until it is settled. " +
-			"An operator settles it with `mcp-outbox outbox resolve-call`."
+		return m + "An operator settles it with `mcp-outbox outbox resolve-call`."
 	}
 	return ""
 }
