@@ -290,7 +290,7 @@ func TestCall_FailedCallKeepsNoWrites(t *testing.T) {
 		if _, err := tx.Enqueue(ctx, outbox.Effect{Destination: "x", Path: "/y"}); err != nil {
 			return nil, struct{}{}, err
 		}
-		return nil, struct{}{}, errors.New("declined after writing")
+		return nil, struct{}{}, outbox.Final(errors.New("declined after writing"))
 	}, nil)
 	res := call(t, connect(t, s), "half", "h1", map[string]any{})
 	if !res.IsError {
@@ -298,32 +298,6 @@ func TestCall_FailedCallKeepsNoWrites(t *testing.T) {
 	}
 	if n := count(t, db.Read, `SELECT count(*) FROM charges`) + count(t, db.Read, `SELECT count(*) FROM effects`); n != 0 {
 		t.Errorf("a failed call left %d rows", n)
-	}
-}
-
-func TestCall_RetryableErrorNotRecorded(t *testing.T) {
-	t.Parallel()
-	db := openDB(t)
-	l, _ := outbox.New(db, nil)
-	s := l.NewServer(&mcp.Implementation{Name: "t", Version: "v0"}, nil)
-	fail := true
-	outbox.AddTool(l, s, &mcp.Tool{Name: "flaky"}, func(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, struct{}, error) {
-		if fail {
-			return nil, struct{}{}, outbox.Retryable(errors.New("downstream busy"))
-		}
-		_, err := tx.Exec(ctx, `INSERT INTO charges (amount, currency, created_at) VALUES (1, 'usd', 0)`)
-		return nil, struct{}{}, err
-	}, nil)
-	cs := connect(t, s)
-	if res := call(t, cs, "flaky", "f1", map[string]any{}); !res.IsError {
-		t.Fatal("want the retryable error")
-	}
-	if got := count(t, db.Read, `SELECT count(*) FROM calls`); got != 0 {
-		t.Fatalf("a retryable error left %d calls rows", got)
-	}
-	fail = false
-	if res := call(t, cs, "flaky", "f1", map[string]any{}); res.IsError || callMeta(res)["replayed"] != false {
-		t.Fatalf("retry did not run: %s", text(res))
 	}
 }
 

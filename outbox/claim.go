@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -62,6 +63,11 @@ RETURNING id`
 
 const deleteExpiredCall = `
 DELETE FROM calls WHERE id = $1 AND state = $2 AND expires_at <= $3`
+
+// setAsideUnknownCall moves an unknown call made without a key, whose
+// fingerprint window has passed, to a key of its own.
+const setAsideUnknownCall = `
+UPDATE calls SET key = key || '/' || CAST($2 AS TEXT) WHERE id = $1 AND state = 'unknown' AND expires_at <= $3`
 
 const takeOverCall = `
 UPDATE calls SET owner = $1, lease_until = $2, attempts = attempts + 1
@@ -154,7 +160,18 @@ func (l *Layer) claimOnce(ctx context.Context, u *unit, a *attempt) (claimResult
 		return claimResult{}, fmt.Errorf("read call: %w", err)
 	}
 
-	// An unknown outcome never expires: only an operator settles it.
+	// An unknown outcome never expires: only an operator settles it. A call
+	// made without a key, though, names its identical calls only for the
+	// fingerprint window, as a completed one does: past it, an identical
+	// call is a new call. The unknown call keeps its row for the operator,
+	// under a key of its own (its fingerprint and its uid), which frees the
+	// fingerprint for the new call.
+	if found && r.state == "unknown" && a.id.source == callkey.SourceFingerprint && r.expiresAt <= now {
+		if err := raced(u.exec(setAsideUnknownCall, r.id, r.uid, now)); err != nil {
+			return claimResult{}, fmt.Errorf("set aside unknown call: %w", err)
+		}
+		found = false
+	}
 	if found && r.state != "in_flight" && r.state != "unknown" && r.expiresAt <= now {
 		// The key's record expired: the key is free to name a new call. The
 		// old call's effects keep their own Idempotency-Keys.

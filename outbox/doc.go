@@ -38,10 +38,31 @@
 //  2. The outcome: the handler's unit, begun at the handler's first
 //     statement. It first checks that the row still names this attempt as
 //     owner (the fence), runs the handler's statements and effects, then
-//     writes the state and the result. A handler error rolls the handler's
-//     work back and records state failed; the error is replayed like a
-//     result. The call answers only once the commit holding its outcome is
-//     durable.
+//     writes the state and the result. A failed outcome (see "What is
+//     recorded") rolls the handler's work back and records state failed;
+//     the error is replayed like a result. The call answers only once the
+//     commit holding its outcome is durable.
+//
+// # What is recorded
+//
+// What a handler returns decides, so that a retry repeats only what a
+// retry would repeat anyway:
+//
+//   - A result, isError or not, is the call's outcome. So is an error the
+//     handler marks with [Final]: a business rejection such as "card
+//     declined", whose text the client reads. A failed outcome keeps
+//     nothing of the handler's work (its rows and effects roll back); it is
+//     recorded as failed and replayed to a retry with the same key.
+//   - Any other error is a fault, not an outcome: a bad statement, a bug, a
+//     downstream that did not answer. The handler's work rolls back and the
+//     claim is released, so nothing of the call is recorded and a retry runs
+//     the handler again. The client gets a generic tool error (code
+//     not_recorded) naming the call id, never the error's text, which may be
+//     a driver's; the layer logs the error at level ERROR with that call_id.
+//   - A failure of the database under the handler (busy, I/O, full, the
+//     connection gone) is never recorded either, even if the handler marks
+//     it Final: it says nothing of the call.
+//   - A *jsonrpc.Error is a protocol error: answered as it is, not recorded.
 //
 // # Group commit
 //
@@ -60,12 +81,17 @@
 //	in_flight  claimed by the attempt named in owner; nothing of the handler's
 //	           work is visible. If that attempt dies, the row is taken over.
 //	completed  the handler's writes, its effects and the result are committed.
-//	failed     the handler returned a tool error; its writes were rolled back,
-//	           the error is recorded and replayed.
+//	failed     the handler returned an isError result or a [Final] error;
+//	           its writes were rolled back, the error is recorded and
+//	           replayed.
 //	unknown    a forwarded call (see [RemoteTool]) whose answer was lost: it
 //	           may or may not have run, so it never runs again by itself; a
 //	           retry gets an outcome_unknown error until an operator settles
-//	           it (admin.ResolveCall). It never expires.
+//	           it (admin.ResolveCall). It never expires; but a call made
+//	           without a key blocks identical calls only for its
+//	           fingerprint window, after which it is set aside under a
+//	           key of its own (fingerprint/uid) and an identical call runs
+//	           as a new call.
 //
 // A claim records what its abandonment means (calls.on_lost): 'rerun' for
 // the layer's own tools, whose work commits with the outcome, so a claim
@@ -75,7 +101,7 @@
 //
 // An attempt that ends without an outcome (the client cancelled before the
 // commit, the handler was never reached because the arguments failed the
-// schema, a database error, a handler error marked [Retryable]) deletes its
+// schema, a database error, a handler error not marked [Final]) deletes its
 // in_flight row: the call leaves no trace and a retry runs it.
 //
 // # Effects and their delivery
@@ -293,4 +319,16 @@
 // (the go-sdk's TokenInfo.UserID) on HTTP with authentication, and as
 // "local" otherwise; the status tool, package query and admin.CallRef name
 // it so.
+//
+// # Several servers on one layer
+//
+// A layer may be installed on any number of servers ([Layer.NewServer] for
+// each tenant, or for each request in the getServer of go-sdk's
+// StreamableHTTPHandler), each with its own tools: [AddTool] registers a
+// tool on one server, and a tool of the same name on another server may
+// have another handler. A server that is no longer used leaves the layer
+// when the garbage collector takes it. All servers of a layer share its
+// key space, since a retry may reach another instance of the same server;
+// tenants whose calls must never meet need distinct principals or a layer
+// each.
 package outbox

@@ -23,9 +23,17 @@ func WaitingForTurn(l *Layer) int { return l.group.waiting() }
 // InstallUntraced installs the layer on s as Install does, without the
 // tracing middleware: the baseline of BenchmarkTracing.
 func InstallUntraced(l *Layer, s *mcp.Server) {
-	s.AddReceivingMiddleware(l.middleware)
+	r, _ := l.register(s)
+	s.AddReceivingMiddleware(l.middlewareFor(r))
 	l.addStatusTool(s)
 }
 
 // TraceMiddleware is the layer's tracing middleware alone.
 func TraceMiddleware(l *Layer) mcp.Middleware { return l.traceMiddleware }
+
+// ServersOf reports how many servers the layer's registry holds.
+func ServersOf(l *Layer) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.servers)
+}

@@ -44,7 +44,7 @@ func TestFault_LostClaimRowReused(t *testing.T) {
 	}
 	close(g.release)
 	got := <-resA
-	if !strings.HasPrefix(got, "not_recorded: ") || !strings.Contains(got, "a retry will run it") {
+	if !strings.HasPrefix(got, "not_recorded: ") || !strings.Contains(got, "a retry runs it again") {
 		t.Fatalf("attempt whose claim was lost: %s; want not_recorded, a retry runs it", got)
 	}
 	if r := call(t, fb.sessions[0], "gate", "lost", map[string]any{"n": 1}); r.IsError || callMeta(r)["replayed"] != false {
@@ -76,7 +76,7 @@ func TestFault_LostTakeover(t *testing.T) {
 	if fb.inj.Faults("takeover") != 1 {
 		t.Fatalf("the takeover's commit was not failed (%d picked)", fb.inj.Seen("takeover"))
 	}
-	if errorCode(res) != "not_recorded" || !strings.Contains(text(res), "a retry will run it") {
+	if errorCode(res) != "not_recorded" || !strings.Contains(text(res), "a retry runs it again") {
 		t.Fatalf("attempt whose takeover was lost: %v %s; want not_recorded, a retry runs it", res.Meta, text(res))
 	}
 	res = callCharge(t, fb.session, "left-behind", 100)

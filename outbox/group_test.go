@@ -72,7 +72,7 @@ func addSteps(t *testing.T, b *bundle) *steps {
 			c.wroteOne.Do(func() { close(c.wrote) })
 			<-c.hold
 			if in.Fail {
-				return nil, stepOut{}, errors.New("refused after writing")
+				return nil, stepOut{}, outbox.Final(errors.New("refused after writing"))
 			}
 			return nil, stepOut{Name: in.Name, Row: row}, nil
 		}, nil)

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"weak"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"go.opentelemetry.io/otel/trace"
@@ -94,10 +95,11 @@ type Options struct {
 	TracerProvider trace.TracerProvider
 }
 
-// A Layer is the idempotent execution layer of one MCP server on one
-// database. Create it with [New], then create the server with
+// A Layer is the idempotent execution layer of MCP servers on one
+// database. Create it with [New], then create a server with
 // [Layer.NewServer] (or call [Layer.Install] on an existing one) and register
-// side-effecting tools with [AddTool].
+// side-effecting tools with [AddTool]. One layer serves any number of
+// servers, each with its own tools (one per tenant, or one per request).
 type Layer struct {
 	db     *schema.DB
 	group  *groupCommit // the writer's transactions, shared among calls
@@ -108,7 +110,6 @@ type Layer struct {
 	tracer trace.Tracer
 
 	mu     sync.Mutex
-	tools  map[string]*toolInfo
 	local  map[localKey]*attempt // attempts of this layer between claim and outcome
 	nextID uint64
 	notify func() // called after a commit that enqueued effects: every hook (lifecycle.go)
@@ -116,6 +117,10 @@ type Layer struct {
 	runner *Runner // the work of Start, until its Stop
 
 	known atomic.Pointer[destSet] // the dispatcher's destinations once Start ran; see checkDestination
+
+	// servers holds the tools of each server the layer is installed on
+	// (servers.go); guarded by mu.
+	servers map[weak.Pointer[mcp.Server]]*serverTools
 
 	renewing bool // the lease renewal loop runs (PostgreSQL; renew.go)
 }
@@ -165,7 +170,6 @@ func New(db *schema.DB, opts *Options) (*Layer, error) {
 		now:    o.Now,
 		self:   currentProcess(),
 		tracer: tracerOf(o.TracerProvider),
-		tools:  map[string]*toolInfo{},
 		local:  map[localKey]*attempt{},
 	}, nil
 }
@@ -231,11 +235,16 @@ func (l *Layer) NewServer(impl *mcp.Implementation, opts *mcp.ServerOptions) *mc
 	return s
 }
 
-// Install adds the layer's receiving middleware and the status tool to s.
-// Tools registered with [AddTool] only run through the middleware; without
-// Install they refuse to run.
+// Install adds the layer's receiving middleware and the status tool to s,
+// once: installing again on the same server does nothing. [AddTool] needs
+// it. One layer may be installed on many servers, each with its own tools;
+// they share the layer's database and key space.
 func (l *Layer) Install(s *mcp.Server) {
-	s.AddReceivingMiddleware(l.traceMiddleware, l.middleware) // the first is outermost
+	r, added := l.register(s)
+	if !added {
+		return
+	}
+	s.AddReceivingMiddleware(l.traceMiddleware, l.middlewareFor(r)) // the first is outermost
 	l.addStatusTool(s)
 }
 

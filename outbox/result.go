@@ -50,7 +50,7 @@ func replay(r callRow, id callIdentity) *mcp.CallToolResult {
 	}
 	when := time.UnixMilli(r.completedAt.Int64).UTC().Format(time.RFC3339Nano)
 	var which string
-	if id.source == callkey.SourceFingerprint {
+	if keyless(id) {
 		which = fmt.Sprintf("an identical call (same tool and arguments, no idempotency key) first made at %s",
 			time.UnixMilli(r.createdAt).UTC().Format(time.RFC3339))
 	} else {
@@ -58,8 +58,12 @@ func replay(r callRow, id callIdentity) *mcp.CallToolResult {
 	}
 	note := fmt.Sprintf("[mcp-outbox] Replayed: this is the recorded result of %s, which %s at %s. The tool did not run again.",
 		which, r.state, when)
-	if id.source == callkey.SourceFingerprint {
-		note += " To make a separate new call, send a new idempotency key."
+	if keyless(id) {
+		// A client that sent no key may never have heard of keys: tell
+		// it what makes its next identical call a new one.
+		note += fmt.Sprintf(" Identical calls without a key replay it until %s; after that, an identical call runs as a new call. "+
+			"A call that carries an idempotency key is told apart by its key.",
+			time.UnixMilli(r.expiresAt).UTC().Format(time.RFC3339))
 	}
 	res.Content = append(res.Content, &mcp.TextContent{Text: note})
 	setCallMeta(res, id, r.uid, r.state, true, r.createdAt, r.completedAt.Int64)
@@ -77,7 +81,40 @@ func decodeRecorded(r callRow) (*mcp.CallToolResult, error) {
 }
 
 func unreadableResult(r callRow, id callIdentity, err error) *mcp.CallToolResult {
-	return toolError(codeNotRecorded, "the recorded result of key %q cannot be read (%v); the call is recorded as %s.", id.key, err, r.state)
+	return toolError(codeNotRecorded, "the recorded result of %s cannot be read (%v); the call is recorded as %s.", earlierCall(id), err, r.state)
+}
+
+// The layer's answers name the call they are about. A call that came
+// without a key is known by a fingerprint of its tool and arguments, which
+// the client never saw: calling it a key, or telling the client to use a
+// new one, would only confuse. These say what holds for each kind.
+
+// keyless reports whether the call came without a key.
+func keyless(id callIdentity) bool { return id.source == callkey.SourceFingerprint }
+
+// thisCall names the call being answered.
+func thisCall(id callIdentity) string {
+	if keyless(id) {
+		return "this call (sent without an idempotency key)"
+	}
+	return fmt.Sprintf("the call with idempotency key %q", id.key)
+}
+
+// earlierCall names the call whose record or attempt the answer is about:
+// for a key, the call with that key; without one, an identical call.
+func earlierCall(id callIdentity) string {
+	if keyless(id) {
+		return "an identical call (same tool and arguments, sent without an idempotency key)"
+	}
+	return fmt.Sprintf("the call with idempotency key %q", id.key)
+}
+
+// askStatus tells how to ask the status tool about the call.
+func askStatus(id callIdentity) string {
+	if keyless(id) {
+		return fmt.Sprintf("Ask the %s tool, giving this tool's name and the same arguments,", StatusToolName)
+	}
+	return fmt.Sprintf("Ask the %s tool with key %q", StatusToolName, id.key)
 }
 
 func setCallMeta(cr *mcp.CallToolResult, id callIdentity, uid, state string, replayed bool, created, completed int64) {
@@ -108,6 +145,14 @@ func conflictError(r callRow, a *attempt) *mcp.CallToolResult {
 	if r.tool != a.tool.name {
 		what = fmt.Sprintf("another tool (%s)", r.tool)
 	}
+	if keyless(a.id) {
+		// A fingerprint is the hash of the principal, the tool and the
+		// arguments, so only a hash collision gets here.
+		return toolError(codeConflict,
+			"a call with %s made at %s has the same fingerprint as this call (sent without an idempotency key); nothing was executed. "+
+				"Send an idempotency key to tell the two apart.",
+			what, time.UnixMilli(r.createdAt).UTC().Format(time.RFC3339))
+	}
 	return toolError(codeConflict,
 		"idempotency key %q was already used at %s for a call with %s; nothing was executed. Use a new key for a new call.",
 		a.id.key, time.UnixMilli(r.createdAt).UTC().Format(time.RFC3339), what)
@@ -115,24 +160,31 @@ func conflictError(r callRow, a *attempt) *mcp.CallToolResult {
 
 func inProgressError(a *attempt) *mcp.CallToolResult {
 	return toolError(codeInProgress,
-		"the call with idempotency key %q is still in progress in another attempt; nothing was executed. Ask the %s tool for its outcome, or retry later.",
-		a.id.key, StatusToolName)
+		"%s is still in progress in another attempt; nothing was executed. %s for its outcome, or retry later.",
+		earlierCall(a.id), askStatus(a.id))
 }
 
 // writerBusyError answers a call whose claim found SQLite's write lock held
 // by another process for the whole in-flight wait.
 func writerBusyError(a *attempt, waited time.Duration) *mcp.CallToolResult {
 	return toolError(codeInProgress,
-		"another process holds the database's write lock and did not release it within %s; the call with idempotency key %q "+
+		"another process holds the database's write lock and did not release it within %s; %s "+
 			"was not recorded and nothing was executed. Retry later: the retry runs it, or replays its outcome if another "+
 			"attempt has completed it meanwhile (the %s tool tells).",
-		waited, a.id.key, StatusToolName)
+		waited, thisCall(a.id), StatusToolName)
 }
 
 func unknownError(r callRow, a *attempt) *mcp.CallToolResult {
+	next := "Use a new key only for a deliberately new call."
+	if keyless(a.id) {
+		// claimOnce sets the call aside once the window has passed.
+		next = fmt.Sprintf("Identical calls without an idempotency key get this answer until %s, the end of the "+
+			"fingerprint window; after that, an identical call runs as a new call. A call that carries a key is told apart by its key.",
+			time.UnixMilli(r.expiresAt).UTC().Format(time.RFC3339))
+	}
 	return toolError(codeUnknown,
-		"the outcome of the call with idempotency key %q is unknown: it was handed to the tool server at %s and its answer was lost. "+
-			"It may or may not have run, so it is not run again. Ask the %s tool for its state; an operator settles it "+
-			"(mcp-outbox outbox resolve-call). Use a new key only for a deliberately new call.",
-		a.id.key, time.UnixMilli(r.createdAt).UTC().Format(time.RFC3339), StatusToolName)
+		"the outcome of %s is unknown: it was handed to the tool server at %s and its answer was lost. "+
+			"It may or may not have run, so it is not run again. %s for its state; an operator settles it "+
+			"(mcp-outbox outbox resolve-call). %s",
+		earlierCall(a.id), time.UnixMilli(r.createdAt).UTC().Format(time.RFC3339), askStatus(a.id), next)
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/jsonschema-go/jsonschema"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
@@ -18,9 +19,16 @@ import (
 // an effect, delivered after the commit, not in the handler: SQLite has one
 // writer, and tx holds it from the handler's first statement to the commit.
 //
-// A returned error becomes a tool error (isError) that is recorded as the
-// call's outcome and replayed, with the handler's writes rolled back; wrap it
-// with [Retryable] when a retry should run the handler again instead.
+// What it returns decides what is recorded. A result with IsError set, or
+// an error marked with [Final] (a business rejection: "card declined"), is
+// the call's outcome: recorded as failed, with the handler's writes and
+// effects rolled back, and replayed to a retry with the same key. Any other
+// error is a fault (a bad statement, a bug, a downstream that did not
+// answer): the handler's writes roll back, nothing is recorded, so a retry
+// runs the handler again, and the client gets a generic tool error naming
+// the call's id, never the error's text, which goes to the layer's log
+// with that id. A *jsonrpc.Error is a protocol error and is not recorded
+// either.
 type HandlerFor[In, Out any] func(ctx context.Context, tx Tx, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error)
 
 // ToolOptions configure one tool registered with [AddTool]; nil means all
@@ -60,7 +68,10 @@ func (t *toolInfo) onLostPolicy() string {
 }
 
 // AddTool registers a side-effecting tool on s, which must have the layer
-// installed. Like [mcp.AddTool], In and Out give the input and output
+// installed ([Layer.NewServer] or [Layer.Install]); it panics otherwise, as
+// [mcp.AddTool] does for a tool it cannot serve. The tool belongs to s
+// alone: other servers of the layer may have a tool of the same name with
+// another handler. Like [mcp.AddTool], In and Out give the input and output
 // schemas, and arguments are validated before the handler runs. A call
 // whose arguments hold a number that a float64 cannot hold, which the SDK's
 // validation would change, is refused and nothing runs (see "Numbers in
@@ -97,9 +108,12 @@ func AddTool[In, Out any](l *Layer, s *mcp.Server, t *mcp.Tool, h HandlerFor[In,
 	}
 	info.keyArgument = declared
 
-	l.mu.Lock()
-	l.tools[t.Name] = info
-	l.mu.Unlock()
+	reg := l.toolsOf(s)
+	if reg == nil {
+		panic(fmt.Sprintf("outbox.AddTool %q: the layer is not installed on this server; "+
+			"create the server with Layer.NewServer, or call Layer.Install on it first", t.Name))
+	}
+	reg.add(info)
 
 	mcp.AddTool(s, sdkTool, func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
 		a := attemptFrom(ctx)
@@ -115,9 +129,17 @@ func AddTool[In, Out any](l *Layer, s *mcp.Server, t *mcp.Tool, h HandlerFor[In,
 			// older clients) or in the client's retry, which carries the same
 			// _meta and so the same key. Either way only the final run's work
 			// may commit.
-			if rerr := a.discardWork(ctx); rerr != nil {
-				return nil, out, rerr
-			}
+			err = a.discardWork(ctx)
+		}
+		var wire *jsonrpc.Error
+		if err != nil && !isFinal(err) && !errors.As(err, &wire) {
+			// The SDK would put err's text into the result it sends
+			// (CallToolResult.SetError), and that text may be a driver's.
+			// finish answers for the call instead; the SDK only sees a
+			// stand-in.
+			a.handlerErr = err
+			var zero Out
+			return nil, zero, errHandlerFailed
 		}
 		return res, out, err
 	})

@@ -132,7 +132,14 @@ func LookupArgs(ctx context.Context, db *schema.DB, principal, tool string, args
 	if err != nil {
 		return nil, err
 	}
-	return Lookup(ctx, db, principal, callkey.Fingerprint(principal, tool, canonical), now)
+	st, err := Lookup(ctx, db, principal, callkey.Fingerprint(principal, tool, canonical), now)
+	if err == nil && st.State == NotFound {
+		// The client sent no key: speak of what it sent.
+		st.KeySource = string(callkey.SourceFingerprint)
+		st.Message = "No identical call (same tool and arguments, without a key) within the fingerprint window: " +
+			"it expired or was never seen. Making the call would run it."
+	}
+	return st, err
 }
 
 func effects(ctx context.Context, db *schema.DB, callID int64) ([]Effect, error) {
@@ -176,9 +183,20 @@ func Running(key, keySource, tool string) *Status {
 }
 
 func message(st *Status) string {
+	// A call made without a key is known by a fingerprint of its tool and
+	// arguments that the client never saw: its retry is an identical call,
+	// within the window the fingerprint lasts (ExpiresAt).
+	retry, retryCap := "a retry with the same key", "A retry with the same key"
+	if st.KeySource == "fingerprint" {
+		retry = "an identical call (same tool and arguments, without a key) made before expiresAt"
+		retryCap = "An identical call (same tool and arguments, without a key) made before expiresAt"
+	}
 	switch st.State {
 	case InFlight:
-		return "An attempt is running this call and has not committed an outcome. If it dies, a retry with the same key takes over and runs the call."
+		if st.KeySource == "fingerprint" {
+			retry = "an identical call (same tool and arguments, without a key)"
+		}
+		return "An attempt is running this call and has not committed an outcome. If it dies, " + retry + " takes over and runs the call."
 	case Completed:
 		pending := 0
 		for _, e := range st.Effects {
@@ -186,17 +204,23 @@ func message(st *Status) string {
 				pending++
 			}
 		}
-		m := "The call completed and its result is recorded; a retry with the same key replays it without running the tool."
+		m := "The call completed and its result is recorded; " + retry + " replays it without running the tool."
 		if pending > 0 {
 			m += fmt.Sprintf(" %d of its %d effects are not delivered yet.", pending, len(st.Effects))
 		}
 		return m
 	case Failed:
-		return "The tool returned an error; nothing of its work was kept. A retry with the same key replays the error."
+		return "The tool returned an error; nothing of its work was kept. " + retryCap + " replays the error."
 	case OutcomeUnknown:
-		return "The call was forwarded to the tool server but its outcome was lost: it may or may not have run. " +
-			"It will not run again automatically; a retry with the same key gets an \"outcome unknown\" error. " +
-			"An operator settles it with `mcp-outbox outbox resolve-call`."
+		m := "The call was forwarded to the tool server but its outcome was lost: it may or may not have run. " +
+			"It will not run again automatically; " + retry + " gets an \"outcome unknown\" error until it is settled. "
+		if st.KeySource == "fingerprint" {
+			// outbox's claim sets such a call aside once its window passed.
+			m = "The call was forwarded to the tool server but its outcome was lost: it may or may not have run. " +
+				"It will not run again automatically; " + retry + " gets an \"outcome unknown\" error, " +
+				"and after that runs as a new call. "
+		}
+		return m + "An operator settles it with `mcp-outbox outbox resolve-call`."
 	}
 	return ""
 }

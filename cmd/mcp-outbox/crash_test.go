@@ -492,7 +492,7 @@ func TestLeaseHandoffAcrossProcesses(t *testing.T) {
 	t.Run("loser's error points at the recorded outcome", func(t *testing.T) {
 		text := resultText(a.res)
 		code, _ := a.res.Meta[outbox.MetaKeyError].(string)
-		if code != "in_progress" || strings.Contains(text, "a retry will run it") {
+		if code != "in_progress" || strings.Contains(text, "a retry runs it again") {
 			t.Errorf("the loser's answer is code %q %q; the call is recorded by its new owner and a retry "+
 				"replays it, so it should be the in_progress error naming the status tool", code, text)
 		}

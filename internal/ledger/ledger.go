@@ -155,14 +155,14 @@ var currencyCode = regexp.MustCompile(`^[a-z]{3}$`)
 
 func (h handlers) charge(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolRequest, in ChargeIn) (*mcp.CallToolResult, ChargeOut, error) {
 	if in.Amount <= 0 {
-		return nil, ChargeOut{}, fmt.Errorf("amount must be greater than 0, got %d", in.Amount)
+		return nil, ChargeOut{}, outbox.Final(fmt.Errorf("amount must be greater than 0, got %d", in.Amount))
 	}
 	cur := strings.ToLower(in.Currency)
 	if cur == "" {
 		cur = "usd"
 	}
 	if !currencyCode.MatchString(cur) {
-		return nil, ChargeOut{}, fmt.Errorf("currency %q is not a three-letter code", in.Currency)
+		return nil, ChargeOut{}, outbox.Final(fmt.Errorf("currency %q is not a three-letter code", in.Currency))
 	}
 	var id int64
 	err := tx.QueryRow(ctx, `INSERT INTO charges (amount, currency, created_at) VALUES ($1, $2, $3) RETURNING id`,
@@ -193,14 +193,14 @@ func (h handlers) refund(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolReque
 	var refunded sql.NullInt64
 	err := tx.QueryRow(ctx, `SELECT amount, refunded_at FROM charges WHERE id = $1`, in.ChargeID).Scan(&amount, &refunded)
 	if errors.Is(err, sql.ErrNoRows) {
-		return nil, RefundOut{}, fmt.Errorf("no charge with id %d", in.ChargeID)
+		return nil, RefundOut{}, outbox.Final(fmt.Errorf("no charge with id %d", in.ChargeID))
 	}
 	if err != nil {
 		return nil, RefundOut{}, fmt.Errorf("read charge: %w", err)
 	}
 	if refunded.Valid {
-		return nil, RefundOut{}, fmt.Errorf("charge %d was already refunded at %s", in.ChargeID,
-			time.UnixMilli(refunded.Int64).UTC().Format(time.RFC3339))
+		return nil, RefundOut{}, outbox.Final(fmt.Errorf("charge %d was already refunded at %s", in.ChargeID,
+			time.UnixMilli(refunded.Int64).UTC().Format(time.RFC3339)))
 	}
 	if _, err := tx.Exec(ctx, `UPDATE charges SET refunded_at = $1 WHERE id = $2`, time.Now().UnixMilli(), in.ChargeID); err != nil {
 		return nil, RefundOut{}, fmt.Errorf("record refund: %w", err)

@@ -1,0 +1,291 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/failpoint"
+)
+
+// finish decides the call's outcome from what the SDK's handler chain
+// returned, and commits it with the handler's work, or abandons the attempt.
+func (a *attempt) finish(ctx context.Context, res mcp.Result, err error) (mcp.Result, error) {
+	cr, _ := res.(*mcp.CallToolResult)
+	var reason string
+	switch {
+	case !a.reached:
+		reason = "handler not reached" // arguments failed the schema: the SDK's error stands
+	case err != nil:
+		reason = "protocol error"
+	case ctx.Err() != nil:
+		// Cancelled before the commit. The SDK still sends a "context
+		// canceled" result; it must never become the recorded outcome.
+		reason = "cancelled"
+	case a.txErr != nil:
+		// The database failed under the handler (busy, I/O, full): that
+		// says nothing of the call, so it is never its outcome.
+		a.layer.logger.ErrorContext(ctx, "database failed under the handler; nothing recorded",
+			"tool", a.tool.name, "call_id", a.uid, "error", a.txErr)
+		a.abandon(ctx)
+		return a.notCommitted(a.txErr), nil
+	case a.handlerErr != nil:
+		// An unmarked error is a fault, not an outcome (see Final): keep
+		// nothing, so a retry runs the call again, and keep its text from
+		// the client.
+		a.outcome = outcomeNotRecorded
+		a.layer.logger.ErrorContext(ctx, "tool handler failed; nothing recorded",
+			"tool", a.tool.name, "call_id", a.uid, "error", a.handlerErr)
+		a.abandon(ctx)
+		return a.handlerFailed(), nil
+	case cr == nil:
+		reason = "no result"
+	case cr.InputRequests != nil:
+		// A multi round-trip request: the client retries with the same
+		// _meta and its inputResponses, as part of this logical call.
+		reason = "input required"
+	}
+	if reason != "" {
+		a.outcome = outcomeNotRecorded
+		a.layer.logger.DebugContext(ctx, "call not recorded", "tool", a.tool.name, "reason", reason)
+		a.abandon(ctx)
+		return res, err
+	}
+	err = a.commit(background(ctx), cr)
+	if errors.Is(err, errCommitUnknown) {
+		err = a.confirmCommit(background(ctx), err)
+	}
+	if err != nil {
+		a.abandon(ctx)
+		if !errors.Is(err, ErrOwnershipLost) {
+			a.layer.logger.ErrorContext(ctx, "commit call", "tool", a.tool.name, "call_id", a.uid, "error", err)
+		}
+		return a.notCommitted(err), nil
+	}
+	// Committed: a failpoint below may still lose the answer, but the
+	// outcome is the recorded one.
+	a.outcome = outcomeExecuted
+	if cr.IsError {
+		a.outcome = outcomeFailed
+	}
+	if a.effects > 0 {
+		a.layer.mu.Lock()
+		notify := a.layer.notify
+		a.layer.mu.Unlock()
+		if notify != nil {
+			notify()
+		}
+	}
+	if a.recorded() {
+		if testHookAfterCommit != nil {
+			testHookAfterCommit(ctx)
+		}
+		if err := failpoint.Inject(failpoint.CallAfterCommit); err != nil {
+			return toolError(codeNotRecorded, "%v after the commit; the call is recorded, a retry replays it.", err), nil
+		}
+		setCallMeta(cr, a.id, a.uid, stateOf(cr), false, a.createdAt, a.completedAt)
+	}
+	return cr, nil
+}
+
+// confirmCommit finds out, by reading the call's row again, whether a
+// commit whose answer was lost (errCommitUnknown) happened: it returns nil
+// if the row holds this attempt's outcome. It reads for a few seconds, the
+// time a restarting database takes; if it still cannot tell, it returns
+// an error that says so, and the call's answer must not claim that
+// nothing was recorded.
+func (a *attempt) confirmCommit(ctx context.Context, cause error) error {
+	if !a.recorded() || a.stored == "" {
+		return &commitUnknownError{cause}
+	}
+	deadline := time.Now().Add(confirmCommitFor)
+	wait := 50 * time.Millisecond
+	for {
+		var n int
+		err := a.layer.db.Read.QueryRowContext(ctx,
+			`SELECT count(*) FROM calls WHERE id = $1 AND uid = $2 AND state IN ('completed', 'failed') AND result = $3 AND completed_at = $4`,
+			a.callID, a.uid, a.stored, a.completedAt).Scan(&n)
+		if err == nil {
+			if n == 1 {
+				a.layer.logger.WarnContext(ctx, "commit's answer lost; the call's row shows it committed", "tool", a.tool.name, "error", cause)
+				return nil
+			}
+			return cause // read back: not committed
+		}
+		if time.Now().Add(wait).After(deadline) || ctx.Err() != nil {
+			return &commitUnknownError{cause}
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+		}
+		wait = min(2*wait, time.Second)
+	}
+}
+
+// confirmCommitFor bounds how long confirmCommit tries to read the row.
+const confirmCommitFor = 5 * time.Second
+
+// commitUnknownError: the commit may or may not have happened, and the
+// row could not be read to tell.
+type commitUnknownError struct{ err error }
+
+func (e *commitUnknownError) Error() string { return e.err.Error() }
+func (e *commitUnknownError) Unwrap() error { return e.err }
+
+// notCommitted is the answer of an attempt that committed nothing. When
+// another attempt took the call over, that attempt's outcome is the call's,
+// so the caller is sent to the status tool rather than told to retry.
+func (a *attempt) notCommitted(err error) *mcp.CallToolResult {
+	if errors.Is(err, ErrOwnershipLost) {
+		a.outcome = outcomeInProgress
+		return toolError(codeInProgress, "%v; this attempt recorded nothing. %s for the call's outcome.",
+			ErrOwnershipLost, askStatus(a.id))
+	}
+	var unknown *commitUnknownError
+	if errors.As(err, &unknown) {
+		a.outcome = outcomeInProgress
+		retry := "retry with the same key"
+		if keyless(a.id) {
+			retry = "make the identical call again"
+		}
+		return toolError(codeInProgress, "the database did not confirm the call's commit (%v), and could not be read to tell: "+
+			"the call may have been recorded. %s for its outcome, or %s: "+
+			"a retry replays the outcome if it was recorded, and runs the call if it was not.", err, askStatus(a.id), retry)
+	}
+	a.outcome = outcomeNotRecorded
+	var te *txError
+	if errors.As(err, &te) && !errors.Is(err, errLeaseExpired) && !errors.Is(err, errClaimGone) {
+		// The database failed under the handler's statements: the text is
+		// the driver's, so it goes to the log (finish), not to the client.
+		// The layer's own reasons (the fence's) are said.
+		return toolError(codeNotRecorded, "the call did not commit, and nothing of it was kept: a retry runs it again. "+
+			"The server's log has the cause under call id %s.", a.uid)
+	}
+	return toolError(codeNotRecorded, "the call did not commit (%v); nothing of it was kept, a retry runs it again.", err)
+}
+
+func stateOf(cr *mcp.CallToolResult) string {
+	if cr.IsError {
+		return "failed"
+	}
+	return "completed"
+}
+
+// commit records the outcome with the handler's work in one transaction.
+func (a *attempt) commit(ctx context.Context, cr *mcp.CallToolResult) error {
+	if a.tool.readOnly || (!a.recorded() && a.tx == nil) {
+		if a.tx != nil {
+			a.closeTx(false)
+		}
+		return nil
+	}
+	if !a.recorded() {
+		if cr.IsError {
+			a.closeTx(false)
+			return nil
+		}
+		return a.closeTx(true)
+	}
+	if err := a.begin(ctx); err != nil {
+		return err
+	}
+	if cr.IsError {
+		// A failed call keeps nothing of its work, effects included.
+		if err := a.discardWork(ctx); err != nil {
+			return err
+		}
+	}
+	stored, err := encodeResult(cr)
+	if err != nil {
+		return err
+	}
+	a.stored = stored
+	now := a.layer.nowMS()
+	a.completedAt = now
+	r, err := a.unit.exec(recordOutcome,
+		stateOf(cr), stored, now, now+a.retention().Milliseconds(), a.callID, a.owner)
+	if err != nil {
+		return fmt.Errorf("record outcome: %w", err)
+	}
+	if n, err := r.RowsAffected(); err != nil || n != 1 {
+		return ErrOwnershipLost
+	}
+	if err := failpoint.Inject(failpoint.CallBeforeCommit); err != nil {
+		return err
+	}
+	return a.closeTx(true)
+}
+
+const recordOutcome = `
+UPDATE calls SET state = $1, result = $2, completed_at = $3, expires_at = $4, owner = '', lease_until = 0
+WHERE id = $5 AND owner = $6 AND state = 'in_flight'`
+
+// closeTx ends the handler's transaction. Committing a unit waits until
+// the batch it joined is durable (or failed), so no call answers before its
+// outcome is on disk.
+func (a *attempt) closeTx(commit bool) error {
+	if a.readConn != nil {
+		_ = a.tx.Rollback() // a read-only tool has nothing to commit
+		a.readConn.Close()
+		a.tx, a.readConn = nil, nil
+		return nil
+	}
+	b := a.unit.leave(commit)
+	a.tx, a.unit = nil, nil
+	if commit {
+		return b.wait()
+	}
+	return nil
+}
+
+// abandon rolls back the handler's work and deletes the attempt's claim, so
+// the call leaves no trace and a retry runs it.
+//
+// The release needs no durability of its own, like the claim: a release lost
+// to a crash or a power failure leaves a claim of an attempt that no longer
+// runs, which the next attempt takes over.
+func (a *attempt) abandon(ctx context.Context) {
+	if !a.recorded() || a.callID == 0 {
+		if a.tx != nil {
+			a.closeTx(false)
+		}
+		return
+	}
+	if a.readConn != nil {
+		a.closeTx(false)
+	}
+	u := a.unit
+	a.unit, a.tx = nil, nil
+	var err error
+	if u != nil {
+		err = u.undo()
+	} else {
+		u, err = a.layer.group.enter(background(ctx), false)
+	}
+	if err == nil {
+		_, err = u.exec(`DELETE FROM calls WHERE id = $1 AND owner = $2 AND state = 'in_flight'`, a.callID, a.owner)
+	}
+	if u != nil {
+		u.leave(err == nil)
+	}
+	if err != nil {
+		// The row stays in_flight under an owner that is not running:
+		// the next attempt sees that and takes it over.
+		a.layer.logger.WarnContext(ctx, "release claim", "tool", a.tool.name, "error", err)
+	}
+}
+
+// isRetryable reports whether a result's error means that nothing of the
+// call happened for certain: the database failed, the call was cancelled, or
+// another attempt took it over. Such a result is never recorded.
+func isRetryable(err error) bool {
+	var t *txError
+	return errors.As(err, &t) || errors.Is(err, context.Canceled) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrOwnershipLost)
+}

@@ -1,0 +1,130 @@
+package outbox
+
+import (
+	"context"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// acquire claims the call for a, or returns the result to answer instead:
+// a replay, a conflict, an in-progress error.
+func (l *Layer) acquire(ctx context.Context, a *attempt) *mcp.CallToolResult {
+	deadline := time.Now().Add(l.opts.InFlightWait)
+	lk := localKey{a.id.principal, a.id.key}
+	poll := 5 * time.Millisecond
+	for {
+		l.mu.Lock()
+		if other := l.local[lk]; other != nil {
+			// Read under the lock: an attempt that left to retry its
+			// claim (busy) sets a new done when it comes back.
+			done := other.done
+			l.mu.Unlock()
+			a.waited = true
+			if res := waitFor(ctx, done, deadline, a); res != nil {
+				return res
+			}
+			continue
+		}
+		a.done = make(chan struct{})
+		l.local[lk] = a
+		l.startRenewingLocked()
+		l.mu.Unlock()
+
+		c, err := l.claim(ctx, a, deadline)
+		if err != nil {
+			a.outcome = outcomeNotRecorded
+			l.leave(a)
+			if ctx.Err() != nil {
+				return toolError(codeNotRecorded, "call cancelled while waiting for the database; nothing was executed.")
+			}
+			if isBusy(err) {
+				// Another process holds SQLite's write lock, perhaps running
+				// this very call: the writer is busy, as an owner in
+				// another process is. Try again until the in-flight wait
+				// ends, then answer like a duplicate that waited in vain.
+				a.waited = true
+				l.logger.DebugContext(ctx, "database write lock held by another process; claim retried", "tool", a.tool.name)
+				t := time.NewTimer(poll)
+				res := waitFor(ctx, t.C, deadline, a)
+				t.Stop()
+				if res != nil {
+					if a.outcome == outcomeInProgress {
+						res = writerBusyError(a, l.opts.InFlightWait)
+					}
+					return res
+				}
+				poll = min(2*poll, 200*time.Millisecond)
+				continue
+			}
+			l.logger.ErrorContext(ctx, "claim call", "tool", a.tool.name, "error", err)
+			// The claim may have failed before it could read the call's
+			// row, so whether an earlier attempt recorded an outcome is
+			// not known here: say what a retry does in either case.
+			return toolError(codeNotRecorded, "could not record the call (%v); nothing was executed, a retry will run it, or replay its outcome if an earlier attempt recorded one.", err)
+		}
+		switch c.kind {
+		case claimed:
+			a.claimed.Store(true)
+			return nil
+		case finished:
+			a.outcome = outcomeReplayed
+			if a.waited {
+				a.outcome = outcomeJoined
+			}
+			l.leave(a)
+			return replay(c.row, a.id)
+		case conflict:
+			a.outcome = outcomeConflict
+			l.leave(a)
+			return conflictError(c.row, a)
+		case lost:
+			a.outcome = outcomeUnknown
+			l.leave(a)
+			return unknownError(c.row, a)
+		case busy:
+			a.waited = true
+			l.leave(a)
+			// Another process owns the call: it cannot signal us, so poll.
+			t := time.NewTimer(poll)
+			if res := waitFor(ctx, t.C, deadline, a); res != nil {
+				t.Stop()
+				return res
+			}
+			poll = min(2*poll, 200*time.Millisecond)
+		}
+	}
+}
+
+// waitFor waits for ch, the call's context or the deadline. It returns nil
+// when ch fired, else the result to answer with.
+func waitFor[T any](ctx context.Context, ch <-chan T, deadline time.Time, a *attempt) *mcp.CallToolResult {
+	wait := time.Until(deadline)
+	if wait <= 0 {
+		a.outcome = outcomeInProgress
+		return inProgressError(a)
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		a.outcome = outcomeNotRecorded
+		return toolError(codeNotRecorded, "call cancelled while waiting for the attempt of %s; nothing was executed.", earlierCall(a.id))
+	case <-t.C:
+		a.outcome = outcomeInProgress
+		return inProgressError(a)
+	}
+}
+
+// leave removes a from the attempts of this layer and wakes its waiters.
+func (l *Layer) leave(a *attempt) {
+	l.mu.Lock()
+	lk := localKey{a.id.principal, a.id.key}
+	if l.local[lk] == a {
+		delete(l.local, lk)
+		close(a.done)
+	}
+	l.mu.Unlock()
+}

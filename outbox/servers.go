@@ -1,0 +1,92 @@
+package outbox
+
+import (
+	"context"
+	"runtime"
+	"sync"
+	"weak"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// One layer may serve many servers: one per tenant, or one per request
+// (the getServer of go-sdk's StreamableHTTPHandler may build a server for
+// every request). Each server has its own tools, so the registry that
+// AddTool fills and the middleware reads is per server, keyed weakly: a
+// server nobody uses any more is collected, and its entry goes with it.
+//
+// All servers of a layer share one key space: a call's key is scoped by
+// principal alone, as the calls table is. That is what per-request servers
+// need (a retry reaches another instance of the same server and must
+// replay), and it makes a layer one idempotency domain. Tenants whose calls
+// must never meet get distinct principals (authenticated users) or a layer
+// each.
+
+// serverTools are the tools registered with AddTool on one server.
+type serverTools struct {
+	mu    sync.Mutex
+	tools map[string]*toolInfo
+}
+
+func (r *serverTools) lookup(name string) *toolInfo {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.tools[name]
+}
+
+func (r *serverTools) add(t *toolInfo) {
+	r.mu.Lock()
+	r.tools[t.name] = t
+	r.mu.Unlock()
+}
+
+// register returns s's registry, creating it if s is new to the layer; added
+// says it was.
+func (l *Layer) register(s *mcp.Server) (r *serverTools, added bool) {
+	key := weak.Make(s)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if r := l.servers[key]; r != nil {
+		return r, false
+	}
+	r = &serverTools{tools: map[string]*toolInfo{}}
+	if l.servers == nil {
+		l.servers = map[weak.Pointer[mcp.Server]]*serverTools{}
+	}
+	l.servers[key] = r
+	// The cleanup and its argument reach s only weakly, so they do not
+	// keep it alive; neither does anything the layer holds.
+	runtime.AddCleanup(s, l.forget, key)
+	return r, true
+}
+
+func (l *Layer) forget(key weak.Pointer[mcp.Server]) {
+	l.mu.Lock()
+	delete(l.servers, key)
+	l.mu.Unlock()
+}
+
+// toolsOf returns s's registry, or nil if the layer is not installed on s.
+func (l *Layer) toolsOf(s *mcp.Server) *serverTools {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.servers[weak.Make(s)]
+}
+
+// middlewareFor is the layer's receiving middleware on the server whose
+// tools r holds.
+func (l *Layer) middlewareFor(r *serverTools) mcp.Middleware {
+	return func(next mcp.MethodHandler) mcp.MethodHandler {
+		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+			creq, ok := req.(*mcp.CallToolRequest)
+			if !ok || creq.Params == nil {
+				return next(ctx, method, req)
+			}
+			t := r.lookup(creq.Params.Name)
+			if t == nil { // not a tool of the layer: the SDK handles it, unknown tools included
+				return next(ctx, method, req)
+			}
+			return l.call(ctx, t, creq, method, next)
+		}
+	}
+}
