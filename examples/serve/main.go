@@ -59,7 +59,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	server := layer.NewServer(&mcp.Implementation{Name: "invoices", Version: "v1"}, nil)
 	outbox.AddTool(layer, server, &mcp.Tool{Name: "send_invoice", Description: "Bill a customer and mail the invoice."},
 		func(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolRequest, in invoiceIn) (*mcp.CallToolResult, invoiceOut, error) {
-			res, err := tx.Exec(ctx, `INSERT INTO invoices (customer) VALUES (?)`, in.Customer)
+			res, err := tx.ExecContext(ctx, `INSERT INTO invoices (customer) VALUES (?)`, in.Customer)
 			if err != nil {
 				return nil, invoiceOut{}, err
 			}
