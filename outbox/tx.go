@@ -3,7 +3,6 @@ package outbox
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -413,18 +412,18 @@ func (a *attempt) Enqueue(ctx context.Context, e Effect) (string, error) {
 	if a.tool.readOnly {
 		return "", errors.New("outbox: enqueue in a read-only tool")
 	}
-	if err := validateEffect(&e); err != nil {
+	if err := a.layer.checkEffect(&e); err != nil {
 		return "", err
+	}
+	headers, err := effectHeaders(e)
+	if err != nil {
+		return "", err
+	}
+	if a.txErr != nil {
+		return "", a.txErr
 	}
 	if err := a.begin(ctx); err != nil {
 		return "", err
-	}
-	headers, err := json.Marshal(e.Header)
-	if err != nil {
-		return "", fmt.Errorf("outbox: effect headers: %w", err)
-	}
-	if e.Header == nil {
-		headers = []byte("{}")
 	}
 	a.effects++
 	key := EffectKey(a.uid, a.effects)
@@ -434,7 +433,7 @@ func (a *attempt) Enqueue(ctx context.Context, e Effect) (string, error) {
 		callID = a.callID
 	}
 	_, err = a.unit.exec(insertEffect,
-		callID, a.effects, e.Destination, e.Method, e.Path, string(headers), e.Body, key, now, now, now, traceparentOf(ctx))
+		callID, a.effects, e.Destination, e.Method, e.Path, headers, e.Body, key, now, now, now, traceparentOf(ctx))
 	if err != nil {
 		a.effects--
 		return "", a.wrap(fmt.Errorf("enqueue effect: %w", err))
