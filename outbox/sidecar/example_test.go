@@ -11,8 +11,8 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox"
-	"github.com/mcp-outbox/mcp-outbox/schema"
 	"github.com/mcp-outbox/mcp-outbox/outbox/sidecar"
+	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
 // memoryUpstream dials a go-sdk server in this process; a real sidecar
