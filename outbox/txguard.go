@@ -196,12 +196,12 @@ func (l *lexer) next() (token, bool) {
 	case c == '\'':
 		l.quoted('\'', l.mode == lexPostgresBackslash)
 		return tok(tokString, "")
-	case c == '"':
-		text := l.quoted('"', false)
-		return tok(tokQuoted, text)
-	case !l.pg() && c == '`':
-		text := l.quoted('`', false)
-		return tok(tokQuoted, text)
+	case c == '"' || !l.pg() && c == '`':
+		raw := l.quoted(c, false)
+		if q := string([]byte{c, c}); strings.Contains(raw, q) {
+			raw = strings.ReplaceAll(raw, q, q[:1])
+		}
+		return tok(tokQuoted, raw)
 	case !l.pg() && c == '[':
 		// SQLite's [identifier]: no escapes, ends at the first ']'.
 		end := strings.IndexByte(s[l.i+1:], ']')
@@ -270,35 +270,26 @@ func (l *lexer) skipBlockComment() {
 }
 
 // quoted skips a literal that starts at l.i with q and ends at the next q
-// not doubled (nor, with backslash, escaped by '\'); it returns the
-// content, undoubled. An unterminated one runs to the end.
+// not doubled (nor, with backslash, escaped by '\'); it returns what is
+// between the quotes, as written. An unterminated one runs to the end.
 func (l *lexer) quoted(q byte, backslash bool) string {
 	s := l.s
-	l.i++
-	var b strings.Builder
-	for l.i < len(s) {
-		c := s[l.i]
-		switch {
+	start := l.i + 1
+	for l.i = start; l.i < len(s); l.i++ {
+		switch c := s[l.i]; {
 		case backslash && c == '\\':
-			if l.i+1 < len(s) {
-				b.WriteByte(s[l.i+1])
-			}
-			l.i += 2
-			continue
+			l.i++
 		case c == q:
 			if l.i+1 < len(s) && s[l.i+1] == q {
-				b.WriteByte(q)
-				l.i += 2
+				l.i++
 				continue
 			}
 			l.i++
-			return b.String()
+			return s[start : l.i-1]
 		}
-		b.WriteByte(c)
-		l.i++
 	}
 	l.i = len(s)
-	return b.String()
+	return s[start:]
 }
 
 // sqliteVariable skips one of SQLite's named parameters ($name, @name,
@@ -371,7 +362,8 @@ const (
 
 // stmtState is what the guard knows of the statement being read.
 type stmtState struct {
-	first []token // its first tokens, enough to classify it
+	first [keepTokens]token // its first tokens, enough to classify it
+	n     int               // how many of them there are
 	trig  int
 	start int // byte offset of its first token
 	why   string
@@ -416,30 +408,28 @@ func (st *stmtState) ends(mode lexMode) bool {
 }
 
 func (st *stmtState) add(t token, mode lexMode) {
-	if len(st.first) == 0 {
+	if st.n == 0 {
 		st.start = t.start
 	}
-	if len(st.first) < keepTokens {
-		st.first = append(st.first, t)
+	if st.n < keepTokens {
+		st.first[st.n] = t
+		st.n++
 	}
-	lower := ""
-	if t.kind == tokWord || t.kind == tokQuoted {
-		lower = asciiLower(t.text)
-	}
-	if mode != lexSQLite && (lower == "set_config" || lower == "pg_settings") {
+	named := t.kind == tokWord || t.kind == tokQuoted
+	if mode != lexSQLite && named && (foldIs(t.text, "set_config") || foldIs(t.text, "pg_settings")) {
 		// set_config(), and UPDATE pg_settings which calls it, change
 		// settings like SET does.
 		st.why = whySetting
 	}
 	if mode == lexSQLite && t.kind != tokSemi { // ends moved the state on a semicolon
-		st.trig = nextTrig(st.trig, t, lower)
+		st.trig = nextTrig(st.trig, t)
 	}
 }
 
-func nextTrig(state int, t token, lower string) int {
+func nextTrig(state int, t token) int {
 	kw := ""
-	if t.kind == tokWord {
-		kw = lower
+	if t.kind == tokWord && len(t.text) <= len("temporary") {
+		kw = asciiLower(t.text)
 	}
 	switch state {
 	case trigStart:
@@ -484,18 +474,24 @@ func nextTrig(state int, t token, lower string) int {
 
 // refusal classifies the statement read so far, which ends at offset end.
 func (st *stmtState) refusal(q string, end int) error {
-	if len(st.first) == 0 {
+	if st.n == 0 {
 		return nil
 	}
 	why := st.why
-	if t := st.first[0]; t.kind == tokWord {
-		kw := asciiLower(t.text)
-		if w, ok := refusedFirst[kw]; ok {
+	if t := st.first[0]; t.kind == tokWord && len(t.text) <= len("deallocate") {
+		var buf [len("deallocate")]byte
+		kw := buf[:copy(buf[:], t.text)]
+		for i, c := range kw {
+			if c >= 'A' && c <= 'Z' {
+				kw[i] = c + 'a' - 'A'
+			}
+		}
+		if w, ok := refusedFirst[string(kw)]; ok { // no allocation: the compiler looks up kw in place
 			why = w
-			if kw == "end" && st.isAtomicEnd() {
+			if string(kw) == "end" && st.isAtomicEnd() {
 				why = whyAtomic
 			}
-		} else if kw == "pragma" && !readOnlyPragmas[st.pragmaName()] {
+		} else if string(kw) == "pragma" && !readOnlyPragmas[st.pragmaName()] {
 			why = whyPragma
 		}
 	}
@@ -506,12 +502,12 @@ func (st *stmtState) refusal(q string, end int) error {
 }
 
 // isAtomicEnd: a lone END, most likely the end of a BEGIN ATOMIC body.
-func (st *stmtState) isAtomicEnd() bool { return len(st.first) == 1 }
+func (st *stmtState) isAtomicEnd() bool { return st.n == 1 }
 
 // pragmaName is the name of the pragma a PRAGMA statement runs, lower
 // case, without its schema ("main.table_info" gives "table_info").
 func (st *stmtState) pragmaName() string {
-	f := st.first
+	f := st.first[:st.n]
 	name := func(i int) string {
 		if i < len(f) && (f[i].kind == tokWord || f[i].kind == tokQuoted) {
 			return asciiLower(f[i].text)
@@ -522,6 +518,23 @@ func (st *stmtState) pragmaName() string {
 		return name(3)
 	}
 	return name(1)
+}
+
+// foldIs reports whether s is lit (lower case) in any ASCII case.
+func foldIs(s, lit string) bool {
+	if len(s) != len(lit) {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 'A' && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		if c != lit[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // asciiLower lowers ASCII letters only: both databases match keywords so,

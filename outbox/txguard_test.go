@@ -163,3 +163,19 @@ func TestCheckStatements_Message(t *testing.T) {
 		t.Fatalf("got %v, want a short excerpt", err)
 	}
 }
+
+// What the guard adds to each statement a handler runs.
+func BenchmarkCheckStatements(b *testing.B) {
+	for _, bc := range []struct{ name, q string }{
+		{"Insert", `INSERT INTO charges (amount, currency, created_at) VALUES ($1, $2, $3) RETURNING id`},
+		{"Select", `SELECT currency, count(*), sum(amount) FROM charges WHERE refunded_at IS NULL GROUP BY currency`},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			for b.Loop() {
+				if err := checkStatements(schema.Postgres, bc.q); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
