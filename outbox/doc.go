@@ -77,8 +77,11 @@
 // told so, and a retry runs the call again. So does a statement error
 // after which SQLite ended the shared transaction itself (ON CONFLICT
 // ROLLBACK, RAISE(ROLLBACK)): a later statement would otherwise run in
-// autocommit mode and commit at once. (PostgreSQL's SQL-standard function
-// bodies, BEGIN ATOMIC … END, are refused too: use a $$ body.)
+// autocommit mode and commit at once. Behind the guard, SQLite's writer
+// connection refuses any commit while a handler holds it (a commit hook),
+// which covers statements PrepareContext returned too. (PostgreSQL's
+// SQL-standard function bodies, BEGIN ATOMIC … END, are refused too: use
+// a $$ body.)
 //
 // Work that must commit outside any call, from an HTTP handler or a job,
 // can enqueue an effect in its own transaction with [Layer.EnqueueTx]: the

@@ -54,8 +54,11 @@ type Tx interface {
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 	// PrepareContext prepares a statement in the call's transaction; it is
 	// closed when the call ends. Unlike the methods above, the statement
-	// runs with the context its caller passes: see the method's comment
-	// on *attempt for what that costs, and prefer the methods above
+	// runs with the context its caller passes: on SQLite, a context that
+	// ends while it runs interrupts SQLite, which rolls back the
+	// transaction the call shares with others, so none of those calls is
+	// recorded (each is told so, and a retry runs it). That costs a retry,
+	// never a wrong outcome; the methods above cost nothing of the kind
 	// (sqlc's default, emit_prepared_queries false, never prepares).
 	PrepareContext(ctx context.Context, query string) (*sql.Stmt, error)
 	// Enqueue adds an effect to the outbox. Like the handler's rows, it is
@@ -140,6 +143,9 @@ func (a *attempt) openTx(ctx context.Context) error {
 	}
 	u.outcome = a.recorded()
 	a.unit, a.tx = u, u.tx()
+	if !u.b.own {
+		u.g.handlerTurn.Store(true) // until the unit leaves; see hookCommits
+	}
 	if a.recorded() {
 		if err := a.fence(u); err != nil {
 			return err
@@ -299,8 +305,11 @@ func (a *attempt) QueryRowContext(ctx context.Context, query string, args ...any
 // call shares with others: that batch fails, and none of its calls is
 // recorded (each is told so; a retry runs it). It costs those calls a
 // retry, never a wrong outcome. The statement's errors are not seen by the
-// layer either, so after one the handler must return an error, as it
-// should after any failed statement.
+// layer either: after one, the handler should return an error, as after
+// any failed statement. If it goes on, nothing commits out of turn: on
+// PostgreSQL the failed statement aborted the transaction, and on SQLite
+// a statement that would run in autocommit mode after SQLite ended the
+// transaction is refused by the writer's commit hook (see hookCommits).
 func (a *attempt) PrepareContext(ctx context.Context, query string) (*sql.Stmt, error) {
 	if err := a.statement(ctx, query); err != nil {
 		return nil, err

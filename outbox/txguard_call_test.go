@@ -217,3 +217,42 @@ func TestTx_NothingRunsAfterSQLiteEndedTheTransaction(t *testing.T) {
 		t.Fatalf("%d rows committed without the call's outcome", got)
 	}
 }
+
+// The layer does not see the errors of statements a handler prepared, so
+// after one of them ended the shared transaction (ON CONFLICT ROLLBACK),
+// the next would run in autocommit mode. SQLite's commit hook refuses any
+// commit while a handler holds the writer: nothing is committed, and the
+// call, its savepoint gone, is not recorded.
+func TestTx_PreparedStatementCannotCommit(t *testing.T) {
+	t.Parallel()
+	sqliteOnly(t, "ON CONFLICT ROLLBACK and the commit hook")
+	db := openDB(t)
+	l, err := outbox.New(db, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := l.NewServer(&mcp.Implementation{Name: "t", Version: "v0"}, nil)
+	var conflict, later error
+	outbox.AddTool(l, s, &mcp.Tool{Name: "prepared"}, func(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, struct{}, error) {
+		insert, err := tx.PrepareContext(ctx, `INSERT OR ROLLBACK INTO charges (id, amount, currency, created_at) VALUES ($1, $2, 'usd', 0)`)
+		if err != nil {
+			return nil, struct{}{}, err
+		}
+		if _, err := insert.ExecContext(ctx, 1, 1); err != nil {
+			return nil, struct{}{}, err
+		}
+		_, conflict = insert.ExecContext(ctx, 1, 2) // ends the transaction
+		_, later = insert.ExecContext(ctx, 3, 3)    // would commit at once
+		return nil, struct{}{}, nil
+	}, nil)
+	res := call(t, connect(t, s), "prepared", "p1", map[string]any{})
+	if conflict == nil || later == nil {
+		t.Fatalf("conflict: %v; statement after it: %v; want both to fail", conflict, later)
+	}
+	if !res.IsError {
+		t.Fatalf("the call answered success: %s", text(res))
+	}
+	if got := count(t, db.Read, `SELECT count(*) FROM charges`); got != 0 {
+		t.Fatalf("%d rows committed without the call's outcome", got)
+	}
+}
