@@ -16,8 +16,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/mcp-outbox/mcp-outbox/outbox/mcphttp"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/mcphttp"
 )
 
 // statefulVersion is the last protocol version with sessions; clients get

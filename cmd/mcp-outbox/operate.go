@@ -11,8 +11,8 @@ import (
 	"strings"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
-	"github.com/mcp-outbox/mcp-outbox/outbox/operator"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/operator"
 	"github.com/mcp-outbox/mcp-outbox/query"
 )
 

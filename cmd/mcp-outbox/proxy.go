@@ -7,10 +7,10 @@ import (
 	"net/url"
 	"path/filepath"
 
-	"github.com/mcp-outbox/mcp-outbox/outbox/destconfig"
 	"github.com/mcp-outbox/mcp-outbox/internal/gctune"
-	"github.com/mcp-outbox/mcp-outbox/schema"
+	"github.com/mcp-outbox/mcp-outbox/outbox/destconfig"
 	"github.com/mcp-outbox/mcp-outbox/outbox/sidecar"
+	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
 const proxyUsage = `Usage: mcp-outbox proxy [flags] -- COMMAND [ARGS...]
