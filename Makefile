@@ -121,6 +121,20 @@ fuzz/short: ## Run every fuzz target for 5s (CI); packages side by side, each pa
 	failed=0; for pid in $$pids; do wait $$pid || failed=1; done; \
 	cat "$$dir"/*.log; rm -rf "$$dir"; exit $$failed
 
+# sqlc, pinned in a module of its own (examples/sqlc/tools/go.mod, a tool
+# directive), so that its dependencies stay out of the library's go.mod.
+# Its PostgreSQL parser needs cgo. The first run builds it (about 150 s of
+# CPU here); later runs take it from the build cache.
+SQLC := cd examples/sqlc/tools && go tool sqlc
+
+.PHONY: sqlc
+sqlc: ## Regenerate examples/sqlc's Go code with the pinned sqlc
+	$(SQLC) generate -f ../sqlc.yaml
+
+.PHONY: sqlc/check
+sqlc/check: ## Check that examples/sqlc's checked-in code is what the pinned sqlc generates
+	$(SQLC) diff -f ../sqlc.yaml
+
 .PHONY: bench
 bench: ## Measure the targets against their baselines: the in-process table, what tracing costs, then from outside over HTTP and stdio (ARGS for outbox-bench, LOAD_ARGS for outbox-load)
 	@go run ./cmd/outbox-bench $(ARGS)

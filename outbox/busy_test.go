@@ -37,7 +37,7 @@ func newTwoProcesses(t *testing.T, busy, inFlightWait time.Duration) *twoProcess
 	var heldOnce, retryOnce sync.Once
 	hold := func(ctx context.Context, tx outbox.Tx, req *mcp.CallToolRequest, in struct{ N int }) (*mcp.CallToolResult, struct{ N int }, error) {
 		p.ran.Add(1)
-		if _, err := tx.Exec(ctx, `INSERT INTO held (n) VALUES ($1)`, in.N); err != nil {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO held (n) VALUES ($1)`, in.N); err != nil {
 			return nil, in, err
 		}
 		heldOnce.Do(func() { close(p.held) })

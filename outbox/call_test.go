@@ -284,7 +284,7 @@ func TestCall_FailedCallKeepsNoWrites(t *testing.T) {
 	l, _ := outbox.New(db, nil)
 	s := l.NewServer(&mcp.Implementation{Name: "t", Version: "v0"}, nil)
 	outbox.AddTool(l, s, &mcp.Tool{Name: "half"}, func(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, struct{}, error) {
-		if _, err := tx.Exec(ctx, `INSERT INTO charges (amount, currency, created_at) VALUES (1, 'usd', 0)`); err != nil {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO charges (amount, currency, created_at) VALUES (1, 'usd', 0)`); err != nil {
 			return nil, struct{}{}, err
 		}
 		if _, err := tx.Enqueue(ctx, outbox.Effect{Destination: "x", Path: "/y"}); err != nil {
@@ -353,7 +353,7 @@ func TestCall_Annotations(t *testing.T) {
 		s := l.NewServer(&mcp.Implementation{Name: "t", Version: "v0"}, nil)
 		outbox.AddTool(l, s, &mcp.Tool{Name: "set", Annotations: &mcp.ToolAnnotations{IdempotentHint: true}},
 			func(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, struct{}, error) {
-				_, err := tx.Exec(ctx, `INSERT INTO charges (amount, currency, created_at) VALUES (1, 'usd', 0)`)
+				_, err := tx.ExecContext(ctx, `INSERT INTO charges (amount, currency, created_at) VALUES (1, 'usd', 0)`)
 				return nil, struct{}{}, err
 			}, nil)
 		cs := connect(t, s)

@@ -64,6 +64,50 @@
 //     it Final: it says nothing of the call.
 //   - A *jsonrpc.Error is a protocol error: answered as it is, not recorded.
 //
+// # The handler's transaction
+//
+// A handler gets a [Tx]: ExecContext, QueryContext, QueryRowContext and
+// PrepareContext, the methods of sqlc's DBTX interface for database/sql,
+// plus Enqueue. Code sqlc generates takes it as is (New(tx)), so generated
+// queries run in the call's transaction; examples/sqlc has sqlc's output
+// for both engines and a test that runs it in handlers. The context
+// passed to these methods does not reach the driver (the layer decides at
+// the end whether a cancelled call commits; on SQLite an interrupted
+// statement would roll back the transaction other calls share), except
+// for statements PrepareContext returns, which run with the context their
+// caller passes.
+//
+// The layer begins and commits that transaction, so Tx refuses, before
+// anything runs, every statement that would take this from it or change
+// the connection under it: transaction control (BEGIN, START, COMMIT, END,
+// ROLLBACK, ABORT, SAVEPOINT, RELEASE, PREPARE TRANSACTION and COMMIT or
+// ROLLBACK PREPARED), ATTACH, DETACH, VACUUM, the session's state (SET,
+// RESET, DISCARD, LISTEN, UNLISTEN, PREPARE, DEALLOCATE, LOAD, set_config,
+// pg_settings: SET LOCAL synchronous_commit = off would make the call's
+// commit not durable) and every SQLite PRAGMA except the read-only ones
+// that describe the schema (table_info, index_list, foreign_key_list and
+// their kind). A COMMIT would commit the call's rows without its outcome,
+// so a retry would run it again, and on SQLite would commit other calls'
+// half-done work too. Texts of several statements are checked statement
+// by statement, with comments, string literals, quoted identifiers,
+// dollar-quoted bodies and SQLite trigger bodies read as the database
+// reads them. The error wraps [ErrStatementRefused] and names the
+// statement. A refused statement, like a failure of the database under
+// the handler, leaves the call unable to commit: nothing more runs in it,
+// nothing of it is recorded whatever the handler returns, the client is
+// told so, and a retry runs the call again. So does a statement error
+// after which SQLite ended the shared transaction itself (ON CONFLICT
+// ROLLBACK, RAISE(ROLLBACK)): a later statement would otherwise run in
+// autocommit mode and commit at once. Behind the guard, SQLite's writer
+// connection refuses any commit while a handler holds it (a commit hook),
+// which covers statements PrepareContext returned too. (PostgreSQL's
+// SQL-standard function bodies, BEGIN ATOMIC … END, are refused too: use
+// a $$ body.)
+//
+// Work that must commit outside any call, from an HTTP handler or a job,
+// can enqueue an effect in its own transaction with [Layer.EnqueueTx]: the
+// effect commits or rolls back with that transaction.
+//
 // # Group commit
 //
 // SQLite has one writer and a durable commit costs an fsync, so the writer's

@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -36,16 +35,26 @@ func ExampleNewDispatcher() {
 		log.Fatal(err)
 	}
 	defer db.Close()
-	// An effect as a tool's handler would have enqueued it with tx.Enqueue
-	// in another process.
-	if _, err := db.Write.ExecContext(ctx, `
-INSERT INTO effects (seq, destination, method, path, body, idempotency_key, next_attempt_at, created_at, updated_at)
-VALUES (1, 'mailer', 'POST', '/v1/send', $1, 'call_example-1', 0, $2, $2)`, []byte(`{"invoice":1}`), time.Now().UnixMilli()); err != nil {
+	layer, err := outbox.New(db, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	// An effect, as a tool's handler enqueues it with tx.Enqueue, or other
+	// code in its own transaction with EnqueueTx.
+	tx, err := db.Write.BeginTx(ctx, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	key, err := layer.EnqueueTx(ctx, tx, outbox.Effect{Destination: "mailer", Path: "/v1/send", Body: []byte(`{"invoice":1}`)})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
 		log.Fatal(err)
 	}
 
 	mailer := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Println(r.Method, r.URL.Path, "Idempotency-Key:", r.Header.Get("Idempotency-Key"), "Authorization:", r.Header.Get("Authorization"))
+		fmt.Println(r.Method, r.URL.Path, "Idempotency-Key is the effect's:", r.Header.Get("Idempotency-Key") == `"`+key+`"`, "Authorization:", r.Header.Get("Authorization"))
 	}))
 	defer mailer.Close()
 	base, _ := url.Parse(mailer.URL)
@@ -63,7 +72,7 @@ VALUES (1, 'mailer', 'POST', '/v1/send', $1, 'call_example-1', 0, $2, $2)`, []by
 	}
 	fmt.Printf("delivered %d, pending %d\n", counts.Delivered, counts.Pending)
 	// Output:
-	// POST /v1/send Idempotency-Key: "call_example-1" Authorization: Bearer xxxx
+	// POST /v1/send Idempotency-Key is the effect's: true Authorization: Bearer xxxx
 	// delivered 1, pending 0
 }
 

@@ -46,7 +46,7 @@ func ExampleAddTool() {
 	server := layer.NewServer(&mcp.Implementation{Name: "billing", Version: "v1"}, nil)
 	outbox.AddTool(layer, server, &mcp.Tool{Name: "send_invoice", Description: "Bill a customer."},
 		func(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolRequest, in InvoiceIn) (*mcp.CallToolResult, InvoiceOut, error) {
-			res, err := tx.Exec(ctx, `INSERT INTO invoices (customer, cents) VALUES ($1, $2)`, in.Customer, in.Cents)
+			res, err := tx.ExecContext(ctx, `INSERT INTO invoices (customer, cents) VALUES ($1, $2)`, in.Customer, in.Cents)
 			if err != nil {
 				return nil, InvoiceOut{}, err
 			}

@@ -74,7 +74,7 @@ func TestFault_ClockForwardWhileCommitting(t *testing.T) {
 	retrying := make(chan struct{})
 	var heldOnce, retryOnce sync.Once
 	hold := func(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolRequest, in struct{ N int }) (*mcp.CallToolResult, struct{ N int }, error) {
-		if _, err := tx.Exec(ctx, `INSERT INTO charges (amount, currency, created_at) VALUES ($1, 'usd', 0)`, in.N); err != nil {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO charges (amount, currency, created_at) VALUES ($1, 'usd', 0)`, in.N); err != nil {
 			return nil, in, err
 		}
 		heldOnce.Do(func() { close(held) })

@@ -35,12 +35,12 @@ func addVerdict(l *outbox.Layer, s *mcp.Server, name string, ann *mcp.ToolAnnota
 	outbox.AddTool(l, s, &mcp.Tool{Name: name, Description: "test tool", Annotations: ann},
 		func(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, struct{}, error) {
 			v.runs.Add(1)
-			if _, err := tx.Exec(ctx, `INSERT INTO charges (amount, currency, created_at) VALUES (1, 'usd', 0)`); err != nil {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO charges (amount, currency, created_at) VALUES (1, 'usd', 0)`); err != nil {
 				return nil, struct{}{}, fmt.Errorf("record charge: %w", err)
 			}
 			switch verdict(v.next.Load()) {
 			case verdictBadSQL:
-				if _, err := tx.Exec(ctx, `INSERT INTO no_such_table (x) VALUES (1)`); err != nil {
+				if _, err := tx.ExecContext(ctx, `INSERT INTO no_such_table (x) VALUES (1)`); err != nil {
 					return nil, struct{}{}, fmt.Errorf("record audit: %w", err)
 				}
 				return nil, struct{}{}, errors.New("the bad statement ran")

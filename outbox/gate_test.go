@@ -40,7 +40,7 @@ func addGate(l *outbox.Layer, s *mcp.Server) *gate {
 				return nil, gateOut{}, ctx.Err()
 			}
 			var id int64
-			err := tx.QueryRow(ctx, `INSERT INTO charges (amount, currency, created_at) VALUES ($1, 'usd', 0) RETURNING id`, in.N).Scan(&id)
+			err := tx.QueryRowContext(ctx, `INSERT INTO charges (amount, currency, created_at) VALUES ($1, 'usd', 0) RETURNING id`, in.N).Scan(&id)
 			if err != nil {
 				g.lastErrs <- err
 				return nil, gateOut{}, fmt.Errorf("insert: %w", err)

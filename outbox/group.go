@@ -9,7 +9,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
+
+	"modernc.org/sqlite"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/failpoint"
 	"github.com/mcp-outbox/mcp-outbox/schema"
@@ -74,6 +77,10 @@ type groupCommit struct {
 	// own: every unit gets a transaction of its own (PostgreSQL); see
 	// enterOwn.
 	own bool
+
+	// handlerTurn: a tool handler holds the turn, so no commit of the
+	// writer connection is the layer's (see vetoCommit).
+	handlerTurn atomic.Bool
 
 	mu    sync.Mutex
 	held  bool          // some goroutine has the turn
@@ -264,6 +271,7 @@ func (g *groupCommit) begin(ctx context.Context, durable bool, deadline time.Tim
 		g.release(conn, relax)
 		return nil, err
 	}
+	g.hookCommits(conn)
 	tx, err := conn.BeginTx(context.Background(), nil)
 	if restore > 0 {
 		if _, rerr := conn.ExecContext(context.Background(), setBusyTimeout(restore)); rerr != nil {
@@ -282,6 +290,32 @@ func (g *groupCommit) begin(ctx context.Context, durable bool, deadline time.Tim
 		return nil, fmt.Errorf("begin: %w", err)
 	}
 	return &batch{conn: conn, tx: tx, durable: !relax, opened: g.now(), done: make(chan struct{})}, nil
+}
+
+// hookCommits has SQLite refuse any commit of the writer connection while
+// a tool handler holds the turn. The layer commits a batch only between
+// units, so such a commit is the handler's: a COMMIT the statement guard
+// did not see, or a statement run in autocommit mode after SQLite ended
+// the shared transaction on an error (a statement the handler prepared,
+// whose errors the layer does not see). SQLite turns the commit into a
+// rollback, the statement fails, and the batch, its savepoints gone,
+// records none of its calls: never a call's writes without its outcome.
+// A driver that is not modernc's (a test's fault injector) gets no hook.
+func (g *groupCommit) hookCommits(conn *sql.Conn) {
+	_ = conn.Raw(func(dc any) error {
+		if h, ok := dc.(interface{ RegisterCommitHook(sqlite.CommitHookFn) }); ok {
+			h.RegisterCommitHook(g.vetoCommit)
+		}
+		return nil
+	})
+}
+
+// vetoCommit is the writer connection's commit hook: non-zero refuses.
+func (g *groupCommit) vetoCommit() int32 {
+	if g.handlerTurn.Load() {
+		return 1
+	}
+	return 0
 }
 
 // capBusyWait shortens the busy_timeout of the writer connection so that a
@@ -372,6 +406,7 @@ func (u *unit) leave(keep bool) *batch {
 		panic("outbox: unit left twice")
 	}
 	u.ended = true
+	u.g.handlerTurn.Store(false)
 	b := u.b
 	if b.broken == nil {
 		// A statement of the unit with ON CONFLICT ROLLBACK, or an I/O

@@ -61,11 +61,11 @@ func addSteps(t *testing.T, b *bundle) *steps {
 			c.startOne.Do(func() { close(c.started) })
 			<-c.first
 			var row int64
-			if err := tx.QueryRow(ctx, `INSERT INTO notes (name) VALUES ($1) RETURNING id`, in.Name).Scan(&row); err != nil {
+			if err := tx.QueryRowContext(ctx, `INSERT INTO notes (name) VALUES ($1) RETURNING id`, in.Name).Scan(&row); err != nil {
 				return nil, stepOut{}, err
 			}
 			if in.Rollback != "" {
-				if _, err := tx.Exec(ctx, `INSERT OR ROLLBACK INTO notes (name) VALUES ($1)`, in.Rollback); err != nil {
+				if _, err := tx.ExecContext(ctx, `INSERT OR ROLLBACK INTO notes (name) VALUES ($1)`, in.Rollback); err != nil {
 					return nil, stepOut{}, err
 				}
 			}

@@ -229,7 +229,7 @@ func TestKeys_ArgumentKey(t *testing.T) {
 		IdempotencyKey string `json:"idempotency_key,omitempty"`
 	}
 	outbox.AddTool(l, s, &mcp.Tool{Name: "pay"}, func(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolRequest, in in) (*mcp.CallToolResult, struct{}, error) {
-		_, err := tx.Exec(ctx, `INSERT INTO charges (amount, currency, created_at) VALUES ($1, 'usd', 0)`, in.Amount)
+		_, err := tx.ExecContext(ctx, `INSERT INTO charges (amount, currency, created_at) VALUES ($1, 'usd', 0)`, in.Amount)
 		return nil, struct{}{}, err
 	}, nil)
 	cs := connect(t, s)
@@ -287,7 +287,7 @@ func TestKeys_FingerprintWindow(t *testing.T) {
 	l, _ := outbox.New(db, nil)
 	s := l.NewServer(&mcp.Implementation{Name: "t", Version: "v0"}, nil)
 	outbox.AddTool(l, s, ledger.ChargeTool, func(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolRequest, in ledger.ChargeIn) (*mcp.CallToolResult, struct{}, error) {
-		_, err := tx.Exec(ctx, `INSERT INTO charges (amount, currency, created_at) VALUES ($1, 'usd', 0)`, in.Amount)
+		_, err := tx.ExecContext(ctx, `INSERT INTO charges (amount, currency, created_at) VALUES ($1, 'usd', 0)`, in.Amount)
 		return nil, struct{}{}, err
 	}, &outbox.ToolOptions{FingerprintWindow: outbox.FingerprintOff})
 	cs := connect(t, s)

@@ -92,7 +92,7 @@ func placeOrders(ctx context.Context, target string, w io.Writer) (err error) {
 	outbox.AddTool(layer, server, &mcp.Tool{Name: "place_order", Description: "Place an order and mail a confirmation."},
 		func(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolRequest, in OrderIn) (*mcp.CallToolResult, OrderOut, error) {
 			var id int64
-			err := tx.QueryRow(ctx, `INSERT INTO orders (customer, cents) VALUES ($1, $2) RETURNING id`, in.Customer, in.Cents).Scan(&id)
+			err := tx.QueryRowContext(ctx, `INSERT INTO orders (customer, cents) VALUES ($1, $2) RETURNING id`, in.Customer, in.Cents).Scan(&id)
 			if err != nil {
 				return nil, OrderOut{}, err
 			}

@@ -25,7 +25,7 @@ func TestCall_MultiRoundTrip(t *testing.T) {
 			outbox.AddTool(l, s, &mcp.Tool{Name: "confirm_charge"}, func(ctx context.Context, tx outbox.Tx, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, struct{}, error) {
 				runs++
 				// Work done before asking must not survive into the commit.
-				if _, err := tx.Exec(ctx, `INSERT INTO charges (amount, currency, created_at) VALUES (1, 'usd', 0)`); err != nil {
+				if _, err := tx.ExecContext(ctx, `INSERT INTO charges (amount, currency, created_at) VALUES (1, 'usd', 0)`); err != nil {
 					return nil, struct{}{}, err
 				}
 				if len(req.Params.InputResponses) == 0 {

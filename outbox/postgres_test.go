@@ -57,7 +57,7 @@ func newReplica(t *testing.T, url string, opts *outbox.Options) *replica {
 			r.reached <- struct{}{}
 			<-r.hold
 		}
-		_, err := tx.Exec(ctx, `INSERT INTO charges (amount, currency, created_at) VALUES ($1, 'usd', 0)`, in.Amount)
+		_, err := tx.ExecContext(ctx, `INSERT INTO charges (amount, currency, created_at) VALUES ($1, 'usd', 0)`, in.Amount)
 		return nil, struct{}{}, err
 	}, nil)
 	r.session = connect(t, s)

@@ -28,7 +28,7 @@ func addWho(l *outbox.Layer, s *mcp.Server, name string, amount int) *int {
 	outbox.AddTool(l, s, &mcp.Tool{Name: "who", Description: "test tool"},
 		func(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, whoOut, error) {
 			*runs++
-			if _, err := tx.Exec(ctx, `INSERT INTO charges (amount, currency, created_at) VALUES ($1, 'usd', 0)`, amount); err != nil {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO charges (amount, currency, created_at) VALUES ($1, 'usd', 0)`, amount); err != nil {
 				return nil, whoOut{}, err
 			}
 			return nil, whoOut{Server: name, Run: *runs}, nil

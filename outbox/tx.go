@@ -3,11 +3,11 @@ package outbox
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/schema"
@@ -18,18 +18,49 @@ import (
 // narrower than *sql.Tx on purpose: the layer decides when to begin and
 // commit, and stays free to share one commit among several calls.
 //
+// Its statement methods are those of sqlc's DBTX interface for
+// database/sql, so generated queries run in the call's transaction
+// unchanged: pass the Tx to the generated package's New.
+//
 // The handler's turn in the writer's transaction begins at its first
 // statement, so a handler that does preparatory work first does not hold the
 // write lock meanwhile; from then until the handler returns, other calls
 // wait for their turn. Calls that end while others wait share one commit
 // (group commit, see [Options.MaxBatchCalls]); each call's work sits in its
 // own savepoint, so a failing handler rolls back only its own work.
-// Statements are not interrupted when the call is cancelled: the layer
-// decides at the end whether a cancelled call commits.
+// Statements are not interrupted when the call is cancelled (the context
+// passed to them does not reach the driver): the layer decides at the end
+// whether a cancelled call commits.
+//
+// Statements that control the transaction or change the connection under
+// it are refused before anything runs, with an error wrapping
+// [ErrStatementRefused] that names the statement: BEGIN, START, COMMIT,
+// END, ROLLBACK, ABORT, SAVEPOINT, RELEASE, PREPARE (TRANSACTION), ATTACH,
+// DETACH, VACUUM, SET, RESET, DISCARD, LISTEN, UNLISTEN, DEALLOCATE, LOAD,
+// set_config and pg_settings, and every SQLite PRAGMA but the read-only
+// ones that describe the schema (table_info, index_list,
+// foreign_key_list…). A text of several statements is refused if any of
+// them is; comments and string literals are read as the database reads
+// them. A refusal, like a database failure under the handler, means the
+// call can no longer commit: whatever the handler returns, nothing of it
+// is recorded, the client is told so, and a retry runs the call again.
 type Tx interface {
-	Exec(ctx context.Context, query string, args ...any) (sql.Result, error)
-	Query(ctx context.Context, query string, args ...any) (*sql.Rows, error)
-	QueryRow(ctx context.Context, query string, args ...any) Row
+	// ExecContext runs a statement in the call's transaction.
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	// QueryContext runs a query in the call's transaction.
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	// QueryRowContext runs a query expected to return one row. An error,
+	// a refusal included, is reported by the row's Scan and Err.
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+	// PrepareContext prepares a statement in the call's transaction; it is
+	// closed when the call ends. Unlike the methods above, the statement
+	// runs with the context its caller passes: on SQLite, a context that
+	// ends while it runs interrupts SQLite, which rolls back the
+	// transaction the call shares with others, so none of those calls is
+	// recorded (each is told so, and a retry runs it). That costs a retry,
+	// never a wrong outcome; the methods above cost nothing of the kind
+	// (sqlc's default, emit_prepared_queries false, never prepares).
+	PrepareContext(ctx context.Context, query string) (*sql.Stmt, error)
 	// Enqueue adds an effect to the outbox. Like the handler's rows, it is
 	// not visible to the dispatcher until the call commits, and gone if the
 	// call does not. It returns the effect's Idempotency-Key, which is
@@ -112,6 +143,9 @@ func (a *attempt) openTx(ctx context.Context) error {
 	}
 	u.outcome = a.recorded()
 	a.unit, a.tx = u, u.tx()
+	if !u.b.own {
+		u.g.handlerTurn.Store(true) // until the unit leaves; see hookCommits
+	}
 	if a.recorded() {
 		if err := a.fence(u); err != nil {
 			return err
@@ -201,9 +235,24 @@ func (a *attempt) wrap(err error) error {
 	return a.txErr
 }
 
-// Exec runs a statement in the call's transaction.
-func (a *attempt) Exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	if err := a.begin(ctx); err != nil {
+// statement checks a handler's statement text before it runs, and takes
+// the call's turn in the writer's transaction. An attempt that can no
+// longer commit runs nothing more: on SQLite, a statement after one that
+// ended the shared transaction would run outside it, and commit at once.
+func (a *attempt) statement(ctx context.Context, query string) error {
+	if a.txErr != nil {
+		return a.txErr
+	}
+	if err := checkStatements(a.layer.db.Dialect, query); err != nil {
+		a.txErr = &txError{err}
+		return a.txErr
+	}
+	return a.begin(ctx)
+}
+
+// ExecContext runs a statement in the call's transaction.
+func (a *attempt) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	if err := a.statement(ctx, query); err != nil {
 		return nil, err
 	}
 	var r sql.Result
@@ -216,9 +265,9 @@ func (a *attempt) Exec(ctx context.Context, query string, args ...any) (sql.Resu
 	return r, a.wrapStmt(err)
 }
 
-// Query runs a query in the call's transaction.
-func (a *attempt) Query(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
-	if err := a.begin(ctx); err != nil {
+// QueryContext runs a query in the call's transaction.
+func (a *attempt) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	if err := a.statement(ctx, query); err != nil {
 		return nil, err
 	}
 	if a.unit != nil {
@@ -228,38 +277,66 @@ func (a *attempt) Query(ctx context.Context, query string, args ...any) (*sql.Ro
 	return r, a.wrapStmt(err)
 }
 
-// Row is the result of QueryRow; *sql.Row implements it.
-type Row interface {
-	Scan(dest ...any) error
-	Err() error
+// QueryRowContext runs a query expected to return one row.
+func (a *attempt) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	if err := a.statement(ctx, query); err != nil {
+		return a.errRow(err)
+	}
+	var row *sql.Row
+	if a.unit != nil {
+		row = a.unit.queryRow(query, args...)
+	} else {
+		row = a.tx.QueryRowContext(ctx, query, args...)
+	}
+	// Both drivers run the query and read its first row before
+	// QueryRowContext returns (modernc steps it; pgx's stdlib preloads
+	// it), so a failure of the store is in the row's Err now, and the
+	// attempt learns of it whatever the handler does with the row.
+	_ = a.wrapStmt(row.Err())
+	return row
 }
 
-// QueryRow runs a query expected to return one row. A failure to begin is
-// reported by the row's Scan.
-func (a *attempt) QueryRow(ctx context.Context, query string, args ...any) Row {
-	if err := a.begin(ctx); err != nil {
-		return errRow{err}
+// PrepareContext prepares a statement in the call's transaction.
+//
+// The *sql.Stmt it returns runs with the context its caller passes, which
+// reaches the driver: the layer cannot keep it out as it does for the
+// other methods. On SQLite a context that ends while such a statement
+// runs interrupts it, and SQLite then rolls back the whole transaction the
+// call shares with others: that batch fails, and none of its calls is
+// recorded (each is told so; a retry runs it). It costs those calls a
+// retry, never a wrong outcome. The statement's errors are not seen by the
+// layer either: after one, the handler should return an error, as after
+// any failed statement. If it goes on, nothing commits out of turn: on
+// PostgreSQL the failed statement aborted the transaction, and on SQLite
+// a statement that would run in autocommit mode after SQLite ended the
+// transaction is refused by the writer's commit hook (see hookCommits).
+func (a *attempt) PrepareContext(ctx context.Context, query string) (*sql.Stmt, error) {
+	if err := a.statement(ctx, query); err != nil {
+		return nil, err
 	}
 	if a.unit != nil {
-		return rowOf{a, a.unit.queryRow(query, args...)}
+		ctx = background(ctx)
 	}
-	return rowOf{a, a.tx.QueryRowContext(ctx, query, args...)}
+	st, err := a.tx.PrepareContext(ctx, query)
+	return st, a.wrapStmt(err)
 }
 
-// errRow is a row whose query never ran.
-type errRow struct{ err error }
-
-func (r errRow) Scan(...any) error { return r.err }
-func (r errRow) Err() error        { return r.err }
-
-// rowOf classifies a row's error like the other statements' errors.
-type rowOf struct {
-	a   *attempt
-	row *sql.Row
+// errRow is a *sql.Row whose Scan and Err return err. *sql.Row has no
+// constructor; database/sql returns a done context's error before it
+// takes a connection, and the row then carries that error.
+func (a *attempt) errRow(err error) *sql.Row {
+	return a.layer.db.Read.QueryRowContext(failedContext{err}, "")
 }
 
-func (r rowOf) Scan(dest ...any) error { return r.a.wrapStmt(r.row.Scan(dest...)) }
-func (r rowOf) Err() error             { return r.a.wrapStmt(r.row.Err()) }
+// failedContext is a context that is done, with err as its error.
+type failedContext struct{ err error }
+
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+func (failedContext) Deadline() (time.Time, bool) { return time.Time{}, false }
+func (failedContext) Done() <-chan struct{}       { return closedChan }
+func (c failedContext) Err() error                { return c.err }
+func (failedContext) Value(any) any               { return nil }
 
 // wrapStmt keeps constraint violations and other statement errors as the
 // handler's to decide on, but remembers errors that mean the database is
@@ -279,7 +356,28 @@ func (a *attempt) wrapStmt(err error) error {
 		strings.Contains(msg, "SQLITE_FULL") || strings.Contains(msg, "interrupted") {
 		return a.wrap(err)
 	}
+	if a.unit != nil && !a.unit.b.own && a.unit.txEnded() {
+		// The statement's error ended the shared transaction (ON CONFLICT
+		// ROLLBACK, RAISE(ROLLBACK) in a trigger): the handler gets its
+		// error, and the attempt can no longer commit.
+		a.txErr = &txError{fmt.Errorf("%w: %w", errTxEnded, err)}
+	}
 	return err
+}
+
+// txEnded reports whether SQLite ended the batch's transaction, as it does
+// after some statement errors. Later statements of the turn would then run
+// in autocommit mode, each committing at once, without the call's outcome.
+// A BEGIN tells: it fails inside a transaction and opens one outside. The
+// one it opens stays open, so that nothing else of this turn runs in
+// autocommit mode (a statement the handler prepared, for one), and the
+// batch, now broken, rolls it back.
+func (u *unit) txEnded() bool {
+	if _, err := u.b.tx.ExecContext(context.Background(), "BEGIN"); err != nil {
+		return false
+	}
+	u.b.broken = errTxEnded
+	return true
 }
 
 // Enqueue adds an effect to the call's transaction.
@@ -287,21 +385,18 @@ func (a *attempt) Enqueue(ctx context.Context, e Effect) (string, error) {
 	if a.tool.readOnly {
 		return "", errors.New("outbox: enqueue in a read-only tool")
 	}
-	if err := validateEffect(&e); err != nil {
+	if err := a.layer.checkEffect(&e); err != nil {
 		return "", err
 	}
-	if err := a.layer.checkDestination(e.Destination); err != nil {
+	headers, err := effectHeaders(e)
+	if err != nil {
 		return "", err
+	}
+	if a.txErr != nil {
+		return "", a.txErr
 	}
 	if err := a.begin(ctx); err != nil {
 		return "", err
-	}
-	headers, err := json.Marshal(e.Header)
-	if err != nil {
-		return "", fmt.Errorf("outbox: effect headers: %w", err)
-	}
-	if e.Header == nil {
-		headers = []byte("{}")
 	}
 	a.effects++
 	key := callkey.EffectKey(a.uid, a.effects)
@@ -311,7 +406,7 @@ func (a *attempt) Enqueue(ctx context.Context, e Effect) (string, error) {
 		callID = a.callID
 	}
 	_, err = a.unit.exec(insertEffect,
-		callID, a.effects, e.Destination, e.Method, e.Path, string(headers), e.Body, key, now, now, now, traceparentOf(ctx))
+		callID, a.effects, e.Destination, e.Method, e.Path, headers, e.Body, key, now, now, now, traceparentOf(ctx))
 	if err != nil {
 		a.effects--
 		return "", a.wrap(fmt.Errorf("enqueue effect: %w", err))

@@ -83,7 +83,7 @@ func TestQuery_InstrumentedPostgresLayer(t *testing.T) {
 	outbox.AddTool(layer, server, &mcp.Tool{Name: "create_ticket", Description: "Open a ticket."},
 		func(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolRequest, a in) (*mcp.CallToolResult, out, error) {
 			var id int64
-			if err := tx.QueryRow(ctx, `INSERT INTO tickets (title) VALUES ($1) RETURNING id`, a.Title).Scan(&id); err != nil {
+			if err := tx.QueryRowContext(ctx, `INSERT INTO tickets (title) VALUES ($1) RETURNING id`, a.Title).Scan(&id); err != nil {
 				return nil, out{}, err
 			}
 			_, err := tx.Enqueue(ctx, outbox.Effect{Destination: "tracker", Method: "POST", Path: "/v1/tickets",

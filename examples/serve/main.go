@@ -67,7 +67,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) (err error) {
 	outbox.AddTool(layer, server, &mcp.Tool{Name: "send_invoice", Description: "Bill a customer and mail the invoice."},
 		func(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolRequest, in invoiceIn) (*mcp.CallToolResult, invoiceOut, error) {
 			var id int64
-			if err := tx.QueryRow(ctx, `INSERT INTO invoices (customer) VALUES ($1) RETURNING id`, in.Customer).Scan(&id); err != nil {
+			if err := tx.QueryRowContext(ctx, `INSERT INTO invoices (customer) VALUES ($1) RETURNING id`, in.Customer).Scan(&id); err != nil {
 				return nil, invoiceOut{}, err
 			}
 			body, err := json.Marshal(map[string]int64{"invoice": id})

@@ -4,9 +4,11 @@ import (
 	"context"
 	"crypto/rand"
 	"database/sql"
+	"database/sql/driver"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"io"
 	"sync/atomic"
 	"time"
 
@@ -37,16 +39,20 @@ func bare[In, Out any](b outbox.Tx, h outbox.HandlerFor[In, Out]) mcp.ToolHandle
 // bareTx runs each statement in autocommit mode.
 type bareTx struct{ db *schema.DB }
 
-func (b bareTx) Exec(ctx context.Context, q string, args ...any) (sql.Result, error) {
+func (b bareTx) ExecContext(ctx context.Context, q string, args ...any) (sql.Result, error) {
 	return b.db.Write.ExecContext(ctx, q, args...)
 }
 
-func (b bareTx) Query(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
+func (b bareTx) QueryContext(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
 	return b.db.Read.QueryContext(ctx, q, args...)
 }
 
-func (b bareTx) QueryRow(ctx context.Context, q string, args ...any) outbox.Row {
+func (b bareTx) QueryRowContext(ctx context.Context, q string, args ...any) *sql.Row {
 	return b.db.Write.QueryRowContext(ctx, q, args...)
+}
+
+func (b bareTx) PrepareContext(ctx context.Context, q string) (*sql.Stmt, error) {
+	return b.db.Write.PrepareContext(ctx, q)
 }
 
 func (b bareTx) Enqueue(ctx context.Context, e outbox.Effect) (string, error) {
@@ -100,22 +106,12 @@ func inTx[In, Out any](db *schema.DB, h outbox.HandlerFor[In, Out]) mcp.ToolHand
 }
 
 // sqlTx is an outbox.Tx over a plain *sql.Tx.
-type sqlTx struct{ tx *sql.Tx }
-
-func (t sqlTx) Exec(ctx context.Context, q string, args ...any) (sql.Result, error) {
-	return t.tx.ExecContext(ctx, q, args...)
-}
-
-func (t sqlTx) Query(ctx context.Context, q string, args ...any) (*sql.Rows, error) {
-	return t.tx.QueryContext(ctx, q, args...)
-}
-
-func (t sqlTx) QueryRow(ctx context.Context, q string, args ...any) outbox.Row {
-	return t.tx.QueryRowContext(ctx, q, args...)
-}
+// ExecContext, QueryContext, QueryRowContext and PrepareContext are
+// *sql.Tx's own.
+type sqlTx struct{ *sql.Tx }
 
 func (t sqlTx) Enqueue(ctx context.Context, e outbox.Effect) (string, error) {
-	return insertBareEffect(ctx, t.tx, e)
+	return insertBareEffect(ctx, t.Tx, e)
 }
 
 // RegisterNothingKept adds the charge tool to s with nothing persisted: the
@@ -126,25 +122,31 @@ func (t sqlTx) Enqueue(ctx context.Context, e outbox.Effect) (string, error) {
 // fraction of it.
 func RegisterNothingKept(s *mcp.Server, opts *Options) {
 	h := handlers{opts: optsOf(opts)}
-	mcp.AddTool(s, ChargeTool, bare(&keptNothing{}, h.charge))
+	mcp.AddTool(s, ChargeTool, bare(&keptNothing{ids: sql.OpenDB(counter{new(atomic.Int64)})}, h.charge))
 }
 
 // keptNothing is an outbox.Tx that stores nothing. Only the statements of
-// charge are answered: its INSERT … RETURNING id gets the next id.
-type keptNothing struct{ lastID atomic.Int64 }
+// charge are answered: its INSERT … RETURNING id gets the next id from
+// counter, a driver that keeps nothing (*sql.Row, which QueryRowContext
+// returns, comes only from a driver).
+type keptNothing struct{ ids *sql.DB }
 
 var errNothingKept = errors.New("ledger: this server keeps nothing")
 
-func (k *keptNothing) Exec(context.Context, string, ...any) (sql.Result, error) {
+func (k *keptNothing) ExecContext(context.Context, string, ...any) (sql.Result, error) {
 	return nil, errNothingKept
 }
 
-func (k *keptNothing) Query(context.Context, string, ...any) (*sql.Rows, error) {
+func (k *keptNothing) QueryContext(context.Context, string, ...any) (*sql.Rows, error) {
 	return nil, errNothingKept
 }
 
-func (k *keptNothing) QueryRow(context.Context, string, ...any) outbox.Row {
-	return keptRow{id: k.lastID.Add(1)}
+func (k *keptNothing) QueryRowContext(ctx context.Context, q string, _ ...any) *sql.Row {
+	return k.ids.QueryRowContext(ctx, q)
+}
+
+func (k *keptNothing) PrepareContext(context.Context, string) (*sql.Stmt, error) {
+	return nil, errNothingKept
 }
 
 func (k *keptNothing) Enqueue(_ context.Context, e outbox.Effect) (string, error) {
@@ -156,18 +158,34 @@ func (k *keptNothing) Enqueue(_ context.Context, e outbox.Effect) (string, error
 	return "bare_" + hex.EncodeToString(r[:]), nil
 }
 
-type keptRow struct{ id int64 }
+// counter is a database/sql driver whose every query answers one row: the
+// next number.
+type counter struct{ n *atomic.Int64 }
 
-func (r keptRow) Scan(dest ...any) error {
-	if len(dest) != 1 {
-		return errNothingKept
-	}
-	p, ok := dest[0].(*int64)
-	if !ok {
-		return errNothingKept
-	}
-	*p = r.id
-	return nil
+func (c counter) Connect(context.Context) (driver.Conn, error) { return c, nil }
+func (c counter) Driver() driver.Driver                        { return c }
+func (c counter) Open(string) (driver.Conn, error)             { return c, nil }
+func (counter) Prepare(string) (driver.Stmt, error)            { return nil, errNothingKept }
+func (counter) Close() error                                   { return nil }
+func (counter) Begin() (driver.Tx, error)                      { return nil, errNothingKept }
+
+func (c counter) QueryContext(context.Context, string, []driver.NamedValue) (driver.Rows, error) {
+	return &counterRow{id: c.n.Add(1)}, nil
 }
 
-func (keptRow) Err() error { return nil }
+type counterRow struct {
+	id   int64
+	done bool
+}
+
+func (*counterRow) Columns() []string { return []string{"id"} }
+func (*counterRow) Close() error      { return nil }
+
+func (r *counterRow) Next(dest []driver.Value) error {
+	if r.done {
+		return io.EOF
+	}
+	r.done = true
+	dest[0] = r.id
+	return nil
+}

@@ -165,7 +165,7 @@ func (h handlers) charge(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolReque
 		return nil, ChargeOut{}, outbox.Final(fmt.Errorf("currency %q is not a three-letter code", in.Currency))
 	}
 	var id int64
-	err := tx.QueryRow(ctx, `INSERT INTO charges (amount, currency, created_at) VALUES ($1, $2, $3) RETURNING id`,
+	err := tx.QueryRowContext(ctx, `INSERT INTO charges (amount, currency, created_at) VALUES ($1, $2, $3) RETURNING id`,
 		in.Amount, cur, time.Now().UnixMilli()).Scan(&id)
 	if err != nil {
 		return nil, ChargeOut{}, fmt.Errorf("record charge: %w", err)
@@ -191,7 +191,7 @@ func (h handlers) charge(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolReque
 func (h handlers) refund(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolRequest, in RefundIn) (*mcp.CallToolResult, RefundOut, error) {
 	var amount int64
 	var refunded sql.NullInt64
-	err := tx.QueryRow(ctx, `SELECT amount, refunded_at FROM charges WHERE id = $1`, in.ChargeID).Scan(&amount, &refunded)
+	err := tx.QueryRowContext(ctx, `SELECT amount, refunded_at FROM charges WHERE id = $1`, in.ChargeID).Scan(&amount, &refunded)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, RefundOut{}, outbox.Final(fmt.Errorf("no charge with id %d", in.ChargeID))
 	}
@@ -202,7 +202,7 @@ func (h handlers) refund(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolReque
 		return nil, RefundOut{}, outbox.Final(fmt.Errorf("charge %d was already refunded at %s", in.ChargeID,
 			time.UnixMilli(refunded.Int64).UTC().Format(time.RFC3339)))
 	}
-	if _, err := tx.Exec(ctx, `UPDATE charges SET refunded_at = $1 WHERE id = $2`, time.Now().UnixMilli(), in.ChargeID); err != nil {
+	if _, err := tx.ExecContext(ctx, `UPDATE charges SET refunded_at = $1 WHERE id = $2`, time.Now().UnixMilli(), in.ChargeID); err != nil {
 		return nil, RefundOut{}, fmt.Errorf("record refund: %w", err)
 	}
 	out := RefundOut{ChargeID: in.ChargeID, Refunded: amount}
@@ -215,7 +215,7 @@ func (h handlers) refund(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolReque
 }
 
 func (h handlers) balance(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolRequest, _ BalanceIn) (*mcp.CallToolResult, BalanceOut, error) {
-	rows, err := tx.Query(ctx, `SELECT currency, count(*), sum(amount) FROM charges WHERE refunded_at IS NULL GROUP BY currency`)
+	rows, err := tx.QueryContext(ctx, `SELECT currency, count(*), sum(amount) FROM charges WHERE refunded_at IS NULL GROUP BY currency`)
 	if err != nil {
 		return nil, BalanceOut{}, fmt.Errorf("read balance: %w", err)
 	}
