@@ -2,10 +2,17 @@ package outbox_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"log"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -23,72 +30,173 @@ type InvoiceOut struct {
 	InvoiceID int64 `json:"invoice_id"`
 }
 
-// A tool's own write, the effect it enqueues and its recorded result commit
-// together; a retry with the same key replays the result.
-func ExampleAddTool() {
-	dir, _ := os.MkdirTemp("", "example")
-	defer os.RemoveAll(dir)
-	ctx := context.Background()
+// The invoices table on each store. The tool's SQL below is the same on
+// both: $N placeholders, and RETURNING for the id the database assigns
+// (PostgreSQL has no LastInsertId).
+const (
+	createInvoicesSQLite   = `CREATE TABLE IF NOT EXISTS invoices (id INTEGER PRIMARY KEY, customer TEXT NOT NULL, cents BIGINT NOT NULL)`
+	createInvoicesPostgres = `CREATE TABLE IF NOT EXISTS invoices (id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, customer TEXT NOT NULL, cents BIGINT NOT NULL)`
+)
 
-	db, err := schema.Open(ctx, filepath.Join(dir, "app.db"), nil)
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer db.Close()
-	if _, err := db.Write.Exec(`CREATE TABLE invoices (id INTEGER PRIMARY KEY, customer TEXT, cents INTEGER)`); err != nil {
-		log.Fatal(err)
-	}
-
-	layer, err := outbox.New(db, nil)
-	if err != nil {
-		log.Fatal(err)
-	}
-	server := layer.NewServer(&mcp.Implementation{Name: "billing", Version: "v1"}, nil)
-	outbox.AddTool(layer, server, &mcp.Tool{Name: "send_invoice", Description: "Bill a customer."},
+// addSendInvoice registers a side-effecting tool: the invoice row, the mail
+// it enqueues and the call's recorded result commit together, or not at all.
+func addSendInvoice(layer *outbox.Layer, server *mcp.Server) {
+	outbox.AddTool(layer, server, &mcp.Tool{Name: "send_invoice", Description: "Bill a customer and mail the invoice."},
 		func(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolRequest, in InvoiceIn) (*mcp.CallToolResult, InvoiceOut, error) {
-			res, err := tx.ExecContext(ctx, `INSERT INTO invoices (customer, cents) VALUES ($1, $2)`, in.Customer, in.Cents)
+			if in.Cents <= 0 {
+				// A business rejection: recorded as the call's outcome and
+				// replayed to a retry with the same key.
+				return nil, InvoiceOut{}, outbox.Final(fmt.Errorf("amount must be positive, got %d cents", in.Cents))
+			}
+			var id int64
+			err := tx.QueryRowContext(ctx, `INSERT INTO invoices (customer, cents) VALUES ($1, $2) RETURNING id`,
+				in.Customer, in.Cents).Scan(&id)
+			if err != nil {
+				// Any other error is a fault: nothing is recorded, and a
+				// retry runs the handler again.
+				return nil, InvoiceOut{}, err
+			}
+			body, err := json.Marshal(map[string]int64{"invoice": id})
 			if err != nil {
 				return nil, InvoiceOut{}, err
 			}
-			id, _ := res.LastInsertId()
-			// Delivered by the dispatcher after the commit, with a stable
-			// Idempotency-Key; gone if the call does not commit.
-			_, err = tx.Enqueue(ctx, outbox.Effect{
-				Destination: "mailer", Method: "POST", Path: "/v1/send",
-				Body: fmt.Appendf(nil, `{"invoice":%d}`, id),
-			})
-			return nil, InvoiceOut{InvoiceID: id}, err
+			// Delivered after the commit, with the same Idempotency-Key on
+			// every attempt; gone if the call does not commit.
+			if _, err := tx.Enqueue(ctx, outbox.Effect{Destination: "mailer", Path: "/v1/send", Body: body}); err != nil {
+				return nil, InvoiceOut{}, err
+			}
+			return nil, InvoiceOut{InvoiceID: id}, nil
 		}, nil)
+}
 
-	// A client; stdio servers use mcpstdio.NewTransport(&mcp.StdioTransport{}, nil).
-	st, ct := mcp.NewInMemoryTransports()
-	if _, err := server.Connect(ctx, mcpstdio.NewTransport(st, nil), nil); err != nil {
-		log.Fatal(err)
+// serve runs the billing server on transport t until ctx ends (a stdio
+// server passes mcpstdio.NewTransport(&mcp.StdioTransport{}, nil)), with the
+// dispatcher and the reaper beside it, and stops them in order.
+func serve(ctx context.Context, db *schema.DB, mailer *url.URL, t mcp.Transport) (err error) {
+	layer, err := outbox.New(db, nil)
+	if err != nil {
+		return err
 	}
-	client, err := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "v1"}, nil).Connect(ctx, ct, nil)
+	server := layer.NewServer(&mcp.Implementation{Name: "billing", Version: "v1"}, nil)
+	addSendInvoice(layer, server)
+
+	// The dispatcher, woken by every commit that enqueued effects, and the
+	// reaper, which purges what the default retention no longer keeps.
+	running, err := layer.Start(ctx, &outbox.StartOptions{Dispatcher: &outbox.DispatcherOptions{
+		Destinations: []outbox.Destination{{Name: "mailer", URL: mailer}},
+	}})
+	if err != nil {
+		return err
+	}
+	// After serving ends (the calls in flight have finished), before the
+	// caller closes the database.
+	defer func() { err = errors.Join(err, running.Stop(context.WithoutCancel(ctx))) }()
+
+	if err := server.Run(ctx, t); err != nil && ctx.Err() == nil {
+		return err
+	}
+	return nil
+}
+
+// A tool's own write, the effect it enqueues and its recorded result commit
+// together; a retry with the same key replays the result, and the effect
+// reaches the mail API once, with its Idempotency-Key.
+func ExampleAddTool() {
+	dir, err := os.MkdirTemp("", "example")
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer client.Close()
-
-	for range 2 { // the second call is a retry, for example after a timeout
-		res, err := client.CallTool(ctx, &mcp.CallToolParams{
-			Name:      "send_invoice",
-			Arguments: InvoiceIn{Customer: "acme", Cents: 4200},
-			Meta:      mcp.Meta{"idempotencyKey": "invoice-acme-2026-12"},
-		})
-		if err != nil {
-			log.Fatal(err)
-		}
-		call := res.Meta[outbox.MetaKeyCall].(map[string]any)
-		fmt.Printf("result %v, replayed: %v\n", res.StructuredContent, call["replayed"])
+	defer os.RemoveAll(dir)
+	// A postgres:// URL works the same (TestExampleAddToolOnTestStore).
+	if err := billTwice(context.Background(), filepath.Join(dir, "app.db"), os.Stdout); err != nil {
+		log.Fatal(err)
 	}
-	var invoices, effects int
-	db.Read.QueryRow(`SELECT count(*) FROM invoices`).Scan(&invoices)
-	db.Read.QueryRow(`SELECT count(*) FROM effects`).Scan(&effects)
-	fmt.Printf("invoices: %d, effects: %d\n", invoices, effects)
 	// Output:
 	// result map[invoice_id:1], replayed: false
 	// result map[invoice_id:1], replayed: true
-	// invoices: 1, effects: 1
+	// rejected: true, replayed: true
+	// the mail API got {"invoice":1} once
+	// invoices: 1
+}
+
+// billTwice opens target, serves the billing server to an in-memory client
+// that calls send_invoice and retries it, then shuts it down.
+func billTwice(ctx context.Context, target string, w io.Writer) error {
+	db, err := schema.Open(ctx, target, nil)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if _, err := db.Write.ExecContext(ctx, db.Pick(createInvoicesSQLite, createInvoicesPostgres)); err != nil {
+		return fmt.Errorf("create invoices: %w", err)
+	}
+	mails := make(chan string, 4)
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		mails <- string(body)
+	}))
+	defer api.Close()
+	mailer, err := url.Parse(api.URL)
+	if err != nil {
+		return err
+	}
+
+	ctx, stop := context.WithCancel(ctx)
+	st, ct := mcp.NewInMemoryTransports()
+	served := make(chan error, 1)
+	go func() { served <- serve(ctx, db, mailer, mcpstdio.NewTransport(st, nil)) }()
+	client, err := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "v1"}, nil).Connect(ctx, ct, nil)
+	if err != nil {
+		stop()
+		return errors.Join(err, <-served)
+	}
+	call := func(key string, cents int64) (*mcp.CallToolResult, bool, error) {
+		res, err := client.CallTool(ctx, &mcp.CallToolParams{
+			Name:      "send_invoice",
+			Arguments: InvoiceIn{Customer: "acme", Cents: cents},
+			Meta:      mcp.Meta{"idempotencyKey": key},
+		})
+		if err != nil {
+			return nil, false, err
+		}
+		meta, _ := res.Meta[outbox.MetaKeyCall].(map[string]any)
+		replayed, _ := meta["replayed"].(bool)
+		return res, replayed, nil
+	}
+	for range 2 { // the second call is a retry, for example after a timeout
+		res, replayed, err := call("invoice-acme-2026-12", 4200)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(w, "result %v, replayed: %v\n", res.StructuredContent, replayed)
+	}
+	var res *mcp.CallToolResult
+	var replayed bool
+	for range 2 {
+		if res, replayed, err = call("invoice-zero", 0); err != nil {
+			return err
+		}
+	}
+	fmt.Fprintf(w, "rejected: %v, replayed: %v\n", res.IsError, replayed)
+	select {
+	case body := <-mails:
+		fmt.Fprintf(w, "the mail API got %s once\n", body)
+	case <-time.After(30 * time.Second):
+		return errors.New("no mail within 30s")
+	}
+
+	stop() // as a signal would: serving ends, then the dispatcher and the reaper
+	if err := <-served; err != nil {
+		return err
+	}
+	client.Close()
+	if len(mails) != 0 {
+		return fmt.Errorf("the mail API got %d more mails", len(mails))
+	}
+	var invoices int
+	if err := db.Read.QueryRowContext(context.Background(), `SELECT count(*) FROM invoices`).Scan(&invoices); err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "invoices: %d\n", invoices)
+	return nil
 }

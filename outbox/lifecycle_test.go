@@ -331,3 +331,22 @@ effect delivered, orders: 1
 		t.Errorf("output:\n%s\nwant:\n%s", out.String(), want)
 	}
 }
+
+// ExampleAddTool's program, which the README quotes, gives the same output
+// on the test store, PostgreSQL included: its SQL is portable.
+func TestExampleAddToolOnTestStore(t *testing.T) {
+	t.Parallel()
+	var out strings.Builder
+	if err := billTwice(context.Background(), testTarget(t), &out); err != nil {
+		t.Fatal(err)
+	}
+	want := `result map[invoice_id:1], replayed: false
+result map[invoice_id:1], replayed: true
+rejected: true, replayed: true
+the mail API got {"invoice":1} once
+invoices: 1
+`
+	if out.String() != want {
+		t.Errorf("output:\n%s\nwant:\n%s", out.String(), want)
+	}
+}
