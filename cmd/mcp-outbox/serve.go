@@ -231,7 +231,7 @@ func openApp(ctx context.Context, env *environment, cfg *appConfig) (*app, error
 		a.db.Close()
 		return nil, err
 	}
-	impl := &mcp.Implementation{Name: "mcp-outbox-ledger", Title: "mcp-outbox example payments ledger", Version: version}
+	impl := &mcp.Implementation{Name: "mcp-outbox-ledger", Title: "mcp-outbox example payments ledger", Version: serverVersion()}
 	sopts := &mcp.ServerOptions{Logger: a.logger.With("subsystem", "mcp")}
 	lopts := &ledger.Options{Delay: cfg.demoDelay}
 	if a.layer == nil {
@@ -251,8 +251,6 @@ func (a *app) Close() error {
 	return a.db.Close()
 }
 
-// version is set by the linker for releases.
-var version = "dev"
 
 func runServe(ctx context.Context, env *environment, args []string) error {
 	fs := newFlagSet(env, "serve", serveUsage)

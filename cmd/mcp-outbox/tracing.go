@@ -76,7 +76,7 @@ func setupTracing(ctx context.Context, env *environment, service string, stderr 
 		return nil, noop, err
 	}
 	res, err := resource.New(ctx,
-		resource.WithAttributes(semconv.ServiceName(service), semconv.ServiceVersion(version)),
+		resource.WithAttributes(semconv.ServiceName(service), semconv.ServiceVersion(serverVersion())),
 		resource.WithTelemetrySDK(),
 		resource.WithFromEnv(), // OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES win
 	)
