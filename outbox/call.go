@@ -100,7 +100,7 @@ func (l *Layer) run(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest, 
 	}
 	// A tool that is never recorded needs no key: skip canonicalising and
 	// hashing its arguments on every call.
-	id, err := callIdentity{principal: principalOf(req)}, error(nil)
+	id, err := callIdentity{principal: t.principalOf(req)}, error(nil)
 	if t.record {
 		id, err = identify(req, t, t.window > 0)
 	}
@@ -133,6 +133,6 @@ func (l *Layer) run(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest, 
 func (l *Layer) refuse(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest, start time.Time, res *mcp.CallToolResult) (mcp.Result, error) {
 	d := time.Since(start)
 	l.opts.Metrics.call(t.name, outcomeNotRecorded, d)
-	l.logCall(ctx, &attempt{tool: t, id: callIdentity{principal: principalOf(req)}, outcome: outcomeNotRecorded}, req, d)
+	l.logCall(ctx, &attempt{tool: t, id: callIdentity{principal: t.principalOf(req)}, outcome: outcomeNotRecorded}, req, d)
 	return res, nil
 }

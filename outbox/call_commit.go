@@ -26,10 +26,14 @@ func (a *attempt) finish(ctx context.Context, res mcp.Result, err error) (mcp.Re
 		// canceled" result; it must never become the recorded outcome.
 		reason = "cancelled"
 	case a.txErr != nil:
-		// The database failed under the handler (busy, I/O, full): that
-		// says nothing of the call, so it is never its outcome.
-		a.layer.logger.ErrorContext(ctx, "database failed under the handler; nothing recorded",
-			"tool", a.tool.name, "call_id", a.uid, "error", a.txErr)
+		// The database failed under the handler (busy, I/O, full), or the
+		// guard refused one of its statements: either says nothing of the
+		// call, so it is never its outcome.
+		msg := "database failed under the handler; nothing recorded"
+		if errors.Is(a.txErr, ErrStatementRefused) {
+			msg = "handler ran a statement the layer refuses; nothing recorded"
+		}
+		a.layer.logger.ErrorContext(ctx, msg, "tool", a.tool.name, "call_id", a.uid, "error", a.txErr)
 		a.abandon(ctx)
 		return a.notCommitted(a.txErr), nil
 	case a.handlerErr != nil:

@@ -372,7 +372,11 @@
 // tool on one server, and a tool of the same name on another server may
 // have another handler. A server that is no longer used leaves the layer
 // when the garbage collector takes it. All servers of a layer share its
-// key space, since a retry may reach another instance of the same server;
-// tenants whose calls must never meet need distinct principals or a layer
-// each.
+// key space, since a retry may reach another instance of the same server.
+// Tenants whose calls must never meet each get a [ServerOptions.Tenant]:
+// their calls are recorded under the caller's principal within the tenant
+// ("tenant:NAME/PRINCIPAL"), so they never replay each other's results or
+// block each other's keys, and the status tool sees its own tenant's calls
+// only. A layer per tenant would not do: the keys live in the database the
+// layers share.
 package outbox

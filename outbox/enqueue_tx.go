@@ -34,6 +34,12 @@ func (l *Layer) EnqueueTx(ctx context.Context, tx *sql.Tx, e Effect) (string, er
 	if tx == nil {
 		return "", errors.New("outbox: enqueue effect: nil transaction")
 	}
+	if attemptFrom(ctx) != nil {
+		// Inside a handler the effect would commit apart from the call
+		// (on PostgreSQL), or wait forever for the SQLite writer the
+		// handler itself holds.
+		return "", errors.New("outbox: EnqueueTx inside a tool handler: use the handler's Tx.Enqueue, which commits the effect with the call")
+	}
 	if err := l.checkEffect(&e); err != nil {
 		return "", err
 	}

@@ -142,6 +142,7 @@ func billTwice(ctx context.Context, target string, w io.Writer) error {
 	}
 
 	ctx, stop := context.WithCancel(ctx)
+	defer stop()
 	st, ct := mcp.NewInMemoryTransports()
 	served := make(chan error, 1)
 	go func() { served <- serve(ctx, db, mailer, mcpstdio.NewTransport(st, nil)) }()

@@ -23,9 +23,9 @@ func WaitingForTurn(l *Layer) int { return l.group.waiting() }
 // InstallUntraced installs the layer on s as Install does, without the
 // tracing middleware: the baseline of BenchmarkTracing.
 func InstallUntraced(l *Layer, s *mcp.Server) {
-	r, _ := l.register(s)
+	r, _ := l.register(s, "")
 	s.AddReceivingMiddleware(l.middlewareFor(r))
-	l.addStatusTool(s)
+	l.addStatusTool(s, "")
 }
 
 // TraceMiddleware is the layer's tracing middleware alone.

@@ -47,7 +47,7 @@ func principalOf(req *mcp.CallToolRequest) string {
 // identify finds the key of a call. It returns source "" when the call
 // carries no key and fingerprints are off for the tool.
 func identify(req *mcp.CallToolRequest, t *toolInfo, window bool) (callIdentity, error) {
-	id := callIdentity{principal: principalOf(req)}
+	id := callIdentity{principal: t.principalOf(req)}
 	canonical, err := callkey.Canonical(req.Params.Arguments)
 	if err != nil {
 		return id, fmt.Errorf("arguments are not valid JSON: %w", err)
@@ -133,4 +133,32 @@ func sourceLabel(s callkey.Source) string {
 		return "fingerprint of tool and arguments"
 	}
 	return string(s)
+}
+
+// scopedPrincipal is principal within tenant, as the calls table stores
+// it; no tenant leaves it as it is.
+func scopedPrincipal(tenant, principal string) string {
+	if tenant == "" {
+		return principal
+	}
+	return "tenant:" + tenant + "/" + principal
+}
+
+// checkTenant refuses a tenant name that could not be told apart from the
+// principal it scopes, or would not read well on the operator page.
+func checkTenant(tenant string) error {
+	if tenant == "" {
+		return nil
+	}
+	if len(tenant) > 64 {
+		return fmt.Errorf("tenant %.20q… is %d bytes; at most 64", tenant, len(tenant))
+	}
+	for _, c := range []byte(tenant) {
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '.', c == '_', c == '-':
+		default:
+			return fmt.Errorf("tenant %q: want letters, digits, '.', '_' or '-'", tenant)
+		}
+	}
+	return nil
 }

@@ -211,12 +211,37 @@ func (l *Layer) Capability() map[string]any {
 	}
 }
 
+// ServerOptions configure a server made by [Layer.NewServer]; nil means
+// all defaults.
+type ServerOptions struct {
+	// MCP are the go-sdk's own server options; nil means its defaults.
+	MCP *mcp.ServerOptions
+	// Tenant scopes the calls of this server: they are recorded under
+	// the caller's principal within the tenant, so servers of different
+	// tenants never replay each other's results or block each other's
+	// keys, even for the same key and arguments from the same principal;
+	// call_status on the server sees its tenant's calls only. Servers of
+	// the same tenant share its calls, as a server per request must. Empty
+	// means no tenant: the layer's one shared key space. A tenant is 1 to
+	// 64 letters, digits, '.', '_' or '-'; NewServer panics on any other.
+	// The operator surface shows such a call's principal as
+	// "tenant:NAME/PRINCIPAL".
+	Tenant string
+}
+
 // NewServer creates a go-sdk server that advertises the layer under
 // capabilities.experimental, and installs the layer on it (see Install).
-func (l *Layer) NewServer(impl *mcp.Implementation, opts *mcp.ServerOptions) *mcp.Server {
-	var o mcp.ServerOptions
+func (l *Layer) NewServer(impl *mcp.Implementation, opts *ServerOptions) *mcp.Server {
+	var so ServerOptions
 	if opts != nil {
-		o = *opts
+		so = *opts
+	}
+	if err := checkTenant(so.Tenant); err != nil {
+		panic(fmt.Sprintf("outbox: Layer.NewServer: %v", err))
+	}
+	var o mcp.ServerOptions
+	if so.MCP != nil {
+		o = *so.MCP
 	}
 	caps := &mcp.ServerCapabilities{}
 	if o.Capabilities != nil {
@@ -231,21 +256,24 @@ func (l *Layer) NewServer(impl *mcp.Implementation, opts *mcp.ServerOptions) *mc
 	caps.Experimental = exp
 	o.Capabilities = caps
 	s := mcp.NewServer(impl, &o)
-	l.Install(s)
+	l.install(s, so.Tenant)
 	return s
 }
 
 // Install adds the layer's receiving middleware and the status tool to s,
 // once: installing again on the same server does nothing. [AddTool] needs
 // it. One layer may be installed on many servers, each with its own tools;
-// they share the layer's database and key space.
-func (l *Layer) Install(s *mcp.Server) {
-	r, added := l.register(s)
+// they share the layer's database and key space. A server for a tenant
+// is made with NewServer and [ServerOptions.Tenant].
+func (l *Layer) Install(s *mcp.Server) { l.install(s, "") }
+
+func (l *Layer) install(s *mcp.Server, tenant string) {
+	r, added := l.register(s, tenant)
 	if !added {
 		return
 	}
 	s.AddReceivingMiddleware(l.traceMiddleware, l.middlewareFor(r)) // the first is outermost
-	l.addStatusTool(s)
+	l.addStatusTool(s, tenant)
 }
 
 func (l *Layer) newOwner() string {

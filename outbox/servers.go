@@ -19,13 +19,15 @@ import (
 // principal alone, as the calls table is. That is what per-request servers
 // need (a retry reaches another instance of the same server and must
 // replay), and it makes a layer one idempotency domain. Tenants whose calls
-// must never meet get distinct principals (authenticated users) or a layer
-// each.
+// must never meet get a tenant each (ServerOptions.Tenant), which scopes
+// the principal their calls are recorded under: a layer each would not
+// do, since the keys live in the database the layers share.
 
 // serverTools are the tools registered with AddTool on one server.
 type serverTools struct {
-	mu    sync.Mutex
-	tools map[string]*toolInfo
+	tenant string // ServerOptions.Tenant, fixed when the layer is installed
+	mu     sync.Mutex
+	tools  map[string]*toolInfo
 }
 
 func (r *serverTools) lookup(name string) *toolInfo {
@@ -42,14 +44,14 @@ func (r *serverTools) add(t *toolInfo) {
 
 // register returns s's registry, creating it if s is new to the layer; added
 // says it was.
-func (l *Layer) register(s *mcp.Server) (r *serverTools, added bool) {
+func (l *Layer) register(s *mcp.Server, tenant string) (r *serverTools, added bool) {
 	key := weak.Make(s)
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if r := l.servers[key]; r != nil {
 		return r, false
 	}
-	r = &serverTools{tools: map[string]*toolInfo{}}
+	r = &serverTools{tenant: tenant, tools: map[string]*toolInfo{}}
 	if l.servers == nil {
 		l.servers = map[weak.Pointer[mcp.Server]]*serverTools{}
 	}

@@ -217,3 +217,67 @@ func TestServers_RegistryForgetsDroppedServers(t *testing.T) {
 		t.Errorf("kept server's call reached %q", got)
 	}
 }
+
+// Servers of different tenants on one layer never meet: the same key, the
+// same arguments and the same principal run each tenant's own handler,
+// keyless calls too (their fingerprints differ by tenant), and call_status
+// sees its own tenant's calls only. Two servers of one tenant share its
+// calls, as a server per request must.
+func TestServers_Tenants(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	l, err := outbox.New(db, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newServer := func(name, tenant string) *mcp.Server {
+		return l.NewServer(&mcp.Implementation{Name: name, Version: "v0"}, &outbox.ServerOptions{Tenant: tenant})
+	}
+	acme, globex, acme2 := newServer("acme", "acme"), newServer("globex", "globex"), newServer("acme-2", "acme")
+	runsAcme, runsGlobex := addWho(l, acme, "acme", 1), addWho(l, globex, "globex", 2)
+	addWho(l, acme2, "acme-2", 3)
+	csAcme, csGlobex, csAcme2 := connect(t, acme), connect(t, globex), connect(t, acme2)
+
+	for _, key := range []string{"same-key", ""} { // "" sends no key: a fingerprint
+		if got := whoOf(t, call(t, csAcme, "who", key, map[string]any{})); got != "acme" {
+			t.Errorf("key %q on acme reached %q", key, got)
+		}
+		res := call(t, csGlobex, "who", key, map[string]any{})
+		if got := whoOf(t, res); got != "globex" || callMeta(res)["replayed"] != false {
+			t.Errorf("key %q on globex = %s replayed=%v; want globex's own handler, not acme's result", key, got, callMeta(res)["replayed"])
+		}
+		res = call(t, csAcme2, "who", key, map[string]any{})
+		if got := whoOf(t, res); got != "acme" || callMeta(res)["replayed"] != true {
+			t.Errorf("key %q on acme's second server = %s replayed=%v; want acme's recorded result", key, got, callMeta(res)["replayed"])
+		}
+	}
+	if *runsAcme != 2 || *runsGlobex != 2 {
+		t.Errorf("handler runs acme=%d globex=%d, want 2 each (one keyed, one keyless)", *runsAcme, *runsGlobex)
+	}
+	if got := count(t, db.Read, `SELECT count(*) FROM calls WHERE principal = 'tenant:globex/local'`); got != 2 {
+		t.Errorf("globex's calls under its scoped principal = %d, want 2", got)
+	}
+
+	status := func(cs *mcp.ClientSession) string {
+		t.Helper()
+		res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: outbox.StatusToolName, Arguments: map[string]any{"key": "same-key"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return text(res)
+	}
+	if s := status(csGlobex); !strings.Contains(s, `"globex"`) || strings.Contains(s, `"acme"`) {
+		t.Errorf("call_status on globex: %s; want globex's call only", s)
+	}
+
+	for _, bad := range []string{"a/b", "ten ant", strings.Repeat("x", 65)} {
+		func() {
+			defer func() {
+				if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "tenant") {
+					t.Errorf("NewServer with tenant %q: panic %v; want one naming the tenant", bad, r)
+				}
+			}()
+			newServer("bad", bad)
+		}()
+	}
+}

@@ -23,9 +23,9 @@ type StatusInput struct {
 	Arguments json.RawMessage `json:"arguments,omitempty" jsonschema:"for a call made without a key: its exact arguments"`
 }
 
-func (l *Layer) addStatusTool(s *mcp.Server) {
+func (l *Layer) addStatusTool(s *mcp.Server, tenant string) {
 	mcp.AddTool(s, StatusTool(), func(ctx context.Context, req *mcp.CallToolRequest, in StatusInput) (*mcp.CallToolResult, *query.Status, error) {
-		st, err := l.lookupStatus(ctx, principalOf(req), in)
+		st, err := l.lookupStatus(ctx, scopedPrincipal(tenant, principalOf(req)), in)
 		return nil, st, err
 	})
 }

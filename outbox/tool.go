@@ -58,6 +58,15 @@ type toolInfo struct {
 	// schema step, which turns numbers into float64 (see numbers.go), so
 	// numbers a float64 cannot hold are refused.
 	floatArgs bool
+	// tenant scopes the principal of the tool's calls: the server's
+	// ServerOptions.Tenant, "" for none.
+	tenant string
+}
+
+// principalOf is the principal a call of t is recorded under: the
+// request's, scoped by the tenant of t's server.
+func (t *toolInfo) principalOf(req *mcp.CallToolRequest) string {
+	return scopedPrincipal(t.tenant, principalOf(req))
 }
 
 func (t *toolInfo) onLostPolicy() string {
@@ -113,6 +122,7 @@ func AddTool[In, Out any](l *Layer, s *mcp.Server, t *mcp.Tool, h HandlerFor[In,
 		panic(fmt.Sprintf("outbox.AddTool %q: the layer is not installed on this server; "+
 			"create the server with Layer.NewServer, or call Layer.Install on it first", t.Name))
 	}
+	info.tenant = reg.tenant
 	reg.add(info)
 
 	mcp.AddTool(s, sdkTool, func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {

@@ -115,6 +115,12 @@ func Open(ctx context.Context, target string, opts *Options) (*DB, error) {
 	if IsPostgresURL(target) {
 		return openStore(ctx, Postgres, target, o)
 	}
+	if looksLikeKeywordDSN(target) {
+		// Otherwise it would silently become the name of a new SQLite
+		// file in the working directory.
+		return nil, fmt.Errorf("open database: %q looks like a PostgreSQL keyword/value connection string; "+
+			"give a postgres:// URL (postgres://USER@HOST:PORT/DB?sslmode=…) or an SQLite file path", redactKeywordDSN(target))
+	}
 	if o.Driver == "" {
 		o.Driver = "sqlite"
 	}
@@ -265,4 +271,27 @@ func (db *DB) Relaxed(ctx context.Context, fn func(*sql.Conn) error) error {
 		return errors.Join(ferr, fmt.Errorf("restore synchronous: %w", err))
 	}
 	return ferr
+}
+
+// looksLikeKeywordDSN reports whether target reads as libpq's keyword/value
+// form ("host=db port=5432 dbname=app"), which no SQLite path is meant to
+// be: a keyword libpq knows, then '='.
+func looksLikeKeywordDSN(target string) bool {
+	for _, kw := range []string{"host=", "hostaddr=", "dbname=", "user=", "port=", "password=", "sslmode="} {
+		if strings.HasPrefix(target, kw) || strings.Contains(target, " "+kw) {
+			return true
+		}
+	}
+	return false
+}
+
+// redactKeywordDSN hides a password= value, for error messages.
+func redactKeywordDSN(target string) string {
+	fields := strings.Fields(target)
+	for i, f := range fields {
+		if strings.HasPrefix(f, "password=") {
+			fields[i] = "password=xxxxx"
+		}
+	}
+	return strings.Join(fields, " ")
 }

@@ -456,3 +456,19 @@ func latestMigration(t *testing.T) int {
 	}
 	return ms[len(ms)-1].Version
 }
+
+// A PostgreSQL keyword/value connection string is refused with a clear
+// error, its password hidden, instead of becoming a new SQLite file.
+func TestOpen_KeywordDSNRefused(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	for _, target := range []string{"host=127.0.0.1 port=55432 dbname=helpdesk password=hunter2", "dbname=app"} {
+		_, err := schema.Open(context.Background(), target, nil)
+		if err == nil || !strings.Contains(err.Error(), "postgres:// URL") || strings.Contains(err.Error(), "hunter2") {
+			t.Errorf("Open(%q) = %v; want a refusal naming postgres:// URLs, without the password", target, err)
+		}
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("Open left %d files in the working directory; want none", len(entries))
+	}
+}

@@ -239,7 +239,7 @@ func openApp(ctx context.Context, env *environment, cfg *appConfig) (*app, error
 		ledger.RegisterBare(a.db, a.server, lopts)
 		return a, nil
 	}
-	a.server = a.layer.NewServer(impl, sopts)
+	a.server = a.layer.NewServer(impl, &outbox.ServerOptions{MCP: sopts})
 	ledger.Register(a.layer, a.server, lopts)
 	return a, nil
 }
