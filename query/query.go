@@ -104,7 +104,7 @@ func Lookup(ctx context.Context, db *schema.DB, principal, key string, now time.
 	// neither would run it.
 	if errors.Is(err, sql.ErrNoRows) || (err == nil && State(state) != InFlight && State(state) != OutcomeUnknown && expires <= now.UnixMilli()) {
 		return &Status{Key: key, State: NotFound, Effects: []Effect{},
-			Message: "No call with this key within the retention window: it expired or was never seen. A retry would run it."}, nil
+			Message: "No call with this key within the retention window: it expired, was never seen, or failed without being recorded (a fault the server logged). A retry would run it."}, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("look up call: %w", err)
@@ -137,7 +137,7 @@ func LookupArgs(ctx context.Context, db *schema.DB, principal, tool string, args
 		// The client sent no key: speak of what it sent.
 		st.KeySource = string(callkey.SourceFingerprint)
 		st.Message = "No identical call (same tool and arguments, without a key) within the fingerprint window: " +
-			"it expired or was never seen. Making the call would run it."
+			"it expired, was never seen, or failed without being recorded (a fault the server logged). Making the call would run it."
 	}
 	return st, err
 }
