@@ -55,7 +55,7 @@ func (d *Dispatcher) deliver(ctx context.Context, ds *destState, e *claimedEffec
 	o := d.tracedAttempt(ctx, ds, e)
 	took := time.Since(start)
 	ds.exchanged(took)
-	d.opts.Metrics.deliveryTime(ds.Name, took)
+	d.opts.Metrics.DeliveryTime(ds.Name, took)
 	return d.finish(ctx, ds, e, o, took)
 }
 

@@ -216,7 +216,7 @@ func (d *Dispatcher) deadOwners(ctx context.Context) (string, error) {
 		if err := rows.Scan(&owner); err != nil {
 			return "", fmt.Errorf("read lease owners: %w", err)
 		}
-		if d.self.ownerLiveness(owner) == ownerDead {
+		if d.self.Of(owner) == ownerDead {
 			dead = append(dead, owner)
 		}
 	}
