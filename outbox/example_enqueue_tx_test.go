@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -82,7 +83,7 @@ func ExampleLayer_EnqueueTx() {
 	}
 	// In a server the dispatcher runs all along (see NewDispatcher); it
 	// finds the effect at its next poll, or at once after d.Notify().
-	d, err := outbox.NewDispatcher(db, &outbox.DispatcherOptions{Destinations: []outbox.Destination{{Name: "mailer", URL: base}}})
+	d, err := dispatch.New(db, &dispatch.Options{Destinations: []dispatch.Destination{{Name: "mailer", URL: base}}})
 	if err != nil {
 		log.Fatal(err)
 	}

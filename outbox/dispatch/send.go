@@ -1,4 +1,4 @@
-package outbox
+package dispatch
 
 import (
 	"bytes"
@@ -17,6 +17,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/internal/failpoint"
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/otelattr"
 )
 
 // Failpoints on the delivery path.
@@ -96,8 +97,8 @@ func (d *Dispatcher) attempt(ctx context.Context, ds *destState, e *claimedEffec
 	for k, v := range e.headers {
 		req.Header.Set(k, v)
 	}
-	req.Header.Set(HeaderIdempotencyKey, callkey.HeaderValue(e.key))
-	propagator.Inject(ctx, propagation.HeaderCarrier(req.Header)) // the attempt's span (dispatch_trace.go)
+	req.Header.Set(callkey.Header, callkey.HeaderValue(e.key))
+	otelattr.Propagator.Inject(ctx, propagation.HeaderCarrier(req.Header)) // the attempt's span (trace.go)
 	if ds.AuthHeader != "" {
 		req.Header.Set(ds.AuthHeader, ds.AuthValue)
 	}
