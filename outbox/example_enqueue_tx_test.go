@@ -81,7 +81,7 @@ func ExampleLayer_EnqueueTx() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	// In a server the dispatcher runs all along (see NewDispatcher); it
+	// In a server the dispatcher runs all along (see dispatch.New); it
 	// finds the effect at its next poll, or at once after d.Notify().
 	d, err := dispatch.New(db, &dispatch.Options{Destinations: []dispatch.Destination{{Name: "mailer", URL: base}}})
 	if err != nil {

@@ -162,7 +162,7 @@ func New(db *schema.DB, opts *Options) (*Layer, error) {
 		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	group := newGroupCommit(db, o.MaxBatchCalls, o.MaxBatchWait, time.Now)
-	group.onCommit = func(calls int) { o.Metrics.Commit(metrics.CommitCalls, calls) }
+	group.onCommit = func(calls int) { metrics.Commit(o.Metrics, metrics.CommitCalls, calls) }
 	return &Layer{
 		db:     db,
 		group:  group,

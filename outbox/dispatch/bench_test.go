@@ -220,7 +220,7 @@ func BenchmarkDeliver(b *testing.B) {
 }
 
 // BenchmarkStartToFirstDelivery measures how long a dispatcher takes from
-// NewDispatcher and Run to the sink's first request, with 10,000 pending
+// New and Run to the sink's first request, with 10,000 pending
 // effects in the database (a restart after a backlog built up), and, for
 // comparison, with one. The effects are made pending again between
 // iterations, outside the timer.

@@ -87,7 +87,10 @@ type Options struct {
 	// Lease is how long a claimed effect stays owned; zero means twice the
 	// longest destination timeout, at least 30s.
 	Lease time.Duration
-	// BackoffBase and BackoffMax shape the retry schedule (see Backoff).
+	// BackoffBase and BackoffMax shape the retry schedule: retry n waits
+	// BackoffBase·2^(n-1), capped at BackoffMax, half of it fixed and half
+	// random, or longer when the destination's Retry-After asks (at most
+	// an hour).
 	BackoffBase, BackoffMax time.Duration
 	// ShutdownTimeout bounds how long Run waits for attempts in flight
 	// after its context ends; zero means DefaultShutdownTimeout.

@@ -9,9 +9,9 @@ func (d *Dispatcher) RoundForTest(ctx context.Context) error {
 	return err
 }
 
-// SetDispatchTestHooks sets functions the dispatcher calls when its
+// SetTestHooks sets functions the dispatcher calls when its
 // PostgreSQL listener is listening and when Run is about to wait with no
 // wake-up pending. Set them before Run.
-func (d *Dispatcher) SetDispatchTestHooks(listening, idle func()) {
+func (d *Dispatcher) SetTestHooks(listening, idle func()) {
 	d.testHookListening, d.testHookIdle = listening, idle
 }

@@ -121,7 +121,7 @@ func TestDispatchPostgres_ReplicasDeliverEachOnceInOrder(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		d.SetDispatchTestHooks(func() {
+		d.SetTestHooks(func() {
 			select {
 			case listening <- struct{}{}:
 			default:
@@ -239,7 +239,7 @@ func TestDispatchPostgres_NotifyWakes(t *testing.T) {
 	var listens, idleAfter atomic.Int64
 	listening := make(chan struct{}, 8)
 	idle := make(chan struct{}, 1)
-	d.SetDispatchTestHooks(
+	d.SetTestHooks(
 		func() {
 			listens.Add(1)
 			select {

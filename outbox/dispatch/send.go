@@ -17,6 +17,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/internal/failpoint"
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/metrics"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/otelattr"
 )
 
@@ -56,7 +57,7 @@ func (d *Dispatcher) deliver(ctx context.Context, ds *destState, e *claimedEffec
 	o := d.tracedAttempt(ctx, ds, e)
 	took := time.Since(start)
 	ds.exchanged(took)
-	d.opts.Metrics.DeliveryTime(ds.Name, took)
+	metrics.DeliveryTime(d.opts.Metrics, ds.Name, took)
 	return d.finish(ctx, ds, e, o, took)
 }
 
@@ -179,8 +180,8 @@ func (d *Dispatcher) retry(ds *destState, e *claimedEffect, o outcome, h http.He
 		return o
 	}
 	now := d.now()
-	wait := Backoff(e.attempts, d.opts.BackoffBase, d.opts.BackoffMax, d.opts.Rand())
-	if ra, ok := RetryAfter(h, now); ok && ra > wait {
+	wait := backoff(e.attempts, d.opts.BackoffBase, d.opts.BackoffMax, d.opts.Rand())
+	if ra, ok := retryAfter(h, now); ok && ra > wait {
 		wait = ra
 	}
 	o.state, o.next = "pending", now.Add(wait)

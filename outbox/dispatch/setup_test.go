@@ -37,14 +37,6 @@ const envTestStore = "MCP_OUTBOX_TEST_STORE"
 
 func onPostgres() bool { return os.Getenv(envTestStore) == "postgres" }
 
-// sqliteOnly skips a test of something only the SQLite store has.
-func sqliteOnly(tb testing.TB, what string) {
-	tb.Helper()
-	if onPostgres() {
-		tb.Skip("SQLite only: " + what)
-	}
-}
-
 // postgresOnly skips a test of something only the PostgreSQL store has.
 func postgresOnly(tb testing.TB) {
 	tb.Helper()

@@ -12,6 +12,8 @@ import (
 
 // Metrics are the Prometheus metrics of layers and dispatchers (see
 // outbox.Metrics, an alias of this type). A nil *Metrics records nothing.
+// What records into them are functions, not methods: through the alias,
+// methods would be part of outbox's API.
 type Metrics struct {
 	calls            *prometheus.CounterVec
 	callDuration     *prometheus.HistogramVec
@@ -70,7 +72,7 @@ const (
 )
 
 // Call counts a call of tool that ended with outcome after d.
-func (m *Metrics) Call(tool, outcome string, d time.Duration) {
+func Call(m *Metrics, tool, outcome string, d time.Duration) {
 	if m == nil {
 		return
 	}
@@ -79,7 +81,7 @@ func (m *Metrics) Call(tool, outcome string, d time.Duration) {
 }
 
 // Commit observes a commit of n outcomes of kind.
-func (m *Metrics) Commit(kind string, n int) {
+func Commit(m *Metrics, kind string, n int) {
 	if m == nil {
 		return
 	}
@@ -87,7 +89,7 @@ func (m *Metrics) Commit(kind string, n int) {
 }
 
 // DeliveryTime observes one attempt's HTTP exchange with dest.
-func (m *Metrics) DeliveryTime(dest string, d time.Duration) {
+func DeliveryTime(m *Metrics, dest string, d time.Duration) {
 	if m == nil {
 		return
 	}
@@ -96,7 +98,7 @@ func (m *Metrics) DeliveryTime(dest string, d time.Duration) {
 
 // Delivery counts a recorded attempt of an effect for dest: result is
 // delivered, retry, dead or unknown, attempts the effect's attempts so far.
-func (m *Metrics) Delivery(dest, result string, attempts int) {
+func Delivery(m *Metrics, dest, result string, attempts int) {
 	if m == nil {
 		return
 	}
