@@ -58,7 +58,7 @@ test: $(NPM_INSTALLED) $(PY_INSTALLED) ## Run all tests with the race detector (
 	MCP_OUTBOX_REQUIRE_INTEROP=1 MCP_OUTBOX_REQUIRE_POSTGRES=1 go test -race -count=1 -timeout 30m ./...
 	@# The store-level suites once more, on PostgreSQL (a throwaway cluster
 	@# the tests start; MCP_OUTBOX_TEST_POSTGRES=URL uses a running server).
-	MCP_OUTBOX_REQUIRE_POSTGRES=1 MCP_OUTBOX_TEST_STORE=postgres go test -race -count=1 -timeout 15m ./outbox ./query ./schema
+	MCP_OUTBOX_REQUIRE_POSTGRES=1 MCP_OUTBOX_TEST_STORE=postgres go test -race -count=1 -timeout 15m ./outbox ./outbox/dispatch ./query ./schema
 
 .PHONY: test/short
 test/short: ## Run the quick tests (-short, no race detector; the interop test is skipped)

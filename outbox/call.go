@@ -10,6 +10,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/internal/failpoint"
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/metrics"
 )
 
 type localKey struct{ principal, key string }
@@ -110,7 +111,7 @@ func (l *Layer) run(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest, 
 	a := &attempt{layer: l, tool: t, id: id, uid: randomUID()}
 	defer func() {
 		d := time.Since(start)
-		l.opts.Metrics.call(t.name, a.outcome, d)
+		metrics.Call(l.opts.Metrics, t.name, a.outcome, d)
 		l.logCall(ctx, a, req, d)
 	}()
 	if a.recorded() {
@@ -132,7 +133,7 @@ func (l *Layer) run(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest, 
 // carries no hash of the key), and counts it.
 func (l *Layer) refuse(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest, start time.Time, res *mcp.CallToolResult) (mcp.Result, error) {
 	d := time.Since(start)
-	l.opts.Metrics.call(t.name, outcomeNotRecorded, d)
+	metrics.Call(l.opts.Metrics, t.name, outcomeNotRecorded, d)
 	l.logCall(ctx, &attempt{tool: t, id: callIdentity{principal: t.principalOf(req)}, outcome: outcomeNotRecorded}, req, d)
 	return res, nil
 }

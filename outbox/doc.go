@@ -150,7 +150,7 @@
 //
 // # Effects and their delivery
 //
-// An effect row exists only for a committed call. A [Dispatcher] delivers
+// An effect row exists only for a committed call. A [dispatch.Dispatcher] delivers
 // it: it leases due effects (owner-fenced: an expired owner cannot record an
 // outcome), sends each with the same Idempotency-Key on every attempt, and
 // records the outcome. Effect states:
@@ -178,8 +178,8 @@
 //	layer, err := outbox.New(db, nil)
 //	server := layer.NewServer(impl, nil)
 //	outbox.AddTool(layer, server, tool, handler, nil)
-//	running, err := layer.Start(ctx, &outbox.StartOptions{Dispatcher: &outbox.DispatcherOptions{
-//		Destinations: []outbox.Destination{{Name: "mailer", URL: mailerURL}},
+//	running, err := layer.Start(ctx, &outbox.StartOptions{Dispatcher: &dispatch.Options{
+//		Destinations: []dispatch.Destination{{Name: "mailer", URL: mailerURL}},
 //	}})
 //	...
 //	err = mcphttp.Serve(ctx, ln, handler)       // returns once the calls in flight finished
@@ -190,7 +190,7 @@
 // Server.Run, when its context ends, closes the session, which waits for
 // the requests in flight); then Stop lets the deliveries
 // in flight finish, bounded by its context and
-// [DispatcherOptions.ShutdownTimeout], and cancels the rest, which are
+// [dispatch.Options.ShutdownTimeout], and cancels the rest, which are
 // sent again with the same Idempotency-Key at the next Start; the database
 // closes last. Cancelling Start's context does not stop the work: only
 // Stop does. An effect that a call commits after Stop is not lost: it is
@@ -277,7 +277,7 @@
 //     call's row again, and answers the result if its outcome is there,
 //     not_recorded if not, and in_progress, saying what a retry does, if
 //     the row cannot be read.
-//   - Effects: every replica's [Dispatcher] delivers. Each due effect is
+//   - Effects: every replica's [dispatch.Dispatcher] delivers. Each due effect is
 //     leased by exactly one of them (FOR UPDATE SKIP LOCKED, with the
 //     state checked again by the leasing UPDATE); a call's effects keep
 //     their order, since effect n+1 is due only once n is committed as
@@ -317,8 +317,8 @@
 // OpenTelemetry MCP conventions, whose parent is the trace context the
 // client put in params._meta (SEP-414; [Propagator] and [MetaCarrier] put
 // it there from a Go client). An effect stores the traceparent of the
-// span that enqueued it, and the [Dispatcher] makes each delivery attempt
-// a CLIENT span in that trace ([DispatcherOptions.TracerProvider]),
+// span that enqueued it, and the [dispatch.Dispatcher] makes each delivery attempt
+// a CLIENT span in that trace ([dispatch.Options.TracerProvider]),
 // sending the attempt's traceparent to the destination. Keys appear only
 // as hashes; arguments and results only with LogSensitive.
 //
@@ -340,14 +340,9 @@
 //	mcp_outbox.effects_enqueued  how many effects the call enqueued
 //	mcp_outbox.recorded          whether the tool's calls are recorded at all
 //
-// and a delivery attempt's span, beside the HTTP client conventions':
-//
-//	mcp_outbox.destination                  the destination's configured name
-//	mcp_outbox.effect.id                    the effect's row id
-//	mcp_outbox.effect.seq                   its position in its call, from 1
-//	mcp_outbox.delivery.result              delivered, retry, dead or unknown
-//	mcp_outbox.effect.idempotency_key_hash  the effect's Idempotency-Key as
-//	                                        a 12-digit hash
+// A delivery attempt's span carries the dispatcher's attributes, listed in
+// package outbox/dispatch; both kinds of span share this package's
+// instrumentation scope.
 //
 // # Keys
 //

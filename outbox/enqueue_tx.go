@@ -24,9 +24,9 @@ import (
 //
 // Delivery: on PostgreSQL, the commit wakes every dispatcher (a trigger on
 // effects notifies them). On SQLite the dispatcher finds the effect at its
-// next poll ([DispatcherOptions.PollInterval]); the layer cannot see tx
+// next poll ([dispatch.Options.PollInterval]); the layer cannot see tx
 // commit, so the function given to [Layer.OnEnqueue] is not called: call
-// [Dispatcher.Notify] after Commit to deliver at once.
+// [dispatch.Dispatcher.Notify] after Commit to deliver at once.
 //
 // Inside a tool's handler, use [Tx.Enqueue] instead: its effect commits
 // with the call's outcome.

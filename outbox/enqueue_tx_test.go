@@ -56,7 +56,7 @@ func TestLayer_EnqueueTx(t *testing.T) {
 		t.Fatalf("charges = %d, want the committed one", got)
 	}
 
-	round(t, s.dispatcher(t, outbox.Destination{}, nil))
+	s.deliver(t)
 	reqs := s.fake.Requests()
 	if len(reqs) != 1 {
 		t.Fatalf("delivered %d requests, want 1", len(reqs))

@@ -15,7 +15,7 @@ import (
 // both appear only as hash prefixes: enough to correlate records with each
 // other and with a key the operator already holds, useless for replaying a
 // call or learning who made it. Arguments and results never appear unless
-// Options.LogSensitive (or DispatcherOptions.LogSensitive) asks for them.
+// Options.LogSensitive (or dispatch.Options.LogSensitive) asks for them.
 
 // hashPrefix is how logs and spans show a secret: see callkey.HashPrefix
 // (48 bits), and callkey.KeyHash for a call's key.
@@ -81,37 +81,4 @@ func annotationsOf(a *mcp.ToolAnnotations) toolAnnotations {
 		ta.destructive = *a.DestructiveHint
 	}
 	return ta
-}
-
-// deliveryResult names a recorded delivery outcome: the dispatcher stores a
-// retry as the effect going back to pending.
-func deliveryResult(o outcome) string {
-	if o.state == "pending" {
-		return "retry"
-	}
-	return o.state
-}
-
-// logDelivery writes the delivery event of one recorded attempt of e.
-func (d *Dispatcher) logDelivery(ctx context.Context, ds *destState, e *claimedEffect, o outcome, took time.Duration) {
-	result := deliveryResult(o)
-	level := slog.LevelInfo
-	if result == "dead" || result == "unknown" {
-		// Neither resolves on its own: an operator has to look.
-		level = slog.LevelWarn
-	}
-	attrs := []slog.Attr{
-		slog.String("destination", ds.Name),
-		slog.Int64("effect", e.id),
-		slog.Int("attempt", e.attempts),
-		slog.String("result", result),
-		slog.Int("status", o.status),
-		slog.Float64("duration_ms", durationMS(took)),
-		slog.String("error", o.err),
-		slog.String("key_hash", hashPrefix(e.key)),
-	}
-	if d.opts.LogSensitive {
-		attrs = append(attrs, slog.String("raw_key", e.key))
-	}
-	d.logger.LogAttrs(ctx, level, "delivery", attrs...)
 }

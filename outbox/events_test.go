@@ -9,9 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
-	"github.com/mcp-outbox/mcp-outbox/internal/downstream"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 )
 
@@ -144,41 +142,5 @@ func TestEvents_CallsSensitive(t *testing.T) {
 	first := logs.records(t, "call")[0]
 	if first["raw_key"] != secretKey || !strings.Contains(first["arguments"].(string), "4242") {
 		t.Errorf("with LogSensitive the first call event is %v, want its raw key and arguments", first)
-	}
-}
-
-func TestEvents_Delivery(t *testing.T) {
-	t.Parallel()
-	for _, sensitive := range []bool{false, true} {
-		s := newDispatchSetup(t, 1, nil)
-		s.fake.FailNext(1, downstream.Status(503))
-		logs := &logBuffer{}
-		d := s.dispatcher(t, outbox.Destination{}, &outbox.DispatcherOptions{Logger: logs.logger(), LogSensitive: sensitive})
-		round(t, d)
-		s.clk.Add(time.Minute)
-		round(t, d)
-
-		key := effect(t, s.db.Read, 1).key
-		events := logs.records(t, "delivery")
-		want := []struct {
-			result string
-			status float64
-		}{{"retry", 503}, {"delivered", 200}}
-		if len(events) != len(want) {
-			t.Fatalf("sensitive=%v: %d delivery events, want %d:\n%s", sensitive, len(events), len(want), logs)
-		}
-		for i, w := range want {
-			e := events[i]
-			if e["destination"] != "payments" || e["effect"] != 1.0 || e["attempt"] != float64(i+1) ||
-				e["result"] != w.result || e["status"] != w.status || e["key_hash"] != sha12(key) {
-				t.Errorf("sensitive=%v: delivery event %d = %v, want attempt %d, %s, status %v", sensitive, i, e, i+1, w.result, w.status)
-			}
-		}
-		if events[0]["error"] != "HTTP 503" {
-			t.Errorf("retry event's error = %v, want the recorded last error", events[0]["error"])
-		}
-		if leaked := strings.Contains(logs.String(), key); leaked != sensitive {
-			t.Errorf("sensitive=%v: raw Idempotency-Key in the log = %v:\n%s", sensitive, leaked, logs)
-		}
 	}
 }

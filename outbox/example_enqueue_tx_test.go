@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -80,9 +81,9 @@ func ExampleLayer_EnqueueTx() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	// In a server the dispatcher runs all along (see NewDispatcher); it
+	// In a server the dispatcher runs all along (see dispatch.New); it
 	// finds the effect at its next poll, or at once after d.Notify().
-	d, err := outbox.NewDispatcher(db, &outbox.DispatcherOptions{Destinations: []outbox.Destination{{Name: "mailer", URL: base}}})
+	d, err := dispatch.New(db, &dispatch.Options{Destinations: []dispatch.Destination{{Name: "mailer", URL: base}}})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
 	"github.com/mcp-outbox/mcp-outbox/outbox/mcpstdio"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -82,8 +83,8 @@ func serve(ctx context.Context, db *schema.DB, mailer *url.URL, t mcp.Transport)
 
 	// The dispatcher, woken by every commit that enqueued effects, and the
 	// reaper, which purges what the default retention no longer keeps.
-	running, err := layer.Start(ctx, &outbox.StartOptions{Dispatcher: &outbox.DispatcherOptions{
-		Destinations: []outbox.Destination{{Name: "mailer", URL: mailer}},
+	running, err := layer.Start(ctx, &outbox.StartOptions{Dispatcher: &dispatch.Options{
+		Destinations: []dispatch.Destination{{Name: "mailer", URL: mailer}},
 	}})
 	if err != nil {
 		return err

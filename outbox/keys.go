@@ -20,7 +20,7 @@ const (
 	MetaKeyParamsKey = "io.github.mcp-outbox/paramsIdempotencyKey"
 	// HeaderIdempotencyKey is the HTTP header of
 	// draft-ietf-httpapi-idempotency-key-header.
-	HeaderIdempotencyKey = "Idempotency-Key"
+	HeaderIdempotencyKey = callkey.Header
 	// ArgumentIdempotencyKey is the tool argument looked for when the tool's
 	// input schema declares it.
 	ArgumentIdempotencyKey = "idempotency_key"

@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/metrics"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -161,7 +162,7 @@ func New(db *schema.DB, opts *Options) (*Layer, error) {
 		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	group := newGroupCommit(db, o.MaxBatchCalls, o.MaxBatchWait, time.Now)
-	group.onCommit = func(calls int) { o.Metrics.commit(commitCalls, calls) }
+	group.onCommit = func(calls int) { metrics.Commit(o.Metrics, metrics.CommitCalls, calls) }
 	return &Layer{
 		db:     db,
 		group:  group,

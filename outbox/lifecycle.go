@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
 )
 
 // ReaperOff as [StartOptions.ReapInterval] runs no reaper: something else
@@ -29,7 +31,7 @@ type StartOptions struct {
 	// whose tools enqueue nothing: any Enqueue is then an error. In the
 	// copy Start makes, nil Logger, Metrics, TracerProvider and Now are
 	// the layer's (see [Options]).
-	Dispatcher *DispatcherOptions
+	Dispatcher *dispatch.Options
 	// NoDispatcher runs no dispatcher in this process: another one
 	// delivers (mcp-outbox drain, or a replica on the same PostgreSQL
 	// database), and the layer cannot know its destinations, so Enqueue
@@ -50,7 +52,7 @@ type StartOptions struct {
 // and the reaper. Stop it with [Runner.Stop] before closing the database.
 type Runner struct {
 	layer      *Layer
-	dispatcher *Dispatcher // nil with NoDispatcher
+	dispatcher *dispatch.Dispatcher // nil with NoDispatcher
 	cancel     context.CancelFunc
 	removeHook func()
 	done       chan struct{} // closed once the dispatcher and the reaper returned
@@ -61,7 +63,7 @@ type Runner struct {
 
 // Start begins what a server needs beside the layer, and returns at once:
 //
-//   - a [Dispatcher] for opts.Dispatcher's destinations (unless
+//   - a [dispatch.Dispatcher] for opts.Dispatcher's destinations (unless
 //     NoDispatcher), which delivers at once what a previous run left, and
 //     from then on is woken by every commit that enqueued effects
 //     (Start adds its Notify with [Layer.OnEnqueue]);
@@ -123,7 +125,7 @@ func (l *Layer) Start(ctx context.Context, opts *StartOptions) (*Runner, error) 
 	}
 
 	if !o.NoDispatcher {
-		var do DispatcherOptions
+		var do dispatch.Options
 		if o.Dispatcher != nil {
 			do = *o.Dispatcher
 		}
@@ -139,7 +141,7 @@ func (l *Layer) Start(ctx context.Context, opts *StartOptions) (*Runner, error) 
 		if do.Now == nil {
 			do.Now = l.now
 		}
-		d, err := NewDispatcher(l.db, &do)
+		d, err := dispatch.New(l.db, &do)
 		if err != nil {
 			return fail(fmt.Errorf("start dispatcher: %w", err))
 		}
@@ -200,7 +202,7 @@ func (r *Runner) Stop(ctx context.Context) error {
 	case <-r.done:
 	case <-ctx.Done():
 		if r.dispatcher != nil {
-			r.dispatcher.cancelInFlight()
+			r.dispatcher.CancelInFlight()
 		}
 		<-r.done
 		err = fmt.Errorf("stop outbox: deliveries in flight were cancelled: %w", ctx.Err())
@@ -236,17 +238,6 @@ func (r *Runner) Destinations() []string {
 	return r.dispatcher.Destinations()
 }
 
-// cancelInFlight cancels the requests of the attempts in flight, as Run's
-// shutdown does when its timeout passes.
-func (d *Dispatcher) cancelInFlight() {
-	d.mu.Lock()
-	cancel := d.cancelReq
-	d.mu.Unlock()
-	if cancel != nil {
-		cancel()
-	}
-}
-
 // pendingByDestination reads the pending effects per destination: the
 // state index finds them without reading the delivered ones.
 const pendingByDestination = `
@@ -254,12 +245,13 @@ SELECT destination, count(*) FROM effects WHERE state = 'pending' GROUP BY desti
 
 // checkPending fails when effects are pending for destinations d does not
 // deliver to.
-func (l *Layer) checkPending(ctx context.Context, d *Dispatcher) error {
+func (l *Layer) checkPending(ctx context.Context, d *dispatch.Dispatcher) error {
 	rows, err := l.db.Read.QueryContext(ctx, pendingByDestination)
 	if err != nil {
 		return fmt.Errorf("start outbox: count pending effects: %w", err)
 	}
 	defer rows.Close()
+	known := newDestSet(d)
 	var unknown []string
 	for rows.Next() {
 		var (
@@ -269,7 +261,7 @@ func (l *Layer) checkPending(ctx context.Context, d *Dispatcher) error {
 		if err := rows.Scan(&dest, &n); err != nil {
 			return fmt.Errorf("start outbox: count pending effects: %w", err)
 		}
-		if _, ok := d.dests[dest]; !ok {
+		if !known.names[dest] {
 			unknown = append(unknown, fmt.Sprintf("%q (%d)", dest, n))
 		}
 	}
@@ -281,7 +273,7 @@ func (l *Layer) checkPending(ctx context.Context, d *Dispatcher) error {
 	}
 	return fmt.Errorf("start outbox: effects are pending for destinations the dispatcher does not know: %s; "+
 		"the dispatcher knows %s. Configure them, cancel the effects, or set StartOptions.NoDispatcher if another process delivers them",
-		strings.Join(unknown, ", "), newDestSet(d).list)
+		strings.Join(unknown, ", "), known.list)
 }
 
 // destSet is the destinations of the dispatcher that Start runs.
@@ -290,10 +282,10 @@ type destSet struct {
 	list  string // for errors: "a", "b", or none
 }
 
-func newDestSet(d *Dispatcher) *destSet {
+func newDestSet(d *dispatch.Dispatcher) *destSet {
 	s := &destSet{names: map[string]bool{}}
 	var quoted []string
-	for name := range d.dests {
+	for _, name := range d.Destinations() {
 		s.names[name] = true
 		quoted = append(quoted, fmt.Sprintf("%q", name))
 	}

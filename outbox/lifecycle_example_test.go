@@ -18,6 +18,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
 	"github.com/mcp-outbox/mcp-outbox/outbox/mcpstdio"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -112,8 +113,8 @@ func placeOrders(ctx context.Context, target string, w io.Writer) (err error) {
 	// The dispatcher, woken by every commit that enqueues, and the reaper,
 	// which purges at once and every DefaultReapInterval what the default
 	// Retention no longer keeps.
-	running, err := layer.Start(ctx, &outbox.StartOptions{Dispatcher: &outbox.DispatcherOptions{
-		Destinations: []outbox.Destination{{Name: "mailer", URL: apiURL}},
+	running, err := layer.Start(ctx, &outbox.StartOptions{Dispatcher: &dispatch.Options{
+		Destinations: []dispatch.Destination{{Name: "mailer", URL: apiURL}},
 	}})
 	if err != nil {
 		return err

@@ -14,12 +14,13 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/internal/downstream"
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
 )
 
 // payments is the ledger's destination, delivered to fake.
-func payments(fake *downstream.Server) *outbox.DispatcherOptions {
+func payments(fake *downstream.Server) *dispatch.Options {
 	u, _ := url.Parse(fake.URL())
-	return &outbox.DispatcherOptions{Destinations: []outbox.Destination{{Name: ledger.Destination, URL: u}}}
+	return &dispatch.Options{Destinations: []dispatch.Destination{{Name: ledger.Destination, URL: u}}}
 }
 
 // start starts b's layer and stops it when the test ends, checking that
@@ -130,7 +131,7 @@ func TestLayer_Start_StopEndsGoroutines(t *testing.T) {
 	background := func() (dispatcher, reaper bool) {
 		buf := make([]byte, 1<<20)
 		stacks := string(buf[:runtime.Stack(buf, true)])
-		return strings.Contains(stacks, "outbox.(*Dispatcher).Run("), strings.Contains(stacks, "outbox.runReaper(")
+		return strings.Contains(stacks, "dispatch.(*Dispatcher).Run("), strings.Contains(stacks, "outbox.runReaper(")
 	}
 	pollUntil(t, "the dispatcher and the reaper running", func() bool { d, r := background(); return d && r })
 	if err := r.Stop(context.Background()); err != nil {
@@ -224,7 +225,7 @@ func TestLayer_Start_Errors(t *testing.T) {
 		{"BothDispatcherAndNone", &outbox.StartOptions{Dispatcher: payments(fake), NoDispatcher: true}, "both Dispatcher and NoDispatcher"},
 		{"NegativeInterval", &outbox.StartOptions{ReapInterval: -2}, "negative reap interval"},
 		{"NegativeRetention", &outbox.StartOptions{Retention: outbox.Retention{Calls: -time.Hour}}, "negative duration"},
-		{"BadDestination", &outbox.StartOptions{Dispatcher: &outbox.DispatcherOptions{Destinations: []outbox.Destination{{Name: "x"}}}},
+		{"BadDestination", &outbox.StartOptions{Dispatcher: &dispatch.Options{Destinations: []dispatch.Destination{{Name: "x"}}}},
 			`start dispatcher: destination "x"`},
 	} {
 		r, err := b.layer.Start(ctx, tc.opts)
@@ -272,7 +273,7 @@ func TestLayer_Enqueue_ChecksDestination(t *testing.T) {
 
 	u, _ := url.Parse(fake.URL())
 	opts := payments(fake)
-	opts.Destinations = append(opts.Destinations, outbox.Destination{Name: "anywhere", URL: u})
+	opts.Destinations = append(opts.Destinations, dispatch.Destination{Name: "anywhere", URL: u})
 	r, err := b.layer.Start(context.Background(), &outbox.StartOptions{Dispatcher: opts})
 	if err != nil {
 		t.Fatal(err)

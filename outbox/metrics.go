@@ -7,6 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/metrics"
 	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -25,96 +26,14 @@ const (
 
 // Metrics are the Prometheus metrics of layers and dispatchers. Create them
 // once per registry with [NewMetrics] and pass them in [Options] and
-// [DispatcherOptions]. A nil *Metrics records nothing, so the library needs
-// no Prometheus setup.
-type Metrics struct {
-	calls            *prometheus.CounterVec
-	callDuration     *prometheus.HistogramVec
-	commitBatch      *prometheus.HistogramVec
-	deliveries       *prometheus.CounterVec
-	deliveryDuration *prometheus.HistogramVec
-	deliveryAttempts *prometheus.HistogramVec
-}
+// dispatch.Options (package outbox/dispatch). A nil *Metrics records
+// nothing, so the library needs no Prometheus setup.
+type Metrics = metrics.Metrics
 
 // NewMetrics creates the metrics and registers them with reg (when reg is
 // not nil). It panics if they are already registered there, as
 // prometheus.MustRegister does.
-func NewMetrics(reg prometheus.Registerer) *Metrics {
-	m := &Metrics{
-		calls: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "mcp_outbox_calls_total",
-			Help: "Tool calls through the layer, by tool and outcome (executed, replayed, joined, conflict, in_progress, not_recorded, failed).",
-		}, []string{"tool", "outcome"}),
-		callDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "mcp_outbox_call_duration_seconds",
-			Help:    "Time from a tool call's arrival at the layer to its answer, waits for an original attempt included.",
-			Buckets: prometheus.DefBuckets,
-		}, []string{"tool"}),
-		commitBatch: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "mcp_outbox_commit_batch_size",
-			Help: "Outcomes written per commit: kind=calls for recorded call outcomes, kind=deliveries for the dispatcher's delivery outcomes.",
-			// Batches are bounded by delivery concurrency in practice.
-			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128},
-		}, []string{"kind"}),
-		deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "mcp_outbox_deliveries_total",
-			Help: "Recorded delivery attempt outcomes, by destination and result (delivered, retry, dead, unknown).",
-		}, []string{"destination", "result"}),
-		deliveryDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "mcp_outbox_delivery_duration_seconds",
-			Help:    "Duration of one delivery attempt's HTTP exchange, by destination.",
-			Buckets: prometheus.DefBuckets,
-		}, []string{"destination"}),
-		deliveryAttempts: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "mcp_outbox_delivery_attempts",
-			Help: "Attempts an effect took until it was delivered, by destination.",
-			// Up to DefaultMaxAttempts.
-			Buckets: []float64{1, 2, 3, 5, 8, 13, 25},
-		}, []string{"destination"}),
-	}
-	if reg != nil {
-		reg.MustRegister(m.calls, m.callDuration, m.commitBatch, m.deliveries, m.deliveryDuration, m.deliveryAttempts)
-	}
-	return m
-}
-
-// Values of the kind label of mcp_outbox_commit_batch_size.
-const (
-	commitCalls      = "calls"
-	commitDeliveries = "deliveries"
-)
-
-func (m *Metrics) call(tool, outcome string, d time.Duration) {
-	if m == nil {
-		return
-	}
-	m.calls.WithLabelValues(tool, outcome).Inc()
-	m.callDuration.WithLabelValues(tool).Observe(d.Seconds())
-}
-
-func (m *Metrics) commit(kind string, n int) {
-	if m == nil {
-		return
-	}
-	m.commitBatch.WithLabelValues(kind).Observe(float64(n))
-}
-
-func (m *Metrics) deliveryTime(dest string, d time.Duration) {
-	if m == nil {
-		return
-	}
-	m.deliveryDuration.WithLabelValues(dest).Observe(d.Seconds())
-}
-
-func (m *Metrics) delivery(dest string, o outcome, attempts int) {
-	if m == nil {
-		return
-	}
-	m.deliveries.WithLabelValues(dest, deliveryResult(o)).Inc()
-	if o.state == "delivered" {
-		m.deliveryAttempts.WithLabelValues(dest).Observe(float64(attempts))
-	}
-}
+func NewMetrics(reg prometheus.Registerer) *Metrics { return metrics.New(reg) }
 
 // effectStates are the states the depth gauge reports, zero included, so a
 // state that empties reads 0 instead of vanishing from the scrape.

@@ -2,7 +2,6 @@ package outbox_test
 
 import (
 	"context"
-	"net/http"
 	"runtime"
 	"strings"
 	"testing"
@@ -13,7 +12,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/mcp-outbox/mcp-outbox/internal/downstream"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 )
 
@@ -161,65 +159,6 @@ mcp_outbox_calls_total{outcome="in_progress",tool="gate"} 1
 	// Commits that recorded an outcome: k1, r1 (failed), g1, g2.
 	if n, sum := histogram(t, reg, "mcp_outbox_commit_batch_size", map[string]string{"kind": "calls"}); n != 4 || sum != 4 {
 		t.Errorf("commit_batch_size{kind=calls} count, sum = %d, %v, want 4, 4", n, sum)
-	}
-}
-
-func TestMetrics_Delivery(t *testing.T) {
-	t.Parallel()
-	reg := prometheus.NewRegistry()
-	m := outbox.NewMetrics(reg)
-	s := newDispatchSetup(t, 2, nil)
-	depth := prometheus.NewPedanticRegistry()
-	depth.MustRegister(outbox.NewDepthCollector(s.db))
-	s.fake.FailNext(1, downstream.Status(http.StatusServiceUnavailable))
-	d := s.dispatcher(t, outbox.Destination{}, &outbox.DispatcherOptions{Metrics: m, BackoffBase: time.Second})
-
-	round(t, d) // one 503, one delivered
-	expectMetrics(t, depth, `
-# HELP mcp_outbox_effects Effects in the database by state and destination.
-# TYPE mcp_outbox_effects gauge
-mcp_outbox_effects{destination="payments",state="cancelled"} 0
-mcp_outbox_effects{destination="payments",state="dead"} 0
-mcp_outbox_effects{destination="payments",state="delivered"} 1
-mcp_outbox_effects{destination="payments",state="in_flight"} 0
-mcp_outbox_effects{destination="payments",state="pending"} 1
-mcp_outbox_effects{destination="payments",state="unknown"} 0
-`, "mcp_outbox_effects")
-
-	s.clk.Add(time.Second) // the retry is due after 750ms
-	round(t, d)
-
-	expectMetrics(t, reg, `
-# HELP mcp_outbox_deliveries_total Recorded delivery attempt outcomes, by destination and result (delivered, retry, dead, unknown).
-# TYPE mcp_outbox_deliveries_total counter
-mcp_outbox_deliveries_total{destination="payments",result="delivered"} 2
-mcp_outbox_deliveries_total{destination="payments",result="retry"} 1
-`, "mcp_outbox_deliveries_total")
-	expectMetrics(t, depth, `
-# HELP mcp_outbox_effects Effects in the database by state and destination.
-# TYPE mcp_outbox_effects gauge
-mcp_outbox_effects{destination="payments",state="cancelled"} 0
-mcp_outbox_effects{destination="payments",state="dead"} 0
-mcp_outbox_effects{destination="payments",state="delivered"} 2
-mcp_outbox_effects{destination="payments",state="in_flight"} 0
-mcp_outbox_effects{destination="payments",state="pending"} 0
-mcp_outbox_effects{destination="payments",state="unknown"} 0
-# HELP mcp_outbox_oldest_pending_age_seconds Age of the oldest effect of a destination that is pending or in flight; 0 when none is.
-# TYPE mcp_outbox_oldest_pending_age_seconds gauge
-mcp_outbox_oldest_pending_age_seconds{destination="payments"} 0
-`, "mcp_outbox_effects", "mcp_outbox_oldest_pending_age_seconds")
-
-	dest := map[string]string{"destination": "payments"}
-	if n, _ := histogram(t, reg, "mcp_outbox_delivery_duration_seconds", dest); n != 3 {
-		t.Errorf("delivery_duration_seconds count = %d, want 3 attempts", n)
-	}
-	// Delivered at the first attempt and at the second.
-	if n, sum := histogram(t, reg, "mcp_outbox_delivery_attempts", dest); n != 2 || sum != 3 {
-		t.Errorf("delivery_attempts count, sum = %d, %v, want 2, 3", n, sum)
-	}
-	// Outcomes finishing together may share a commit; all three are written.
-	if n, sum := histogram(t, reg, "mcp_outbox_commit_batch_size", map[string]string{"kind": "deliveries"}); n < 2 || sum != 3 {
-		t.Errorf("commit_batch_size{kind=deliveries} count, sum = %d, %v, want 2 or 3, 3", n, sum)
 	}
 }
 

@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/otelattr"
 )
 
 // Traces: one SERVER span per MCP request the server receives, following
@@ -30,9 +31,6 @@ import (
 // used, which is a no-op until someone installs an SDK: the spans are then
 // non-recording and no attribute is built (every setter below checks
 // IsRecording first), so tracing costs a context lookup or two per call.
-
-// tracerName is the instrumentation scope of the layer's spans.
-const tracerName = "github.com/mcp-outbox/mcp-outbox/outbox"
 
 // The layer's span attributes, listed in the package doc ("Traces"), which
 // is what a user filtering spans reads: keep the two in step. They live in
@@ -59,11 +57,8 @@ const (
 	attrRecorded = attribute.Key("mcp_outbox.recorded")
 )
 
-// Propagation is W3C Trace Context and Baggage, fixed rather than the
-// global propagator, which is a no-op unless a program sets one: SEP-414
-// names exactly these keys (traceparent, tracestate, baggage), and the
-// downstream's traceparent header is what item 4 of the design promises.
-var propagator = propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})
+// propagator is shared with the dispatcher: see otelattr.Propagator.
+var propagator = otelattr.Propagator
 
 // Propagator is the propagator the layer, the dispatcher and the proxy use:
 // W3C Trace Context and Baggage.
@@ -89,14 +84,7 @@ func (m MetaCarrier) Keys() []string {
 	return keys
 }
 
-func tracerOf(tp trace.TracerProvider) trace.Tracer {
-	if tp == nil {
-		// The global provider delegates to whatever SDK the program
-		// installs, even later; until then it is a no-op.
-		tp = otel.GetTracerProvider()
-	}
-	return tp.Tracer(tracerName)
-}
+func tracerOf(tp trace.TracerProvider) trace.Tracer { return otelattr.Tracer(tp) }
 
 // RequestInfo describes an MCP request for its server span where the
 // go-sdk's request does not: the proxy has no go-sdk server session.

@@ -9,8 +9,8 @@ import (
 	"os"
 	"time"
 
-	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/outbox/destconfig"
+	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
 	"github.com/mcp-outbox/mcp-outbox/query"
 )
 
@@ -81,7 +81,7 @@ func runDrain(ctx context.Context, env *environment, args []string) error {
 		return err
 	}
 	defer d.Close()
-	disp, err := outbox.NewDispatcher(d, &outbox.DispatcherOptions{Destinations: destinations, Logger: logger, TracerProvider: tp})
+	disp, err := dispatch.New(d, &dispatch.Options{Destinations: destinations, Logger: logger, TracerProvider: tp})
 	if err != nil {
 		return usageError{err}
 	}

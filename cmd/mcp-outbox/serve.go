@@ -19,6 +19,7 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/outbox/destconfig"
+	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
 	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -87,7 +88,7 @@ type app struct {
 	db     *schema.DB
 	layer  *outbox.Layer // nil when bare
 	server *mcp.Server
-	dests  []outbox.Destination
+	dests  []dispatch.Destination
 	logger *slog.Logger
 	// runner is the dispatcher and the reaper, once start ran (the
 	// readiness check reads it from other goroutines).
@@ -340,7 +341,7 @@ func (a *app) start(ctx context.Context) (stop func(), err error) {
 		opts.NoDispatcher = true
 		warnUnconfigured(ctx, a)
 	} else {
-		opts.Dispatcher = &outbox.DispatcherOptions{Destinations: a.dests, LogSensitive: a.logSensitive}
+		opts.Dispatcher = &dispatch.Options{Destinations: a.dests, LogSensitive: a.logSensitive}
 	}
 	r, err := a.layer.Start(ctx, opts)
 	if err != nil {

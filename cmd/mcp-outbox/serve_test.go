@@ -18,6 +18,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/schemacheck"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -141,7 +142,7 @@ func TestWarnUnconfigured(t *testing.T) {
 	}
 	defer db.Close()
 	var logs bytes.Buffer
-	a := &app{db: db, dests: []outbox.Destination{{Name: "payments"}}, logger: slog.New(slog.NewTextHandler(&logs, nil))}
+	a := &app{db: db, dests: []dispatch.Destination{{Name: "payments"}}, logger: slog.New(slog.NewTextHandler(&logs, nil))}
 	warnUnconfigured(ctx, a)
 	got := strings.TrimSpace(logs.String())
 	if strings.Count(got, "\n") != 0 || !strings.Contains(got, "destination=mailer pending=2") ||

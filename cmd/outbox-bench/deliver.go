@@ -16,6 +16,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -112,7 +113,7 @@ func (e *env) measureDelivery(ctx context.Context) (Result, error) {
 		}
 		bare = max(bare, r)
 	}
-	return newResult(4, fmt.Sprintf("dispatcher, concurrency %d", outbox.DefaultConcurrency), "effects/s",
+	return newResult(4, fmt.Sprintf("dispatcher, concurrency %d", dispatch.DefaultConcurrency), "effects/s",
 		disp, bare, "bare http.Client", AtLeastRatio(0.5)), nil
 }
 
@@ -127,8 +128,8 @@ func (e *env) dispatchOnce(ctx context.Context, s *sink, round int) (float64, er
 	if err := insertPending(ctx, db.Write, "sink", e.cfg.Effects); err != nil {
 		return 0, err
 	}
-	d, err := outbox.NewDispatcher(db, &outbox.DispatcherOptions{
-		Destinations: []outbox.Destination{{Name: "sink", URL: s.url}},
+	d, err := dispatch.New(db, &dispatch.Options{
+		Destinations: []dispatch.Destination{{Name: "sink", URL: s.url}},
 	})
 	if err != nil {
 		return 0, err
@@ -160,9 +161,9 @@ func bareClient(ctx context.Context, s *sink, n int) (float64, error) {
 	}
 	var next atomic.Int64
 	var wg sync.WaitGroup
-	errs := make(chan error, outbox.DefaultConcurrency)
+	errs := make(chan error, dispatch.DefaultConcurrency)
 	start := time.Now()
-	for range outbox.DefaultConcurrency {
+	for range dispatch.DefaultConcurrency {
 		wg.Go(func() {
 			for {
 				i := int(next.Add(1)) - 1
@@ -196,7 +197,7 @@ func post(ctx context.Context, client *http.Client, target string, body []byte, 
 	if err != nil {
 		return err
 	}
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, outbox.DefaultResponseLimit))
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, dispatch.DefaultResponseLimit))
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("status %d", resp.StatusCode)

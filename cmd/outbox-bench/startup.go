@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -77,8 +78,8 @@ func startOnce(ctx context.Context, h *history, s *sink) (time.Duration, error) 
 	if err != nil {
 		return 0, err
 	}
-	d, err := outbox.NewDispatcher(db, &outbox.DispatcherOptions{
-		Destinations: []outbox.Destination{{Name: "payments", URL: s.url}},
+	d, err := dispatch.New(db, &dispatch.Options{
+		Destinations: []dispatch.Destination{{Name: "payments", URL: s.url}},
 	})
 	if err != nil {
 		return 0, err

@@ -22,6 +22,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/outbox/bearer"
+	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
 	"github.com/mcp-outbox/mcp-outbox/outbox/mcphttp"
 	"github.com/mcp-outbox/mcp-outbox/outbox/mcpstdio"
 	"github.com/mcp-outbox/mcp-outbox/outbox/operator"
@@ -83,8 +84,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) (err error) {
 	// The dispatcher (woken by every commit that enqueues) and the reaper
 	// (default retention), until Stop. An Enqueue to a destination not
 	// listed here is now an error.
-	running, err := layer.Start(ctx, &outbox.StartOptions{Dispatcher: &outbox.DispatcherOptions{
-		Destinations: []outbox.Destination{{Name: "mailer", URL: &url.URL{Scheme: "http", Host: *mailer}}},
+	running, err := layer.Start(ctx, &outbox.StartOptions{Dispatcher: &dispatch.Options{
+		Destinations: []dispatch.Destination{{Name: "mailer", URL: &url.URL{Scheme: "http", Host: *mailer}}},
 	}})
 	if err != nil {
 		return err

@@ -11,6 +11,11 @@ import (
 // logs and on the wire: what the layer writes and what the command line,
 // the operator surface and the benchmarks read back.
 
+// Header is the HTTP header of draft-ietf-httpapi-idempotency-key-header:
+// where a client may send a call's key, and where the dispatcher sends an
+// effect's key downstream.
+const Header = "Idempotency-Key"
+
 // HashLen is the hex length of a logged hash: 48 bits tell apart the keys
 // alive at one time without giving an attacker a full digest to match.
 const HashLen = 12

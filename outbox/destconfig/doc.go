@@ -1,5 +1,5 @@
 // Package destconfig reads the destinations of an outbox dispatcher
-// (outbox.DispatcherOptions.Destinations) from the environment and from
+// (dispatch.Options.Destinations) from the environment and from
 // command-line flags, in the syntax mcp-outbox's serve, proxy and drain
 // take:
 //
@@ -15,7 +15,7 @@
 // text.
 //
 // A server built on the library that wants the same configuration imports
-// it; one that configures destinations otherwise builds outbox.Destination
+// it; one that configures destinations otherwise builds dispatch.Destination
 // values itself. In the layers of this module destconfig is a surface on
 // the library (outbox), beside bearer, which reads the tokens file.
 package destconfig

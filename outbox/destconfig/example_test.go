@@ -8,7 +8,7 @@ import (
 )
 
 // Destinations from the environment and --dest flags, for
-// outbox.DispatcherOptions.Destinations. The credential comes from the
+// dispatch.Options.Destinations. The credential comes from the
 // environment only.
 func ExampleParse() {
 	environ := []string{ // as os.Environ returns it

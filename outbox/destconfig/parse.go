@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
 )
 
 // Help describes the syntax Parse reads, for a command's usage text.
@@ -40,7 +40,7 @@ var destSettings = []string{"auth_header", "max_attempts", "at_most_once", "conc
 // settings win over the environment's. The destinations come sorted by
 // name, which is lower case. A refusal names the flag, variable or
 // destination it is about.
-func Parse(environ, flags []string) ([]outbox.Destination, error) {
+func Parse(environ, flags []string) ([]dispatch.Destination, error) {
 	type raw struct {
 		url      string
 		settings map[string]string
@@ -99,7 +99,7 @@ func Parse(environ, flags []string) ([]outbox.Destination, error) {
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	var out []outbox.Destination
+	var out []dispatch.Destination
 	for _, name := range names {
 		r := byName[name]
 		if r.url == "" {
@@ -148,15 +148,15 @@ func splitDest(v string) (string, map[string]string, error) {
 	return strings.TrimSpace(parts[0]), opts, nil
 }
 
-func buildDest(name, rawURL string, s map[string]string) (outbox.Destination, error) {
+func buildDest(name, rawURL string, s map[string]string) (dispatch.Destination, error) {
 	u, err := url.Parse(rawURL)
 	// A host, not only a port ("http://:8080"), and a port a connection
 	// can use: net/http refuses the one, dialing fails on the other, at
 	// every delivery.
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" || !validPort(u.Port()) {
-		return outbox.Destination{}, fmt.Errorf("%q is not an http(s) URL", rawURL)
+		return dispatch.Destination{}, fmt.Errorf("%q is not an http(s) URL", rawURL)
 	}
-	d := outbox.Destination{Name: name, URL: u, AuthHeader: "Authorization"}
+	d := dispatch.Destination{Name: name, URL: u, AuthHeader: "Authorization"}
 	for k, v := range s {
 		var err error
 		switch k {
@@ -179,7 +179,7 @@ func buildDest(name, rawURL string, s map[string]string) (outbox.Destination, er
 			d.AuthValue = v
 			if strings.ContainsFunc(v, func(r rune) bool { return r < ' ' && r != '\t' || r == 0x7f }) {
 				// Never quoted: the value is a credential.
-				return outbox.Destination{}, fmt.Errorf("auth: the credential contains a control character, which an HTTP header cannot carry")
+				return dispatch.Destination{}, fmt.Errorf("auth: the credential contains a control character, which an HTTP header cannot carry")
 			}
 		case "probe":
 			method, path, found := strings.Cut(v, " ")
@@ -187,19 +187,19 @@ func buildDest(name, rawURL string, s map[string]string) (outbox.Destination, er
 				method, path = "GET", v
 			}
 			err = checkProbe(method, path)
-			d.Probe = &outbox.Probe{Method: strings.ToUpper(method), Path: path}
+			d.Probe = &dispatch.Probe{Method: strings.ToUpper(method), Path: path}
 		default:
 			err = fmt.Errorf("unknown setting (known: %s)", strings.Join(destSettings, ", "))
 		}
 		if err != nil {
-			return outbox.Destination{}, fmt.Errorf("%s=%q: %v", k, v, err)
+			return dispatch.Destination{}, fmt.Errorf("%s=%q: %v", k, v, err)
 		}
 	}
 	if d.AuthValue == "" {
 		d.AuthHeader = ""
 	}
 	if d.Probe != nil && !d.AtMostOnce {
-		return outbox.Destination{}, fmt.Errorf("probe is only for at_most_once destinations")
+		return dispatch.Destination{}, fmt.Errorf("probe is only for at_most_once destinations")
 	}
 	return d, nil
 }

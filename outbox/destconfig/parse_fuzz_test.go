@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
 )
 
 // FuzzParse checks --dest and MCP_OUTBOX_DEST_* parsing: a
@@ -113,7 +113,7 @@ func checkNamesBadPart(t *testing.T, err error, flagValue, envName string) {
 
 // checkUsable builds the requests the dispatcher will make for d and has
 // net/http check them, without sending anything.
-func checkUsable(t *testing.T, d outbox.Destination) {
+func checkUsable(t *testing.T, d dispatch.Destination) {
 	t.Helper()
 	if d.Name == "" || d.URL == nil || (d.URL.Scheme != "http" && d.URL.Scheme != "https") || d.URL.Hostname() == "" {
 		t.Fatalf("destination %+v: no name or not an http(s) URL with a host", d)
@@ -159,7 +159,7 @@ func checkUsable(t *testing.T, d outbox.Destination) {
 
 // formatDest writes d as a --dest flag value, without the credential,
 // which only the environment may carry.
-func formatDest(d outbox.Destination) string {
+func formatDest(d dispatch.Destination) string {
 	var b strings.Builder
 	b.WriteString(d.URL.String())
 	if d.Timeout != 0 {
@@ -186,7 +186,7 @@ func formatDest(d outbox.Destination) string {
 	return b.String()
 }
 
-func sameDest(a, b outbox.Destination) bool {
+func sameDest(a, b dispatch.Destination) bool {
 	ua, ub := a.URL.String(), b.URL.String()
 	a.URL, b.URL = nil, nil
 	return ua == ub && reflect.DeepEqual(a, b)

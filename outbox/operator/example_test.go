@@ -70,7 +70,7 @@ func Example_separate() {
 	}
 	defer db.Close()
 	reg := prometheus.NewRegistry()
-	metrics := outbox.NewMetrics(reg) // for outbox.Options and outbox.DispatcherOptions
+	metrics := outbox.NewMetrics(reg) // for outbox.Options and dispatch.Options
 	_ = metrics
 	token := []byte("the SHA-256 of the admin token (bearer.Hash)")
 

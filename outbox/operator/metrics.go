@@ -27,7 +27,7 @@ import (
 // dispatcher's counters too:
 //
 //	reg := prometheus.NewRegistry()
-//	m := outbox.NewMetrics(reg) // for outbox.Options and DispatcherOptions
+//	m := outbox.NewMetrics(reg) // for outbox.Options and dispatch.Options
 //	mux.Handle("GET /metrics", operator.NewMetricsHandler(db, &operator.Options{Registry: reg}))
 //
 // A collector the registry already holds is kept, not registered twice.

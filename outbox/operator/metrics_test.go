@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
 )
 
 // The scrape carries the runtime's metrics, the outbox's counters from the
@@ -54,7 +55,7 @@ func TestMetricsHandler(t *testing.T) {
 func TestMetricsUnconfiguredNoDestinations(t *testing.T) {
 	t.Parallel()
 	db := openTestDB(t)
-	d, err := outbox.NewDispatcher(db, nil)
+	d, err := dispatch.New(db, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
 )
 
 // Options configure every constructor of this package; each reads the
@@ -35,7 +35,7 @@ type Options struct {
 	// so that it can be mounted either way. Empty means "/". A missing
 	// leading or trailing slash is added.
 	BasePath string
-	// Dispatcher is this process's dispatcher, an *outbox.Dispatcher. With
+	// Dispatcher is this process's dispatcher, a *dispatch.Dispatcher. With
 	// it /readyz answers 503 while it is not running, and the readiness,
 	// the metrics and the page report effects pending for destinations it
 	// does not deliver to. Nil skips both checks (a process that runs no
@@ -59,7 +59,7 @@ type Options struct {
 }
 
 // Dispatcher is what the operator surface reads of the process's
-// dispatcher; an *outbox.Dispatcher has both methods.
+// dispatcher; a *dispatch.Dispatcher has both methods.
 type Dispatcher interface {
 	// Running reports whether it is delivering.
 	Running() bool
@@ -68,7 +68,7 @@ type Dispatcher interface {
 	Destinations() []string
 }
 
-var _ Dispatcher = (*outbox.Dispatcher)(nil)
+var _ Dispatcher = (*dispatch.Dispatcher)(nil)
 
 // options returns a copy of opts with defaults filled in.
 func options(opts *Options) (Options, error) {

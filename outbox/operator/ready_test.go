@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/pgtest"
-	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -83,7 +83,7 @@ func TestReadyz(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	d, err := outbox.NewDispatcher(db, nil)
+	d, err := dispatch.New(db, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package outbox
+package dispatch
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/owner"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -212,12 +213,12 @@ func (d *Dispatcher) deadOwners(ctx context.Context) (string, error) {
 	defer rows.Close()
 	dead := []string{}
 	for rows.Next() {
-		var owner string
-		if err := rows.Scan(&owner); err != nil {
+		var o string
+		if err := rows.Scan(&o); err != nil {
 			return "", fmt.Errorf("read lease owners: %w", err)
 		}
-		if d.self.ownerLiveness(owner) == ownerDead {
-			dead = append(dead, owner)
+		if d.self.Of(o) == owner.Dead {
+			dead = append(dead, o)
 		}
 	}
 	if err := rows.Err(); err != nil {

@@ -1,18 +1,16 @@
-package outbox_test
+package dispatch
 
 import (
 	"net/http"
 	"testing"
 	"time"
-
-	"github.com/mcp-outbox/mcp-outbox/outbox"
 )
 
 func TestBackoff(t *testing.T) {
 	t.Parallel()
 	base, max := time.Second, time.Minute
 	for attempt, full := range map[int]time.Duration{1: time.Second, 2: 2 * time.Second, 3: 4 * time.Second, 6: 32 * time.Second, 7: time.Minute, 60: time.Minute, 2000: time.Minute} {
-		lo, hi := outbox.Backoff(attempt, base, max, 0), outbox.Backoff(attempt, base, max, 0.999999)
+		lo, hi := backoff(attempt, base, max, 0), backoff(attempt, base, max, 0.999999)
 		if lo != full/2 {
 			t.Errorf("attempt %d: lowest delay %s, want %s (half the schedule)", attempt, lo, full/2)
 		}
@@ -43,7 +41,7 @@ func TestRetryAfter(t *testing.T) {
 		if tc.value != "" {
 			h.Set("Retry-After", tc.value)
 		}
-		got, ok := outbox.RetryAfter(h, now)
+		got, ok := retryAfter(h, now)
 		if got != tc.want || ok != tc.ok {
 			t.Errorf("Retry-After %q = %s, %v; want %s, %v", tc.value, got, ok, tc.want, tc.ok)
 		}

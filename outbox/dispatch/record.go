@@ -1,4 +1,4 @@
-package outbox
+package dispatch
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/metrics"
 )
 
 // outcome is the result of one attempt, as recorded.
@@ -108,7 +110,7 @@ func (d *Dispatcher) writeOutcomes(ctx context.Context, batch []*pendingRecord) 
 		claimed, err = d.commitOutcomes(ctx, batch, false)
 	}
 	if err == nil {
-		d.opts.Metrics.commit(commitDeliveries, len(batch))
+		metrics.Commit(d.opts.Metrics, metrics.CommitDeliveries, len(batch))
 		d.enqueue(claimed)
 		for _, r := range batch {
 			d.report(ctx, r, nil)
@@ -138,7 +140,7 @@ func (d *Dispatcher) writeOutcomes(ctx context.Context, batch []*pendingRecord) 
 				still = append(still, r)
 				continue
 			}
-			d.opts.Metrics.commit(commitDeliveries, 1)
+			metrics.Commit(d.opts.Metrics, metrics.CommitDeliveries, 1)
 			d.report(ctx, r, nil)
 			d.done()
 		}
@@ -160,7 +162,7 @@ func (d *Dispatcher) report(ctx context.Context, r *pendingRecord, err error) {
 	default:
 		// Counted only once recorded, so the counters agree with the
 		// database: an outcome whose lease was lost is another's to count.
-		d.opts.Metrics.delivery(r.ds.Name, r.o, r.e.attempts)
+		metrics.Delivery(d.opts.Metrics, r.ds.Name, deliveryResult(r.o), r.e.attempts)
 		// The event's attributes cost a hash of the key per delivery: skip
 		// them when not even its highest level, Warn, would be written.
 		if d.logger.Enabled(ctx, slog.LevelWarn) {

@@ -1,4 +1,4 @@
-package outbox_test
+package dispatch_test
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/downstream"
-	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -112,8 +112,8 @@ func TestDispatchPostgres_ReplicasDeliverEachOnceInOrder(t *testing.T) {
 	for _, db := range dbs {
 		tr := &countingTransport{RoundTripper: http.DefaultTransport.(*http.Transport).Clone()}
 		transports = append(transports, tr)
-		d, err := outbox.NewDispatcher(db, &outbox.DispatcherOptions{
-			Destinations: []outbox.Destination{{Name: "payments", URL: u, Concurrency: 8}},
+		d, err := dispatch.New(db, &dispatch.Options{
+			Destinations: []dispatch.Destination{{Name: "payments", URL: u, Concurrency: 8}},
 			PollInterval: 50 * time.Millisecond,
 			BackoffBase:  5 * time.Millisecond, BackoffMax: 20 * time.Millisecond,
 			Transport: tr,
@@ -121,7 +121,7 @@ func TestDispatchPostgres_ReplicasDeliverEachOnceInOrder(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		d.SetDispatchTestHooks(func() {
+		d.SetTestHooks(func() {
 			select {
 			case listening <- struct{}{}:
 			default:
@@ -226,8 +226,8 @@ func TestDispatchPostgres_NotifyWakes(t *testing.T) {
 	dbs := replicaHandles(t, 2)
 	fake := downstream.Start(t, nil)
 	u, _ := url.Parse(fake.URL())
-	d, err := outbox.NewDispatcher(dbs[0], &outbox.DispatcherOptions{
-		Destinations: []outbox.Destination{{Name: "payments", URL: u}},
+	d, err := dispatch.New(dbs[0], &dispatch.Options{
+		Destinations: []dispatch.Destination{{Name: "payments", URL: u}},
 		PollInterval: time.Hour,
 	})
 	if err != nil {
@@ -239,7 +239,7 @@ func TestDispatchPostgres_NotifyWakes(t *testing.T) {
 	var listens, idleAfter atomic.Int64
 	listening := make(chan struct{}, 8)
 	idle := make(chan struct{}, 1)
-	d.SetDispatchTestHooks(
+	d.SetTestHooks(
 		func() {
 			listens.Add(1)
 			select {
@@ -321,9 +321,9 @@ func TestDispatchPostgres_ExpiredLeaseCannotRecord(t *testing.T) {
 	const lease = time.Minute
 	clkA := &clock{t: time.Now()}
 	clkB := &clock{t: clkA.Now().Add(lease + time.Second)} // past A's lease
-	dispatcher := func(db *schema.DB, clk *clock, tr http.RoundTripper) *outbox.Dispatcher {
-		d, err := outbox.NewDispatcher(db, &outbox.DispatcherOptions{
-			Destinations: []outbox.Destination{{Name: "payments", URL: u}},
+	dispatcher := func(db *schema.DB, clk *clock, tr http.RoundTripper) *dispatch.Dispatcher {
+		d, err := dispatch.New(db, &dispatch.Options{
+			Destinations: []dispatch.Destination{{Name: "payments", URL: u}},
 			Lease:        lease, Now: clk.Now, Rand: func() float64 { return 0.5 }, Transport: tr,
 		})
 		if err != nil {

@@ -1,4 +1,4 @@
-package outbox_test
+package dispatch_test
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/downstream"
 	"github.com/mcp-outbox/mcp-outbox/internal/faultdb"
-	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
 )
 
 // The dispatcher's database operations under store faults: its lease
@@ -70,8 +70,8 @@ func TestFault_Dispatch(t *testing.T) {
 					}
 					fake := downstream.Start(t, &downstream.Options{NoDedup: amo})
 					u, _ := url.Parse(fake.URL())
-					d, err := outbox.NewDispatcher(fb.db, &outbox.DispatcherOptions{
-						Destinations: []outbox.Destination{{Name: "payments", URL: u, AtMostOnce: amo, Timeout: 5 * time.Second}},
+					d, err := dispatch.New(fb.db, &dispatch.Options{
+						Destinations: []dispatch.Destination{{Name: "payments", URL: u, AtMostOnce: amo, Timeout: 5 * time.Second}},
 						PollInterval: 10 * time.Millisecond,
 						// Short enough that an outcome left unwritten would
 						// be reclaimed and sent again (or become unknown)
@@ -160,4 +160,71 @@ func waitUntil(t *testing.T, limit time.Duration, cond func() bool) {
 		}
 		<-tick.C
 	}
+}
+
+// TestFault_ClockDispatcher: a retry's backoff is a due time; with the clock
+// back it is later (nothing is sent early), forward it comes sooner, and
+// the effect goes with the same key. A clock jumping past the lease of an
+// attempt in flight makes the dispatcher reclaim and send the effect again:
+// with the same key, so the destination applies it once.
+func TestFault_ClockDispatcher(t *testing.T) {
+	t.Parallel()
+	t.Run("Backoff", func(t *testing.T) {
+		t.Parallel()
+		s := newDispatchSetup(t, 1, nil)
+		s.fake.FailNext(1, downstream.Status(503))
+		d := s.dispatcher(t, dispatch.Destination{}, nil)
+		round(t, d)
+		if e := effect(t, s.db.Read, 1); e.state != "pending" {
+			t.Fatalf("after a 503: %+v", e)
+		}
+		s.clk.Add(-time.Hour)
+		round(t, d)
+		if got := len(s.fake.Requests()); got != 1 {
+			t.Fatalf("clock an hour back: %d requests, want the first only", got)
+		}
+		s.clk.Add(time.Hour + time.Second)
+		round(t, d)
+		if e := effect(t, s.db.Read, 1); e.state != "delivered" || e.attempts != 2 {
+			t.Fatalf("clock forward again: %+v", e)
+		}
+		if keys := s.fake.Keys(); len(keys) != 1 || len(s.fake.Applied()) != 1 {
+			t.Errorf("keys %v, applied %d; want one key, applied once", keys, len(s.fake.Applied()))
+		}
+	})
+	t.Run("LeasePassesInFlight", func(t *testing.T) {
+		t.Parallel()
+		s := newDispatchSetup(t, 1, nil)
+		hold := make(chan struct{})
+		s.fake.FailNext(1, downstream.Hold(hold))
+		d := s.dispatcher(t, dispatch.Destination{Timeout: time.Minute}, &dispatch.Options{
+			Lease: 2 * time.Minute, PollInterval: time.Millisecond, BackoffBase: time.Millisecond, BackoffMax: time.Millisecond})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- d.Run(ctx) }()
+		if err := s.fake.WaitRequests(ctx, 1); err != nil {
+			t.Fatal(err)
+		}
+		s.clk.Add(3 * time.Minute) // past the lease of the attempt in flight
+		// The dispatcher reclaims its own attempt and sends again; the
+		// destination, holding the first, answers 409 (in progress).
+		if err := s.fake.WaitRequests(ctx, 2); err != nil {
+			t.Fatal(err)
+		}
+		close(hold)
+		// Whichever outcome is written first counts (both attempts hold
+		// the same owner); if the 409's, the effect waits out a backoff:
+		// let the clock run.
+		waitUntil(t, 30*time.Second, func() bool {
+			s.clk.Add(100 * time.Millisecond)
+			return effect(t, s.db.Read, 1).state == "delivered"
+		})
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if keys := s.fake.Keys(); len(keys) != 1 || len(s.fake.Applied()) != 1 {
+			t.Errorf("keys %v, applied %d; want one key, applied once", keys, len(s.fake.Applied()))
+		}
+	})
 }

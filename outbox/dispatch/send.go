@@ -1,4 +1,4 @@
-package outbox
+package dispatch
 
 import (
 	"bytes"
@@ -17,6 +17,8 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/internal/failpoint"
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/metrics"
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/otelattr"
 )
 
 // Failpoints on the delivery path.
@@ -55,7 +57,7 @@ func (d *Dispatcher) deliver(ctx context.Context, ds *destState, e *claimedEffec
 	o := d.tracedAttempt(ctx, ds, e)
 	took := time.Since(start)
 	ds.exchanged(took)
-	d.opts.Metrics.deliveryTime(ds.Name, took)
+	metrics.DeliveryTime(d.opts.Metrics, ds.Name, took)
 	return d.finish(ctx, ds, e, o, took)
 }
 
@@ -96,8 +98,8 @@ func (d *Dispatcher) attempt(ctx context.Context, ds *destState, e *claimedEffec
 	for k, v := range e.headers {
 		req.Header.Set(k, v)
 	}
-	req.Header.Set(HeaderIdempotencyKey, callkey.HeaderValue(e.key))
-	propagator.Inject(ctx, propagation.HeaderCarrier(req.Header)) // the attempt's span (dispatch_trace.go)
+	req.Header.Set(callkey.Header, callkey.HeaderValue(e.key))
+	otelattr.Propagator.Inject(ctx, propagation.HeaderCarrier(req.Header)) // the attempt's span (trace.go)
 	if ds.AuthHeader != "" {
 		req.Header.Set(ds.AuthHeader, ds.AuthValue)
 	}
@@ -178,8 +180,8 @@ func (d *Dispatcher) retry(ds *destState, e *claimedEffect, o outcome, h http.He
 		return o
 	}
 	now := d.now()
-	wait := Backoff(e.attempts, d.opts.BackoffBase, d.opts.BackoffMax, d.opts.Rand())
-	if ra, ok := RetryAfter(h, now); ok && ra > wait {
+	wait := backoff(e.attempts, d.opts.BackoffBase, d.opts.BackoffMax, d.opts.Rand())
+	if ra, ok := retryAfter(h, now); ok && ra > wait {
 		wait = ra
 	}
 	o.state, o.next = "pending", now.Add(wait)

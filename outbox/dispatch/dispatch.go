@@ -1,4 +1,4 @@
-package outbox
+package dispatch
 
 import (
 	"context"
@@ -16,11 +16,14 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/metrics"
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/otelattr"
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/owner"
 	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
-// Defaults for Destination and DispatcherOptions fields left at zero.
+// Defaults for Destination and Options fields left at zero.
 const (
 	DefaultDeliveryTimeout  = 10 * time.Second
 	DefaultConcurrency      = 4
@@ -69,8 +72,8 @@ type Probe struct {
 	Path   string
 }
 
-// DispatcherOptions configure a Dispatcher. Zero fields take the defaults.
-type DispatcherOptions struct {
+// Options configure a Dispatcher. Zero fields take the defaults.
+type Options struct {
 	Destinations []Destination
 	Logger       *slog.Logger
 	// PollInterval is how often the dispatcher looks for work that no
@@ -84,7 +87,10 @@ type DispatcherOptions struct {
 	// Lease is how long a claimed effect stays owned; zero means twice the
 	// longest destination timeout, at least 30s.
 	Lease time.Duration
-	// BackoffBase and BackoffMax shape the retry schedule (see Backoff).
+	// BackoffBase and BackoffMax shape the retry schedule: retry n waits
+	// BackoffBase·2^(n-1), capped at BackoffMax, half of it fixed and half
+	// random, or longer when the destination's Retry-After asks (at most
+	// an hour).
 	BackoffBase, BackoffMax time.Duration
 	// ShutdownTimeout bounds how long Run waits for attempts in flight
 	// after its context ends; zero means DefaultShutdownTimeout.
@@ -98,15 +104,15 @@ type DispatcherOptions struct {
 	// http.DefaultTransport.
 	Transport http.RoundTripper
 	// Metrics, if not nil, count deliveries and their outcomes (see
-	// [NewMetrics]); the same value can serve a layer too.
-	Metrics *Metrics
+	// outbox.NewMetrics); the same value can serve a layer too.
+	Metrics *metrics.Metrics
 	// LogSensitive adds each effect's raw Idempotency-Key to its "delivery"
 	// log events. For debugging only: the key lets anyone who reads the log
 	// send a request the destination takes for the effect.
 	LogSensitive bool
 	// TracerProvider makes a CLIENT span of each delivery attempt, a child
 	// of the span of the call that enqueued the effect (see
-	// dispatch_trace.go); nil means the global provider
+	// trace.go); nil means the global provider
 	// (otel.GetTracerProvider), a no-op until the program installs an SDK.
 	TracerProvider trace.TracerProvider
 }
@@ -122,7 +128,7 @@ type DispatcherOptions struct {
 // checked any other way.
 type Dispatcher struct {
 	db     *schema.DB
-	opts   DispatcherOptions
+	opts   Options
 	dests  map[string]*destState
 	names  string // JSON array of configured destination names, for SQL
 	amo    string // JSON array of the at_most_once ones
@@ -131,8 +137,8 @@ type Dispatcher struct {
 	// before an unknown effect is first probed.
 	probeDelays string
 	logger      *slog.Logger
-	self        processID
-	owner       string // lease owner: this process and layer nonce, see processID
+	self        owner.Process
+	owner       string // lease owner: this process and layer nonce, see owner.Process
 	now         func() time.Time
 	tracer      trace.Tracer
 
@@ -171,9 +177,9 @@ type destState struct {
 	exchange time.Duration
 }
 
-// NewDispatcher returns a dispatcher for the destinations in opts.
-func NewDispatcher(db *schema.DB, opts *DispatcherOptions) (*Dispatcher, error) {
-	var o DispatcherOptions
+// New returns a dispatcher for the destinations in opts.
+func New(db *schema.DB, opts *Options) (*Dispatcher, error) {
+	var o Options
 	if opts != nil {
 		o = *opts
 	}
@@ -212,9 +218,9 @@ func NewDispatcher(db *schema.DB, opts *DispatcherOptions) (*Dispatcher, error) 
 	d := &Dispatcher{
 		db: db, opts: o, dests: map[string]*destState{}, now: o.Now,
 		logger: logger.With("subsystem", "dispatch"),
-		self:   currentProcess(),
+		self:   owner.Current(),
 		wake:   make(chan struct{}, 1),
-		tracer: tracerOf(o.TracerProvider),
+		tracer: otelattr.Tracer(o.TracerProvider),
 	}
 	var names, amo, probed []string
 	delays := map[string]int64{}
@@ -290,7 +296,8 @@ func NewDispatcher(db *schema.DB, opts *DispatcherOptions) (*Dispatcher, error) 
 func (d *Dispatcher) Running() bool { return d.running.Load() }
 
 // Notify tells the dispatcher that new effects were committed. It never
-// blocks. Layer.OnEnqueue(d.Notify) connects a layer to its dispatcher.
+// blocks. outbox.Layer.Start connects its dispatcher so; by hand,
+// Layer.OnEnqueue(d.Notify) does.
 func (d *Dispatcher) Notify() {
 	select {
 	case d.wake <- struct{}{}:
@@ -305,7 +312,7 @@ func (d *Dispatcher) Notify() {
 //
 // On PostgreSQL it also listens for the notifications of new effects that
 // any replica commits, and wakes on them as on Notify (see
-// dispatch_listen.go); PollInterval then only bounds how late an effect is
+// listen.go); PollInterval then only bounds how late an effect is
 // found when a notification was lost.
 func (d *Dispatcher) Run(ctx context.Context) error {
 	d.running.Store(true)
@@ -477,4 +484,21 @@ func (d *Dispatcher) openEffects(ctx context.Context) (bool, error) {
 		}
 	}
 	return false, nil
+}
+
+// CancelInFlight cancels the requests of the attempts in flight now, as
+// Run's shutdown does once ShutdownTimeout passes. It is for a caller whose
+// own deadline for the shutdown comes first (outbox.Runner.Stop calls it
+// when its context ends): cancel Run's context, then call CancelInFlight,
+// then wait for Run to return. A cancelled effect is sent again, with the
+// same Idempotency-Key, by the next Run, or becomes unknown if its
+// destination is AtMostOnce. Outside Run's shutdown it does nothing useful:
+// attempts it cancels while Run still claims are retried as any failure.
+func (d *Dispatcher) CancelInFlight() {
+	d.mu.Lock()
+	cancel := d.cancelReq
+	d.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
 }

@@ -1,4 +1,4 @@
-package outbox_test
+package dispatch_test
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/internal/downstream"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
+	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
 	"github.com/mcp-outbox/mcp-outbox/query"
 )
 
@@ -39,29 +40,29 @@ func newDispatchSetup(t *testing.T, n int, fakeOpts *downstream.Options) *dispat
 	return &dispatchSetup{bundle: b, fake: downstream.Start(t, fakeOpts), clk: clk}
 }
 
-func (s *dispatchSetup) dispatcher(t *testing.T, dest outbox.Destination, opts *outbox.DispatcherOptions) *outbox.Dispatcher {
+func (s *dispatchSetup) dispatcher(t *testing.T, dest dispatch.Destination, opts *dispatch.Options) *dispatch.Dispatcher {
 	t.Helper()
 	u, _ := url.Parse(s.fake.URL())
 	dest.Name, dest.URL = "payments", u
-	var o outbox.DispatcherOptions
+	var o dispatch.Options
 	if opts != nil {
 		o = *opts
 	}
-	o.Destinations = []outbox.Destination{dest}
+	o.Destinations = []dispatch.Destination{dest}
 	if o.Now == nil {
 		o.Now = s.clk.Now
 	}
 	if o.Rand == nil {
 		o.Rand = func() float64 { return 0.5 }
 	}
-	d, err := outbox.NewDispatcher(s.db, &o)
+	d, err := dispatch.New(s.db, &o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return d
 }
 
-func round(t *testing.T, d *outbox.Dispatcher) {
+func round(t *testing.T, d *dispatch.Dispatcher) {
 	t.Helper()
 	if err := d.RoundForTest(context.Background()); err != nil {
 		t.Fatal(err)
@@ -91,7 +92,7 @@ func effect(t *testing.T, db *sql.DB, id int) effectState {
 func TestDispatch_Delivers(t *testing.T) {
 	t.Parallel()
 	s := newDispatchSetup(t, 3, nil)
-	d := s.dispatcher(t, outbox.Destination{AuthHeader: "Authorization", AuthValue: "Bearer sk_test"}, nil)
+	d := s.dispatcher(t, dispatch.Destination{AuthHeader: "Authorization", AuthValue: "Bearer sk_test"}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	// Progress comes after the first round, then at most every 100 ms:
@@ -133,7 +134,7 @@ func TestDispatch_RetriesKeepTheKey(t *testing.T) {
 	t.Parallel()
 	s := newDispatchSetup(t, 1, nil)
 	s.fake.FailNext(2, downstream.Status(503))
-	d := s.dispatcher(t, outbox.Destination{}, &outbox.DispatcherOptions{BackoffBase: time.Second, BackoffMax: time.Minute})
+	d := s.dispatcher(t, dispatch.Destination{}, &dispatch.Options{BackoffBase: time.Second, BackoffMax: time.Minute})
 
 	round(t, d)
 	e := effect(t, s.db.Read, 1)
@@ -186,7 +187,7 @@ func TestDispatch_Classification(t *testing.T) {
 			// Idempotency-Key on its own after a reset of a reused connection.
 			tr := http.DefaultTransport.(*http.Transport).Clone()
 			tr.DisableKeepAlives = true
-			d := s.dispatcher(t, outbox.Destination{}, &outbox.DispatcherOptions{Transport: tr})
+			d := s.dispatcher(t, dispatch.Destination{}, &dispatch.Options{Transport: tr})
 			round(t, d)
 			e := effect(t, s.db.Read, 1)
 			if e.state != tc.state {
@@ -206,7 +207,7 @@ func TestDispatch_Limits(t *testing.T) {
 	t.Parallel()
 	s := newDispatchSetup(t, 1, nil)
 	s.fake.FailNext(5, downstream.Status(500))
-	d := s.dispatcher(t, outbox.Destination{MaxAttempts: 2}, nil)
+	d := s.dispatcher(t, dispatch.Destination{MaxAttempts: 2}, nil)
 	round(t, d)
 	s.clk.Add(time.Hour)
 	round(t, d)
@@ -215,7 +216,7 @@ func TestDispatch_Limits(t *testing.T) {
 	}
 
 	s2 := newDispatchSetup(t, 1, nil)
-	d2 := s2.dispatcher(t, outbox.Destination{MaxAge: time.Minute}, nil)
+	d2 := s2.dispatcher(t, dispatch.Destination{MaxAge: time.Minute}, nil)
 	s2.clk.Add(2 * time.Minute)
 	round(t, d2)
 	if e := effect(t, s2.db.Read, 1); e.state != "dead" || !strings.Contains(e.lastError, "old") || len(s2.fake.Requests()) != 0 {
@@ -230,8 +231,8 @@ func TestDispatch_LeaseFence(t *testing.T) {
 	s := newDispatchSetup(t, 1, nil)
 	release := make(chan struct{})
 	s.fake.FailNext(1, downstream.Hold(release))
-	a := s.dispatcher(t, outbox.Destination{}, nil)
-	b := s.dispatcher(t, outbox.Destination{}, nil)
+	a := s.dispatcher(t, dispatch.Destination{}, nil)
+	b := s.dispatcher(t, dispatch.Destination{}, nil)
 
 	aDone := make(chan error, 1)
 	go func() { aDone <- a.RoundForTest(context.Background()) }()
@@ -265,12 +266,12 @@ func TestDispatch_LeaseFence(t *testing.T) {
 
 func TestDispatch_AtMostOnce(t *testing.T) {
 	t.Parallel()
-	probe := &outbox.Probe{Path: "/v1/idempotency/{key}"}
+	probe := &dispatch.Probe{Path: "/v1/idempotency/{key}"}
 	t.Run("LostResponseIsUnknownUntilProbed", func(t *testing.T) {
 		t.Parallel()
 		s := newDispatchSetup(t, 1, &downstream.Options{NoDedup: true})
 		s.fake.FailNext(1, downstream.AcceptThenClose().ForPath("/v1/charges"))
-		d := s.dispatcher(t, outbox.Destination{AtMostOnce: true, Probe: probe, Timeout: time.Second}, nil)
+		d := s.dispatcher(t, dispatch.Destination{AtMostOnce: true, Probe: probe, Timeout: time.Second}, nil)
 		round(t, d)
 		if e := effect(t, s.db.Read, 1); e.state != "unknown" || !strings.Contains(e.lastError, "after the request was sent") {
 			t.Fatalf("after a lost response: %+v", e)
@@ -292,7 +293,7 @@ func TestDispatch_AtMostOnce(t *testing.T) {
 		t.Parallel()
 		s := newDispatchSetup(t, 1, &downstream.Options{NoDedup: true})
 		s.fake.FailNext(1, downstream.Reset().ForPath("/v1/charges")) // read, then reset: not applied
-		d := s.dispatcher(t, outbox.Destination{AtMostOnce: true, Probe: probe, Timeout: time.Second}, nil)
+		d := s.dispatcher(t, dispatch.Destination{AtMostOnce: true, Probe: probe, Timeout: time.Second}, nil)
 		round(t, d)
 		if e := effect(t, s.db.Read, 1); e.state != "unknown" {
 			t.Fatalf("after a reset: %+v", e)
@@ -311,7 +312,7 @@ func TestDispatch_AtMostOnce(t *testing.T) {
 		t.Parallel()
 		s := newDispatchSetup(t, 1, &downstream.Options{NoDedup: true})
 		s.fake.FailNext(1, downstream.AcceptThenClose())
-		d := s.dispatcher(t, outbox.Destination{AtMostOnce: true}, nil)
+		d := s.dispatcher(t, dispatch.Destination{AtMostOnce: true}, nil)
 		round(t, d)
 		s.clk.Add(time.Hour)
 		round(t, d)
@@ -330,7 +331,7 @@ func TestDispatch_AtMostOnce(t *testing.T) {
 		t.Parallel()
 		s := newDispatchSetup(t, 1, &downstream.Options{NoDedup: true})
 		s.fake.Close() // connection refused: the request never left
-		d := s.dispatcher(t, outbox.Destination{AtMostOnce: true}, nil)
+		d := s.dispatcher(t, dispatch.Destination{AtMostOnce: true}, nil)
 		round(t, d)
 		if e := effect(t, s.db.Read, 1); e.state != "pending" || !strings.Contains(e.lastError, "not sent") {
 			t.Fatalf("refused connection: %+v", e)
@@ -356,7 +357,7 @@ func TestDispatch_CallOrder(t *testing.T) {
 	call(t, connect(t, srv), "two", "ordered", map[string]any{})
 	s := &dispatchSetup{bundle: &bundle{db: db}, fake: downstream.Start(t, nil), clk: clk}
 	s.fake.FailNext(1, downstream.Status(503).ForPath("/v1/first"))
-	d := s.dispatcher(t, outbox.Destination{}, nil)
+	d := s.dispatcher(t, dispatch.Destination{}, nil)
 	round(t, d)
 	if reqs := s.fake.Requests(); len(reqs) != 1 || reqs[0].Path != "/v1/first" {
 		t.Fatalf("first round sent %d requests, want only /v1/first", len(reqs))
@@ -377,7 +378,7 @@ func TestDispatch_CallOrder(t *testing.T) {
 func TestDispatch_NotifyPicksUpPromptly(t *testing.T) {
 	t.Parallel()
 	s := newDispatchSetup(t, 0, nil)
-	d := s.dispatcher(t, outbox.Destination{}, &outbox.DispatcherOptions{PollInterval: time.Hour, Now: time.Now})
+	d := s.dispatcher(t, dispatch.Destination{}, &dispatch.Options{PollInterval: time.Hour, Now: time.Now})
 	s.layer.OnEnqueue(d.Notify)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -397,7 +398,7 @@ func TestDispatch_ShutdownReleases(t *testing.T) {
 	t.Parallel()
 	s := newDispatchSetup(t, 1, nil)
 	s.fake.FailNext(1, downstream.Hang())
-	d := s.dispatcher(t, outbox.Destination{Timeout: time.Hour}, &outbox.DispatcherOptions{ShutdownTimeout: 50 * time.Millisecond, Now: time.Now})
+	d := s.dispatcher(t, dispatch.Destination{Timeout: time.Hour}, &dispatch.Options{ShutdownTimeout: 50 * time.Millisecond, Now: time.Now})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- d.Run(ctx) }()
@@ -417,7 +418,7 @@ func TestDispatch_OperatorActions(t *testing.T) {
 	t.Parallel()
 	s := newDispatchSetup(t, 2, nil)
 	s.fake.FailNext(2, downstream.Status(400))
-	d := s.dispatcher(t, outbox.Destination{}, nil)
+	d := s.dispatcher(t, dispatch.Destination{}, nil)
 	round(t, d)
 	ctx := context.Background()
 	rows, err := query.ListEffects(ctx, s.db, query.EffectFilter{State: "dead"})
@@ -456,7 +457,7 @@ func TestDispatch_ReclaimsDeadOwnerAtOnce(t *testing.T) {
 		deadOwner(t), far); err != nil {
 		t.Fatal(err)
 	}
-	d := s.dispatcher(t, outbox.Destination{}, nil)
+	d := s.dispatcher(t, dispatch.Destination{}, nil)
 	if onPostgres() {
 		// Replicas' owners are on other machines, or in containers
 		// whose host names and pids /proc cannot vouch for: on
@@ -468,7 +469,7 @@ func TestDispatch_ReclaimsDeadOwnerAtOnce(t *testing.T) {
 		}
 		s.clk.Add(2 * time.Hour)
 		// A new dispatcher: one reclaims at most once per poll interval.
-		d = s.dispatcher(t, outbox.Destination{}, nil)
+		d = s.dispatcher(t, dispatch.Destination{}, nil)
 	}
 	round(t, d) // reclaims
 	round(t, d) // delivers
@@ -480,7 +481,7 @@ func TestDispatch_ReclaimsDeadOwnerAtOnce(t *testing.T) {
 	if _, err := s2.db.Write.Exec(`UPDATE effects SET state = 'in_flight', lease_owner = 'elsewhere/1/1/ab#dispatch', lease_until = $1`, far); err != nil {
 		t.Fatal(err)
 	}
-	round(t, s2.dispatcher(t, outbox.Destination{}, nil))
+	round(t, s2.dispatcher(t, dispatch.Destination{}, nil))
 	if e := effect(t, s2.db.Read, 1); e.state != "in_flight" || len(s2.fake.Requests()) != 0 {
 		t.Fatalf("effect under another host's live lease: %+v", e)
 	}
@@ -524,10 +525,10 @@ func TestDispatch_ProbeTakesTheEffect(t *testing.T) {
 	if _, err := s.db.Write.Exec(`UPDATE effects SET state = 'unknown', attempts = 1, send_started_at = 1`); err != nil {
 		t.Fatal(err)
 	}
-	probe := &outbox.Probe{Path: "/v1/idempotency/{key}"}
+	probe := &dispatch.Probe{Path: "/v1/idempotency/{key}"}
 	release, closeRelease := releaser(t)
-	a := s.dispatcher(t, outbox.Destination{AtMostOnce: true, Probe: probe}, &outbox.DispatcherOptions{Transport: heldTransport{release}})
-	b := s.dispatcher(t, outbox.Destination{AtMostOnce: true, Probe: probe}, nil)
+	a := s.dispatcher(t, dispatch.Destination{AtMostOnce: true, Probe: probe}, &dispatch.Options{Transport: heldTransport{release}})
+	b := s.dispatcher(t, dispatch.Destination{AtMostOnce: true, Probe: probe}, nil)
 	probes := func() int {
 		n := 0
 		for _, r := range s.fake.Requests() {

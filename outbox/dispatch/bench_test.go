@@ -1,4 +1,4 @@
-package outbox_test
+package dispatch_test
 
 import (
 	"bytes"
@@ -17,6 +17,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -26,7 +27,7 @@ import (
 // default), as in production.
 
 // benchConcurrency is the destination's concurrency, the default.
-const benchConcurrency = outbox.DefaultConcurrency
+const benchConcurrency = dispatch.DefaultConcurrency
 
 // sink is a loopback HTTP server answering 200 to everything.
 type sink struct {
@@ -111,10 +112,10 @@ func openBenchDB(b *testing.B, durability schema.Durability) *schema.DB {
 	return db
 }
 
-func benchDispatcher(b *testing.B, db *schema.DB, s *sink) *outbox.Dispatcher {
+func benchDispatcher(b *testing.B, db *schema.DB, s *sink) *dispatch.Dispatcher {
 	b.Helper()
-	d, err := outbox.NewDispatcher(db, &outbox.DispatcherOptions{
-		Destinations: []outbox.Destination{{Name: "sink", URL: s.url, Concurrency: benchConcurrency}},
+	d, err := dispatch.New(db, &dispatch.Options{
+		Destinations: []dispatch.Destination{{Name: "sink", URL: s.url, Concurrency: benchConcurrency}},
 	})
 	if err != nil {
 		b.Fatal(err)
@@ -195,7 +196,7 @@ func BenchmarkDeliver(b *testing.B) {
 						errs <- err
 						return
 					}
-					_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, outbox.DefaultResponseLimit))
+					_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, dispatch.DefaultResponseLimit))
 					resp.Body.Close()
 					if resp.StatusCode != http.StatusOK {
 						errs <- fmt.Errorf("status %d", resp.StatusCode)
@@ -219,7 +220,7 @@ func BenchmarkDeliver(b *testing.B) {
 }
 
 // BenchmarkStartToFirstDelivery measures how long a dispatcher takes from
-// NewDispatcher and Run to the sink's first request, with 10,000 pending
+// New and Run to the sink's first request, with 10,000 pending
 // effects in the database (a restart after a backlog built up), and, for
 // comparison, with one. The effects are made pending again between
 // iterations, outside the timer.

@@ -1,4 +1,4 @@
-package outbox_test
+package dispatch_test
 
 import (
 	"context"
@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/downstream"
-	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -44,7 +44,7 @@ func TestDispatchQueue_DeliversEachOnce(t *testing.T) {
 	const n = 60
 	s := newDispatchSetup(t, 0, nil)
 	insertEffects(t, s.db, n)
-	d := s.dispatcher(t, outbox.Destination{Concurrency: 2}, nil)
+	d := s.dispatcher(t, dispatch.Destination{Concurrency: 2}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c, err := d.Drain(ctx, nil)
@@ -70,8 +70,8 @@ func TestDispatchQueue_ReleasesStaleClaim(t *testing.T) {
 	s := newDispatchSetup(t, 2, nil)
 	release := make(chan struct{})
 	s.fake.FailNext(1, downstream.Hold(release))
-	d := s.dispatcher(t, outbox.Destination{Concurrency: 1, Timeout: 10 * time.Second},
-		&outbox.DispatcherOptions{Lease: time.Minute})
+	d := s.dispatcher(t, dispatch.Destination{Concurrency: 1, Timeout: 10 * time.Second},
+		&dispatch.Options{Lease: time.Minute})
 
 	done := make(chan error, 1)
 	go func() { done <- d.RoundForTest(context.Background()) }()
@@ -107,8 +107,8 @@ func TestDispatchQueue_ShutdownReleasesQueued(t *testing.T) {
 	t.Parallel()
 	s := newDispatchSetup(t, 3, nil)
 	s.fake.FailNext(1, downstream.Hang())
-	d := s.dispatcher(t, outbox.Destination{Concurrency: 1, Timeout: time.Hour},
-		&outbox.DispatcherOptions{ShutdownTimeout: 50 * time.Millisecond, Now: time.Now})
+	d := s.dispatcher(t, dispatch.Destination{Concurrency: 1, Timeout: time.Hour},
+		&dispatch.Options{ShutdownTimeout: 50 * time.Millisecond, Now: time.Now})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- d.Run(ctx) }()

@@ -1,4 +1,4 @@
-package outbox
+package dispatch
 
 import (
 	"context"
@@ -10,6 +10,9 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/otelattr"
 )
 
 // Attributes of a delivery attempt's span, beside the HTTP client
@@ -43,7 +46,7 @@ const (
 func (d *Dispatcher) tracedAttempt(ctx context.Context, ds *destState, e *claimedEffect) outcome {
 	opts := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient)}
 	if e.traceparent != "" {
-		parent := trace.SpanContextFromContext(propagator.Extract(context.Background(),
+		parent := trace.SpanContextFromContext(otelattr.Propagator.Extract(context.Background(),
 			propagation.MapCarrier{"traceparent": e.traceparent}))
 		if parent.IsValid() {
 			ctx = trace.ContextWithRemoteSpanContext(ctx, parent)
@@ -74,7 +77,7 @@ func (d *Dispatcher) describeAttempt(span trace.Span, ds *destState, e *claimedE
 		attrEffectID.Int64(e.id),
 		attrEffectSeq.Int(e.seq),
 		attrDeliveryResult.String(deliveryResult(o)),
-		attrEffectKeyHash.String(hashPrefix(e.key)),
+		attrEffectKeyHash.String(callkey.HashPrefix(e.key)),
 	)
 	if port := ds.URL.Port(); port != "" {
 		if n, err := strconv.Atoi(port); err == nil {

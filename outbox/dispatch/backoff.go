@@ -1,4 +1,4 @@
-package outbox
+package dispatch
 
 import (
 	"math"
@@ -8,12 +8,12 @@ import (
 	"time"
 )
 
-// Backoff is the delay before retry number attempt (from 1) of an effect:
+// backoff is the delay before retry number attempt (from 1) of an effect:
 // exponential from base, capped at max, with "equal jitter": half of the
 // delay is fixed and half is random, so retries of many effects that failed
 // together spread out, while no retry comes sooner than half the schedule.
 // rnd returns a number in [0, 1).
-func Backoff(attempt int, base, max time.Duration, rnd float64) time.Duration {
+func backoff(attempt int, base, max time.Duration, rnd float64) time.Duration {
 	if attempt < 1 {
 		attempt = 1
 	}
@@ -29,10 +29,10 @@ func Backoff(attempt int, base, max time.Duration, rnd float64) time.Duration {
 // must not park an effect for days.
 const maxRetryAfter = time.Hour
 
-// RetryAfter parses a Retry-After header (RFC 9110 section 10.2.3): delay
+// retryAfter parses a Retry-After header (RFC 9110 section 10.2.3): delay
 // seconds or an HTTP-date. It reports false when the header is absent or
 // unparseable. The result is capped at one hour and is never negative.
-func RetryAfter(h http.Header, now time.Time) (time.Duration, bool) {
+func retryAfter(h http.Header, now time.Time) (time.Duration, bool) {
 	v := strings.TrimSpace(h.Get("Retry-After"))
 	if v == "" {
 		return 0, false

@@ -1,8 +1,0 @@
-package outbox
-
-// SetDispatchTestHooks sets functions the dispatcher calls when its
-// PostgreSQL listener is listening and when Run is about to wait with no
-// wake-up pending. Set them before Run.
-func (d *Dispatcher) SetDispatchTestHooks(listening, idle func()) {
-	d.testHookListening, d.testHookIdle = listening, idle
-}
