@@ -36,6 +36,11 @@ import (
 // None of it is outbox's API: the proxy reaches it through package
 // outbox/internal/remote, whose doc says why.
 
+// The proxy needs the layer's unexported parts (the attempt, its claim,
+// the commit path), and a library user needs none of them. Package remote
+// names what the proxy calls, but cannot import outbox to reach a *Layer,
+// since outbox imports it; so outbox hands the way in through a function
+// variable, set before any importer of outbox runs.
 func init() {
 	remote.Of = func(l any) remote.Layer { return remoteLayer{l.(*Layer)} }
 }
