@@ -9,7 +9,6 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-	"go.opentelemetry.io/otel"
 	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
 	"go.opentelemetry.io/otel/trace"
 
@@ -95,12 +94,7 @@ func (r remoteLayer) StartToolCallSpan(ctx context.Context, req *mcp.CallToolReq
 	}
 }
 
-func (r remoteLayer) TracerProvider() trace.TracerProvider {
-	if r.l.opts.TracerProvider == nil {
-		return otel.GetTracerProvider()
-	}
-	return r.l.opts.TracerProvider
-}
+func (r remoteLayer) TracerProvider() trace.TracerProvider { return r.l.tracerProvider() }
 
 func (r remoteLayer) CallStatus(ctx context.Context, req *mcp.CallToolRequest) *mcp.CallToolResult {
 	return forProtocol(req, r.l.callStatus(ctx, req))

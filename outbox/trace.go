@@ -333,6 +333,15 @@ func requestInfoOf(req mcp.Request, meta map[string]any, header http.Header) req
 	return info
 }
 
+// tracerProvider is the provider of the layer's spans, for the proxy's
+// own spans of the calls it forwards.
+func (l *Layer) tracerProvider() trace.TracerProvider {
+	if l.opts.TracerProvider == nil {
+		return otel.GetTracerProvider()
+	}
+	return l.opts.TracerProvider
+}
+
 // traceCall puts the layer's attributes on the call's span, once its
 // outcome is final: called where the call event is logged.
 func (l *Layer) traceCall(ctx context.Context, a *attempt) {
