@@ -128,14 +128,14 @@
 //	failed     the handler returned an isError result or a [Final] error;
 //	           its writes were rolled back, the error is recorded and
 //	           replayed.
-//	unknown    a forwarded call (see [RemoteTool]) whose answer was lost: it
-//	           may or may not have run, so it never runs again by itself; a
-//	           retry gets an outcome_unknown error until an operator settles
-//	           it (admin.ResolveCall). It never expires; but a call made
-//	           without a key blocks identical calls only for its
-//	           fingerprint window, after which it is set aside under a
-//	           key of its own (fingerprint/uid) and an identical call runs
-//	           as a new call.
+//	unknown    a call the proxy (outbox/sidecar) forwarded whose answer was
+//	           lost: it may or may not have run, so it never runs again by
+//	           itself; a retry gets an outcome_unknown error until an
+//	           operator settles it (admin.ResolveCall). It never expires;
+//	           but a call made without a key blocks identical calls only
+//	           for its fingerprint window, after which it is set aside
+//	           under a key of its own (fingerprint/uid) and an identical
+//	           call runs as a new call.
 //
 // A claim records what its abandonment means (calls.on_lost): 'rerun' for
 // the layer's own tools, whose work commits with the outcome, so a claim

@@ -8,16 +8,13 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
+	"github.com/mcp-outbox/mcp-outbox/internal/paramskey"
 )
 
 // Names a key travels under.
 const (
 	// MetaKeyIdempotency is the key's name in params._meta.
 	MetaKeyIdempotency = "idempotencyKey"
-	// MetaKeyParamsKey is where mcpstdio.NewTransport and
-	// mcphttp.LiftParamsKey move a top-level params.idempotencyKey, which
-	// the SDK would otherwise drop.
-	MetaKeyParamsKey = "io.github.mcp-outbox/paramsIdempotencyKey"
 	// HeaderIdempotencyKey is the HTTP header of
 	// draft-ietf-httpapi-idempotency-key-header.
 	HeaderIdempotencyKey = callkey.Header
@@ -77,7 +74,7 @@ func explicitKey(req *mcp.CallToolRequest, t *toolInfo) (string, callkey.Source,
 	for _, c := range []struct {
 		name   string
 		source callkey.Source
-	}{{MetaKeyIdempotency, callkey.SourceMeta}, {MetaKeyParamsKey, callkey.SourceParams}} {
+	}{{MetaKeyIdempotency, callkey.SourceMeta}, {paramskey.MetaKey, callkey.SourceParams}} {
 		if v, ok := meta[c.name]; ok && v != nil {
 			s, ok := v.(string)
 			if !ok {

@@ -11,6 +11,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
+	"github.com/mcp-outbox/mcp-outbox/internal/paramskey"
 )
 
 // FuzzIdentify checks key extraction from every source at once: _meta
@@ -99,8 +100,8 @@ func FuzzIdentify(f *testing.F) {
 		switch {
 		case meta[MetaKeyIdempotency] != nil:
 			want, source = meta[MetaKeyIdempotency].(string), callkey.SourceMeta
-		case meta[MetaKeyParamsKey] != nil:
-			want, source = meta[MetaKeyParamsKey].(string), callkey.SourceParams
+		case meta[paramskey.MetaKey] != nil:
+			want, source = meta[paramskey.MetaKey].(string), callkey.SourceParams
 		case headers%3 == 1:
 			want, source = unquoteHeader(header1), callkey.SourceHeader
 		case keyArg && argumentKey(args) != nil:

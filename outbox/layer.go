@@ -175,9 +175,6 @@ func New(db *schema.DB, opts *Options) (*Layer, error) {
 	}, nil
 }
 
-// DB returns the layer's database.
-func (l *Layer) DB() *schema.DB { return l.db }
-
 // OnEnqueue adds f to the functions called after each commit that enqueued
 // effects, so that a dispatcher in the same process can start delivering at
 // once instead of at its next poll. Functions added earlier stay; a nil f is
@@ -193,8 +190,8 @@ func (l *Layer) OnEnqueue(f func()) {
 // built with [Layer.NewServer] advertises its idempotency support.
 const CapabilityName = "idempotency"
 
-// Capability is the value advertised under capabilities.experimental.
-func (l *Layer) Capability() map[string]any {
+// capability is the value advertised under capabilities.experimental.
+func (l *Layer) capability() map[string]any {
 	window := int64(0)
 	if l.opts.FingerprintWindow > 0 {
 		window = int64(l.opts.FingerprintWindow / time.Second)
@@ -253,7 +250,7 @@ func (l *Layer) NewServer(impl *mcp.Implementation, opts *ServerOptions) *mcp.Se
 	for k, v := range caps.Experimental {
 		exp[k] = v
 	}
-	exp[CapabilityName] = l.Capability()
+	exp[CapabilityName] = l.capability()
 	caps.Experimental = exp
 	o.Capabilities = caps
 	s := mcp.NewServer(impl, &o)

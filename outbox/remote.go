@@ -5,17 +5,21 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"time"
+	"net/http"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/remote"
 )
 
 // Remote tools run in another process: the tool server behind
 // `mcp-outbox proxy`. The layer claims the call as it does for its own
-// tools, then a [Forward] function hands the call on, with a [Claim] in
-// params._meta under [MetaKeyClaim]. What happens when the answer is lost
-// depends on the upstream:
+// tools, then a [remote.Forward] function hands the call on, with a
+// [remote.Claim] in params._meta under [remote.MetaKeyClaim]. What happens
+// when the answer is lost depends on the upstream:
 //
 //   - A cooperating upstream records the call's outcome itself, in the
 //     transaction of its own work and effects, fenced by the claim's owner
@@ -27,52 +31,24 @@ import (
 //     or may not have run, so it becomes unknown and is never run again by
 //     itself. Its claim is marked (calls.on_lost) before it is handed on, so
 //     a process finding it abandoned after a crash knows the same.
+//
+// None of it is outbox's API: the proxy reaches it through package
+// outbox/internal/remote, whose doc says why.
 
-// MetaKeyClaim is the params._meta entry a forwarded call carries.
-const MetaKeyClaim = "io.github.mcp-outbox/claim"
-
-// Claim names the claimed call row a cooperating upstream records into.
-type Claim struct {
-	Key    string `json:"key"`    // the call's idempotency key
-	CallID string `json:"callId"` // calls.uid; effect n's Idempotency-Key is CallID-n
-	RowID  int64  `json:"rowId"`  // calls.id; effects.call_id
-	Owner  string `json:"owner"`  // calls.owner: the fence of the upstream's update
+// The proxy needs the layer's unexported parts (the attempt, its claim,
+// the commit path), and a library user needs none of them. Package remote
+// names what the proxy calls, but cannot import outbox to reach a *Layer,
+// since outbox imports it; so outbox hands the way in through a function
+// variable, set before any importer of outbox runs.
+func init() {
+	remote.Of = func(l any) remote.Layer { return remoteLayer{l.(*Layer)} }
 }
 
-// ErrNotForwarded marks an error of a [Forward] function that sent nothing:
-// the call certainly did not run.
-var ErrNotForwarded = errors.New("outbox: call not forwarded")
+// remoteLayer is the layer as the proxy sees it (remote.Layer).
+type remoteLayer struct{ l *Layer }
 
-// Forward hands a call to the upstream and returns its answer. claim is nil
-// for a call the layer does not record. An error wrapping [ErrNotForwarded]
-// means nothing was sent; a *jsonrpc.Error is the upstream's protocol error
-// (taken to mean the tool did not run: unknown tool, invalid params); any
-// other error means the answer was lost.
-type Forward func(ctx context.Context, claim *Claim) (*mcp.CallToolResult, error)
-
-// RemoteOptions configure [Layer.RemoteTool].
-type RemoteOptions struct {
-	// Cooperating says the upstream records each claimed call's outcome
-	// itself, following schema/README.md.
-	Cooperating bool
-	// FingerprintWindow overrides the layer's window for this tool, as
-	// [ToolOptions.FingerprintWindow] does.
-	FingerprintWindow time.Duration
-}
-
-// A RemoteTool is a tool of the upstream, as the layer treats it.
-type RemoteTool struct {
-	layer       *Layer
-	info        *toolInfo
-	cooperating bool
-}
-
-// RemoteTool describes an upstream tool from its definition (as tools/list
-// gave it; nil for a tool the upstream has not listed). Its annotations
-// decide, as for [AddTool], whether calls are recorded: readOnlyHint and
-// idempotentHint tools pass through unrecorded, everything else is
-// recorded, the spec's default (destructive) included.
-func (l *Layer) RemoteTool(name string, t *mcp.Tool, opts RemoteOptions) *RemoteTool {
+func (r remoteLayer) Tool(name string, t *mcp.Tool, opts remote.Options) remote.Tool {
+	l := r.l
 	info := &toolInfo{name: name, record: true, window: l.opts.FingerprintWindow, sharedClaim: true}
 	if t != nil {
 		info.annotations = annotationsOf(t.Annotations)
@@ -85,20 +61,57 @@ func (l *Layer) RemoteTool(name string, t *mcp.Tool, opts RemoteOptions) *Remote
 	} else {
 		info.annotations = annotationsOf(nil)
 	}
-	if opts.FingerprintWindow != 0 {
-		info.window = opts.FingerprintWindow
-	}
 	if !opts.Cooperating {
 		info.onLost = onLostUnknown
 	}
-	return &RemoteTool{layer: l, info: info, cooperating: opts.Cooperating}
+	return &remoteTool{layer: l, info: info, cooperating: opts.Cooperating}
 }
 
-// Call runs one tools/call of the tool through the layer, with fwd in place
-// of a handler: a retry of a recorded call is replayed, a duplicate waits
-// for the original, and the answer is recorded as the call's outcome. The
-// returned error is a protocol error to send back as such.
-func (r *RemoteTool) Call(ctx context.Context, req *mcp.CallToolRequest, fwd Forward) (*mcp.CallToolResult, error) {
+func (r remoteLayer) StartToolCallSpan(ctx context.Context, req *mcp.CallToolRequest, describe func() remote.RequestInfo) (_ context.Context, end func(*mcp.CallToolResult, error)) {
+	l := r.l
+	var meta map[string]any
+	var header http.Header
+	name := ""
+	if req.Params != nil {
+		meta, name = req.Params.Meta, req.Params.Name
+	}
+	if req.Extra != nil {
+		header = req.Extra.Header
+	}
+	ctx, span := startServerSpan(ctx, l.tracer, spanName("tools/call", name), meta, header)
+	if span.IsRecording() {
+		span.SetAttributes(requestAttributes("tools/call", name, requestInfo(describe()))...)
+		if l.opts.LogSensitive && req.Params != nil {
+			span.SetAttributes(semconv.GenAIToolCallArgumentsKey.String(string(req.Params.Arguments)))
+		}
+	}
+	return ctx, func(res *mcp.CallToolResult, err error) {
+		var r mcp.Result
+		if res != nil {
+			r = res
+		}
+		endServerSpan(span, r, err, l.opts.LogSensitive)
+	}
+}
+
+func (r remoteLayer) TracerProvider() trace.TracerProvider { return r.l.tracerProvider() }
+
+func (r remoteLayer) CallStatus(ctx context.Context, req *mcp.CallToolRequest) *mcp.CallToolResult {
+	return forProtocol(req, r.l.callStatus(ctx, req))
+}
+
+func (r remoteLayer) StatusTool() *mcp.Tool { return statusTool() }
+
+func (r remoteLayer) Capability() map[string]any { return r.l.capability() }
+
+// remoteTool is a tool of the upstream, as the layer treats it.
+type remoteTool struct {
+	layer       *Layer
+	info        *toolInfo
+	cooperating bool
+}
+
+func (r *remoteTool) Call(ctx context.Context, req *mcp.CallToolRequest, fwd remote.Forward) (*mcp.CallToolResult, error) {
 	var upstreams *mcp.CallToolResult // the upstream's answer, if it came
 	res, err := r.layer.run(ctx, r.info, req, func(ctx context.Context, a *attempt) (mcp.Result, error) {
 		if !a.recorded() {
@@ -110,7 +123,7 @@ func (r *RemoteTool) Call(ctx context.Context, req *mcp.CallToolRequest, fwd For
 			}
 			return res, err
 		}
-		claim := &Claim{Key: a.id.key, CallID: a.uid, RowID: a.callID, Owner: a.owner}
+		claim := &remote.Claim{Key: a.id.key, CallID: a.uid, RowID: a.callID, Owner: a.owner}
 		res, err := fwd(ctx, claim)
 		upstreams = res
 		return r.finish(ctx, a, res, err)
@@ -121,11 +134,10 @@ func (r *RemoteTool) Call(ctx context.Context, req *mcp.CallToolRequest, fwd For
 	}
 	return cr, err
 }
-
-func (r *RemoteTool) finish(ctx context.Context, a *attempt, res *mcp.CallToolResult, err error) (mcp.Result, error) {
+func (r *remoteTool) finish(ctx context.Context, a *attempt, res *mcp.CallToolResult, err error) (mcp.Result, error) {
 	var wire *jsonrpc.Error
 	switch {
-	case errors.As(err, &wire), errors.Is(err, ErrNotForwarded):
+	case errors.As(err, &wire), errors.Is(err, remote.ErrNotForwarded):
 		// The tool did not run: the upstream refused the request, or it
 		// never left. A cooperating upstream cannot have committed either.
 		a.outcome = outcomeNotRecorded
@@ -203,7 +215,7 @@ func (r *RemoteTool) finish(ctx context.Context, a *attempt, res *mcp.CallToolRe
 	return res, nil
 }
 
-func (r *RemoteTool) notifyEnqueued() {
+func (r *remoteTool) notifyEnqueued() {
 	r.layer.mu.Lock()
 	notify := r.layer.notify
 	r.layer.mu.Unlock()

@@ -24,14 +24,14 @@ type StatusInput struct {
 }
 
 func (l *Layer) addStatusTool(s *mcp.Server, tenant string) {
-	mcp.AddTool(s, StatusTool(), func(ctx context.Context, req *mcp.CallToolRequest, in StatusInput) (*mcp.CallToolResult, *query.Status, error) {
+	mcp.AddTool(s, statusTool(), func(ctx context.Context, req *mcp.CallToolRequest, in StatusInput) (*mcp.CallToolResult, *query.Status, error) {
 		st, err := l.lookupStatus(ctx, scopedPrincipal(tenant, principalOf(req)), in)
 		return nil, st, err
 	})
 }
 
-// StatusTool is the status tool's definition, as tools/list shows it.
-func StatusTool() *mcp.Tool {
+// statusTool is the status tool's definition, as tools/list shows it.
+func statusTool() *mcp.Tool {
 	t := &mcp.Tool{
 		Name:  StatusToolName,
 		Title: "What happened to a tool call",
@@ -47,14 +47,10 @@ func StatusTool() *mcp.Tool {
 	return t
 }
 
-// CallStatus answers a call of the status tool that reaches the layer
+// callStatus answers a call of the status tool that reaches the layer
 // without a go-sdk server, as in the proxy: arguments are checked the way
 // [mcp.AddTool] would, and the status is both the structured content and,
 // as JSON, the text content.
-func (l *Layer) CallStatus(ctx context.Context, req *mcp.CallToolRequest) *mcp.CallToolResult {
-	return forProtocol(req, l.callStatus(ctx, req))
-}
-
 func (l *Layer) callStatus(ctx context.Context, req *mcp.CallToolRequest) *mcp.CallToolResult {
 	var in StatusInput
 	dec := json.NewDecoder(bytes.NewReader(req.Params.Arguments))

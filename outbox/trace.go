@@ -86,9 +86,10 @@ func (m MetaCarrier) Keys() []string {
 
 func tracerOf(tp trace.TracerProvider) trace.Tracer { return otelattr.Tracer(tp) }
 
-// RequestInfo describes an MCP request for its server span where the
-// go-sdk's request does not: the proxy has no go-sdk server session.
-type RequestInfo struct {
+// requestInfo describes an MCP request for its server span. The proxy,
+// which has no go-sdk server session, gives one as a remote.RequestInfo, a
+// struct of the same fields converted to this one.
+type requestInfo struct {
 	// Transport is the network.transport: "pipe" for stdio, "tcp" for HTTP.
 	Transport string
 	// ProtocolVersion is the MCP protocol version of the session or request.
@@ -175,7 +176,7 @@ func spanName(method, target string) string {
 // jsonrpc.request.id is missing: the go-sdk does not show a request's
 // JSON-RPC id to middleware or handlers (go-sdk#1264), so no span of this
 // package can carry it.
-func requestAttributes(method, tool string, info RequestInfo) []attribute.KeyValue {
+func requestAttributes(method, tool string, info requestInfo) []attribute.KeyValue {
 	attrs := make([]attribute.KeyValue, 0, 8)
 	attrs = append(attrs, semconv.McpMethodNameKey.String(method), semconv.JSONRPCProtocolVersionKey.String("2.0"))
 	if method == "tools/call" {
@@ -299,8 +300,8 @@ func (l *Layer) traceMiddleware(next mcp.MethodHandler) mcp.MethodHandler {
 // pipes too. The protocol version is the request's own (2026-07-28 names
 // it in every request's _meta; over HTTP the Mcp-Protocol-Version header),
 // else the one the client asked for in initialize.
-func requestInfoOf(req mcp.Request, meta map[string]any, header http.Header) RequestInfo {
-	info := RequestInfo{Transport: "pipe"}
+func requestInfoOf(req mcp.Request, meta map[string]any, header http.Header) requestInfo {
+	info := requestInfo{Transport: "pipe"}
 	if header != nil {
 		info.Transport = "tcp"
 	}
@@ -320,41 +321,9 @@ func requestInfoOf(req mcp.Request, meta map[string]any, header http.Header) Req
 	return info
 }
 
-// StartToolCallSpan starts the SERVER span of a tools/call that reaches
-// the layer without a go-sdk server (the proxy), with the same parent,
-// links and attributes as the spans of a server the layer is installed on.
-// Pass the returned context to [RemoteTool.Call], then call end with the
-// answer. describe is called only when the span records: a caller that
-// does not trace pays nothing for finding out what it says.
-func (l *Layer) StartToolCallSpan(ctx context.Context, req *mcp.CallToolRequest, describe func() RequestInfo) (_ context.Context, end func(*mcp.CallToolResult, error)) {
-	var meta map[string]any
-	var header http.Header
-	name := ""
-	if req.Params != nil {
-		meta, name = req.Params.Meta, req.Params.Name
-	}
-	if req.Extra != nil {
-		header = req.Extra.Header
-	}
-	ctx, span := startServerSpan(ctx, l.tracer, spanName("tools/call", name), meta, header)
-	if span.IsRecording() {
-		span.SetAttributes(requestAttributes("tools/call", name, describe())...)
-		if l.opts.LogSensitive && req.Params != nil {
-			span.SetAttributes(semconv.GenAIToolCallArgumentsKey.String(string(req.Params.Arguments)))
-		}
-	}
-	return ctx, func(res *mcp.CallToolResult, err error) {
-		var r mcp.Result
-		if res != nil {
-			r = res
-		}
-		endServerSpan(span, r, err, l.opts.LogSensitive)
-	}
-}
-
-// TracerProvider is the provider of the layer's spans, for surfaces that
-// add spans of their own (the proxy's forwarded calls).
-func (l *Layer) TracerProvider() trace.TracerProvider {
+// tracerProvider is the provider of the layer's spans, for the proxy's
+// own spans of the calls it forwards.
+func (l *Layer) tracerProvider() trace.TracerProvider {
 	if l.opts.TracerProvider == nil {
 		return otel.GetTracerProvider()
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/remote"
 )
 
 // A client's context, as SEP-414 carries it in params._meta.
@@ -265,8 +266,8 @@ func TestTrace_SessionIDByProtocol(t *testing.T) {
 	}
 	for _, version := range []string{"2025-11-25", "2026-07-28"} {
 		req := &mcp.CallToolRequest{Params: &mcp.CallToolParamsRaw{Name: "v" + version}}
-		_, end := l.StartToolCallSpan(context.Background(), req, func() outbox.RequestInfo {
-			return outbox.RequestInfo{Transport: "tcp", ProtocolVersion: version, SessionID: "sess-1"}
+		_, end := remote.Of(l).StartToolCallSpan(context.Background(), req, func() remote.RequestInfo {
+			return remote.RequestInfo{Transport: "tcp", ProtocolVersion: version, SessionID: "sess-1"}
 		})
 		end(&mcp.CallToolResult{}, nil)
 	}

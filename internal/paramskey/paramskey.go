@@ -4,13 +4,16 @@
 // middleware runs; it has to be caught below the SDK, in the raw JSON-RPC
 // message. Both fronts do it: mcpstdio on each message its connection
 // reads, mcphttp on each POST body. The layer looks for the lifted key
-// under outbox.MetaKeyParamsKey, after _meta.idempotencyKey.
-//
-// The name of the _meta member is a parameter, not an import of outbox,
-// so that the library itself stays free to use this package.
+// under [MetaKey], after _meta.idempotencyKey.
 package paramskey
 
 import "encoding/json"
+
+// MetaKey is the params._meta member the fronts lift the key into and the
+// layer reads it from. It is a handoff between parts of this module, not a
+// name a client sends: a client sends params.idempotencyKey, or
+// _meta.idempotencyKey.
+const MetaKey = "io.github.mcp-outbox/paramsIdempotencyKey"
 
 // Lift copies params.idempotencyKey into params._meta[into], and reports
 // whether it did. The value is copied as it is, even when it is not a

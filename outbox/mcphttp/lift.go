@@ -11,14 +11,12 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/paramskey"
-	"github.com/mcp-outbox/mcp-outbox/outbox"
 )
 
 // LiftParamsKey is HTTP middleware for a Streamable HTTP endpoint: it
 // lifts a top-level params.idempotencyKey of tools/call requests (SEP-3182)
-// in a POST body, a single message or a batch, into _meta under
-// [outbox.MetaKeyParamsKey], where the layer finds it: the go-sdk would
-// drop it. Bodies it cannot parse pass through unchanged, for the SDK to
+// in a POST body, a single message or a batch, into a _meta member of the
+// layer's own, where the layer finds it: the go-sdk would drop it. Bodies it cannot parse pass through unchanged, for the SDK to
 // reject.
 //
 // [NewHandler] applies it already. Wrap it around an endpoint of your own,
@@ -86,7 +84,7 @@ func liftMessage(m json.RawMessage) (json.RawMessage, bool) {
 	if json.Unmarshal(msg["method"], &method) != nil || method != "tools/call" {
 		return m, false
 	}
-	p, changed := paramskey.Lift(msg["params"], outbox.MetaKeyParamsKey)
+	p, changed := paramskey.Lift(msg["params"], paramskey.MetaKey)
 	if !changed {
 		return m, false
 	}

@@ -7,7 +7,7 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/internal/paramskey"
 )
 
 // liftSeeds are JSON-RPC messages and bodies as clients send them, with
@@ -38,7 +38,7 @@ var liftSeeds = []string{
 // rewrite): a body is either reported unchanged (and passed on as it
 // came), or becomes valid JSON in which every message and every params member is the same
 // JSON value as before, except that _meta gained the key, as it was sent,
-// under outbox.MetaKeyParamsKey.
+// under paramskey.MetaKey.
 func FuzzLiftBody(f *testing.F) {
 	for _, s := range liftSeeds {
 		f.Add([]byte(s))
@@ -118,7 +118,7 @@ func checkLifted(t *testing.T, before, after json.RawMessage) {
 	}
 	for k := range union(am, bm) {
 		want := bm[k]
-		if k == outbox.MetaKeyParamsKey {
+		if k == paramskey.MetaKey {
 			want = key
 		}
 		if !jsonEqual(am[k], want) {

@@ -9,14 +9,14 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/internal/paramskey"
 )
 
 func TestLiftBody(t *testing.T) {
 	for _, tc := range []struct {
 		name, in string
 		changed  bool
-		key      any // expected under _meta[outbox.MetaKeyParamsKey]
+		key      any // expected under _meta[paramskey.MetaKey]
 	}{
 		{"Call", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","idempotencyKey":"k"}}`, true, "k"},
 		{"KeepsMeta", `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"x","_meta":{"a":1},"idempotencyKey":"k"}}`, true, "k"},
@@ -49,8 +49,8 @@ func TestLiftBody(t *testing.T) {
 				Meta map[string]any `json:"_meta"`
 			}
 			json.Unmarshal(msgs[len(msgs)-1]["params"], &p)
-			if p.Meta[outbox.MetaKeyParamsKey] != tc.key {
-				t.Errorf("_meta = %v, want %s = %v", p.Meta, outbox.MetaKeyParamsKey, tc.key)
+			if p.Meta[paramskey.MetaKey] != tc.key {
+				t.Errorf("_meta = %v, want %s = %v", p.Meta, paramskey.MetaKey, tc.key)
 			}
 			if tc.name == "KeepsMeta" && p.Meta["a"] != float64(1) {
 				t.Errorf("existing _meta lost: %v", p.Meta)

@@ -8,7 +8,6 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/paramskey"
-	"github.com/mcp-outbox/mcp-outbox/outbox"
 )
 
 // Options configure [NewTransport]. A nil *Options, like the zero value,
@@ -22,8 +21,8 @@ type Options struct {
 
 // NewTransport returns t for a server of the outbox layer. Its connection
 // lifts a top-level params.idempotencyKey of tools/call requests (SEP-3182)
-// into _meta, under [outbox.MetaKeyParamsKey], where the layer finds it:
-// the go-sdk would drop it. Use it around stdio, command and in-memory
+// into a _meta member of the layer's own, where the layer finds it: the
+// go-sdk would drop it. Use it around stdio, command and in-memory
 // transports; Streamable HTTP gets the same from mcphttp.
 //
 // Around an *mcp.StdioTransport or an *mcp.IOTransport it also reads the
@@ -74,7 +73,7 @@ type liftConn struct{ mcp.Connection }
 func (c *liftConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 	msg, err := c.Connection.Read(ctx)
 	if req, ok := msg.(*jsonrpc.Request); ok && err == nil && req.Method == "tools/call" {
-		if p, changed := paramskey.Lift(req.Params, outbox.MetaKeyParamsKey); changed {
+		if p, changed := paramskey.Lift(req.Params, paramskey.MetaKey); changed {
 			req.Params = p
 		}
 	}

@@ -11,7 +11,6 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/paramskey"
-	"github.com/mcp-outbox/mcp-outbox/outbox"
 )
 
 // liftSeeds are messages as the SDK's transport decodes them, with the
@@ -54,7 +53,7 @@ func (t fakeTransport) Connect(context.Context) (mcp.Connection, error) { return
 // NewTransport's connection never fails or panics on a message, hands on
 // the message it read, changes nothing but a tools/call's params, and
 // there gives exactly what paramskey.Lift gives, with the key under
-// outbox.MetaKeyParamsKey. That the lift keeps every other member of params
+// paramskey.MetaKey. That the lift keeps every other member of params
 // and _meta is mcphttp's FuzzLiftBody's to check: it drives the same Lift.
 func FuzzNewTransport(f *testing.F) {
 	for _, s := range liftSeeds {
@@ -87,7 +86,7 @@ func FuzzNewTransport(f *testing.F) {
 			t.Fatalf("Read(%q) handed on another message than it read", line)
 		}
 		if isCall {
-			want, lifted := paramskey.Lift(params, outbox.MetaKeyParamsKey)
+			want, lifted := paramskey.Lift(params, paramskey.MetaKey)
 			if !bytes.Equal(req.Params, want) {
 				t.Fatalf("params of %q became %q, want %q", line, req.Params, want)
 			}
@@ -96,8 +95,8 @@ func FuzzNewTransport(f *testing.F) {
 					Key  json.RawMessage            `json:"idempotencyKey"`
 					Meta map[string]json.RawMessage `json:"_meta"`
 				}
-				if err := json.Unmarshal(req.Params, &p); err != nil || !bytes.Equal(p.Meta[outbox.MetaKeyParamsKey], p.Key) {
-					t.Fatalf("params of %q became %q: the key is not under _meta[%q]", line, req.Params, outbox.MetaKeyParamsKey)
+				if err := json.Unmarshal(req.Params, &p); err != nil || !bytes.Equal(p.Meta[paramskey.MetaKey], p.Key) {
+					t.Fatalf("params of %q became %q: the key is not under _meta[%q]", line, req.Params, paramskey.MetaKey)
 				}
 			}
 			req.Params = params // for the comparison of the rest

@@ -6,9 +6,10 @@
 // resources, prompts, notifications, progress, requests from the server to
 // the client, methods this code has never heard of. It handles four things:
 //
-//   - tools/call runs through the layer ([outbox.RemoteTool]): the call is
+//   - tools/call runs through the layer: the call is
 //     claimed in the shared database before it is forwarded, with the
-//     claim in params._meta ([outbox.MetaKeyClaim]); retries are replayed,
+//     claim in params._meta ("io.github.mcp-outbox/claim", described in
+//     schema/README.md); retries are replayed,
 //     duplicates wait for the original.
 //   - tools/call of the status tool is answered by the proxy.
 //   - tools/list gets the status tool appended, and tells the proxy each
@@ -22,7 +23,7 @@
 // An upstream that dies is started again with backoff and initialized with
 // the client's own initialize request, without the client noticing more
 // than the requests that were in flight: those get an error, and forwarded
-// tool calls are settled by the layer (see [outbox.RemoteTool.Call]).
+// tool calls are settled by the layer.
 //
 // Use it to put the outbox in front of a tool server you cannot link Go
 // into: [New] takes the layer on the shared database (an SQLite file, or

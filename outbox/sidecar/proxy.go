@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/remote"
 )
 
 // Defaults for [Options] fields left at zero.
@@ -36,7 +37,7 @@ type Options struct {
 	// Upstream connects to the tool server; required.
 	Upstream Dialer
 	// Cooperating says the upstream records its calls' outcomes itself
-	// (schema/README.md); see [outbox.RemoteOptions].
+	// (schema/README.md).
 	Cooperating bool
 	// Logger gets the proxy's logs; nil discards them.
 	Logger *slog.Logger
@@ -51,11 +52,12 @@ type Options struct {
 // A Proxy serves client connections, each with its own upstream connection.
 type Proxy struct {
 	opts   Options
+	layer  remote.Layer // opts.Layer, with what the proxy needs of it
 	logger *slog.Logger
 	tracer trace.Tracer // the forwarded calls' spans (trace.go)
 
 	mu    sync.Mutex
-	tools map[string]*outbox.RemoteTool // by name, from the upstream's tools/list
+	tools map[string]remote.Tool // by name, from the upstream's tools/list
 }
 
 // New returns a proxy.
@@ -76,20 +78,21 @@ func New(opts Options) (*Proxy, error) {
 	if logger == nil {
 		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	return &Proxy{opts: opts, logger: logger.With("subsystem", "proxy"), tools: map[string]*outbox.RemoteTool{},
-		tracer: opts.Layer.TracerProvider().Tracer(tracerName)}, nil
+	layer := remote.Of(opts.Layer)
+	return &Proxy{opts: opts, layer: layer, logger: logger.With("subsystem", "proxy"), tools: map[string]remote.Tool{},
+		tracer: layer.TracerProvider().Tracer(tracerName)}, nil
 }
 
 // remoteTool is how the layer treats the named upstream tool. A tool the
 // upstream has not listed (the client called it without tools/list) is
 // treated by the spec's default annotations: recorded.
-func (p *Proxy) remoteTool(name string) *outbox.RemoteTool {
+func (p *Proxy) remoteTool(name string) remote.Tool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if t := p.tools[name]; t != nil {
 		return t
 	}
-	t := p.opts.Layer.RemoteTool(name, nil, p.remoteOptions())
+	t := p.layer.Tool(name, nil, p.remoteOptions())
 	p.tools[name] = t
 	return t
 }
@@ -102,10 +105,10 @@ func (p *Proxy) learnTools(tools []*mcp.Tool) {
 		if t == nil || t.Name == "" || t.Name == outbox.StatusToolName {
 			continue
 		}
-		p.tools[t.Name] = p.opts.Layer.RemoteTool(t.Name, t, p.remoteOptions())
+		p.tools[t.Name] = p.layer.Tool(t.Name, t, p.remoteOptions())
 	}
 }
 
-func (p *Proxy) remoteOptions() outbox.RemoteOptions {
-	return outbox.RemoteOptions{Cooperating: p.opts.Cooperating}
+func (p *Proxy) remoteOptions() remote.Options {
+	return remote.Options{Cooperating: p.opts.Cooperating}
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/remote"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -48,7 +49,7 @@ func FuzzWithClaim(f *testing.F) {
 	for _, s := range paramsSeeds {
 		f.Add([]byte(s))
 	}
-	claim := &outbox.Claim{Key: "k-1", CallID: "call_0123", RowID: 42, Owner: "att_1"}
+	claim := &remote.Claim{Key: "k-1", CallID: "call_0123", RowID: 42, Owner: "att_1"}
 	wantClaim, _ := json.Marshal(claim)
 	f.Fuzz(func(t *testing.T, params []byte) {
 		out, err := withClaim(params, claim)
@@ -79,7 +80,7 @@ func FuzzWithClaim(f *testing.F) {
 		}
 		for k := range union(inMeta, gotMeta) {
 			want := inMeta[k]
-			if k == outbox.MetaKeyClaim {
+			if k == remote.MetaKeyClaim {
 				want = wantClaim
 			}
 			if !jsonEqual(want, gotMeta[k]) {
@@ -98,7 +99,7 @@ func FuzzCallParams(f *testing.F) {
 	for _, s := range paramsSeeds {
 		f.Add([]byte(s))
 	}
-	claim := &outbox.Claim{Key: "k", CallID: "call_1", RowID: 1, Owner: "o"}
+	claim := &remote.Claim{Key: "k", CallID: "call_1", RowID: 1, Owner: "o"}
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		params, err := decodeCallParams(raw)
 		if err != nil {
@@ -124,7 +125,7 @@ func FuzzCallParams(f *testing.F) {
 		_ = json.Unmarshal(exact["_meta"], &meta)
 		for k, v := range params.Meta {
 			var up string
-			if s, ok := v.(string); ok && k != outbox.MetaKeyClaim && (json.Unmarshal(meta[k], &up) != nil || up != s) {
+			if s, ok := v.(string); ok && k != remote.MetaKeyClaim && (json.Unmarshal(meta[k], &up) != nil || up != s) {
 				t.Fatalf("params %q: _meta %q is %q to the proxy, %q to the upstream", raw, k, s, meta[k])
 			}
 		}
@@ -202,7 +203,7 @@ func FuzzRewriteCapabilities(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	s := fuzzSession(f)
-	capability, _ := json.Marshal(s.p.opts.Layer.Capability())
+	capability, _ := json.Marshal(remote.Of(s.p.opts.Layer).Capability())
 	f.Fuzz(func(t *testing.T, result []byte) {
 		out, err := s.rewriteCapabilities(result)
 		var in map[string]json.RawMessage
@@ -323,7 +324,7 @@ func FuzzRewriteToolsList(f *testing.F) {
 			kept = append(kept, raw)
 		}
 		if cursor == "" {
-			status, _ := json.Marshal(outbox.StatusTool())
+			status, _ := json.Marshal(remote.Of(s.p.opts.Layer).StatusTool())
 			kept = append(kept, status)
 		}
 		if len(kept) != len(gotTools) {

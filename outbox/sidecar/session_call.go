@@ -11,6 +11,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/failpoint"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/remote"
 )
 
 // callTool runs a client's tools/call: the status tool here, every other
@@ -18,14 +19,14 @@ import (
 func (s *session) callTool(ctx context.Context, m *jsonrpc.Request, params *mcp.CallToolParamsRaw) {
 	extra, _ := m.Extra.(*mcp.RequestExtra)
 	req := &mcp.CallToolRequest{Params: params, Extra: extra}
-	ctx, endSpan := s.p.opts.Layer.StartToolCallSpan(ctx, req, func() outbox.RequestInfo { return s.requestInfo(req) }) // trace.go
+	ctx, endSpan := s.p.layer.StartToolCallSpan(ctx, req, func() remote.RequestInfo { return s.requestInfo(req) }) // trace.go
 	if params.Name == outbox.StatusToolName {
-		res := s.p.opts.Layer.CallStatus(ctx, req)
+		res := s.p.layer.CallStatus(ctx, req)
 		endSpan(res, nil)
 		s.replyResult(m.ID, res)
 		return
 	}
-	res, err := s.p.remoteTool(params.Name).Call(ctx, req, func(ctx context.Context, claim *outbox.Claim) (*mcp.CallToolResult, error) {
+	res, err := s.p.remoteTool(params.Name).Call(ctx, req, func(ctx context.Context, claim *remote.Claim) (*mcp.CallToolResult, error) {
 		// Once a recorded call has reached an upstream that does not record
 		// its own outcome, the client's cancel is not passed on: the
 		// upstream may have done the work already, and a cancel cannot undo
@@ -59,11 +60,11 @@ func (s *session) callTool(ctx context.Context, m *jsonrpc.Request, params *mcp.
 // forwardCall sends a tools/call to the upstream, with the claim in _meta,
 // and waits for its answer. ctx ending before the call is written withdraws
 // it; once written, waitCtx ending gives up on the answer and passes a
-// cancel on to the upstream. See [outbox.Forward] for what its errors mean.
-func (s *session) forwardCall(ctx, waitCtx context.Context, clientParams json.RawMessage, claim *outbox.Claim) (*mcp.CallToolResult, error) {
+// cancel on to the upstream. See [remote.Forward] for what its errors mean.
+func (s *session) forwardCall(ctx, waitCtx context.Context, clientParams json.RawMessage, claim *remote.Claim) (*mcp.CallToolResult, error) {
 	params, err := withClaim(clientParams, claim)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", outbox.ErrNotForwarded, err)
+		return nil, fmt.Errorf("%w: %v", remote.ErrNotForwarded, err)
 	}
 	p := s.newWaiter(0)
 	o := newOutgoing(&jsonrpc.Request{ID: mustID(p.id), Method: "tools/call", Params: params}, p)
@@ -72,11 +73,11 @@ func (s *session) forwardCall(ctx, waitCtx context.Context, clientParams json.Ra
 	case <-o.sent:
 	case <-ctx.Done():
 		if o.abandon() {
-			return nil, fmt.Errorf("%w: %v", outbox.ErrNotForwarded, ctx.Err())
+			return nil, fmt.Errorf("%w: %v", remote.ErrNotForwarded, ctx.Err())
 		}
 	}
 	if o.err != nil {
-		return nil, fmt.Errorf("%w: %v", outbox.ErrNotForwarded, o.err)
+		return nil, fmt.Errorf("%w: %v", remote.ErrNotForwarded, o.err)
 	}
 	if err := failpoint.Inject(failpoint.ProxyAfterForward); err != nil {
 		return nil, err
@@ -107,7 +108,7 @@ func (s *session) forwardCall(ctx, waitCtx context.Context, clientParams json.Ra
 
 // withClaim adds the claim to params._meta, keeping everything else of the
 // client's params as it was.
-func withClaim(clientParams json.RawMessage, claim *outbox.Claim) (json.RawMessage, error) {
+func withClaim(clientParams json.RawMessage, claim *remote.Claim) (json.RawMessage, error) {
 	if claim == nil {
 		return clientParams, nil
 	}
@@ -126,7 +127,7 @@ func withClaim(clientParams json.RawMessage, claim *outbox.Claim) (json.RawMessa
 		}
 	}
 	var err error
-	if meta[outbox.MetaKeyClaim], err = json.Marshal(claim); err != nil {
+	if meta[remote.MetaKeyClaim], err = json.Marshal(claim); err != nil {
 		return nil, err
 	}
 	if params["_meta"], err = json.Marshal(meta); err != nil {

@@ -31,7 +31,7 @@ func (s *session) rewriteCapabilities(result json.RawMessage) (json.RawMessage, 
 	if exp == nil {
 		exp = map[string]json.RawMessage{}
 	}
-	if exp[outbox.CapabilityName], err = json.Marshal(s.p.opts.Layer.Capability()); err != nil {
+	if exp[outbox.CapabilityName], err = json.Marshal(s.p.layer.Capability()); err != nil {
 		return nil, err
 	}
 	if caps["experimental"], err = json.Marshal(exp); err != nil {
@@ -89,7 +89,7 @@ func (s *session) rewriteToolsList(result json.RawMessage) (json.RawMessage, err
 		_ = json.Unmarshal(raw, &cursor)
 	}
 	if cursor == "" {
-		status, err := json.Marshal(outbox.StatusTool())
+		status, err := json.Marshal(s.p.layer.StatusTool())
 		if err != nil {
 			return nil, err
 		}

@@ -15,10 +15,11 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/remote"
 )
 
 // Traces of the proxy: a tools/call gets the layer's SERVER span (parent:
-// the client's context from _meta; see [outbox.Layer.StartToolCallSpan]),
+// the client's context from _meta; see remote.Layer's StartToolCallSpan),
 // and the forwarded call a CLIENT span of the proxy, whose context goes to
 // the upstream in the forwarded params._meta (SEP-414), in place of the
 // client's: the upstream's span is then a child of the proxy's, which is
@@ -29,8 +30,8 @@ import (
 const tracerName = "github.com/mcp-outbox/mcp-outbox/outbox/sidecar"
 
 // requestInfo describes a client's tools/call for its server span.
-func (s *session) requestInfo(req *mcp.CallToolRequest) outbox.RequestInfo {
-	info := outbox.RequestInfo{Transport: "pipe"}
+func (s *session) requestInfo(req *mcp.CallToolRequest) remote.RequestInfo {
+	info := remote.RequestInfo{Transport: "pipe"}
 	if req.Extra != nil && req.Extra.Header != nil {
 		info.Transport = "tcp"
 		info.SessionID = req.Extra.Header.Get(sessionHeader)
@@ -54,7 +55,7 @@ func (s *session) requestInfo(req *mcp.CallToolRequest) outbox.RequestInfo {
 }
 
 // forwardTraced is forwardCall inside a CLIENT span of the proxy.
-func (s *session) forwardTraced(ctx, waitCtx context.Context, clientParams json.RawMessage, claim *outbox.Claim, tool string) (*mcp.CallToolResult, error) {
+func (s *session) forwardTraced(ctx, waitCtx context.Context, clientParams json.RawMessage, claim *remote.Claim, tool string) (*mcp.CallToolResult, error) {
 	ctx, span := s.p.tracer.Start(ctx, "tools/call "+tool, trace.WithSpanKind(trace.SpanKindClient))
 	if span.IsRecording() {
 		span.SetAttributes(s.p.upstreamAttributes(tool)...)
@@ -72,7 +73,7 @@ func (s *session) forwardTraced(ctx, waitCtx context.Context, clientParams json.
 			c := strconv.FormatInt(wire.Code, 10)
 			span.SetAttributes(semconv.ErrorTypeKey.String(c), semconv.RPCResponseStatusCodeKey.String(c))
 			span.SetStatus(codes.Error, "JSON-RPC error "+c)
-		case errors.Is(err, outbox.ErrNotForwarded):
+		case errors.Is(err, remote.ErrNotForwarded):
 			span.SetAttributes(semconv.ErrorTypeKey.String("not_forwarded"))
 			span.SetStatus(codes.Error, "not forwarded")
 		case err != nil:

@@ -16,6 +16,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/remote"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -158,7 +159,7 @@ func TestProxyTrace(t *testing.T) {
 	if got := metas[0]["baggage"]; got != "tenant=acme" {
 		t.Errorf("upstream _meta.baggage = %v, want the client's", got)
 	}
-	if metas[0][outbox.MetaKeyIdempotency] != key || metas[0][outbox.MetaKeyClaim] == nil {
+	if metas[0][outbox.MetaKeyIdempotency] != key || metas[0][remote.MetaKeyClaim] == nil {
 		t.Errorf("upstream _meta lost the client's key or the claim: %v", metas[0])
 	}
 }
