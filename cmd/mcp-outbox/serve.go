@@ -252,7 +252,6 @@ func (a *app) Close() error {
 	return a.db.Close()
 }
 
-
 func runServe(ctx context.Context, env *environment, args []string) error {
 	fs := newFlagSet(env, "serve", serveUsage)
 	cfg := appConfig{service: serveService}
