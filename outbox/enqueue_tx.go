@@ -26,7 +26,12 @@ import (
 // effects notifies them). On SQLite the dispatcher finds the effect at its
 // next poll ([dispatch.Options.PollInterval]); the layer cannot see tx
 // commit, so the function given to [Layer.OnEnqueue] is not called: call
-// [dispatch.Dispatcher.Notify] after Commit to deliver at once.
+// [Runner.Notify] (on what [Layer.Start] returned) after Commit to deliver
+// at once.
+//
+// tx must be a transaction of the *schema.DB's Write pool: the layer
+// cannot check where a *sql.Tx was begun, and an effect inserted through
+// another connection commits apart from the rows it belongs with.
 //
 // Inside a tool's handler, use [Tx.Enqueue] instead: its effect commits
 // with the call's outcome.

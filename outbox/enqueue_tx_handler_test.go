@@ -4,9 +4,11 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/downstream"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 )
 
@@ -39,4 +41,39 @@ func TestLayer_EnqueueTxInsideHandler(t *testing.T) {
 	if n := count(t, b.db.Read, `SELECT count(*) FROM effects`); n != 0 {
 		t.Errorf("%d effects enqueued; want none", n)
 	}
+}
+
+// Runner.Notify after EnqueueTx's commit wakes the dispatcher: with polling
+// an hour apart, only the Notify can have delivered the effect.
+func TestRunner_NotifyAfterEnqueueTx(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil, nil)
+	fake := downstream.Start(t, nil)
+	opts := payments(fake)
+	opts.PollInterval = time.Hour
+	r := start(t, b, &outbox.StartOptions{Dispatcher: opts})
+	ctx := context.Background()
+	// A call's effect, which its commit wakes the dispatcher for: once it
+	// is delivered, the dispatcher waits for the next wake-up or its poll
+	// an hour later.
+	if res := callCharge(t, b.session, "marker", 1); res.IsError {
+		t.Fatal(text(res))
+	}
+	pollUntil(t, "the call's effect delivered", func() bool {
+		return count(t, b.db.Read, `SELECT count(*) FROM effects WHERE state = 'delivered'`) == 1
+	})
+	tx, err := b.db.Write.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.layer.EnqueueTx(ctx, tx, outbox.Effect{Destination: "payments", Path: "/v1/charges", Body: []byte(`{}`)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	r.Notify()
+	pollUntil(t, "the effect delivered after Notify", func() bool {
+		return count(t, b.db.Read, `SELECT count(*) FROM effects WHERE state = 'delivered'`) == 2
+	})
 }

@@ -18,7 +18,8 @@ import (
 const ReaperOff time.Duration = -1
 
 // ErrUnknownDestination is wrapped by the error of an Enqueue to a
-// destination that the dispatcher of [Layer.Start] does not deliver to.
+// destination that the dispatcher of [Layer.Start] does not deliver to,
+// and by Start's error when effects are pending for one.
 var ErrUnknownDestination = errors.New("outbox: unknown destination")
 
 // StartOptions configure [Layer.Start]. The zero value of each field
@@ -238,6 +239,17 @@ func (r *Runner) Destinations() []string {
 	return r.dispatcher.Destinations()
 }
 
+// Notify wakes the started dispatcher at once, as a commit that enqueued
+// effects through a tool call does. Call it after committing a
+// transaction in which [Layer.EnqueueTx] enqueued effects: on SQLite the
+// dispatcher would otherwise find them at its next poll. With
+// NoDispatcher, or after Stop, it does nothing.
+func (r *Runner) Notify() {
+	if r.dispatcher != nil && !r.stopped.Load() {
+		r.dispatcher.Notify()
+	}
+}
+
 // pendingByDestination reads the pending effects per destination: the
 // state index finds them without reading the delivered ones.
 const pendingByDestination = `
@@ -272,8 +284,8 @@ func (l *Layer) checkPending(ctx context.Context, d *dispatch.Dispatcher) error 
 		return nil
 	}
 	return fmt.Errorf("start outbox: effects are pending for destinations the dispatcher does not know: %s; "+
-		"the dispatcher knows %s. Configure them, cancel the effects, or set StartOptions.NoDispatcher if another process delivers them",
-		strings.Join(unknown, ", "), known.list)
+		"the dispatcher knows %s. Configure them, cancel the effects, or set StartOptions.NoDispatcher if another process delivers them: %w",
+		strings.Join(unknown, ", "), known.list, ErrUnknownDestination)
 }
 
 // destSet is the destinations of the dispatcher that Start runs.

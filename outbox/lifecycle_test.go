@@ -234,6 +234,8 @@ func TestLayer_Start_Errors(t *testing.T) {
 			t.Errorf("%s: started", tc.name)
 		} else if !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: %v; want it to say %q", tc.name, err, tc.want)
+		} else if tc.name == "PendingForUnknown" && !errors.Is(err, outbox.ErrUnknownDestination) {
+			t.Errorf("%s: %v does not wrap ErrUnknownDestination", tc.name, err)
 		}
 	}
 	// A failed Start leaves the layer as it was: unstarted, accepting any
