@@ -90,7 +90,7 @@ type Options struct {
 	// replay a call, and arguments may hold personal or payment data.
 	LogSensitive bool
 	// TracerProvider makes the spans of the requests the server receives
-	// (see trace.go); nil means the global provider (otel.GetTracerProvider),
+	// (see Traces in the package doc); nil means the global provider (otel.GetTracerProvider),
 	// a no-op until the program installs an SDK. With LogSensitive the
 	// spans carry arguments and results too.
 	TracerProvider trace.TracerProvider

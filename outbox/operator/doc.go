@@ -30,7 +30,9 @@
 // routes by path. A handler accepts its paths with the prefix (chi's Mount,
 // http.ServeMux) or with the prefix already stripped (http.StripPrefix):
 //
-//	ops, err := operator.NewHandler(ctx, db, &operator.Options{BasePath: "/ops/", AdminTokenSHA256: hash, Dispatcher: d})
+//	running, err := layer.Start(ctx, startOpts) // an *outbox.Runner
+//	...
+//	ops, err := operator.NewHandler(ctx, db, &operator.Options{BasePath: "/ops/", AdminTokenSHA256: hash, Dispatcher: running})
 //	mux.Handle("/ops/", ops)
 //
 // # Who may use it
@@ -61,7 +63,10 @@
 // restart, or configure another key.
 //
 // Failed logins are limited per client address in each process's memory,
-// not across replicas: see loginLimiter for why.
+// not across replicas, on purpose: the admin token is a random 256-bit
+// secret that no rate of guessing finds, so the limit only keeps a guesser
+// from flooding the log, which a limit per process does; sharing it would
+// put a database write of unauthenticated clients on SQLite's one writer.
 //
 // In the layers of this module operator is a surface on the library
 // (outbox, query, schema), beside mcphttp and sidecar.

@@ -35,7 +35,8 @@ type Options struct {
 	// so that it can be mounted either way. Empty means "/". A missing
 	// leading or trailing slash is added.
 	BasePath string
-	// Dispatcher is this process's dispatcher, a *dispatch.Dispatcher. With
+	// Dispatcher is this process's dispatcher: the *outbox.Runner that
+	// Layer.Start returned, or a *dispatch.Dispatcher run by hand. With
 	// it /readyz answers 503 while it is not running, and the readiness,
 	// the metrics and the page report effects pending for destinations it
 	// does not deliver to. Nil skips both checks (a process that runs no
@@ -59,7 +60,8 @@ type Options struct {
 }
 
 // Dispatcher is what the operator surface reads of the process's
-// dispatcher; a *dispatch.Dispatcher has both methods.
+// dispatcher; an *outbox.Runner and a *dispatch.Dispatcher have both
+// methods.
 type Dispatcher interface {
 	// Running reports whether it is delivering.
 	Running() bool
