@@ -143,7 +143,7 @@ func (m *chaosMonkey) run(ctx context.Context) error {
 				m.count(&m.stdioKills)
 			}
 		case r < 0.75:
-			killed, err := m.http.kill(ctx)
+			killed, err := killAndReap(ctx, m.http)
 			if err != nil {
 				return err
 			}
@@ -157,7 +157,7 @@ func (m *chaosMonkey) run(ctx context.Context) error {
 				return fmt.Errorf("start the HTTP server again: %w", err)
 			}
 		default:
-			killed, err := m.downstream.kill(ctx)
+			killed, err := killAndReap(ctx, m.downstream)
 			if err != nil {
 				return err
 			}
@@ -219,4 +219,17 @@ func (m *chaosMonkey) killPostgres(ctx context.Context) error {
 	}
 	m.pgRecoverMax = max(m.pgRecoverMax, time.Since(up))
 	return nil
+}
+
+// killAndReap kills p and waits for it to be reaped, for up to 30 s, even
+// if ctx ends meanwhile: the soak may end (and stop the monkey) just after
+// the SIGKILL, and the victim, which a SIGKILL always ends, must still be
+// reaped before it is started again. Waiting on ctx there made the monkey
+// report a failure that was only the end of the soak.
+func killAndReap(ctx context.Context, p interface {
+	kill(context.Context) (bool, error)
+}) (bool, error) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	return p.kill(rctx)
 }

@@ -11,10 +11,11 @@ import (
 const versionUsage = `Usage: mcp-outbox version
 
 Prints the module version, the VCS revision the binary was built from, and
-the Go toolchain. A build from a checkout reports the module version as
-"(devel)" and names its commit (with "+modified" when the work tree had
-uncommitted changes); 'go install …@vX.Y.Z' reports vX.Y.Z and no revision,
-since the module proxy's copy carries no VCS metadata.
+the Go toolchain. 'go install …@vX.Y.Z' reports vX.Y.Z and no revision, since
+the module proxy's copy carries no VCS metadata. A build from a checkout
+reports the pseudo-version Go derives from its commit (with "+dirty", and the
+revision with "+modified", when the work tree had uncommitted changes), or
+"(devel)" when it was built with -buildvcs=false.
 `
 
 func runVersion(_ context.Context, env *environment, args []string) error {
@@ -58,8 +59,9 @@ func describeBuild(bi *debug.BuildInfo) string {
 }
 
 // buildVersion is the module version of the build: vX.Y.Z for `go install`
-// of a tag, a pseudo-version for `go install` of a commit, "(devel)" for a
-// build from a checkout. serve reports it as its serverInfo version.
+// of a tag; a pseudo-version for `go install` of a commit, and (since Go
+// 1.24) for a build from a checkout; "(devel)" for a build without VCS
+// information. serve reports it as its serverInfo version.
 func buildVersion(bi *debug.BuildInfo) string {
 	if bi == nil || bi.Main.Version == "" {
 		return "(devel)"
