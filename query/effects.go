@@ -92,7 +92,7 @@ type EffectRow struct {
 	ID      int64  `json:"id"`
 	CallKey string `json:"callKey,omitempty"`
 	Tool    string `json:"tool,omitempty"`
-	Effect
+	EffectStatus
 	Response  string    `json:"response,omitempty"`
 	CreatedAt time.Time `json:"createdAt"`
 	UpdatedAt time.Time `json:"updatedAt"`

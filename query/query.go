@@ -56,11 +56,12 @@ type Status struct {
 	CompletedAt *time.Time      `json:"completedAt,omitempty"`
 	ExpiresAt   *time.Time      `json:"expiresAt,omitempty"`
 	Result      json.RawMessage `json:"result,omitempty"`
-	Effects     []Effect        `json:"effects"`
+	Effects     []EffectStatus  `json:"effects"`
 }
 
-// Effect is the delivery state of one outbox effect of a call.
-type Effect struct {
+// EffectStatus is the delivery state of one outbox effect of a call (the
+// effect itself, as a handler enqueues it, is outbox.Effect).
+type EffectStatus struct {
 	Seq            int        `json:"seq"`
 	Destination    string     `json:"destination"`
 	Method         string     `json:"method"`
@@ -89,7 +90,7 @@ func Lookup(ctx context.Context, db *schema.DB, principal, key string, now time.
 	if err := callkey.Validate(key); err != nil {
 		return nil, err
 	}
-	st := &Status{Key: key, Effects: []Effect{}}
+	st := &Status{Key: key, Effects: []EffectStatus{}}
 	var (
 		id                int64
 		result            sql.NullString
@@ -103,7 +104,7 @@ func Lookup(ctx context.Context, db *schema.DB, principal, key string, now time.
 	// first is running, the second waits for an operator, and a retry of
 	// neither would run it.
 	if errors.Is(err, sql.ErrNoRows) || (err == nil && State(state) != InFlight && State(state) != OutcomeUnknown && expires <= now.UnixMilli()) {
-		return &Status{Key: key, State: NotFound, Effects: []Effect{},
+		return &Status{Key: key, State: NotFound, Effects: []EffectStatus{},
 			Message: "No call with this key within the retention window: it expired, was never seen, or failed without being recorded (a fault the server logged). A retry would run it."}, nil
 	}
 	if err != nil {
@@ -142,16 +143,16 @@ func LookupArgs(ctx context.Context, db *schema.DB, principal, tool string, args
 	return st, err
 }
 
-func effects(ctx context.Context, db *schema.DB, callID int64) ([]Effect, error) {
+func effects(ctx context.Context, db *schema.DB, callID int64) ([]EffectStatus, error) {
 	rows, err := db.Read.QueryContext(ctx, selectEffects, callID)
 	if err != nil {
 		return nil, fmt.Errorf("look up effects: %w", err)
 	}
 	defer rows.Close()
-	out := []Effect{}
+	out := []EffectStatus{}
 	for rows.Next() {
 		var (
-			e         Effect
+			e         EffectStatus
 			next      int64
 			delivered sql.NullInt64
 		)
@@ -177,7 +178,7 @@ func effects(ctx context.Context, db *schema.DB, callID int64) ([]Effect, error)
 // but whose claim is not committed yet (it rides in an open group-commit
 // batch), so the table does not show it.
 func Running(key, keySource, tool string) *Status {
-	st := &Status{Key: key, KeySource: keySource, State: InFlight, Tool: tool, Effects: []Effect{}}
+	st := &Status{Key: key, KeySource: keySource, State: InFlight, Tool: tool, Effects: []EffectStatus{}}
 	st.Message = message(st)
 	return st
 }

@@ -16,9 +16,9 @@ func ExampleWriteEffectTable() {
 	t := time.Date(2026, 7, 28, 9, 30, 0, 0, time.UTC)
 	next := t.Add(time.Minute)
 	rows := []query.EffectRow{
-		{ID: 2, CallKey: "order-7", Effect: query.Effect{Destination: "payments", Method: "POST", Path: "/v1/charges",
+		{ID: 2, CallKey: "order-7", EffectStatus: query.EffectStatus{Destination: "payments", Method: "POST", Path: "/v1/charges",
 			State: "pending", Attempts: 1, LastStatus: 503, LastError: "upstream\r\nbusy", NextAttemptAt: &next}, UpdatedAt: t},
-		{ID: 1, Effect: query.Effect{Destination: "mailer", Method: "POST", Path: "/send", State: "delivered",
+		{ID: 1, EffectStatus: query.EffectStatus{Destination: "mailer", Method: "POST", Path: "/send", State: "delivered",
 			Attempts: 1, LastStatus: 202, DeliveredAt: &t}, UpdatedAt: t},
 	}
 	if err := operate.WriteEffectTable(os.Stdout, rows); err != nil {
