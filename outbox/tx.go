@@ -262,7 +262,7 @@ func (a *attempt) ExecContext(ctx context.Context, query string, args ...any) (s
 	} else {
 		r, err = a.tx.ExecContext(ctx, query, args...)
 	}
-	return r, a.wrapStmt(err)
+	return r, a.wrapStmt(a.placeholderHint(query, err))
 }
 
 // QueryContext runs a query in the call's transaction.
@@ -274,7 +274,7 @@ func (a *attempt) QueryContext(ctx context.Context, query string, args ...any) (
 		ctx = background(ctx) // see unit.exec
 	}
 	r, err := a.tx.QueryContext(ctx, query, args...)
-	return r, a.wrapStmt(err)
+	return r, a.wrapStmt(a.placeholderHint(query, err))
 }
 
 // QueryRowContext runs a query expected to return one row.
@@ -318,7 +318,20 @@ func (a *attempt) PrepareContext(ctx context.Context, query string) (*sql.Stmt, 
 		ctx = background(ctx)
 	}
 	st, err := a.tx.PrepareContext(ctx, query)
-	return st, a.wrapStmt(err)
+	return st, a.wrapStmt(a.placeholderHint(query, err))
+}
+
+// placeholderHint names the likely cause of PostgreSQL's syntax error in a
+// statement with a '?': SQLite's placeholder, which PostgreSQL does not
+// know. A handler written against SQLite fails only once it meets
+// PostgreSQL, and the server's own text ("syntax error at or near ',')
+// does not say why. (A '?' can also be a JSONB operator, so it is not
+// refused up front.)
+func (a *attempt) placeholderHint(query string, err error) error {
+	if err == nil || a.layer.db.Dialect != schema.Postgres || schema.PgCode(err) != "42601" || !strings.Contains(query, "?") {
+		return err
+	}
+	return fmt.Errorf("%w (PostgreSQL numbers its placeholders: write $1, $2, … instead of ?; SQLite accepts them too)", err)
 }
 
 // errRow is a *sql.Row whose Scan and Err return err. *sql.Row has no

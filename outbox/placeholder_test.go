@@ -1,0 +1,37 @@
+package outbox_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/outbox"
+)
+
+// A handler written with SQLite's '?' placeholders is told, on PostgreSQL,
+// what PostgreSQL's bare syntax error does not say; on SQLite the same
+// statement runs.
+func TestTx_QuestionMarkPlaceholders(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil, nil)
+	got := make(chan error, 1)
+	outbox.AddTool(b.layer, b.server, &mcp.Tool{Name: "qmark", Description: "Inserts with ? placeholders."},
+		func(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
+			_, err := tx.ExecContext(ctx, `INSERT INTO charges (amount, currency, created_at) VALUES (?, ?, 0)`, 1, "usd")
+			got <- err
+			return nil, nil, err
+		}, nil)
+	call(t, b.session, "qmark", "qmark-1", map[string]any{})
+	err := <-got
+	if !onPostgres() {
+		if err != nil {
+			t.Fatalf("on SQLite: %v", err)
+		}
+		return
+	}
+	if err == nil || !strings.Contains(err.Error(), "write $1, $2") {
+		t.Errorf("on PostgreSQL: %v; want the hint about $N placeholders", err)
+	}
+}
