@@ -187,10 +187,18 @@ func TestDispatchPostgres_ReplicasDeliverEachOnceInOrder(t *testing.T) {
 		sent = append(sent, tr.n.Load())
 	}
 	t.Logf("requests per dispatcher: %v", sent)
-	for i, n := range sent {
-		if n == 0 {
-			t.Errorf("dispatcher %d sent nothing: the replicas did not share the work", i)
+	// Sharing is shown by two replicas sending. All three is not a
+	// promise: under -race on a loaded machine one replica's first round
+	// can come after the other two have claimed everything (seen in CI:
+	// [0 1578 708]), which is the lease doing its job.
+	senders := 0
+	for _, n := range sent {
+		if n > 0 {
+			senders++
 		}
+	}
+	if senders < 2 {
+		t.Errorf("requests per dispatcher %v: one replica did all the work, the others did not share it", sent)
 	}
 }
 
