@@ -12,51 +12,32 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
+	"github.com/mcp-outbox/mcp-outbox/internal/outboxtest"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 )
 
 func call(t *testing.T, cs *mcp.ClientSession, name, key string, args any) *mcp.CallToolResult {
 	t.Helper()
-	res, err := callErr(context.Background(), cs, name, key, args)
-	if err != nil {
-		t.Fatalf("call %s: %v", name, err)
-	}
-	return res
+	return outboxtest.Call(t, cs, name, key, args)
 }
 
 func callErr(ctx context.Context, cs *mcp.ClientSession, name, key string, args any) (*mcp.CallToolResult, error) {
-	p := &mcp.CallToolParams{Name: name, Arguments: args}
-	if key != "" {
-		p.Meta = mcp.Meta{"idempotencyKey": key}
-	}
-	return cs.CallTool(ctx, p)
+	return outboxtest.CallErr(ctx, cs, name, key, args)
 }
 
 func callCharge(t *testing.T, cs *mcp.ClientSession, key string, amount int) *mcp.CallToolResult {
 	t.Helper()
-	return call(t, cs, "charge", key, map[string]any{"amount": amount})
+	return outboxtest.CallCharge(t, cs, key, amount)
 }
 
-func callMeta(res *mcp.CallToolResult) map[string]any {
-	m, _ := res.Meta[outbox.MetaKeyCall].(map[string]any)
-	return m
-}
+func callMeta(res *mcp.CallToolResult) map[string]any { return outboxtest.CallMeta(res) }
 
 func errorCode(res *mcp.CallToolResult) string {
 	s, _ := res.Meta[outbox.MetaKeyError].(string)
 	return s
 }
 
-func text(res *mcp.CallToolResult) string {
-	var b strings.Builder
-	for _, c := range res.Content {
-		if tc, ok := c.(*mcp.TextContent); ok {
-			b.WriteString(tc.Text)
-			b.WriteString("\n")
-		}
-	}
-	return b.String()
-}
+func text(res *mcp.CallToolResult) string { return outboxtest.Text(res) }
 
 func chargeID(t *testing.T, res *mcp.CallToolResult) int64 {
 	t.Helper()

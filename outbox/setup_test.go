@@ -4,15 +4,14 @@ import (
 	"context"
 	"database/sql"
 	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
+	"github.com/mcp-outbox/mcp-outbox/internal/outboxtest"
 	"github.com/mcp-outbox/mcp-outbox/internal/pgtest"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
-	"github.com/mcp-outbox/mcp-outbox/outbox/mcpstdio"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -30,51 +29,22 @@ func TestMain(m *testing.M) { pgtest.Main(m) }
 
 // The tests of this package are one suite for both stores: they run on
 // SQLite by default and on PostgreSQL when MCP_OUTBOX_TEST_STORE=postgres
-// (make test runs both). Tests of what only one store has say so with
-// sqliteOnly.
-const envTestStore = "MCP_OUTBOX_TEST_STORE"
-
-func onPostgres() bool { return os.Getenv(envTestStore) == "postgres" }
+// (outboxtest.EnvStore; make test runs both). Tests of what only one store
+// has say so with sqliteOnly.
+func onPostgres() bool { return outboxtest.OnPostgres() }
 
 // sqliteOnly skips a test of something only the SQLite store has (one
 // file and its WAL, SQLITE_BUSY between processes, /proc liveness).
-func sqliteOnly(tb testing.TB, what string) {
-	tb.Helper()
-	if onPostgres() {
-		tb.Skip("SQLite only: " + what)
-	}
-}
+func sqliteOnly(tb testing.TB, what string) { tb.Helper(); outboxtest.SQLiteOnly(tb, what) }
 
 // postgresOnly skips a test of something only the PostgreSQL store has.
-func postgresOnly(tb testing.TB) {
-	tb.Helper()
-	if !onPostgres() {
-		tb.Skip("PostgreSQL only (" + envTestStore + "=postgres)")
-	}
-}
+func postgresOnly(tb testing.TB) { tb.Helper(); outboxtest.PostgresOnly(tb) }
 
 // testTarget is where a test's database lives: a file in tb.TempDir, or
 // a database of its own on the tests' PostgreSQL server.
-func testTarget(tb testing.TB) string {
-	tb.Helper()
-	if onPostgres() {
-		return pgtest.Database(tb)
-	}
-	return filepath.Join(tb.TempDir(), "test.db")
-}
+func testTarget(tb testing.TB) string { tb.Helper(); return outboxtest.Target(tb) }
 
-func openDB(tb testing.TB) *schema.DB {
-	tb.Helper()
-	db, err := schema.Open(context.Background(), testTarget(tb), nil)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { db.Close() })
-	if err := ledger.Migrate(context.Background(), db); err != nil {
-		tb.Fatal(err)
-	}
-	return db
-}
+func openDB(tb testing.TB) *schema.DB { tb.Helper(); return outboxtest.OpenDB(tb) }
 
 func setup(tb testing.TB, opts *outbox.Options, lopts *ledger.Options) *bundle {
 	tb.Helper()
@@ -95,27 +65,12 @@ func setupOn(tb testing.TB, db *schema.DB, opts *outbox.Options, lopts *ledger.O
 
 func connect(tb testing.TB, s *mcp.Server) *mcp.ClientSession {
 	tb.Helper()
-	ctx := context.Background()
-	st, ct := mcp.NewInMemoryTransports()
-	ss, err := s.Connect(ctx, mcpstdio.NewTransport(st, nil), nil)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	cs, err := mcp.NewClient(&mcp.Implementation{Name: "client", Version: "v0"}, nil).Connect(ctx, ct, nil)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { cs.Close(); ss.Wait() })
-	return cs
+	return outboxtest.Connect(tb, s)
 }
 
 func count(tb testing.TB, db *sql.DB, query string, args ...any) int {
 	tb.Helper()
-	var n int
-	if err := db.QueryRow(query, args...).Scan(&n); err != nil {
-		tb.Fatal(err)
-	}
-	return n
+	return outboxtest.Count(tb, db, query, args...)
 }
 
 func charges(tb testing.TB, b *bundle) int {

@@ -2,11 +2,11 @@ package outbox_test
 
 import (
 	"context"
-	"encoding/json"
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/outboxtest"
 	"github.com/mcp-outbox/mcp-outbox/internal/schemacheck"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/query"
@@ -14,16 +14,7 @@ import (
 
 func status(t *testing.T, cs *mcp.ClientSession, args map[string]any) query.Status {
 	t.Helper()
-	res := call(t, cs, outbox.StatusToolName, "", args)
-	if res.IsError {
-		t.Fatalf("status %v: %s", args, text(res))
-	}
-	b, _ := json.Marshal(res.StructuredContent)
-	var st query.Status
-	if err := json.Unmarshal(b, &st); err != nil {
-		t.Fatal(err)
-	}
-	return st
+	return outboxtest.Status(t, cs, args)
 }
 
 func TestStatus_States(t *testing.T) {

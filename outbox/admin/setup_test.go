@@ -3,11 +3,7 @@ package admin_test
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -15,6 +11,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
+	"github.com/mcp-outbox/mcp-outbox/internal/outboxtest"
 	"github.com/mcp-outbox/mcp-outbox/internal/pgtest"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/query"
@@ -25,32 +22,10 @@ import (
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
 // The tests run on SQLite by default and on PostgreSQL when
-// MCP_OUTBOX_TEST_STORE=postgres, as package outbox's do.
-func onPostgres() bool { return os.Getenv("MCP_OUTBOX_TEST_STORE") == "postgres" }
+// MCP_OUTBOX_TEST_STORE=postgres, as package outbox's do (outboxtest).
+func sqliteOnly(tb testing.TB, what string) { tb.Helper(); outboxtest.SQLiteOnly(tb, what) }
 
-func sqliteOnly(tb testing.TB, what string) {
-	tb.Helper()
-	if onPostgres() {
-		tb.Skip("SQLite only: " + what)
-	}
-}
-
-func openDB(tb testing.TB) *schema.DB {
-	tb.Helper()
-	target := filepath.Join(tb.TempDir(), "test.db")
-	if onPostgres() {
-		target = pgtest.Database(tb)
-	}
-	db, err := schema.Open(context.Background(), target, nil)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { db.Close() })
-	if err := ledger.Migrate(context.Background(), db); err != nil {
-		tb.Fatal(err)
-	}
-	return db
-}
+func openDB(tb testing.TB) *schema.DB { tb.Helper(); return outboxtest.OpenDB(tb) }
 
 // bundle is a database with a layer serving the ledger's tools, and a
 // client connected to it: the operator's actions settle what real calls
@@ -84,61 +59,23 @@ func setup(tb testing.TB, opts *outbox.Options) *bundle {
 	return &bundle{db: db, session: cs}
 }
 
-func call(t *testing.T, cs *mcp.ClientSession, name, key string, args any) *mcp.CallToolResult {
-	t.Helper()
-	p := &mcp.CallToolParams{Name: name, Arguments: args}
-	if key != "" {
-		p.Meta = mcp.Meta{outbox.MetaKeyIdempotency: key}
-	}
-	res, err := cs.CallTool(context.Background(), p)
-	if err != nil {
-		t.Fatalf("call %s: %v", name, err)
-	}
-	return res
-}
-
 func callCharge(t *testing.T, cs *mcp.ClientSession, key string, amount int) *mcp.CallToolResult {
 	t.Helper()
-	return call(t, cs, "charge", key, map[string]any{"amount": amount})
+	return outboxtest.CallCharge(t, cs, key, amount)
 }
 
-func callMeta(res *mcp.CallToolResult) map[string]any {
-	m, _ := res.Meta[outbox.MetaKeyCall].(map[string]any)
-	return m
-}
+func callMeta(res *mcp.CallToolResult) map[string]any { return outboxtest.CallMeta(res) }
 
-func text(res *mcp.CallToolResult) string {
-	var b strings.Builder
-	for _, c := range res.Content {
-		if tc, ok := c.(*mcp.TextContent); ok {
-			b.WriteString(tc.Text)
-			b.WriteString("\n")
-		}
-	}
-	return b.String()
-}
+func text(res *mcp.CallToolResult) string { return outboxtest.Text(res) }
 
 func status(t *testing.T, cs *mcp.ClientSession, args map[string]any) query.Status {
 	t.Helper()
-	res := call(t, cs, outbox.StatusToolName, "", args)
-	if res.IsError {
-		t.Fatalf("status %v: %s", args, text(res))
-	}
-	b, _ := json.Marshal(res.StructuredContent)
-	var st query.Status
-	if err := json.Unmarshal(b, &st); err != nil {
-		t.Fatal(err)
-	}
-	return st
+	return outboxtest.Status(t, cs, args)
 }
 
 func count(tb testing.TB, db *sql.DB, query string, args ...any) int {
 	tb.Helper()
-	var n int
-	if err := db.QueryRow(query, args...).Scan(&n); err != nil {
-		tb.Fatal(err)
-	}
-	return n
+	return outboxtest.Count(tb, db, query, args...)
 }
 
 func charges(tb testing.TB, b *bundle) int {

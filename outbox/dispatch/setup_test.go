@@ -3,11 +3,9 @@ package dispatch_test
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -16,9 +14,9 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/faultdb"
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
+	"github.com/mcp-outbox/mcp-outbox/internal/outboxtest"
 	"github.com/mcp-outbox/mcp-outbox/internal/pgtest"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
-	"github.com/mcp-outbox/mcp-outbox/outbox/mcpstdio"
 	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -31,39 +29,19 @@ import (
 // TestMain stops the PostgreSQL server the tests started, if any.
 func TestMain(m *testing.M) { pgtest.Main(m) }
 
-// envTestStore selects the store, as in package outbox's tests: SQLite by
-// default, PostgreSQL when MCP_OUTBOX_TEST_STORE=postgres.
-const envTestStore = "MCP_OUTBOX_TEST_STORE"
-
-func onPostgres() bool { return os.Getenv(envTestStore) == "postgres" }
+// The store is SQLite by default, PostgreSQL when
+// MCP_OUTBOX_TEST_STORE=postgres (outboxtest.EnvStore), as in package
+// outbox's tests.
+func onPostgres() bool { return outboxtest.OnPostgres() }
 
 // postgresOnly skips a test of something only the PostgreSQL store has.
-func postgresOnly(tb testing.TB) {
-	tb.Helper()
-	if !onPostgres() {
-		tb.Skip("PostgreSQL only (" + envTestStore + "=postgres)")
-	}
-}
+func postgresOnly(tb testing.TB) { tb.Helper(); outboxtest.PostgresOnly(tb) }
 
 // testTarget is a file in tb.TempDir, or a database of its own on the
 // tests' PostgreSQL server.
-func testTarget(tb testing.TB) string {
-	tb.Helper()
-	if onPostgres() {
-		return pgtest.Database(tb)
-	}
-	return filepath.Join(tb.TempDir(), "test.db")
-}
+func testTarget(tb testing.TB) string { tb.Helper(); return outboxtest.Target(tb) }
 
-func openDB(tb testing.TB) *schema.DB {
-	tb.Helper()
-	db, err := schema.Open(context.Background(), testTarget(tb), nil)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { db.Close() })
-	return mustLedger(tb, db)
-}
+func openDB(tb testing.TB) *schema.DB { tb.Helper(); return outboxtest.OpenDB(tb) }
 
 func mustLedger(tb testing.TB, db *schema.DB) *schema.DB {
 	tb.Helper()
@@ -100,71 +78,30 @@ func setupOn(tb testing.TB, db *schema.DB, opts *outbox.Options, lopts *ledger.O
 
 func connect(tb testing.TB, s *mcp.Server) *mcp.ClientSession {
 	tb.Helper()
-	ctx := context.Background()
-	st, ct := mcp.NewInMemoryTransports()
-	ss, err := s.Connect(ctx, mcpstdio.NewTransport(st, nil), nil)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	cs, err := mcp.NewClient(&mcp.Implementation{Name: "client", Version: "v0"}, nil).Connect(ctx, ct, nil)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { cs.Close(); ss.Wait() })
-	return cs
+	return outboxtest.Connect(tb, s)
 }
 
 func count(tb testing.TB, db *sql.DB, query string, args ...any) int {
 	tb.Helper()
-	var n int
-	if err := db.QueryRow(query, args...).Scan(&n); err != nil {
-		tb.Fatal(err)
-	}
-	return n
+	return outboxtest.Count(tb, db, query, args...)
 }
 
 func call(t *testing.T, cs *mcp.ClientSession, name, key string, args any) *mcp.CallToolResult {
 	t.Helper()
-	p := &mcp.CallToolParams{Name: name, Arguments: args}
-	if key != "" {
-		p.Meta = mcp.Meta{"idempotencyKey": key}
-	}
-	res, err := cs.CallTool(context.Background(), p)
-	if err != nil {
-		t.Fatalf("call %s: %v", name, err)
-	}
-	return res
+	return outboxtest.Call(t, cs, name, key, args)
 }
 
 func callCharge(t *testing.T, cs *mcp.ClientSession, key string, amount int) *mcp.CallToolResult {
 	t.Helper()
-	return call(t, cs, "charge", key, map[string]any{"amount": amount})
+	return outboxtest.CallCharge(t, cs, key, amount)
 }
 
-func text(res *mcp.CallToolResult) string {
-	var b strings.Builder
-	for _, c := range res.Content {
-		if tc, ok := c.(*mcp.TextContent); ok {
-			b.WriteString(tc.Text)
-			b.WriteString("\n")
-		}
-	}
-	return b.String()
-}
+func text(res *mcp.CallToolResult) string { return outboxtest.Text(res) }
 
 // status asks the layer's call_status tool.
 func status(t *testing.T, cs *mcp.ClientSession, args map[string]any) query.Status {
 	t.Helper()
-	res := call(t, cs, outbox.StatusToolName, "", args)
-	if res.IsError {
-		t.Fatalf("status %v: %s", args, text(res))
-	}
-	b, _ := json.Marshal(res.StructuredContent)
-	var st query.Status
-	if err := json.Unmarshal(b, &st); err != nil {
-		t.Fatal(err)
-	}
-	return st
+	return outboxtest.Status(t, cs, args)
 }
 
 // clock is an injectable time source.
