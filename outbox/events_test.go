@@ -1,58 +1,26 @@
 package outbox_test
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/outboxtest"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 )
 
-// logBuffer collects JSON log records; deliveries log from their own
-// goroutines, hence the lock.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
+// logBuffer collects the JSON log records of a test (outboxtest.LogBuffer).
+type logBuffer struct{ outboxtest.LogBuffer }
 
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func (b *logBuffer) logger() *slog.Logger {
-	return slog.New(slog.NewJSONHandler(b, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
+func (b *logBuffer) logger() *slog.Logger { return b.Logger() }
 
 // records returns the records whose msg is msg, decoded.
 func (b *logBuffer) records(t *testing.T, msg string) []map[string]any {
 	t.Helper()
-	var out []map[string]any
-	for _, line := range strings.Split(strings.TrimSpace(b.String()), "\n") {
-		if line == "" {
-			continue
-		}
-		var r map[string]any
-		if err := json.Unmarshal([]byte(line), &r); err != nil {
-			t.Fatalf("log line %q: %v", line, err)
-		}
-		if r["msg"] == msg {
-			out = append(out, r)
-		}
-	}
-	return out
+	return b.Records(t, msg)
 }
 
 // scrubbed is the log with the fields that vary from run to run removed:

@@ -9,9 +9,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
-	dto "github.com/prometheus/client_model/go"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/outboxtest"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 )
 
@@ -19,35 +18,7 @@ import (
 // name whose labels include want; it fails the test if there is none.
 func histogram(t *testing.T, g prometheus.Gatherer, name string, want map[string]string) (uint64, float64) {
 	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			for k, v := range want {
-				if !hasLabel(m, k, v) {
-					continue next
-				}
-			}
-			return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
-		}
-	}
-	t.Fatalf("no %s series with labels %v", name, want)
-	return 0, 0
-}
-
-func hasLabel(m *dto.Metric, name, value string) bool {
-	for _, l := range m.GetLabel() {
-		if l.GetName() == name && l.GetValue() == value {
-			return true
-		}
-	}
-	return false
+	return outboxtest.Histogram(t, g, name, want)
 }
 
 // waitingOnOriginal counts goroutines parked in the layer's wait for
@@ -67,9 +38,7 @@ func waitingOnOriginal() int {
 
 func expectMetrics(t *testing.T, reg prometheus.Gatherer, want string, names ...string) {
 	t.Helper()
-	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), names...); err != nil {
-		t.Error(err)
-	}
+	outboxtest.ExpectMetrics(t, reg, want, names...)
 }
 
 // Not parallel: waitingOnOriginal looks at every goroutine of the test

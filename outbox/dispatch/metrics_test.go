@@ -2,15 +2,13 @@ package dispatch_test
 
 import (
 	"net/http"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
-	dto "github.com/prometheus/client_model/go"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/downstream"
+	"github.com/mcp-outbox/mcp-outbox/internal/outboxtest"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
 )
@@ -19,33 +17,12 @@ import (
 // name whose labels include want; it fails the test if there is none.
 func histogram(t *testing.T, g prometheus.Gatherer, name string, want map[string]string) (uint64, float64) {
 	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			for k, v := range want {
-				if !hasLabel(m, k, v) {
-					continue next
-				}
-			}
-			return m.GetHistogram().GetSampleCount(), m.GetHistogram().GetSampleSum()
-		}
-	}
-	t.Fatalf("no %s series with labels %v", name, want)
-	return 0, 0
+	return outboxtest.Histogram(t, g, name, want)
 }
 
 func expectMetrics(t *testing.T, reg prometheus.Gatherer, want string, names ...string) {
 	t.Helper()
-	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), names...); err != nil {
-		t.Error(err)
-	}
+	outboxtest.ExpectMetrics(t, reg, want, names...)
 }
 
 func TestMetrics_Delivery(t *testing.T) {
@@ -105,13 +82,4 @@ mcp_outbox_oldest_pending_age_seconds{destination="payments"} 0
 	if n, sum := histogram(t, reg, "mcp_outbox_commit_batch_size", map[string]string{"kind": "deliveries"}); n < 2 || sum != 3 {
 		t.Errorf("commit_batch_size{kind=deliveries} count, sum = %d, %v, want 2 or 3, 3", n, sum)
 	}
-}
-
-func hasLabel(m *dto.Metric, name, value string) bool {
-	for _, l := range m.GetLabel() {
-		if l.GetName() == name && l.GetValue() == value {
-			return true
-		}
-	}
-	return false
 }

@@ -1,22 +1,20 @@
 package dispatch_test
 
 import (
-	"context"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
+	"github.com/mcp-outbox/mcp-outbox/internal/outboxtest"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
 )
@@ -30,72 +28,30 @@ const (
 
 func recordingProvider(t *testing.T) (*sdktrace.TracerProvider, *tracetest.SpanRecorder) {
 	t.Helper()
-	sr := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	return tp, sr
+	return outboxtest.RecordingProvider(t)
 }
 
 // spansNamed returns the ended spans called name, in the order they ended.
 func spansNamed(sr *tracetest.SpanRecorder, name string) []sdktrace.ReadOnlySpan {
-	var out []sdktrace.ReadOnlySpan
-	for _, s := range sr.Ended() {
-		if s.Name() == name {
-			out = append(out, s)
-		}
-	}
-	return out
+	return outboxtest.SpansNamed(sr, name)
 }
 
 // wantAttrs checks attributes by their values' string forms.
 func wantAttrs(t *testing.T, s sdktrace.ReadOnlySpan, want map[string]string) {
 	t.Helper()
-	got := attrsOf(s)
-	for k, v := range want {
-		a, ok := got[attribute.Key(k)]
-		if !ok {
-			t.Errorf("span %q: no attribute %s (want %q); has %v", s.Name(), k, v, s.Attributes())
-			continue
-		}
-		if a.String() != v {
-			t.Errorf("span %q: %s = %q, want %q", s.Name(), k, a.String(), v)
-		}
-	}
+	outboxtest.WantAttrs(t, s, want)
 }
 
 // noneContains fails if any attribute value of any recorded span contains
 // one of secrets.
 func noneContains(t *testing.T, sr *tracetest.SpanRecorder, secrets ...string) {
 	t.Helper()
-	for _, s := range sr.Ended() {
-		for _, kv := range s.Attributes() {
-			for _, secret := range secrets {
-				if strings.Contains(kv.Value.String(), secret) {
-					t.Errorf("span %q attribute %s = %q holds %q", s.Name(), kv.Key, kv.Value.String(), secret)
-				}
-			}
-		}
-		if strings.Contains(s.Status().Description, secrets[0]) {
-			t.Errorf("span %q status %q holds a secret", s.Name(), s.Status().Description)
-		}
-	}
+	outboxtest.NoneContains(t, sr, secrets...)
 }
 
 func callTraced(t *testing.T, cs *mcp.ClientSession, name, key string, args any, traceparent string) *mcp.CallToolResult {
 	t.Helper()
-	meta := mcp.Meta{}
-	if key != "" {
-		meta["idempotencyKey"] = key
-	}
-	if traceparent != "" {
-		meta["traceparent"] = traceparent
-		meta["tracestate"] = "vendor=1"
-	}
-	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: name, Arguments: args, Meta: meta})
-	if err != nil {
-		t.Fatalf("call %s: %v", name, err)
-	}
-	return res
+	return outboxtest.CallTraced(t, cs, name, key, args, traceparent)
 }
 
 // TestTrace_Delivery: the effect stores its call's span context, and a
@@ -193,14 +149,6 @@ func TestTrace_DeliveryFailure(t *testing.T) {
 
 // redirectTo sends every request to base instead, keeping its path.
 type redirectTo string
-
-func attrsOf(s sdktrace.ReadOnlySpan) map[attribute.Key]attribute.Value {
-	m := map[attribute.Key]attribute.Value{}
-	for _, kv := range s.Attributes() {
-		m[kv.Key] = kv.Value
-	}
-	return m
-}
 
 func (base redirectTo) RoundTrip(r *http.Request) (*http.Response, error) {
 	r = r.Clone(r.Context())
