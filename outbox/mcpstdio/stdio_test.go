@@ -15,6 +15,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
+	"github.com/mcp-outbox/mcp-outbox/internal/outboxtest"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/outbox/mcpstdio"
 	"github.com/mcp-outbox/mcp-outbox/schema"
@@ -42,50 +43,19 @@ func ledgerServer(t *testing.T) (*mcp.Server, *schema.DB) {
 	return s, db
 }
 
-// rawSession is a client that writes and reads the lines of stdio itself.
-type rawSession struct {
-	t *testing.T
-	w io.Writer
-	r *bufio.Scanner
-}
+// rawSession speaks JSON-RPC lines to a server over pipes, as a stdio
+// client does (outboxtest.RawSession), so tests can send what the Go
+// client cannot.
+type rawSession struct{ *outboxtest.RawSession }
 
-// rawConnect serves s through NewTransport on a pair of pipes, and
-// initializes the session.
 func rawConnect(t *testing.T, s *mcp.Server) *rawSession {
 	t.Helper()
-	cr, sw := io.Pipe()
-	sr, cw := io.Pipe()
-	ss, err := s.Connect(context.Background(), mcpstdio.NewTransport(&mcp.IOTransport{Reader: sr, Writer: sw}, nil), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cw.Close(); ss.Close() })
-	rs := &rawSession{t: t, w: cw, r: bufio.NewScanner(cr)}
-	rs.r.Buffer(nil, 1<<20)
-	rs.send(`{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}`)
-	rs.read()
-	rs.send(`{"jsonrpc":"2.0","method":"notifications/initialized"}`)
-	return rs
+	return &rawSession{outboxtest.RawConnect(t, s)}
 }
 
-func (rs *rawSession) send(line string) {
-	rs.t.Helper()
-	if _, err := io.WriteString(rs.w, line+"\n"); err != nil {
-		rs.t.Fatal(err)
-	}
-}
+func (rs *rawSession) send(line string) { rs.Send(line) }
 
-func (rs *rawSession) read() map[string]any {
-	rs.t.Helper()
-	if !rs.r.Scan() {
-		rs.t.Fatalf("read response: %v", rs.r.Err())
-	}
-	var m map[string]any
-	if err := json.Unmarshal(rs.r.Bytes(), &m); err != nil {
-		rs.t.Fatalf("response %s: %v", rs.r.Bytes(), err)
-	}
-	return m
-}
+func (rs *rawSession) read() map[string]any { return rs.Read() }
 
 // TestNewTransport_StdioSurvivesBadLines: a server a library user builds,
 // served over stdio streams through NewTransport, answers each line that
