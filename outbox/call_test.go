@@ -144,18 +144,23 @@ func TestCall_ConcurrentDuplicates(t *testing.T) {
 	if got := charges(t, b); got != 1 {
 		t.Fatalf("charges = %d, want 1", got)
 	}
-	want, _ := json.Marshal(results[0].StructuredContent)
+	want, _ := structuredAndNote(t, results[0])
 	replays := 0
 	for i, r := range results {
 		if r == nil || r.IsError {
 			t.Fatalf("caller %d: %v", i, r)
 		}
-		got, _ := json.Marshal(r.StructuredContent)
-		if string(got) != string(want) {
+		got, note := structuredAndNote(t, r)
+		if got != want {
 			t.Errorf("caller %d got %s, want %s", i, got, want)
 		}
 		if callMeta(r)["replayed"] == true {
 			replays++
+			if !strings.HasPrefix(note, "[mcp-outbox] ") {
+				t.Errorf("caller %d: a replay whose structured content has the note %q", i, note)
+			}
+		} else if note != "" {
+			t.Errorf("caller %d: the call that ran has the note %q", i, note)
 		}
 	}
 	if replays != n-1 {

@@ -73,7 +73,7 @@ func (l *Layer) acquire(ctx context.Context, a *attempt) *mcp.CallToolResult {
 				a.outcome = outcomeJoined
 			}
 			l.leave(a)
-			return replay(c.row, a.id)
+			return replay(c.row, a)
 		case conflict:
 			a.outcome = outcomeConflict
 			l.leave(a)

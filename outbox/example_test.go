@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -113,8 +114,8 @@ func ExampleAddTool() {
 		log.Fatal(err)
 	}
 	// Output:
-	// result map[invoice_id:1], replayed: false
-	// result map[invoice_id:1], replayed: true
+	// result map[invoice_id:1], replayed: false, noted: false
+	// result map[invoice_id:1], replayed: true, noted: true
 	// rejected: true, replayed: true
 	// the mail API got {"invoice":1} once
 	// invoices: 1
@@ -170,7 +171,12 @@ func billTwice(ctx context.Context, target string, w io.Writer) error {
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(w, "result %v, replayed: %v\n", res.StructuredContent, replayed)
+		// A replay says so in its structured content too, which is all
+		// that some clients show the model.
+		out, _ := res.StructuredContent.(map[string]any)
+		note, _ := out[outbox.ReplayNoteProperty].(string)
+		delete(out, outbox.ReplayNoteProperty)
+		fmt.Fprintf(w, "result %v, replayed: %v, noted: %v\n", out, replayed, strings.HasPrefix(note, "[mcp-outbox] Replayed"))
 	}
 	var res *mcp.CallToolResult
 	var replayed bool

@@ -2,7 +2,6 @@ package outbox_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"sync"
 	"testing"
@@ -269,9 +268,9 @@ func TestGroupCommit_DuplicatesInOneBatch(t *testing.T) {
 			t.Fatalf("result %+v", r)
 		}
 	}
-	a, _ := json.Marshal(r1.StructuredContent)
-	c, _ := json.Marshal(r2.StructuredContent)
-	if string(a) != string(c) {
+	a, _ := structuredAndNote(t, r1)
+	c, _ := structuredAndNote(t, r2)
+	if a != c {
 		t.Errorf("duplicate got %s, original %s", c, a)
 	}
 	// Either call may have claimed the key first; the other is the replay.

@@ -147,7 +147,9 @@ func placeOrders(ctx context.Context, target string, w io.Writer) (err error) {
 			return fmt.Errorf("place_order: %v", res.Content)
 		}
 		call, _ := res.Meta[outbox.MetaKeyCall].(map[string]any)
-		fmt.Fprintf(w, "result %v, replayed: %v\n", res.StructuredContent, call["replayed"])
+		out, _ := res.StructuredContent.(map[string]any)
+		delete(out, outbox.ReplayNoteProperty) // the replay's note, as in its last content block
+		fmt.Fprintf(w, "result %v, replayed: %v\n", out, call["replayed"])
 	}
 	select {
 	case m := <-mails:

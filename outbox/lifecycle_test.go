@@ -354,8 +354,8 @@ func TestExampleAddToolOnTestStore(t *testing.T) {
 	if err := billTwice(context.Background(), testTarget(t), &out); err != nil {
 		t.Fatal(err)
 	}
-	want := `result map[invoice_id:1], replayed: false
-result map[invoice_id:1], replayed: true
+	want := `result map[invoice_id:1], replayed: false, noted: false
+result map[invoice_id:1], replayed: true, noted: true
 rejected: true, replayed: true
 the mail API got {"invoice":1} once
 invoices: 1

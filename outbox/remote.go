@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/remote"
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/replaynote"
 )
 
 // Remote tools run in another process: the tool server behind
@@ -58,8 +59,15 @@ func (r remoteLayer) Tool(name string, t *mcp.Tool, opts remote.Options) remote.
 		if declared, err := declaresKeyArgument(t); err == nil {
 			info.keyArgument = declared
 		}
+		info.structuredNote = replaynote.Allowed(t.OutputSchema)
 	} else {
 		info.annotations = annotationsOf(nil)
+		// Not listed by this process: the client may have its schema from a
+		// listing by an earlier proxy process, which amended it if it could
+		// (replaynote.AmendTool). Only a schema that could not be amended
+		// would refuse the note, and a tool whose structured content is an
+		// object rarely has one.
+		info.structuredNote = true
 	}
 	if !opts.Cooperating {
 		info.onLost = onLostUnknown
@@ -110,6 +118,8 @@ type remoteTool struct {
 	info        *toolInfo
 	cooperating bool
 }
+
+func (r *remoteTool) Recorded() bool { return r.info.record }
 
 func (r *remoteTool) Call(ctx context.Context, req *mcp.CallToolRequest, fwd remote.Forward) (*mcp.CallToolResult, error) {
 	var upstreams *mcp.CallToolResult // the upstream's answer, if it came

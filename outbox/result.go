@@ -8,6 +8,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/replaynote"
 )
 
 // MetaKeyCall is the _meta entry of every recorded call's result: the key,
@@ -42,31 +43,22 @@ func encodeResult(cr *mcp.CallToolResult) (string, error) {
 	return string(b), nil
 }
 
-// replay rebuilds a recorded result, marked as a replay.
-func replay(r callRow, id callIdentity) *mcp.CallToolResult {
+// replay rebuilds a recorded result for a, a retry that found it (a
+// replay) or waited for it (a join; a.outcome says which), marked so: the
+// note goes in a last content block and, where the tool's output schema
+// allows it, in the structured content under ReplayNoteProperty, since
+// some clients show the model only that (replaynote.go).
+func replay(r callRow, a *attempt) *mcp.CallToolResult {
 	res, err := decodeRecorded(r)
 	if err != nil {
-		return unreadableResult(r, id, err)
+		return unreadableResult(r, a.id, err)
 	}
-	when := time.UnixMilli(r.completedAt.Int64).UTC().Format(time.RFC3339Nano)
-	var which string
-	if keyless(id) {
-		which = fmt.Sprintf("an identical call (same tool and arguments, no idempotency key) first made at %s",
-			time.UnixMilli(r.createdAt).UTC().Format(time.RFC3339))
-	} else {
-		which = fmt.Sprintf("the call with idempotency key %q", id.key)
-	}
-	note := fmt.Sprintf("[mcp-outbox] Replayed: this is the recorded result of %s, which %s at %s. The tool did not run again.",
-		which, r.state, when)
-	if keyless(id) {
-		// A client that sent no key may never have heard of keys: tell
-		// it what makes its next identical call a new one.
-		note += fmt.Sprintf(" Identical calls without a key replay it until %s; after that, an identical call runs as a new call. "+
-			"A call that carries an idempotency key is told apart by its key.",
-			time.UnixMilli(r.expiresAt).UTC().Format(time.RFC3339))
-	}
+	note := replayNote(r, a)
 	res.Content = append(res.Content, &mcp.TextContent{Text: note})
-	setCallMeta(res, id, r.uid, r.state, true, r.createdAt, r.completedAt.Int64)
+	if a.tool.structuredNote {
+		res.StructuredContent, _ = replaynote.Add(res.StructuredContent, note)
+	}
+	setCallMeta(res, a.id, r.uid, r.state, true, r.createdAt, r.completedAt.Int64)
 	return res
 }
 

@@ -22,7 +22,8 @@ func answers(a *attempt) map[string]*mcp.CallToolResult {
 	cancelled, cancel := context.WithCancel(context.Background())
 	cancel()
 	return map[string]*mcp.CallToolResult{
-		"replay":        replay(r, a.id),
+		"replay":        replay(r, a),
+		"join":          replay(r, &attempt{tool: a.tool, id: a.id, uid: a.uid, outcome: outcomeJoined}),
 		"unreadable":    unreadableResult(r, a.id, errors.New("bad json")),
 		"conflict":      conflictError(other, a),
 		"inProgress":    inProgressError(a),
@@ -62,6 +63,7 @@ func TestAnswers_Keyless(t *testing.T) {
 	}
 	for name, want := range map[string]string{
 		"replay":     "Identical calls without a key replay it until 1970-01-01T00:00:00Z",
+		"join":       "[mcp-outbox] Joined: an earlier attempt of an identical call (same tool and arguments, no idempotency key) was still running",
 		"inProgress": "an identical call (same tool and arguments, sent without an idempotency key) is still in progress",
 		"unknown":    "Identical calls without an idempotency key get this answer until 1970-01-01T00:00:00Z, the end of the fingerprint window",
 		"writerBusy": "this call (sent without an idempotency key) was not recorded",
@@ -78,7 +80,7 @@ func TestAnswers_Keyed(t *testing.T) {
 	a := &attempt{tool: &toolInfo{name: "charge"}, uid: "call_x",
 		id: callIdentity{principal: "local", key: "order-7", source: callkey.SourceMeta}}
 	all := answers(a)
-	for _, name := range []string{"unreadable", "conflict", "inProgress", "writerBusy", "unknown", "cancelledWait", "ownershipLost", "commitUnknown"} {
+	for _, name := range []string{"replay", "join", "unreadable", "conflict", "inProgress", "writerBusy", "unknown", "cancelledWait", "ownershipLost", "commitUnknown"} {
 		if got := textOf(all[name]); !strings.Contains(got, `"order-7"`) {
 			t.Errorf("%s: %q does not name the key", name, got)
 		}

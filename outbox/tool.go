@@ -61,6 +61,10 @@ type toolInfo struct {
 	// tenant scopes the principal of the tool's calls: the server's
 	// ServerOptions.Tenant, "" for none.
 	tenant string
+	// structuredNote: a replay's note may go into its structuredContent,
+	// because the tool advertises no output schema or the one it lists
+	// declares the note's property (replaynote.go).
+	structuredNote bool
 }
 
 // principalOf is the principal a call of t is recorded under: the
@@ -92,7 +96,11 @@ func (t *toolInfo) onLostPolicy() string {
 //
 // t is not changed: the SDK gets a copy whose input schema is JSON text
 // (the same JSON clients list), which the SDK's stateless HTTP handler
-// reads on every call far more cheaply than a *jsonschema.Schema.
+// reads on every call far more cheaply than a *jsonschema.Schema. For a
+// recorded tool the copy's output schema (t's, or the one Out infers)
+// also lists the optional string property "mcp_outbox", the note a replay
+// carries in its structured content (see "Replays" in the package doc);
+// AddTool panics if the output schema already has a property of that name.
 func AddTool[In, Out any](l *Layer, s *mcp.Server, t *mcp.Tool, h HandlerFor[In, Out], opts *ToolOptions) {
 	var o ToolOptions
 	if opts != nil {
@@ -116,6 +124,11 @@ func AddTool[In, Out any](l *Layer, s *mcp.Server, t *mcp.Tool, h HandlerFor[In,
 		panic(fmt.Sprintf("outbox.AddTool %q: %v", t.Name, err))
 	}
 	info.keyArgument = declared
+	sdkTool, out, err := outputSchemaWithNote[Out](sdkTool, info.record)
+	if err != nil {
+		panic(fmt.Sprintf("outbox.AddTool %q: %v", t.Name, err))
+	}
+	info.structuredNote = out.noteAdvertised
 
 	reg := l.toolsOf(s)
 	if reg == nil {
@@ -132,7 +145,8 @@ func AddTool[In, Out any](l *Layer, s *mcp.Server, t *mcp.Tool, h HandlerFor[In,
 			return nil, zero, errors.New("outbox: tool called outside the outbox layer; call Layer.Install on the server")
 		}
 		a.reached = true
-		res, out, err := h(ctx, a, req, in)
+		res, o, err := h(ctx, a, req, in)
+		o = out.zeroFor(o)
 		if err == nil && res != nil && res.InputRequests != nil {
 			// A multi round-trip request: the handler runs again with the
 			// client's input, in this attempt (the SDK's server-side loop for
@@ -151,7 +165,7 @@ func AddTool[In, Out any](l *Layer, s *mcp.Server, t *mcp.Tool, h HandlerFor[In,
 			var zero Out
 			return nil, zero, errHandlerFailed
 		}
-		return res, out, err
+		return res, o, err
 	})
 }
 

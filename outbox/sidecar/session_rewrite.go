@@ -8,6 +8,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/replaynote"
 )
 
 // rewriteCapabilities advertises, in an initialize or server/discover
@@ -56,8 +57,9 @@ func jsonObject(raw json.RawMessage) (map[string]json.RawMessage, error) {
 	return m, nil
 }
 
-// rewriteToolsList learns the tools' annotations and appends the status
-// tool to the last page.
+// rewriteToolsList learns the tools' annotations, lists the replay note in
+// the output schema of every recorded tool, and appends the status tool to
+// the last page.
 func (s *session) rewriteToolsList(result json.RawMessage) (json.RawMessage, error) {
 	r, err := jsonObject(result)
 	if err != nil {
@@ -71,8 +73,10 @@ func (s *session) rewriteToolsList(result json.RawMessage) (json.RawMessage, err
 	}
 	tools := make([]json.RawMessage, 0, len(listed)+1)
 	defs := make([]*mcp.Tool, 0, len(listed))
+	names := make([]string, 0, len(listed)) // of tools[i], "" if unreadable
 	for _, raw := range listed {
 		var t mcp.Tool
+		name := ""
 		if json.Unmarshal(raw, &t) == nil {
 			if t.Name == outbox.StatusToolName {
 				// The proxy answers calls of this name itself; listing the
@@ -80,10 +84,21 @@ func (s *session) rewriteToolsList(result json.RawMessage) (json.RawMessage, err
 				continue
 			}
 			defs = append(defs, &t)
+			name = t.Name
 		}
 		tools = append(tools, raw)
+		names = append(names, name)
 	}
 	s.p.learnTools(defs)
+	for i, name := range names {
+		// A replay of a recorded tool carries the layer's note in its
+		// structured content too (outbox.ReplayNoteProperty): the schema
+		// the client validates it against must list it. The upstream's
+		// own tool is not changed: it never sets the property.
+		if name != "" && s.p.remoteTool(name).Recorded() {
+			tools[i] = replaynote.AmendTool(tools[i])
+		}
+	}
 	var cursor string
 	if raw, ok := r["nextCursor"]; ok {
 		_ = json.Unmarshal(raw, &cursor)

@@ -62,6 +62,9 @@ type Tool interface {
 	// call's outcome. The returned error is a protocol error to send back
 	// as such.
 	Call(ctx context.Context, req *mcp.CallToolRequest, fwd Forward) (*mcp.CallToolResult, error)
+	// Recorded reports whether the tool's calls are recorded, and so may
+	// be replayed.
+	Recorded() bool
 }
 
 // RequestInfo describes an MCP request for its server span where the
