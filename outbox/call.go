@@ -26,6 +26,9 @@ type attempt struct {
 	tool  *toolInfo
 	id    callIdentity
 	owner string
+	// toolCallID is the model's id for this request's tool call
+	// (toolcall.go), "" if the host sent none. Never part of the key.
+	toolCallID string
 
 	// The claimed row; zero for unrecorded calls.
 	callID    int64
@@ -108,7 +111,7 @@ func (l *Layer) run(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest, 
 	if err != nil {
 		return l.refuse(ctx, t, req, start, toolError(codeInvalidKey, "%v; nothing was executed.", err))
 	}
-	a := &attempt{layer: l, tool: t, id: id, uid: randomUID()}
+	a := &attempt{layer: l, tool: t, id: id, uid: randomUID(), toolCallID: toolCallIDOf(req)}
 	defer func() {
 		d := time.Since(start)
 		metrics.Call(l.opts.Metrics, t.name, a.outcome, d)
@@ -134,6 +137,7 @@ func (l *Layer) run(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest, 
 func (l *Layer) refuse(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest, start time.Time, res *mcp.CallToolResult) (mcp.Result, error) {
 	d := time.Since(start)
 	metrics.Call(l.opts.Metrics, t.name, outcomeNotRecorded, d)
-	l.logCall(ctx, &attempt{tool: t, id: callIdentity{principal: t.principalOf(req)}, outcome: outcomeNotRecorded}, req, d)
+	l.logCall(ctx, &attempt{tool: t, id: callIdentity{principal: t.principalOf(req)}, outcome: outcomeNotRecorded,
+		toolCallID: toolCallIDOf(req)}, req, d)
 	return res, nil
 }

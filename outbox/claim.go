@@ -57,8 +57,8 @@ SELECT id, uid, tool, args_hash, state, owner, lease_until, result, created_at, 
 FROM calls WHERE principal = $1 AND key = $2`
 
 const insertCall = `
-INSERT INTO calls (uid, principal, key, key_source, tool, args_hash, state, owner, lease_until, created_at, expires_at, on_lost)
-VALUES ($1, $2, $3, $4, $5, $6, 'in_flight', $7, $8, $9, $10, $11)
+INSERT INTO calls (uid, principal, key, key_source, tool, args_hash, state, owner, lease_until, created_at, expires_at, on_lost, tool_call_id)
+VALUES ($1, $2, $3, $4, $5, $6, 'in_flight', $7, $8, $9, $10, $11, $12)
 RETURNING id`
 
 const deleteExpiredCall = `
@@ -69,8 +69,10 @@ DELETE FROM calls WHERE id = $1 AND state = $2 AND expires_at <= $3`
 const setAsideUnknownCall = `
 UPDATE calls SET key = key || '/' || CAST($2 AS TEXT) WHERE id = $1 AND state = 'unknown' AND expires_at <= $3`
 
+// takeOverCall makes the attempt the call's owner; the row's tool-call id
+// becomes the new owner's, the attempt that runs the call.
 const takeOverCall = `
-UPDATE calls SET owner = $1, lease_until = $2, attempts = attempts + 1
+UPDATE calls SET owner = $1, lease_until = $2, attempts = attempts + 1, tool_call_id = $5
 WHERE id = $3 AND state = 'in_flight' AND owner = $4`
 
 const markUnknown = `
@@ -184,7 +186,7 @@ func (l *Layer) claimOnce(ctx context.Context, u *unit, a *attempt) (claimResult
 	if !found {
 		err := u.queryRow(insertCall, a.uid, a.id.principal, a.id.key, string(a.id.source),
 			a.tool.name, a.id.argsHash, a.owner, now+l.opts.Lease.Milliseconds(), now, now+a.retention().Milliseconds(),
-			a.tool.onLostPolicy()).Scan(&a.callID)
+			a.tool.onLostPolicy(), a.toolCallID).Scan(&a.callID)
 		if schema.PgCode(err) == schema.PgUniqueViolation {
 			return claimResult{}, errClaimRaced
 		}
@@ -226,7 +228,7 @@ func (l *Layer) claimOnce(ctx context.Context, u *unit, a *attempt) (claimResult
 		r.state, r.completedAt = "unknown", sql.NullInt64{Int64: now, Valid: true}
 		return claimResult{kind: lost, row: r}, nil
 	}
-	if err := raced(u.exec(takeOverCall, a.owner, now+l.opts.Lease.Milliseconds(), r.id, r.owner)); err != nil {
+	if err := raced(u.exec(takeOverCall, a.owner, now+l.opts.Lease.Milliseconds(), r.id, r.owner, a.toolCallID)); err != nil {
 		return claimResult{}, fmt.Errorf("take over call: %w", err)
 	}
 	l.logger.InfoContext(ctx, "took over call", "tool", a.tool.name, "previous_owner", r.owner)

@@ -340,6 +340,10 @@
 //	mcp_outbox.effects_enqueued  how many effects the call enqueued
 //	mcp_outbox.recorded          whether the tool's calls are recorded at all
 //
+// Of the conventions' attributes, gen_ai.tool.call.id is the model's id
+// for the tool call when the host sent one (see Keys): the id of this
+// request, so a replay's span names the retry's id.
+//
 // A delivery attempt's span carries the dispatcher's attributes, listed in
 // package outbox/dispatch; both kinds of span share this package's
 // instrumentation scope.
@@ -358,6 +362,37 @@
 // (the go-sdk's TokenInfo.UserID) on HTTP with authentication, and as
 // "local" otherwise; the status tool, package query and admin.CallRef name
 // it so.
+//
+// The model's id for a tool call is not a key. Claude Code sends it in
+// params._meta["claudecode/toolUseId"] (toolu_…), and a model that retries
+// makes a new tool call with a new id, so the id never decides which call a
+// request is: not in keys, not in fingerprints, not in conflicts. It is
+// recorded for finding a call from a transcript: the call's row keeps the
+// id of the attempt that claimed and ran it (calls.tool_call_id, toolCallId
+// in the status tool's answer), and the call event (tool_call_id) and the
+// span (gen_ai.tool.call.id) of every request carry its own, so a replay's
+// name the retry. Only strings count (a number or an object there is
+// ignored); control characters are dropped and an id longer than 200 bytes
+// is cut to its first 200, at a character boundary.
+//
+// # Replays
+//
+// A replayed result, or a joined one (a retry that waited for the attempt
+// still running the call and got its result), says so to the model: a last
+// text block "[mcp-outbox] Replayed: ..." or "[mcp-outbox] Joined: ...",
+// and the same text in the structured content under [ReplayNoteProperty]
+// ("mcp_outbox") when the result has structured content that is a JSON
+// object. Some clients show the model only the structured content (Claude
+// Code does, and drops content and _meta), and strict clients validate it
+// against the tool's output schema (the TypeScript SDK with AJV, the Python
+// SDK with jsonschema; a Go struct's inferred schema forbids other
+// properties). So [AddTool] lists "mcp_outbox" in every recorded tool's
+// output schema as an optional string, and the proxy does the same to the
+// upstream's tools it records; a first execution never sets it. A tool
+// whose output schema is not a plain object schema (its root composes
+// subschemas with oneOf, allOf, $ref and the like) keeps its schema, and
+// its replays carry the note in content only. _meta[MetaKeyCall].replayed
+// says the same to a program.
 //
 // # Several servers on one layer
 //

@@ -46,6 +46,11 @@ func (l *Layer) logCall(ctx context.Context, a *attempt, req *mcp.CallToolReques
 	if a.id.key != "" {
 		attrs = append(attrs, slog.String("key", callkey.KeyHash(a.id.principal, a.id.key)))
 	}
+	if a.toolCallID != "" {
+		// This request's own id: a replay's is the retry's, while the
+		// call's row keeps the one of the attempt that ran it.
+		attrs = append(attrs, slog.String("tool_call_id", a.toolCallID))
+	}
 	ann := a.tool.annotations
 	attrs = append(attrs,
 		slog.String("principal", principalLabel(a.id.principal)),

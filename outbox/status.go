@@ -99,6 +99,7 @@ func (l *Layer) lookupStatus(ctx context.Context, principal string, in StatusInp
 		l.mu.Unlock()
 		if a != nil {
 			st = query.Running(a.id.key, string(a.id.source), a.tool.name)
+			st.ToolCallID = a.toolCallID
 		}
 	}
 	return st, nil

@@ -337,7 +337,7 @@ func (l *Layer) traceCall(ctx context.Context, a *attempt) {
 	if !span.IsRecording() {
 		return
 	}
-	attrs := make([]attribute.KeyValue, 0, 5)
+	attrs := make([]attribute.KeyValue, 0, 6)
 	attrs = append(attrs,
 		attrOutcome.String(a.outcome),
 		attrRecorded.Bool(a.tool.record),
@@ -347,6 +347,11 @@ func (l *Layer) traceCall(ctx context.Context, a *attempt) {
 	}
 	if a.id.key != "" {
 		attrs = append(attrs, attrKeyHash.String(callkey.KeyHash(a.id.principal, a.id.key)))
+	}
+	if a.toolCallID != "" {
+		// The conventions' name for the model's tool-call id; this
+		// request's own, as in the call event.
+		attrs = append(attrs, semconv.GenAIToolCallIDKey.String(a.toolCallID))
 	}
 	span.SetAttributes(attrs...)
 }

@@ -45,12 +45,17 @@ const (
 
 // Status is the answer for one key.
 type Status struct {
-	Key         string          `json:"key"`
-	KeySource   string          `json:"keySource,omitempty"`
-	State       State           `json:"state"`
-	Message     string          `json:"message"`
-	Tool        string          `json:"tool,omitempty"`
-	CallID      string          `json:"callId,omitempty"`
+	Key       string `json:"key"`
+	KeySource string `json:"keySource,omitempty"`
+	State     State  `json:"state"`
+	Message   string `json:"message"`
+	Tool      string `json:"tool,omitempty"`
+	CallID    string `json:"callId,omitempty"`
+	// ToolCallID is the model's id for the tool call (Claude Code's
+	// claudecode/toolUseId), as sent by the attempt that ran the call;
+	// empty when its host sent none. It finds a call from a transcript; it
+	// is not a key.
+	ToolCallID  string          `json:"toolCallId,omitempty"`
 	Attempts    int             `json:"attempts,omitempty"`
 	CreatedAt   *time.Time      `json:"createdAt,omitempty"`
 	CompletedAt *time.Time      `json:"completedAt,omitempty"`
@@ -76,7 +81,7 @@ type EffectStatus struct {
 }
 
 const selectCall = `
-SELECT id, uid, key_source, tool, state, attempts, result, created_at, completed_at, expires_at
+SELECT id, uid, key_source, tool, state, attempts, result, created_at, completed_at, expires_at, tool_call_id
 FROM calls WHERE principal = $1 AND key = $2`
 
 const selectEffects = `
@@ -99,7 +104,7 @@ func Lookup(ctx context.Context, db *schema.DB, principal, key string, now time.
 		state, source, tl string
 	)
 	err := db.Read.QueryRowContext(ctx, selectCall, principal, key).Scan(
-		&id, &st.CallID, &source, &tl, &state, &st.Attempts, &result, &created, &completed, &expires)
+		&id, &st.CallID, &source, &tl, &state, &st.Attempts, &result, &created, &completed, &expires, &st.ToolCallID)
 	// An in_flight or unknown call is reported whatever its expiry: the
 	// first is running, the second waits for an operator, and a retry of
 	// neither would run it.

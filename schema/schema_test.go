@@ -344,6 +344,10 @@ VALUES ($1, $2, 'payments', 'POST', '/v1/charges', x'7b7d', $3, 'pending', 5000,
 	if got := dump(t, db.Read, `SELECT DISTINCT on_lost FROM calls`); got != "rerun\n" {
 		t.Errorf("on_lost of the existing calls: %q, want rerun", got)
 	}
+	// Migration 7: calls made before it have no tool-call id.
+	if got := dump(t, db.Read, `SELECT DISTINCT tool_call_id FROM calls`); got != "\n" {
+		t.Errorf("tool_call_id of the existing calls: %q, want ''", got)
+	}
 	if got := pragma(t, db, "foreign_keys"); got != "1" {
 		t.Errorf("foreign_keys = %s after migrating, want 1", got)
 	}
