@@ -27,6 +27,9 @@ import { ErrorCode, McpError } from '@modelcontextprotocol/sdk/types.js';
 // Where the layer reports on a recorded call in a result's _meta.
 const CALL_META = 'io.github.mcp-outbox/call';
 
+// Where a replayed result's structuredContent carries the layer's note.
+const NOTE = 'mcp_outbox';
+
 // The timed-out attempt: the server takes DEMO_DELAY inside charge, the
 // client gives up after CLIENT_TIMEOUT_MS, then retries with RETRY_TIMEOUT_MS.
 const DEMO_DELAY = '1s';
@@ -102,10 +105,23 @@ function succeeded(c) {
 
 // replayPair charges twice with one key and checks the second is a replay
 // of the first.
+//
+// The tools are listed first: the SDK then validates each result's
+// structuredContent against the tool's outputSchema (with AJV), which for
+// charge forbids properties it does not list. The replay's note
+// (structuredContent.mcp_outbox, all Claude Code shows the model) must pass.
 async function replayPair(client, what, amount) {
   const key = newKey(what);
+  const { tools } = await client.listTools();
+  const charge = tools.find((t) => t.name === 'charge');
+  check(`${what}: charge's outputSchema lists ${NOTE}`,
+    charge?.outputSchema?.properties?.[NOTE]?.type === 'string' && charge?.outputSchema?.additionalProperties === false,
+    charge?.outputSchema);
   const first = await call(client, 'charge', { amount }, key, RETRY_TIMEOUT_MS);
   const second = await call(client, 'charge', { amount }, key, RETRY_TIMEOUT_MS);
+  check(`${what}: first charge has no note`, first.structured?.[NOTE] === undefined, first.structured);
+  check(`${what}: replay's structuredContent has the note`,
+    String(second.structured?.[NOTE] ?? '').startsWith('[mcp-outbox] Replayed: '), second.structured);
   check(`${what}: first charge succeeded`, succeeded(first), first.error ?? first.text);
   check(`${what}: first charge not replayed`, first.replayed === false, first.replayed);
   check(`${what}: second charge succeeded`, succeeded(second), second.error ?? second.text);
