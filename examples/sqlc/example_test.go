@@ -86,7 +86,10 @@ func Example() {
 		if err != nil {
 			log.Fatal(err)
 		}
-		fmt.Println("result:", res.StructuredContent)
+		out, _ := res.StructuredContent.(map[string]any)
+		_, noted := out[outbox.ReplayNoteProperty] // a replay says so, for the model
+		delete(out, outbox.ReplayNoteProperty)
+		fmt.Println("result:", out, "replay noted:", noted)
 	}
 	list, err := ticketsqlite.New(db.Read).ListTickets(ctx, "acme")
 	if err != nil {
@@ -98,7 +101,7 @@ func Example() {
 	}
 	fmt.Printf("tickets: %d, effects: %d\n", len(list), effects)
 	// Output:
-	// result: map[ticket_id:1]
-	// result: map[ticket_id:1]
+	// result: map[ticket_id:1] replay noted: false
+	// result: map[ticket_id:1] replay noted: true
 	// tickets: 1, effects: 1
 }
