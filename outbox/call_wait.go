@@ -11,6 +11,7 @@ import (
 // a replay, a conflict, an in-progress error.
 func (l *Layer) acquire(ctx context.Context, a *attempt) *mcp.CallToolResult {
 	deadline := time.Now().Add(l.opts.InFlightWait)
+	arrived := l.nowMS()
 	lk := localKey{a.id.principal, a.id.key}
 	poll := 5 * time.Millisecond
 	for {
@@ -69,7 +70,11 @@ func (l *Layer) acquire(ctx context.Context, a *attempt) *mcp.CallToolResult {
 			return nil
 		case finished:
 			a.outcome = outcomeReplayed
-			if a.waited {
+			// A join got the outcome of an attempt that was still running
+			// when this one arrived. Having waited is not enough: the wait
+			// may have been for the writer's lock, or for another retry of
+			// a call that had finished long before.
+			if a.waited && c.row.completedAt.Int64 >= arrived {
 				a.outcome = outcomeJoined
 			}
 			l.leave(a)

@@ -923,7 +923,11 @@ func TestPageLoginRateLimit(t *testing.T) {
 // refused with the reason.
 func TestPageLookup(t *testing.T) {
 	t.Parallel()
-	path, _ := newStatesDB(t)
+	path, db := newStatesDB(t)
+	// The model's tool-call id, as a host sent it; the page escapes it.
+	if _, err := db.Exec(`UPDATE calls SET tool_call_id = 'toolu_<b>4' WHERE key = 'operate-4'`); err != nil {
+		t.Fatal(err)
+	}
 	s := newPageServer(t, path, nil)
 	lookup := func(principal, key string) *pageResponse {
 		t.Helper()
@@ -936,7 +940,8 @@ func TestPageLookup(t *testing.T) {
 	r := lookup("", "operate-4")
 	wantContains(t, "known key", r.raw, `<span class="badge s-completed">completed</span>`, "<dd>charge</dd>",
 		`id="lookup-effect-4"`, `<span class="badge s-dead">dead</span>`, `action="/effects/4/retry"`,
-		operate.KeyHash(callkey.LocalPrincipal, "operate-4"), "Recorded result", "charge_id")
+		operate.KeyHash(callkey.LocalPrincipal, "operate-4"), "Recorded result", "charge_id",
+		"<dt>tool call id</dt><dd><code>toolu_&lt;b&gt;4</code></dd>")
 	if r := lookup("local", "operate-5"); !strings.Contains(r.raw, `id="lookup-effect-5"`) || !strings.Contains(r.raw, `value="retry"`) {
 		t.Error("lookup by the explicit principal local: not effect 5 with its resolve buttons")
 	}
