@@ -13,7 +13,11 @@
 //     duplicates wait for the original.
 //   - tools/call of the status tool is answered by the proxy.
 //   - tools/list gets the status tool appended, and tells the proxy each
-//     tool's annotations (which decide whether its calls are recorded).
+//     tool's annotations (which decide whether its calls are recorded). The
+//     output schema of each recorded tool gains the optional string
+//     property "mcp_outbox" (outbox.ReplayNoteProperty), where a replay's
+//     structured content tells the model it is one; every other member of
+//     the listing passes as the upstream wrote it.
 //   - initialize advertises the layer under capabilities.experimental.
 //
 // Request ids towards the upstream are the proxy's own, so that its own
