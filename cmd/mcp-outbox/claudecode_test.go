@@ -71,6 +71,10 @@ func claudeCodeClient() matrixClient {
 		// cannot end with an answered charge. The crash runs show the
 		// duplicate.
 		bare: func(r matrixRun) bool { return r.scenario == scenario.Crash },
+		labels: map[scenario.ID]string{
+			scenario.Timeout: "1 (timeout, the model retries)",
+			scenario.Crash:   "2 (SIGKILL after the commit, restart, the model retries)",
+		},
 	}
 }
 
@@ -157,13 +161,19 @@ func runClaudeCode(t *testing.T, mc matrixCase) *matrixReport {
 	srv := mc.command(overHTTPRun)
 	killWhen := `SELECT count(*) FROM charges`
 	if crash && !bare {
-		// SIGKILL after the commit, before the answer: the failpoint
-		// holds the answer back until the test has killed the server.
+		// SIGKILL after the commit, before the answer: a failpoint holds
+		// the answer back until the test has killed the server. serve
+		// commits the call itself; the proxy's cooperating upstream commits
+		// it while the proxy waits for its answer.
 		srv.Path, srv.Args[0] = failpointBin, failpointBin
 		if srv.Env == nil {
 			srv.Env = matrixEnv()
 		}
-		srv.Env = append(srv.Env, failpoint.EnvVar+"="+failpoint.CallAfterCommit+"=sleep(1m)")
+		fp := failpoint.CallAfterCommit
+		if mc.server.upstream != nil {
+			fp = failpoint.ProxyAfterForward
+		}
+		srv.Env = append(srv.Env, failpoint.EnvVar+"="+fp+"=sleep(1m)")
 		killWhen = `SELECT count(*) FROM calls WHERE state = 'completed'`
 	}
 	var server map[string]any
@@ -259,10 +269,57 @@ func runClaudeCode(t *testing.T, mc matrixCase) *matrixReport {
 		t.Logf("claude stderr: %s", stderr.String())
 	}
 	t.Logf("claude -p: %v, exit %v: %s", took.Round(time.Millisecond), runErr, lastLine(stdout.String()))
+	logLedger(t, mc.plan.DB)
 	if runErr != nil {
 		t.Fatalf("claude -p: %v", runErr)
 	}
-	return claudeCodeReport(t, mc, model, debug, took)
+	rep := claudeCodeReport(t, mc, model, debug, took)
+	if !bare {
+		checkModelToldOfReplay(t, rep.Attempts)
+	}
+	return rep
+}
+
+// checkModelToldOfReplay fails the test when the model's retry got the
+// recorded result of an earlier attempt (the timeout's call it joined, the
+// killed server's committed call it replays) and what reached the model
+// does not say so. Claude Code gives the model only structuredContent
+// when a result has it, as JSON: content blocks and _meta never reach it,
+// so the note must be in structuredContent (its "mcp_outbox" property).
+func checkModelToldOfReplay(t *testing.T, attempts []matrixAttempt) {
+	t.Helper()
+	if len(attempts) < 2 {
+		return
+	}
+	last := attempts[len(attempts)-1]
+	if !last.ok() || last.Replayed == nil || *last.Replayed {
+		return
+	}
+	t.Errorf("the model's retry got the result of the first attempt, and what reached the model does not say so (nothing matches %s): %s", replayNote, last.What)
+}
+
+// logLedger logs the calls and the charges the run left, which is what
+// says why a case failed.
+func logLedger(t *testing.T, db string) {
+	t.Helper()
+	ldb := openLedgerDB(t, db)
+	for _, q := range []string{
+		`SELECT id, key_source, state, attempts, created_at, coalesce(completed_at, 0) FROM calls ORDER BY id`,
+		`SELECT id, 0, 0, 0, created_at, 0 FROM charges ORDER BY id`,
+	} {
+		rows, err := ldb.Query(q)
+		if err != nil {
+			continue // serve --bare has no calls table
+		}
+		for rows.Next() {
+			var id, attempts, created, completed int64
+			var source, state any
+			if err := rows.Scan(&id, &source, &state, &attempts, &created, &completed); err == nil {
+				t.Logf("ledger: %s #%d %v %v attempts %d created %d completed %+dms", strings.Fields(q)[len(strings.Fields(q))-4], id, source, state, attempts, created, completed-created)
+			}
+		}
+		rows.Close()
+	}
 }
 
 // killWhenCommitted polls the database until killWhen counts a row, then
@@ -273,6 +330,7 @@ func killWhenCommitted(t *testing.T, db, killWhen string, exited <-chan error, k
 	deadline := time.Now().Add(30 * time.Second)
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
+	var lastErr error
 	for time.Now().Before(deadline) {
 		select {
 		case err := <-exited:
@@ -281,12 +339,12 @@ func killWhenCommitted(t *testing.T, db, killWhen string, exited <-chan error, k
 		}
 		var n int
 		// The tables may not exist yet.
-		if ldb.QueryRow(killWhen).Scan(&n) == nil && n > 0 {
+		if lastErr = ldb.QueryRow(killWhen).Scan(&n); lastErr == nil && n > 0 {
 			kill()
 			return nil, false, fmt.Sprintf("%s: %d; SIGKILLed the server", killWhen, n)
 		}
 	}
-	return nil, false, killWhen + " stayed 0 for 30s; killed nothing"
+	return nil, false, fmt.Sprintf("%s stayed 0 for 30s (last error: %v); killed nothing", killWhen, lastErr)
 }
 
 // killPidFile SIGKILLs the process whose pid the stdio wrapper wrote.
@@ -327,6 +385,12 @@ func restartHTTP(t *testing.T, mc matrixCase, url string) {
 	t.Logf("restarted the server at %s", url)
 }
 
+// replayNote is how the layer's note on a result that is not a new
+// execution begins: "Replayed" (a recorded result), "Joined" (a call still
+// running when the retry came). It is in a content block and, for a tool
+// with structured output, in structuredContent's "mcp_outbox" property.
+var replayNote = regexp.MustCompile(`\[mcp-outbox\] (Replayed|Joined)\b`)
+
 var timedOut = regexp.MustCompile(`(?i)timed out|timeout`)
 var closedConn = regexp.MustCompile(`(?i)connection closed|closed|not connected|ECONNRESET|ECONNREFUSED|fetch failed|terminated|socket`)
 
@@ -355,7 +419,7 @@ func claudeCodeReport(t *testing.T, mc matrixCase, model *fakeModel, debug []byt
 	for i, r := range model.ToolResults() {
 		a := matrixAttempt{MS: r.Took.Milliseconds(),
 			What: fmt.Sprintf("attempt %d (%s): is_error %v: %s", i+1, r.ToolUseID, r.IsError, truncate(r.Text, 300))}
-		replayed := strings.Contains(r.Text, "[mcp-outbox] Replayed")
+		replayed := replayNote.MatchString(r.Text)
 		a.Replayed = &replayed
 		switch {
 		case !r.IsError:

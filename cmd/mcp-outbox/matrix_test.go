@@ -128,6 +128,9 @@ type matrixClient struct {
 	// bare reports whether run also goes against `serve --bare`; nil:
 	// every run does.
 	bare func(r matrixRun) bool
+	// labels name its runs' scenarios in the README's table where they
+	// differ from scenarioLabels.
+	labels map[scenario.ID]string
 }
 
 // matrixCase is one case as a run function gets it.
