@@ -268,16 +268,46 @@ func runClaudeCode(t *testing.T, mc matrixCase) *matrixReport {
 	if stderr.Len() > 0 {
 		t.Logf("claude stderr: %s", stderr.String())
 	}
-	t.Logf("claude -p: %v, exit %v: %s", took.Round(time.Millisecond), runErr, lastLine(stdout.String()))
+	if reqs := model.Requests(); len(reqs) > 0 {
+		// What a start of Claude Code costs: up to its first request to
+		// the model, the MCP server connected.
+		t.Logf("claude -p: first model request %v after start", reqs[0].At.Sub(start).Round(time.Millisecond))
+	}
+	t.Logf("claude -p: %v, exit %v: %s", took.Round(time.Millisecond), runErr, truncate(lastLine(stdout.String()), 300))
 	logLedger(t, mc.plan.DB)
 	if runErr != nil {
 		t.Fatalf("claude -p: %v", runErr)
 	}
+	checkClaudeCodeConnects(t, debug)
 	rep := claudeCodeReport(t, mc, model, debug, took)
 	if !bare {
 		checkModelToldOfReplay(t, rep.Attempts)
 	}
 	return rep
+}
+
+// claudeCodeConnectBound is how long a connection (or reconnection) of
+// Claude Code to the server may take. Its own bound is 30 s (MCP_TIMEOUT);
+// a server that starts in a second must not come near it.
+const claudeCodeConnectBound = 10 * time.Second
+
+var connected = regexp.MustCompile(`MCP server "[^"]+": (?:Successfully connected \(transport: \w+\) in|Connection failed after) (\d+)ms`)
+
+// checkClaudeCodeConnects fails the test when Claude Code took longer than
+// claudeCodeConnectBound to connect to the server. Over stdio it first
+// sends server/discover as a probe with a short bound; a server that
+// answers after it (the proxy waiting for a slow upstream to start) gets
+// initialize next on the same pipe, and a proxy that refuses initialize
+// on a connection that answered server/discover leaves Claude Code waiting
+// until its connect timeout.
+func checkClaudeCodeConnects(t *testing.T, debug []byte) {
+	t.Helper()
+	for _, m := range connected.FindAllSubmatch(debug, -1) {
+		ms, _ := strconv.Atoi(string(m[1]))
+		if d := time.Duration(ms) * time.Millisecond; d > claudeCodeConnectBound {
+			t.Errorf("Claude Code took %v to connect to the server, over %v: %s", d, claudeCodeConnectBound, m[0])
+		}
+	}
 }
 
 // checkModelToldOfReplay fails the test when the model's retry got the
@@ -327,7 +357,10 @@ func logLedger(t *testing.T, db string) {
 func killWhenCommitted(t *testing.T, db, killWhen string, exited <-chan error, kill func()) (runErr error, done bool, why string) {
 	t.Helper()
 	ldb := openLedgerDB(t, db)
-	deadline := time.Now().Add(30 * time.Second)
+	// Long enough for Claude Code's own connect timeout (30 s) and the
+	// call: a slow connection fails the case on its own (see
+	// checkClaudeCodeConnects), and the counts still say what it did.
+	deadline := time.Now().Add(time.Minute)
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	var lastErr error
@@ -344,7 +377,7 @@ func killWhenCommitted(t *testing.T, db, killWhen string, exited <-chan error, k
 			return nil, false, fmt.Sprintf("%s: %d; SIGKILLed the server", killWhen, n)
 		}
 	}
-	return nil, false, fmt.Sprintf("%s stayed 0 for 30s (last error: %v); killed nothing", killWhen, lastErr)
+	return nil, false, fmt.Sprintf("%s stayed 0 for a minute (last error: %v); killed nothing", killWhen, lastErr)
 }
 
 // killPidFile SIGKILLs the process whose pid the stdio wrapper wrote.
@@ -418,7 +451,7 @@ func claudeCodeReport(t *testing.T, mc matrixCase, model *fakeModel, debug []byt
 	}
 	for i, r := range model.ToolResults() {
 		a := matrixAttempt{MS: r.Took.Milliseconds(),
-			What: fmt.Sprintf("attempt %d (%s): is_error %v: %s", i+1, r.ToolUseID, r.IsError, truncate(r.Text, 300))}
+			What: fmt.Sprintf("attempt %d (%s): is_error %v: %s", i+1, r.ToolUseID, r.IsError, strings.ReplaceAll(truncate(r.Text, 300), "\n", " ⏎ "))}
 		replayed := replayNote.MatchString(r.Text)
 		a.Replayed = &replayed
 		switch {
