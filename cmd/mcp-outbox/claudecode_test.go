@@ -207,13 +207,16 @@ func runClaudeCode(t *testing.T, mc matrixCase) *matrixReport {
 
 	toolTimeout := claudeCodeToolTimeout
 	restarted := make(chan struct{})
+	var restartedOnce sync.Once
+	release := func() { restartedOnce.Do(func() { close(restarted) }) }
+	// Released on every way out, t.Fatal included: a model request held
+	// open would hold the fake's Close, and the test, forever.
+	defer release()
 	if crash {
 		toolTimeout = claudeCodeCrashTimeout
 		// A real model takes seconds to answer; this one waits for the
 		// restart, so that the retry meets the new server.
 		model.beforeRetry = func() { <-restarted }
-	} else {
-		close(restarted)
 	}
 	debugFile := filepath.Join(dir, "claude-debug.log")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -245,7 +248,7 @@ func runClaudeCode(t *testing.T, mc matrixCase) *matrixReport {
 	done := false
 	if crash {
 		why := ""
-		runErr, done, why = killWhenCommitted(t, mc.plan.DB, killWhen, exited, func() {
+		why, done, runErr = killWhenCommitted(t, mc.plan.DB, killWhen, exited, func() {
 			if overHTTPRun {
 				srv.Process.Kill()
 				return
@@ -257,7 +260,7 @@ func runClaudeCode(t *testing.T, mc matrixCase) *matrixReport {
 			srv.Wait()
 			restartHTTP(t, mc, url)
 		}
-		close(restarted)
+		release()
 	}
 	if !done {
 		runErr = <-exited
@@ -354,7 +357,7 @@ func logLedger(t *testing.T, db string) {
 
 // killWhenCommitted polls the database until killWhen counts a row, then
 // kills the server. It stops early when Claude Code exits (done).
-func killWhenCommitted(t *testing.T, db, killWhen string, exited <-chan error, kill func()) (runErr error, done bool, why string) {
+func killWhenCommitted(t *testing.T, db, killWhen string, exited <-chan error, kill func()) (why string, done bool, runErr error) {
 	t.Helper()
 	ldb := openLedgerDB(t, db)
 	// Long enough for Claude Code's own connect timeout (30 s) and the
@@ -367,17 +370,17 @@ func killWhenCommitted(t *testing.T, db, killWhen string, exited <-chan error, k
 	for time.Now().Before(deadline) {
 		select {
 		case err := <-exited:
-			return err, true, "Claude Code exited before " + killWhen + " counted a row"
+			return "Claude Code exited before " + killWhen + " counted a row", true, err
 		case <-tick.C:
 		}
 		var n int
 		// The tables may not exist yet.
 		if lastErr = ldb.QueryRow(killWhen).Scan(&n); lastErr == nil && n > 0 {
 			kill()
-			return nil, false, fmt.Sprintf("%s: %d; SIGKILLed the server", killWhen, n)
+			return fmt.Sprintf("%s: %d; SIGKILLed the server", killWhen, n), false, nil
 		}
 	}
-	return nil, false, fmt.Sprintf("%s stayed 0 for a minute (last error: %v); killed nothing", killWhen, lastErr)
+	return fmt.Sprintf("%s stayed 0 for a minute (last error: %v); killed nothing", killWhen, lastErr), false, nil
 }
 
 // killPidFile SIGKILLs the process whose pid the stdio wrapper wrote.

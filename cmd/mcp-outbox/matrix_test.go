@@ -34,7 +34,9 @@ import (
 // testdata/langgraph-js/graph.mjs, testdata/python/client.py and graph.py)
 // that runs one scenario from a plan file and prints a report as its last
 // line of stdout (the contract is matrixPlan and matrixReport below). The
-// program reports what its library did; this file judges it.
+// program reports what its library did; this file judges it. A client that
+// cannot print a report has a run function instead: Claude Code's
+// (claudecode_test.go) builds it from what its scripted model saw.
 
 // matrixPlan is the plan file a client program reads.
 type matrixPlan struct {
