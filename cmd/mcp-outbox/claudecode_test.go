@@ -35,9 +35,10 @@ const claudeCodeVersion = "2.1.332"
 
 const (
 	// claudeCodeToolTimeout is MCP_TOOL_TIMEOUT in the timeout runs.
-	// Claude Code ignores values below 1000 ms (and a per-server timeout
-	// below it too), so its tool timeout cannot be shorter than testTimeout
-	// is for the other clients.
+	// Claude Code times out no sooner than 1 s (MCP_TOOL_TIMEOUT=300 timed
+	// out after 1005 ms; its per-server "timeout" setting documents the
+	// same 1000 ms floor), so its tool timeout cannot be as short as
+	// testTimeout is for the other clients.
 	claudeCodeToolTimeout = time.Second
 	// claudeCodeDelay is how long the charge takes in its runs: longer
 	// than the tool timeout, so that the first attempt times out, and
