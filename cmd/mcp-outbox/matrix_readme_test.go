@@ -43,7 +43,7 @@ func matrixTable() string {
 	fmt.Fprint(&b, "---|\n")
 	for _, c := range matrixClients() {
 		for _, tr := range []matrixTransport{overStdio, overHTTP} {
-			var scenarios []string
+			var scenarios, bareOnly []string
 			var keyVia string
 			keyed := false
 			bare := "≥ 2 charges"
@@ -51,11 +51,25 @@ func matrixTable() string {
 				if r.transport != tr {
 					continue
 				}
-				scenarios = append(scenarios, scenarioLabels[r.scenario])
+				label, ok := c.labels[r.scenario]
+				if !ok {
+					label = scenarioLabels[r.scenario]
+				}
+				scenarios = append(scenarios, label)
 				keyVia, keyed = r.keyVia, r.keyed
 				if r.scenario == scenario.FrameworkRetry {
 					bare = "3 charges"
 				}
+				if c.bare == nil || c.bare(r) {
+					bareOnly = append(bareOnly, strings.Fields(label)[0])
+				}
+			}
+			if len(bareOnly) < len(scenarios) {
+				which := "scenario "
+				if len(bareOnly) > 1 {
+					which = "scenarios "
+				}
+				bare += " (" + which + strings.Join(bareOnly, ", ") + ")"
 			}
 			if len(scenarios) == 0 {
 				continue

@@ -34,7 +34,9 @@ import (
 // testdata/langgraph-js/graph.mjs, testdata/python/client.py and graph.py)
 // that runs one scenario from a plan file and prints a report as its last
 // line of stdout (the contract is matrixPlan and matrixReport below). The
-// program reports what its library did; this file judges it.
+// program reports what its library did; this file judges it. A client that
+// cannot print a report has a run function instead: Claude Code's
+// (claudecode_test.go) builds it from what its scripted model saw.
 
 // matrixPlan is the plan file a client program reads.
 type matrixPlan struct {
@@ -100,7 +102,7 @@ type matrixRun struct {
 }
 
 func (r matrixRun) name() string {
-	if r.scenario == scenario.FrameworkRetry && r.transport == overHTTP {
+	if r.scenario != scenario.HTTPSession && r.transport == overHTTP {
 		return string(r.scenario) + "-http"
 	}
 	return string(r.scenario)
@@ -118,6 +120,33 @@ type matrixClient struct {
 	// stateless reports whether the client must end up speaking
 	// 2026-07-28 to server over tr; nil: never.
 	stateless func(s matrixServer, tr matrixTransport) bool
+	// run, when set, runs the case in place of command and returns its
+	// report: for a client that cannot print one (Claude Code, whose
+	// report is what its scripted model saw).
+	run func(t *testing.T, mc matrixCase) *matrixReport
+	// delay is how long the charge takes where the scenario needs a call
+	// in progress; zero means testDelay.
+	delay time.Duration
+	// bare reports whether run also goes against `serve --bare`; nil:
+	// every run does.
+	bare func(r matrixRun) bool
+	// labels name its runs' scenarios in the README's table where they
+	// differ from scenarioLabels.
+	labels map[scenario.ID]string
+}
+
+// matrixCase is one case as a run function gets it.
+type matrixCase struct {
+	client matrixClient
+	server matrixServer
+	run    matrixRun
+	mode   scenario.Mode
+	// plan holds the database, the tool, its arguments, the charge id
+	// field and killWhen; the run function starts the server itself.
+	plan matrixPlan
+	// command returns the server on the case's database: over Streamable
+	// HTTP on 127.0.0.1:0, or over stdio.
+	command func(http bool) *exec.Cmd
 }
 
 // The runs of the plain SDK clients and of the agent frameworks.
@@ -203,6 +232,7 @@ func matrixClients() []matrixClient {
 			cs = append(cs, matrixClient{name: "python-langgraph-" + venv.name, label: "Python " + venv.langgraph, runs: langgraphPyRuns, command: py("graph.py")})
 		}
 	}
+	cs = append(cs, claudeCodeClient())
 	return cs
 }
 
@@ -337,7 +367,7 @@ func TestInteropMatrix(t *testing.T) {
 				if r.keyed {
 					modes = append(modes, scenario.LayerKey)
 				}
-				if s.upstream == nil {
+				if s.upstream == nil && (c.bare == nil || c.bare(r)) {
 					modes = append(modes, scenario.Bare)
 				}
 				for _, mode := range modes {
@@ -394,24 +424,18 @@ func runMatrixCase(t *testing.T, c matrixClient, s matrixServer, r matrixRun, mo
 	var delay time.Duration
 	if r.scenario != scenario.FrameworkRetry {
 		delay = testDelay
+		if c.delay != 0 {
+			delay = c.delay
+		}
 	}
 	bare := mode == scenario.Bare
-	switch r.transport {
-	case overStdio:
-		plan.Server = stdioPlan(s.command(t, db, fake, delay, bare, false))
-	case overHTTP:
-		plan.URL = startHTTPCommand(t, s.command(t, db, fake, delay, bare, true))
+	var rep *matrixReport
+	if c.run != nil {
+		rep = c.run(t, matrixCase{client: c, server: s, run: r, mode: mode, plan: plan,
+			command: func(http bool) *exec.Cmd { return s.command(t, db, fake, delay, bare, http) }})
+	} else {
+		rep = runMatrixPlan(t, c, s, r, plan, dir, func(http bool) *exec.Cmd { return s.command(t, db, fake, delay, bare, http) })
 	}
-	planFile := filepath.Join(dir, "plan.json")
-	b, err := json.MarshalIndent(plan, "", "  ")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(planFile, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-
-	rep := runMatrixClient(t, c.command(t, planFile))
 	t.Logf("%s %v, protocol %s, tools %v", rep.Client, rep.Versions, rep.ProtocolVersion, rep.Tools)
 	for i, a := range rep.Attempts {
 		t.Logf("attempt %d: %s (%d ms)", i+1, a.What, a.MS)
@@ -419,7 +443,7 @@ func runMatrixCase(t *testing.T, c matrixClient, s matrixServer, r matrixRun, mo
 	if !slices.Contains(rep.Tools, "charge") && len(rep.Tools) > 0 {
 		t.Errorf("tools/list through %s: %v, no charge", s.name, rep.Tools)
 	}
-	checkMatrixPremise(t, r.scenario, rep.Attempts)
+	checkMatrixPremise(t, r.scenario, rep.Attempts, delay)
 	if c.stateless != nil && c.stateless(s, r.transport) && rep.ProtocolVersion < "2026-07-28" {
 		t.Errorf("negotiated protocol %q, want 2026-07-28 or later: the run was meant to cover the stateless protocol", rep.ProtocolVersion)
 	}
@@ -471,6 +495,29 @@ func runMatrixCase(t *testing.T, c matrixClient, s matrixServer, r matrixRun, mo
 	}
 }
 
+// runMatrixPlan starts the server over the run's transport (stdio: the
+// plan tells the client how to spawn it), writes the plan and runs the
+// client program on it.
+func runMatrixPlan(t *testing.T, c matrixClient, s matrixServer, r matrixRun, plan matrixPlan, dir string, command func(http bool) *exec.Cmd) *matrixReport {
+	t.Helper()
+	switch r.transport {
+	case overStdio:
+		plan.Server = stdioPlan(command(false))
+	case overHTTP:
+		plan.URL = startHTTPCommand(t, command(true))
+	}
+	planFile := filepath.Join(dir, "plan.json")
+	b, err := json.MarshalIndent(plan, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(planFile, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	return runMatrixClient(t, c.command(t, planFile))
+}
+
 // runMatrixClient runs a client program and returns its report.
 func runMatrixClient(t *testing.T, cmd *exec.Cmd) *matrixReport {
 	t.Helper()
@@ -499,7 +546,7 @@ func runMatrixClient(t *testing.T, cmd *exec.Cmd) *matrixReport {
 // checkMatrixPremise fails the test when the attempts did not fail the way
 // the scenario is about, or the logical call did not end with a charge:
 // then a count proves nothing.
-func checkMatrixPremise(t *testing.T, id scenario.ID, attempts []matrixAttempt) {
+func checkMatrixPremise(t *testing.T, id scenario.ID, attempts []matrixAttempt, delay time.Duration) {
 	t.Helper()
 	if len(attempts) == 0 {
 		t.Fatal("no attempt was made")
@@ -507,8 +554,8 @@ func checkMatrixPremise(t *testing.T, id scenario.ID, attempts []matrixAttempt) 
 	first, last := attempts[0], attempts[len(attempts)-1]
 	switch id {
 	case scenario.Timeout, scenario.HTTPSession:
-		if len(attempts) != 2 || first.ErrorKind != "timeout" || first.MS >= testDelay.Milliseconds() {
-			t.Fatalf("want 2 attempts, the first timing out before the charge's %v: %+v", testDelay, attempts)
+		if len(attempts) != 2 || first.ErrorKind != "timeout" || first.MS >= delay.Milliseconds() {
+			t.Fatalf("want 2 attempts, the first timing out before the charge's %v: %+v", delay, attempts)
 		}
 	case scenario.Crash:
 		if len(attempts) != 2 || first.ErrorKind != "closed" {
