@@ -39,6 +39,9 @@ type ToolOptions struct {
 	FingerprintWindow time.Duration
 	// Record forces recording of a tool annotated idempotentHint.
 	Record bool
+	// OnCancel says what a client's cancel does to a running call; the
+	// zero value is FinishOnTimeout.
+	OnCancel CancelPolicy
 }
 
 type toolInfo struct {
@@ -61,6 +64,8 @@ type toolInfo struct {
 	// tenant scopes the principal of the tool's calls: the server's
 	// ServerOptions.Tenant, "" for none.
 	tenant string
+	// onCancel: what a client's cancel does to a running call.
+	onCancel CancelPolicy
 }
 
 // principalOf is the principal a call of t is recorded under: the
@@ -98,8 +103,11 @@ func AddTool[In, Out any](l *Layer, s *mcp.Server, t *mcp.Tool, h HandlerFor[In,
 	if opts != nil {
 		o = *opts
 	}
+	if !o.OnCancel.valid() {
+		panic(fmt.Sprintf("outbox.AddTool %q: ToolOptions.OnCancel is %d, not a CancelPolicy", t.Name, int(o.OnCancel)))
+	}
 	info := &toolInfo{name: t.Name, record: true, window: l.opts.FingerprintWindow, annotations: annotationsOf(t.Annotations),
-		floatArgs: true}
+		floatArgs: true, onCancel: o.OnCancel}
 	if o.FingerprintWindow != 0 {
 		info.window = o.FingerprintWindow
 	}
