@@ -9,6 +9,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
+	"github.com/mcp-outbox/mcp-outbox/internal/cancelnote"
 	"github.com/mcp-outbox/mcp-outbox/internal/failpoint"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/metrics"
 )
@@ -53,6 +54,9 @@ type attempt struct {
 
 	done chan struct{} // closed when the attempt leaves Layer.local
 
+	// cancel: the client cancelled the call and it ran on (CancelPolicy).
+	cancel riddenCancel
+
 	// fenced: the handler's transaction passed the fence and, on
 	// PostgreSQL, holds the call's row lock, so its lease needs no renewal.
 	fenced atomic.Bool
@@ -78,9 +82,13 @@ func attemptFrom(ctx context.Context) *attempt {
 	return a
 }
 
-func (l *Layer) call(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest, method string, next mcp.MethodHandler) (mcp.Result, error) {
+// call runs a tools/call of t. note is what the transport learned of the
+// request's cancellation, nil when it could not tell (see cancelnote).
+func (l *Layer) call(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest, method string, next mcp.MethodHandler, note *cancelnote.Note) (mcp.Result, error) {
 	var handlers mcp.Result // what the SDK's handler answered, if it ran
 	res, err := l.run(ctx, t, req, func(ctx context.Context, a *attempt) (mcp.Result, error) {
+		ctx, release := a.handlerContext(ctx, note)
+		defer release()
 		res, err := next(context.WithValue(ctx, attemptKey{}, a), method, req)
 		handlers = res
 		return a.finish(ctx, res, err)

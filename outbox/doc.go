@@ -148,6 +148,34 @@
 // schema, a database error, a handler error not marked [Final]) deletes its
 // in_flight row: the call leaves no trace and a retry runs it.
 //
+// # Cancellation
+//
+// A client's notifications/cancelled that arrives while the handler runs
+// stops the call (its work rolls back, nothing is recorded) or not, as the
+// tool's [CancelPolicy] says; by default ([FinishOnTimeout]) a cancel whose
+// reason says the client timed out does not stop it, because a timeout is no
+// decision about the call: the call commits, and the client's retry joins it
+// or replays its outcome. The reasons clients send on a timeout, and that
+// the layer takes for one (any reason containing "timed out", "timeout" or
+// "deadline exceeded"):
+//
+//	Claude Code 2.1.332 (TypeScript SDK 2.x)  SdkError: Request timed out
+//	TypeScript SDK 1.x                        McpError: MCP error -32001: Request timed out
+//	Python SDK 2.3.0                          Request timed out
+//	go-sdk client (a context deadline)        context deadline exceeded
+//
+// The Python SDK 1.x sends no cancel on a timeout, and a client of the
+// stateless protocol (2026-07-28) over HTTP aborts its request instead, which
+// does not stop a call either. A cancelled request gets no answer over stdio
+// (mcpstdio) or through the proxy, as the spec asks; over a Streamable HTTP
+// session the go-sdk still writes it on the request's stream.
+//
+// The go-sdk drops a cancel's reason before any middleware runs, so the
+// layer learns it from the transport: mcpstdio.NewTransport,
+// mcphttp.NewHandler and the proxy tell it. Through any other transport the
+// layer cannot tell a timeout from a user's cancel, and every cancel stops
+// the call.
+//
 // # Effects and their delivery
 //
 // An effect row exists only for a committed call. A [dispatch.Dispatcher] delivers

@@ -60,6 +60,10 @@ func (l *Layer) logCall(ctx context.Context, a *attempt, req *mcp.CallToolReques
 			slog.Bool("destructive", ann.destructive)),
 		slog.Float64("duration_ms", durationMS(d)),
 	)
+	if reason, ok := a.cancel.get(); ok {
+		// The client cancelled and the call ran on (CancelPolicy).
+		attrs = append(attrs, slog.String("client_cancel", reason))
+	}
 	if l.opts.LogSensitive {
 		attrs = append(attrs, slog.String("raw_key", a.id.key))
 		if req != nil && req.Params != nil {

@@ -29,6 +29,11 @@ type gateOut struct {
 }
 
 func addGate(l *outbox.Layer, s *mcp.Server) *gate {
+	return addGateWith(l, s, nil)
+}
+
+// addGateWith registers the gate with opts.
+func addGateWith(l *outbox.Layer, s *mcp.Server, opts *outbox.ToolOptions) *gate {
 	g := &gate{started: make(chan struct{}, 16), release: make(chan struct{}), lastErrs: make(chan error, 16)}
 	outbox.AddTool(l, s, &mcp.Tool{Name: "gate", Description: "test tool"},
 		func(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolRequest, in gateIn) (*mcp.CallToolResult, gateOut, error) {
@@ -46,6 +51,6 @@ func addGate(l *outbox.Layer, s *mcp.Server) *gate {
 				return nil, gateOut{}, fmt.Errorf("insert: %w", err)
 			}
 			return nil, gateOut{ID: id}, nil
-		}, nil)
+		}, opts)
 	return g
 }

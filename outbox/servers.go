@@ -7,6 +7,8 @@ import (
 	"weak"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/cancelnote"
 )
 
 // One layer may serve many servers: one per tenant, or one per request
@@ -84,11 +86,14 @@ func (l *Layer) middlewareFor(r *serverTools) mcp.Middleware {
 			if !ok || creq.Params == nil {
 				return next(ctx, method, req)
 			}
+			// Out of _meta for every tool: a handler never sees it.
+			note := cancelnote.Take(creq.Params.Meta)
+			defer note.Done()
 			t := r.lookup(creq.Params.Name)
 			if t == nil { // not a tool of the layer: the SDK handles it, unknown tools included
 				return next(ctx, method, req)
 			}
-			return l.call(ctx, t, creq, method, next)
+			return l.call(ctx, t, creq, method, next, note)
 		}
 	}
 }

@@ -39,6 +39,9 @@ type ToolOptions struct {
 	FingerprintWindow time.Duration
 	// Record forces recording of a tool annotated idempotentHint.
 	Record bool
+	// OnCancel says what a client's cancel does to a running call; the
+	// zero value is FinishOnTimeout.
+	OnCancel CancelPolicy
 }
 
 type toolInfo struct {
@@ -65,6 +68,8 @@ type toolInfo struct {
 	// because the tool advertises no output schema or the one it lists
 	// declares the note's property (replaynote.go).
 	structuredNote bool
+	// onCancel: what a client's cancel does to a running call.
+	onCancel CancelPolicy
 }
 
 // principalOf is the principal a call of t is recorded under: the
@@ -106,8 +111,11 @@ func AddTool[In, Out any](l *Layer, s *mcp.Server, t *mcp.Tool, h HandlerFor[In,
 	if opts != nil {
 		o = *opts
 	}
+	if !o.OnCancel.valid() {
+		panic(fmt.Sprintf("outbox.AddTool %q: ToolOptions.OnCancel is %d, not a CancelPolicy", t.Name, int(o.OnCancel)))
+	}
 	info := &toolInfo{name: t.Name, record: true, window: l.opts.FingerprintWindow, annotations: annotationsOf(t.Annotations),
-		floatArgs: true}
+		floatArgs: true, onCancel: o.OnCancel}
 	if o.FingerprintWindow != 0 {
 		info.window = o.FingerprintWindow
 	}

@@ -30,7 +30,9 @@ type Options struct {
 // requests for 2026-07-28 and later (a request of a later version that
 // carries an Mcp-Session-Id stays with its session). A top-level
 // params.idempotencyKey of tools/call is lifted into _meta first
-// ([LiftParamsKey]). Put authentication in front of it, such as
+// ([LiftParamsKey]). The reason of a client's notifications/cancelled in
+// a session reaches the layer, which decides by it whether the call stops
+// (outbox.CancelPolicy). Put authentication in front of it, such as
 // bearer.Verifier.Require.
 func NewHandler(s *mcp.Server, opts *Options) http.Handler {
 	var logger *slog.Logger
@@ -40,13 +42,13 @@ func NewHandler(s *mcp.Server, opts *Options) http.Handler {
 	get := func(*http.Request) *mcp.Server { return s }
 	stateful := mcp.NewStreamableHTTPHandler(get, &mcp.StreamableHTTPOptions{Logger: logger})
 	stateless := mcp.NewStreamableHTTPHandler(get, &mcp.StreamableHTTPOptions{Logger: logger, Stateless: true})
-	return LiftParamsKey(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return LiftParamsKey(newCancels().wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if v := r.Header.Get("Mcp-Protocol-Version"); v >= StatelessVersion && r.Header.Get("Mcp-Session-Id") == "" {
 			stateless.ServeHTTP(w, r)
 			return
 		}
 		stateful.ServeHTTP(w, r)
-	}))
+	})))
 }
 
 // ShutdownTimeout bounds how long Serve waits for requests in flight once

@@ -7,6 +7,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/cancelnote"
 	"github.com/mcp-outbox/mcp-outbox/internal/paramskey"
 )
 
@@ -56,7 +57,7 @@ func (t *liftTransport) Connect(ctx context.Context) (mcp.Connection, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &liftConn{c}, nil
+	return &liftConn{Connection: c, tracker: cancelnote.NewTracker()}, nil
 }
 
 // SupportsProtocolVersion forwards the optional interface of the wrapped
@@ -68,14 +69,38 @@ func (t *liftTransport) SupportsProtocolVersion(v string) bool {
 	return true
 }
 
-type liftConn struct{ mcp.Connection }
+type liftConn struct {
+	mcp.Connection
+	// tracker tells the layer why a client cancelled a call, and this
+	// connection which responses not to write (see cancelnote).
+	tracker *cancelnote.Tracker
+}
 
 func (c *liftConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 	msg, err := c.Connection.Read(ctx)
-	if req, ok := msg.(*jsonrpc.Request); ok && err == nil && req.Method == "tools/call" {
+	if err != nil {
+		return msg, err
+	}
+	if req, ok := msg.(*jsonrpc.Request); ok && req.Method == "tools/call" {
 		if p, changed := paramskey.Lift(req.Params, paramskey.MetaKey); changed {
 			req.Params = p
 		}
 	}
-	return msg, err
+	return c.tracker.Read(msg), nil
+}
+
+// Write sends msg, except the response to a request the client cancelled:
+// the spec says a receiver should not answer one, and Claude Code 2.1.332,
+// given such an answer over stdio, logs "Received a response for an
+// unknown message ID".
+func (c *liftConn) Write(ctx context.Context, msg jsonrpc.Message) error {
+	if c.tracker.Answer(msg) {
+		return nil
+	}
+	return c.Connection.Write(ctx, msg)
+}
+
+func (c *liftConn) Close() error {
+	c.tracker.Close()
+	return c.Connection.Close()
 }

@@ -5,11 +5,13 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"reflect"
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/cancelnote"
 	"github.com/mcp-outbox/mcp-outbox/internal/paramskey"
 )
 
@@ -87,8 +89,8 @@ func FuzzNewTransport(f *testing.F) {
 		}
 		if isCall {
 			want, lifted := paramskey.Lift(params, paramskey.MetaKey)
-			if !bytes.Equal(req.Params, want) {
-				t.Fatalf("params of %q became %q, want %q", line, req.Params, want)
+			if !reflect.DeepEqual(withoutNullMeta(withoutHandle(t, req.Params, req.IsCall())), withoutNullMeta(decodeParams(want))) {
+				t.Fatalf("params of %q became %q, want %q and the request's handle", line, req.Params, want)
 			}
 			if lifted {
 				var p struct {
@@ -112,4 +114,50 @@ func FuzzNewTransport(f *testing.F) {
 			t.Fatalf("second Read: %v, want EOF", err)
 		}
 	})
+}
+
+// decodeParams decodes params for a comparison by value: the lift and the
+// handle re-encode them (keys sorted, spaces gone).
+func decodeParams(params json.RawMessage) any {
+	d := json.NewDecoder(bytes.NewReader(params))
+	d.UseNumber() // exact: 18446744073709551617 stays itself
+	var v any
+	if d.Decode(&v) != nil {
+		return string(params)
+	}
+	return v
+}
+
+// withoutHandle decodes params without the handle the connection adds to
+// _meta of a tools/call request (cancelnote.MetaKey), which must be there,
+// as a string, when params are an object and the message has an id (a
+// tools/call without one is a notification, which nobody can cancel).
+func withoutHandle(t *testing.T, params json.RawMessage, request bool) any {
+	v := decodeParams(params)
+	p, ok := v.(map[string]any)
+	if !ok {
+		return v
+	}
+	meta, _ := p["_meta"].(map[string]any)
+	if _, ok := meta[cancelnote.MetaKey].(string); !ok {
+		if _, isObject := p["_meta"].(map[string]any); request && (isObject || p["_meta"] == nil) {
+			t.Fatalf("params %s: no request handle under _meta[%q]", params, cancelnote.MetaKey)
+		}
+		return v // _meta is not an object: left for the SDK to refuse
+	}
+	delete(meta, cancelnote.MetaKey)
+	if len(meta) == 0 {
+		delete(p, "_meta") // the handle was all of it
+	}
+	return p
+}
+
+// withoutNullMeta drops a "_meta": null, which the handle replaces.
+func withoutNullMeta(v any) any {
+	if p, ok := v.(map[string]any); ok {
+		if m, present := p["_meta"]; present && m == nil {
+			delete(p, "_meta")
+		}
+	}
+	return v
 }

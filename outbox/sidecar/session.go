@@ -40,12 +40,12 @@ type session struct {
 	gen         int            // counts upstream connections
 	ready       chan struct{}  // closed while up is usable
 	nextID      int64
-	pending     map[int64]*pending    // requests sent to the upstream, by the proxy's id
-	forwarded   map[jsonrpc.ID]int64  // the proxy's ids of the client's forwarded requests
-	calls       map[jsonrpc.ID]func() // cancels of the tool calls the layer runs
-	initParams  json.RawMessage       // the client's initialize, replayed to a restarted upstream
-	initSent    bool                  // the client's initialize went to an upstream
-	initialized bool                  // the client's notifications/initialized went to an upstream
+	pending     map[int64]*pending         // requests sent to the upstream, by the proxy's id
+	forwarded   map[jsonrpc.ID]int64       // the proxy's ids of the client's forwarded requests
+	calls       map[jsonrpc.ID]*clientCall // the tool calls the layer runs
+	initParams  json.RawMessage            // the client's initialize, replayed to a restarted upstream
+	initSent    bool                       // the client's initialize went to an upstream
+	initialized bool                       // the client's notifications/initialized went to an upstream
 	// The upstream's own requests to the client (sampling, roots,
 	// elicitation) go out under ids of the proxy: a restarted upstream
 	// numbers its requests from 1 again, and the client's answer to the
@@ -66,7 +66,7 @@ func (p *Proxy) Serve(ctx context.Context, client mcp.Connection) error {
 		ready:     make(chan struct{}),
 		pending:   map[int64]*pending{},
 		forwarded: map[jsonrpc.ID]int64{},
-		calls:     map[jsonrpc.ID]func(){},
+		calls:     map[jsonrpc.ID]*clientCall{},
 	}
 	var wg sync.WaitGroup
 	wg.Add(2)

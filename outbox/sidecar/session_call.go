@@ -16,7 +16,7 @@ import (
 
 // callTool runs a client's tools/call: the status tool here, every other
 // tool through the layer and on to the upstream.
-func (s *session) callTool(ctx context.Context, m *jsonrpc.Request, params *mcp.CallToolParamsRaw) {
+func (s *session) callTool(ctx context.Context, c *clientCall, m *jsonrpc.Request, params *mcp.CallToolParamsRaw) {
 	extra, _ := m.Extra.(*mcp.RequestExtra)
 	req := &mcp.CallToolRequest{Params: params, Extra: extra}
 	ctx, endSpan := s.p.layer.StartToolCallSpan(ctx, req, func() remote.RequestInfo { return s.requestInfo(req) }) // trace.go
@@ -43,7 +43,11 @@ func (s *session) callTool(ctx context.Context, m *jsonrpc.Request, params *mcp.
 		return s.forwardTraced(ctx, waitCtx, m.Params, claim, params.Name)
 	})
 	endSpan(res, err)
-	if ctx.Err() != nil && s.ctx.Err() == nil {
+	if c.withheld.Load() && s.ctx.Err() == nil {
+		if reason := c.rodeOutOf.Load(); reason != nil {
+			s.p.logger.Info("client cancelled a running call; it ran to its end and is recorded, and a retry gets its outcome",
+				"tool", params.Name, "reason", *reason)
+		}
 		return // cancelled by the client, which expects no answer
 	}
 	var wire *jsonrpc.Error

@@ -6,9 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/cancelnote"
 )
 
 // readClient dispatches the client's messages until its connection ends.
@@ -58,8 +61,9 @@ func (s *session) onClientCall(m *jsonrpc.Request) {
 			return
 		}
 		ctx, cancel := context.WithCancel(s.ctx)
+		c := &clientCall{cancel: cancel}
 		s.mu.Lock()
-		s.calls[m.ID] = cancel
+		s.calls[m.ID] = c
 		s.mu.Unlock()
 		go func() {
 			defer func() {
@@ -68,11 +72,34 @@ func (s *session) onClientCall(m *jsonrpc.Request) {
 				s.mu.Unlock()
 				cancel()
 			}()
-			s.callTool(ctx, m, params)
+			s.callTool(ctx, c, m, params)
 		}()
 	default:
 		s.forward(m, nil)
 	}
+}
+
+// clientCall is a client's tools/call that the layer runs.
+type clientCall struct {
+	cancel    context.CancelFunc // ends the call's context
+	withheld  atomic.Bool        // the client cancelled it: no answer goes back
+	rodeOutOf atomic.Pointer[string]
+}
+
+// clientCancelled applies the client's cancel to the call, as the layer's
+// default CancelPolicy (outbox.FinishOnTimeout) does for its own tools: a
+// client that stopped waiting does not stop the call, which runs on, is
+// recorded, and is there for the client's retry to join or replay; any
+// other cancel ends it, and the layer's forward passes the cancel on to
+// the upstream itself, with the id it used there. Either way the client
+// gets no answer.
+func (c *clientCall) clientCancelled(reason string) {
+	c.withheld.Store(true)
+	if cancelnote.TimedOut(reason) {
+		c.rodeOutOf.Store(&reason)
+		return
+	}
+	c.cancel()
 }
 
 // callParamFields are the members of tools/call params the proxy reads.
@@ -108,7 +135,8 @@ func (s *session) onClientNotification(m *jsonrpc.Request) {
 		return
 	case "notifications/cancelled":
 		var c struct {
-			RequestID any `json:"requestId"`
+			RequestID any    `json:"requestId"`
+			Reason    string `json:"reason"`
 		}
 		_ = json.Unmarshal(m.Params, &c)
 		id, err := jsonrpc.MakeID(c.RequestID)
@@ -116,14 +144,12 @@ func (s *session) onClientNotification(m *jsonrpc.Request) {
 			return
 		}
 		s.mu.Lock()
-		cancel, isCall := s.calls[id]
+		call, isCall := s.calls[id]
 		upID, isForwarded := s.forwarded[id]
 		s.mu.Unlock()
 		switch {
 		case isCall:
-			// The layer's forward passes the cancellation on itself, with
-			// the id it used upstream.
-			cancel()
+			call.clientCancelled(c.Reason)
 			return
 		case isForwarded:
 			m = cancelNotification(upID, m.Params)
