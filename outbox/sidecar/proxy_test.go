@@ -520,6 +520,38 @@ func TestToClientIDs(t *testing.T) {
 	}
 }
 
+// TestToClientSubscriptionID: the notifications of a client's
+// subscriptions/listen (SEP-2575) name it by the client's id, not by the
+// one the proxy gave it upstream.
+func TestToClientSubscriptionID(t *testing.T) {
+	clientID, err := jsonrpc.MakeID("listen:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &session{pending: map[int64]*pending{7: {id: 7, gen: 1, clientID: clientID}}}
+	ack := func(id int) *jsonrpc.Request {
+		return &jsonrpc.Request{Method: "notifications/subscriptions/acknowledged",
+			Params: json.RawMessage(fmt.Sprintf(`{"_meta":{"io.modelcontextprotocol/subscriptionId":%d},"notifications":{"toolsListChanged":true}}`, id))}
+	}
+	got := s.toClient(ack(7), 1)
+	if want := `{"_meta":{"io.modelcontextprotocol/subscriptionId":"listen:0"},"notifications":{"toolsListChanged":true}}`; string(got.Params) != want {
+		t.Errorf("acknowledgement: %s, want %s", got.Params, want)
+	}
+	for _, tc := range []struct {
+		name string
+		m    *jsonrpc.Request
+		gen  int
+	}{
+		{"UnknownID", ack(8), 1},
+		{"OtherUpstream", ack(7), 2},
+		{"NotJSON", &jsonrpc.Request{Method: "notifications/x", Params: json.RawMessage(`"io.modelcontextprotocol/subscriptionId"`)}, 1},
+	} {
+		if got := s.toClient(tc.m, tc.gen); got != tc.m {
+			t.Errorf("%s: changed to %s", tc.name, got.Params)
+		}
+	}
+}
+
 // TestHTTPRefusesReboundHost: a request that reached the proxy's loopback
 // address under another site's name (DNS rebinding) is refused before it
 // reaches a session; loopback names pass.

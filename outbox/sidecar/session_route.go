@@ -1,9 +1,11 @@
 package sidecar
 
 import (
+	"bytes"
 	"encoding/json"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // downRequest is an upstream's request to the client, by the id the client
@@ -78,7 +80,7 @@ func (s *session) toClient(m *jsonrpc.Request, gen int) *jsonrpc.Request {
 		return &jsonrpc.Request{ID: mustID(s.nextDown), Method: m.Method, Params: m.Params}
 	}
 	if m.Method != "notifications/cancelled" {
-		return m
+		return s.withClientSubscription(m, gen)
 	}
 	var c map[string]any
 	if err := json.Unmarshal(m.Params, &c); err != nil {
@@ -97,6 +99,49 @@ func (s *session) toClient(m *jsonrpc.Request, gen int) *jsonrpc.Request {
 		}
 	}
 	return m
+}
+
+// withClientSubscription names, in a notification of a subscription
+// (SEP-2575, 2026-07-28), the client's subscriptions/listen request by the
+// client's id. The upstream names it by the id it received, the proxy's:
+// Claude Code 2.1.332, not finding its own id in the
+// notifications/subscriptions/acknowledged, waited 27 s for the listen to
+// be acknowledged before it went on. The caller holds s.mu.
+func (s *session) withClientSubscription(m *jsonrpc.Request, gen int) *jsonrpc.Request {
+	if !bytes.Contains(m.Params, []byte(mcp.MetaKeySubscriptionID)) {
+		return m
+	}
+	var params map[string]json.RawMessage
+	var meta map[string]json.RawMessage
+	if json.Unmarshal(m.Params, &params) != nil || json.Unmarshal(params["_meta"], &meta) != nil {
+		return m
+	}
+	var raw any
+	if json.Unmarshal(meta[mcp.MetaKeySubscriptionID], &raw) != nil {
+		return m
+	}
+	upID, err := jsonrpc.MakeID(raw)
+	if err != nil {
+		return m
+	}
+	n, ok := upID.Raw().(int64)
+	p := s.pending[n]
+	if !ok || p == nil || p.reply != nil || (p.gen != 0 && p.gen != gen) {
+		return m
+	}
+	id, err := json.Marshal(p.clientID.Raw())
+	if err != nil {
+		return m
+	}
+	meta[mcp.MetaKeySubscriptionID] = id
+	if params["_meta"], err = json.Marshal(meta); err != nil {
+		return m
+	}
+	out, err := json.Marshal(params)
+	if err != nil {
+		return m
+	}
+	return &jsonrpc.Request{Method: m.Method, Params: out}
 }
 
 // onClientAnswer sends the client's answer to the upstream that asked,
