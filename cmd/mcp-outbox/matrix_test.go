@@ -475,6 +475,15 @@ func runMatrixCase(t *testing.T, c matrixClient, s matrixServer, r matrixRun, mo
 			t.Errorf("attempt %d answered with charge #%d, want #%d", i+1, a.ChargeID, id)
 		}
 	}
+	// After a timeout the original runs on, whether the client sent a
+	// cancel (the TypeScript SDK, the Python SDK 2.x over stdio: a
+	// timeout's cancel does not stop a running call) or not: the retry
+	// joins it, or replays it, and never runs the call again.
+	if r.scenario == scenario.Timeout || r.scenario == scenario.HTTPSession {
+		if a := rep.Attempts[len(rep.Attempts)-1]; a.Replayed != nil && !*a.Replayed {
+			t.Errorf("the retry ran the call again (%s): the timeout stopped the original", a.What)
+		}
+	}
 	// In scenario 4 the original completed and was never cancelled: the
 	// node's re-runs are replays of it, where the client shows _meta.
 	if r.scenario == scenario.FrameworkRetry {
