@@ -56,6 +56,9 @@ type attempt struct {
 
 	// cancel: the client cancelled the call and it ran on (CancelPolicy).
 	cancel riddenCancel
+	// note: what the transport learned of the request's cancel; nil when
+	// it could not tell (see cancelnote).
+	note *cancelnote.Note
 
 	// fenced: the handler's transaction passed the fence and, on
 	// PostgreSQL, holds the call's row lock, so its lease needs no renewal.

@@ -25,6 +25,7 @@ func (a *attempt) finish(ctx context.Context, res mcp.Result, err error) (mcp.Re
 		// Cancelled before the commit. The SDK still sends a "context
 		// canceled" result; it must never become the recorded outcome.
 		reason = "cancelled"
+		a.logStopped(ctx)
 	case a.txErr != nil:
 		// The database failed under the handler (busy, I/O, full), or the
 		// guard refused one of its statements: either says nothing of the

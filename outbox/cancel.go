@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"fmt"
 	"sync"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/cancelnote"
@@ -16,7 +17,18 @@ import (
 // (mcpstdio.NewTransport, mcphttp.NewHandler, the proxy); the go-sdk alone
 // drops it. Through any other transport every cancel stops the call, as
 // under StopOnCancel. Whatever the policy, the cancelled request gets no
-// answer from those transports, as the spec asks of a receiver.
+// answer over stdio or through the proxy, as the spec asks of a receiver.
+//
+// No policy can act on a cancel that never reaches the call: over
+// stateless Streamable HTTP (2026-07-28) a request belongs to no session,
+// so a client's notifications/cancelled, in a POST of its own (the go-sdk
+// client sends one), names an id the server cannot tie to the call, and
+// the go-sdk does not end a call whose POST the client aborted. There a
+// call always runs to its end, even under StopOnCancel.
+//
+// The handler's context is not cancelled by a cancel the call rides out;
+// a cancel that stops the call cancels it, with context.Canceled whatever
+// the client's reason.
 type CancelPolicy int
 
 const (
@@ -67,6 +79,23 @@ func (p CancelPolicy) ridesOut(reason string) bool {
 	return false
 }
 
+// logStopped says why a call's context ended before its commit, so that a
+// call stopped by a cancel is not just "not_recorded" in the log.
+func (a *attempt) logStopped(ctx context.Context) {
+	var why string
+	switch reason, cancelled := a.note.Cancelled(); {
+	case a.note == nil:
+		why = "the call's context ended: a client's cancel, or its connection closing (the transport does not tell which, nor a cancel's reason: " +
+			"serve stdio through mcpstdio.NewTransport and HTTP through mcphttp.NewHandler, and a client's timeout no longer stops a call)"
+	case cancelled:
+		why = fmt.Sprintf("the client cancelled the call (%q), which the tool's CancelPolicy (%s) does not ride out", reason, a.tool.onCancel)
+	default:
+		why = "the call's context ended without a cancel: the client's connection closed, or the server is stopping"
+	}
+	a.layer.logger.InfoContext(ctx, "call stopped before its commit; nothing recorded, a retry runs it",
+		"tool", a.tool.name, "call_id", a.uid, "why", why)
+}
+
 // riddenCancel is a client's cancel that a running call rode out.
 type riddenCancel struct {
 	mu     sync.Mutex
@@ -92,6 +121,7 @@ func (r *riddenCancel) get() (string, bool) {
 // ctx for any other reason (another cancel, the connection closing) still
 // does. release frees what it holds once the call's outcome is decided.
 func (a *attempt) handlerContext(ctx context.Context, note *cancelnote.Note) (hctx context.Context, release func()) {
+	a.note = note
 	if note == nil || a.tool.onCancel == StopOnCancel {
 		return ctx, func() {}
 	}

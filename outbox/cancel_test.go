@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http/httptest"
+	"strings"
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -79,6 +80,14 @@ func TestCancel_Policies(t *testing.T) {
 				waitFor(t, func() bool { return count(t, b.db.Read, `SELECT count(*) FROM calls`) == 0 })
 				if got := charges(t, b); got != 0 {
 					t.Fatalf("charges after a cancel that stops the call = %d, want 0", got)
+				}
+				// The log says why the call stopped, with the client's reason.
+				stopped := logs.Records(t, "call stopped before its commit; nothing recorded, a retry runs it")
+				if len(stopped) != 1 {
+					t.Fatalf("stop records %v: want one", stopped)
+				}
+				if why, _ := stopped[0]["why"].(string); !strings.Contains(why, fmt.Sprintf("%q", tc.reason)) {
+					t.Errorf("stop records %v: want one whose why quotes the reason %q", stopped, tc.reason)
 				}
 			}
 			close(g.release)

@@ -164,9 +164,11 @@
 //	Python SDK 2.3.0                          Request timed out
 //	go-sdk client (a context deadline)        context deadline exceeded
 //
-// The Python SDK 1.x sends no cancel on a timeout, and a client of the
-// stateless protocol (2026-07-28) over HTTP aborts its request instead, which
-// does not stop a call either. A cancelled request gets no answer over stdio
+// The Python SDK 1.x sends no cancel on a timeout. Over stateless HTTP
+// (2026-07-28) no cancel reaches a call, whatever the policy: the request
+// belongs to no session, so a cancel in a POST of its own (the go-sdk client
+// sends one) names an id the server cannot tie to it, and an aborted POST
+// does not end the call either; Claude Code only drops the connection. A cancelled request gets no answer over stdio
 // (mcpstdio) or through the proxy, as the spec asks; over a Streamable HTTP
 // session the go-sdk still writes it on the request's stream.
 //

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -55,7 +54,10 @@ const StatusToolName = "call_status"
 // Options configure a [Layer]. The zero value of each field selects the
 // default documented on it.
 type Options struct {
-	// Logger receives the layer's logs; nil discards them.
+	// Logger receives the layer's logs. Nil sends its warnings and errors
+	// to slog.Default() and drops the rest (the per-call events): the
+	// answer to a call whose handler failed names the call id under which
+	// the log has the error, so errors must go somewhere.
 	Logger *slog.Logger
 	// FingerprintWindow is the default window of tools without their own;
 	// zero means DefaultFingerprintWindow, FingerprintOff turns it off.
@@ -159,7 +161,7 @@ func New(db *schema.DB, opts *Options) (*Layer, error) {
 	}
 	logger := o.Logger
 	if logger == nil {
-		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		logger = slog.New(minLevel{slog.LevelWarn, slog.Default().Handler()})
 	}
 	group := newGroupCommit(db, o.MaxBatchCalls, o.MaxBatchWait, time.Now)
 	group.onCommit = func(calls int) { metrics.Commit(o.Metrics, metrics.CommitCalls, calls) }
@@ -295,3 +297,21 @@ func (l *Layer) nowMS() int64 { return l.now().UnixMilli() }
 // background returns a context for cleanup that must finish even when the
 // call's context is cancelled.
 func background(ctx context.Context) context.Context { return context.WithoutCancel(ctx) }
+
+// minLevel passes on the records of h at level or above.
+type minLevel struct {
+	level slog.Level
+	h     slog.Handler
+}
+
+func (m minLevel) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= m.level && m.h.Enabled(ctx, l)
+}
+
+func (m minLevel) Handle(ctx context.Context, r slog.Record) error { return m.h.Handle(ctx, r) }
+
+func (m minLevel) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return minLevel{m.level, m.h.WithAttrs(attrs)}
+}
+
+func (m minLevel) WithGroup(name string) slog.Handler { return minLevel{m.level, m.h.WithGroup(name)} }

@@ -29,6 +29,11 @@ import (
 // the call's id, never the error's text, which goes to the layer's log
 // with that id. A *jsonrpc.Error is a protocol error and is not recorded
 // either.
+//
+// ctx ends when the call stops before its commit: a client's cancel that
+// the tool's [CancelPolicy] does not ride out, or the connection closing.
+// A cancel from a client's timeout does not end it by default: the call
+// runs on and is recorded.
 type HandlerFor[In, Out any] func(ctx context.Context, tx Tx, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error)
 
 // ToolOptions configure one tool registered with [AddTool]; nil means all

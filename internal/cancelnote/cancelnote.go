@@ -57,8 +57,11 @@ func (n *Note) Done() {
 }
 
 // Cancelled reports whether the client cancelled the request, and the
-// reason it gave ("" when it gave none).
+// reason it gave ("" when it gave none). A nil note knows of no cancel.
 func (n *Note) Cancelled() (reason string, ok bool) {
+	if n == nil {
+		return "", false
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return n.reason, n.cancelled
