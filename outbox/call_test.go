@@ -66,8 +66,8 @@ func TestCall_Replay(t *testing.T) {
 			if got, want := chargeID(t, second), chargeID(t, first); got != want {
 				t.Errorf("replayed charge_id = %d, want %d", got, want)
 			}
-			if m := callMeta(second); m["replayed"] != true {
-				t.Errorf("second result meta = %v, want replayed", second.Meta)
+			if m := callMeta(second); m["replayed"] != true || m["joined"] != false {
+				t.Errorf("second result meta = %v, want replayed, not joined", second.Meta)
 			}
 			if m := callMeta(first); m["replayed"] != false || m["key"] == "" {
 				t.Errorf("first result meta = %v, want not replayed, with key", first.Meta)

@@ -209,6 +209,9 @@ func TestReplayNote_Join(t *testing.T) {
 	if !strings.Contains(text(joined), note) {
 		t.Errorf("content %q lacks the note", text(joined))
 	}
+	if m := callMeta(joined); m["replayed"] != true || m["joined"] != true {
+		t.Errorf("join's _meta %v: want replayed and joined", m)
+	}
 	if err := validate(t, schema, joined); err != nil {
 		t.Errorf("joined result against the listed schema: %v", err)
 	}

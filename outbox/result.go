@@ -12,7 +12,9 @@ import (
 )
 
 // MetaKeyCall is the _meta entry of every recorded call's result: the key,
-// where it came from, the outcome, and whether this result is a replay.
+// where it came from, the outcome, and whether this result is a replay
+// ("replayed"), and of a replay whether it joined the attempt that was
+// still running its call ("joined").
 const MetaKeyCall = "io.github.mcp-outbox/call"
 
 // MetaKeyError is the _meta entry of the layer's own errors: a stable code.
@@ -59,6 +61,8 @@ func replay(r callRow, a *attempt) *mcp.CallToolResult {
 		res.StructuredContent, _ = replaynote.Add(res.StructuredContent, note)
 	}
 	setCallMeta(res, a.id, r.uid, r.state, true, r.createdAt, r.completedAt.Int64)
+	// A join is a replay too; this says which, without parsing the note.
+	res.Meta[MetaKeyCall].(map[string]any)["joined"] = a.outcome == outcomeJoined
 	return res
 }
 
