@@ -129,3 +129,16 @@ func TestTimedOut(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkTrackerRead is what tracking costs a tools/call on stdio: the
+// params decoded and encoded once more, to carry the handle.
+func BenchmarkTrackerRead(b *testing.B) {
+	tr := NewTracker()
+	const params = `{"name":"charge","arguments":{"amount":4200,"currency":"usd"},"_meta":{"progressToken":3,"claudecode/toolUseId":"toolu_01xxxxxxxxxxxxxxxxxxxx","io.modelcontextprotocol/protocolVersion":"2026-07-28"}}`
+	id, _ := jsonrpc.MakeID(float64(1))
+	for b.Loop() {
+		req := &jsonrpc.Request{ID: id, Method: "tools/call", Params: json.RawMessage(params)}
+		tr.Read(req)
+		tr.Answer(&jsonrpc.Response{ID: id})
+	}
+}
