@@ -6,11 +6,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"strings"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/operate"
 	"github.com/mcp-outbox/mcp-outbox/outbox/bearer"
+	"github.com/mcp-outbox/mcp-outbox/outbox/oauth"
 )
 
 const authHelp = `Authentication (with --http):
@@ -20,8 +22,25 @@ const authHelp = `Authentication (with --http):
   adds 'principal=sha256hex,principal2=sha256hex'. 'mcp-outbox token new
   PRINCIPAL' makes a token and its line. With tokens, /mcp requires
   'Authorization: Bearer TOKEN' and scopes idempotency keys and call_status
-  by principal. Without tokens, --http must be a loopback address, unless
+  by principal. Without tokens (or OAuth), --http must be a loopback address, unless
   --insecure-no-auth is given.
+  OAuth instead of static tokens: --oauth-issuer URL and --oauth-audience URL
+  make /mcp an OAuth 2.1 resource server, as the MCP authorization spec
+  wants. It accepts JWT access tokens signed by the issuer's keys (found
+  through its /.well-known/oauth-authorization-server or
+  openid-configuration document; https, or http on a loopback address),
+  whose aud is exactly the --oauth-audience URL (the /mcp URL as clients
+  reach it, such as https://mcp.example.com/mcp), valid now (30s skew).
+  It publishes RFC 9728 metadata at
+  /.well-known/oauth-protected-resource/mcp (and without /mcp), and
+  answers a request without a valid token with 401 and 'WWW-Authenticate:
+  Bearer resource_metadata="…"' (error="invalid_token" when a token came),
+  and one without a scope it needs with 403 error="insufficient_scope".
+  --oauth-scopes-required S,... are needed for every request;
+  --oauth-tool-scope TOOL=S,... (repeatable) also for calls of TOOL,
+  refused before anything of the call runs. The principal is
+  'oauth:ISSUER#SUBJECT'. --tokens and --oauth-issuer cannot be combined:
+  serve refuses to start rather than pick one.
   --admin-token-sha256 makes /admin require 'Authorization: Bearer TOKEN'
   from any address; without it /admin answers loopback clients only. The
   operator page at / follows the same rule; a browser logs in at /login
@@ -43,7 +62,12 @@ type authConfig struct {
 	operatorPath    string
 	operatorKeyFile string
 
+	oauthIssuer, oauthAudience, oauthScopes string
+	oauthToolScopes                         toolScopes
+
 	tokens     []bearer.Token
+	oauth      *oauth.Options // with oauthIssuer; nil without
+	rs         *oauth.ResourceServer
 	adminHash  []byte
 	sessionKey []byte // from operatorKeyFile; nil means the database's
 }
@@ -58,6 +82,15 @@ func (c *authConfig) flags(env *environment, fs *flag.FlagSet) {
 	fs.StringVar(&c.operatorKeyFile, "operator-key-file", env.envDefault("MCP_OUTBOX_OPERATOR_KEY_FILE", ""),
 		"with --http, sign the operator page's sessions with the key in `FILE` (hex, at least 32 bytes; the same on every replica); "+
 			"without it the key is kept in the database [MCP_OUTBOX_OPERATOR_KEY_FILE]")
+	fs.StringVar(&c.oauthIssuer, "oauth-issuer", env.envDefault("MCP_OUTBOX_OAUTH_ISSUER", ""),
+		"with --http, accept OAuth access tokens (JWT) from the authorization server `URL` on /mcp, instead of --tokens; see below [MCP_OUTBOX_OAUTH_ISSUER]")
+	fs.StringVar(&c.oauthAudience, "oauth-audience", env.envDefault("MCP_OUTBOX_OAUTH_AUDIENCE", ""),
+		"with --oauth-issuer, this resource's identifier: the /mcp `URL` as clients reach it; a token's aud must hold it exactly [MCP_OUTBOX_OAUTH_AUDIENCE]")
+	fs.StringVar(&c.oauthScopes, "oauth-scopes-required", env.envDefault("MCP_OUTBOX_OAUTH_SCOPES_REQUIRED", ""),
+		"with --oauth-issuer, scopes every request to /mcp needs, as `S1,S2` [MCP_OUTBOX_OAUTH_SCOPES_REQUIRED]")
+	c.oauthToolScopes.env = env.envDefault("MCP_OUTBOX_OAUTH_TOOL_SCOPES", "")
+	fs.Var(&c.oauthToolScopes, "oauth-tool-scope",
+		"with --oauth-issuer, scopes a call of a tool needs, as `TOOL=S1,S2`; repeat for more tools [MCP_OUTBOX_OAUTH_TOOL_SCOPES=TOOL=S1,S2;TOOL2=S3]")
 	// No environment variable on purpose: turning authentication off should
 	// be visible on the command line, not inherited.
 	fs.BoolVar(&c.insecureNoAuth, "insecure-no-auth", false,
@@ -103,12 +136,22 @@ func (c *authConfig) load(env *environment, listen string) error {
 	if err := c.loadOperator(); err != nil {
 		return err
 	}
+	if err := c.loadOAuth(); err != nil {
+		return err
+	}
 	switch {
+	case c.oauth != nil && len(c.tokens) > 0:
+		return usagef("--oauth-issuer with static tokens (--tokens or MCP_OUTBOX_TOKENS) configured: choose one; " +
+			"a token of one could otherwise name the principal of the other")
+	case c.oauth != nil && c.insecureNoAuth:
+		return usagef("--insecure-no-auth with --oauth-issuer: drop one of them")
+	case c.oauth != nil:
+		return nil
 	case len(c.tokens) > 0 && c.insecureNoAuth:
 		return usagef("--insecure-no-auth with tokens configured: drop one of them")
 	case len(c.tokens) == 0 && !c.insecureNoAuth && !operate.LoopbackHost(listen):
 		return usagef("--http %q is not a loopback address and no tokens are configured, so anyone who can reach it could charge: "+
-			"configure --tokens (see 'mcp-outbox token --help'), listen on 127.0.0.1, or pass --insecure-no-auth", listen)
+			"configure --tokens (see 'mcp-outbox token --help') or --oauth-issuer, listen on 127.0.0.1, or pass --insecure-no-auth", listen)
 	}
 	return nil
 }
@@ -142,6 +185,104 @@ func (c *authConfig) loadOperator() error {
 	}
 	c.sessionKey = key
 	return nil
+}
+
+// loadOAuth checks the --oauth-* flags: all of them need --oauth-issuer,
+// which needs --oauth-audience.
+func (c *authConfig) loadOAuth() error {
+	tools, err := c.oauthToolScopes.parse()
+	if err != nil {
+		return usagef("--oauth-tool-scope: %v", err)
+	}
+	switch {
+	case c.oauthIssuer == "" && (c.oauthAudience != "" || c.oauthScopes != "" || len(tools) > 0):
+		return usagef("--oauth-audience, --oauth-scopes-required and --oauth-tool-scope need --oauth-issuer")
+	case c.oauthIssuer == "":
+		return nil
+	case c.oauthAudience == "":
+		return usagef("--oauth-issuer needs --oauth-audience: the /mcp URL as clients reach it, such as https://mcp.example.com/mcp")
+	}
+	opts := &oauth.Options{ScopesRequired: splitList(c.oauthScopes), ToolScopes: tools}
+	if _, err := oauth.New(c.oauthIssuer, c.oauthAudience, opts); err != nil {
+		return usagef("--oauth-issuer, --oauth-audience: %v", err)
+	}
+	c.oauth = opts
+	return nil
+}
+
+// resourceServer is /mcp's OAuth resource server; nil without
+// --oauth-issuer. load checked the configuration.
+func (c *authConfig) resourceServer(logger *slog.Logger) *oauth.ResourceServer {
+	if c == nil || c.oauth == nil {
+		return nil
+	}
+	if c.rs != nil {
+		return c.rs // one key cache for the router and the start-up check
+	}
+	opts := *c.oauth
+	opts.Logger = logger.With("subsystem", "oauth")
+	rs, err := oauth.New(c.oauthIssuer, c.oauthAudience, &opts)
+	if err != nil {
+		panic(err) // load checked the same configuration
+	}
+	c.rs = rs
+	return rs
+}
+
+// splitList reads 'a,b, c' as [a b c].
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// toolScopes is --oauth-tool-scope: repeated TOOL=S1,S2 flags, or else
+// MCP_OUTBOX_OAUTH_TOOL_SCOPES's TOOL=S1,S2;TOOL2=S3.
+type toolScopes struct {
+	flags []string
+	env   string
+}
+
+func (t *toolScopes) String() string {
+	if t == nil {
+		return ""
+	}
+	return strings.Join(t.flags, ";")
+}
+
+func (t *toolScopes) Set(v string) error {
+	t.flags = append(t.flags, v)
+	return nil
+}
+
+func (t *toolScopes) parse() (map[string][]string, error) {
+	entries := t.flags
+	if len(entries) == 0 {
+		entries = strings.Split(t.env, ";")
+	}
+	out := map[string][]string{}
+	for _, e := range entries {
+		if strings.TrimSpace(e) == "" {
+			continue
+		}
+		tool, scopes, ok := strings.Cut(e, "=")
+		tool = strings.TrimSpace(tool)
+		if !ok || tool == "" || len(splitList(scopes)) == 0 {
+			return nil, fmt.Errorf("%q: want TOOL=SCOPE[,SCOPE...]", e)
+		}
+		if _, dup := out[tool]; dup {
+			return nil, fmt.Errorf("tool %s named twice", tool)
+		}
+		out[tool] = splitList(scopes)
+	}
+	if len(out) == 0 {
+		return nil, nil
+	}
+	return out, nil
 }
 
 // verifier checks /mcp's bearer tokens; nil when there are none.

@@ -103,14 +103,18 @@ func WriteChallenge(w http.ResponseWriter, status int, c Challenge) {
 // TokenFromHeader returns the token of an 'Authorization: Bearer TOKEN'
 // header value, parsed exactly as the go-sdk's RequireBearerToken parses
 // it (two fields, scheme in any case), so that a header accepted here is
-// accepted there. present reports whether there was an Authorization
-// header at all.
+// accepted there. present reports whether there was a bearer
+// Authorization header at all.
+//
+// A header of another scheme (Basic, say) counts as absent: RFC 6750 §3.1
+// wants no error code for a client that "attempted using an unsupported
+// authentication method".
 func TokenFromHeader(h string) (token string, present, ok bool) {
-	if strings.TrimSpace(h) == "" {
+	f := strings.Fields(h)
+	if len(f) == 0 || !strings.EqualFold(f[0], "bearer") {
 		return "", false, false
 	}
-	f := strings.Fields(h)
-	if len(f) != 2 || !strings.EqualFold(f[0], "bearer") {
+	if len(f) != 2 {
 		return "", true, false
 	}
 	return f[1], true, true
@@ -121,8 +125,9 @@ type verifiedKey struct{}
 // Require returns middleware that admits a request only with a bearer
 // token verify accepts, and answers as RFC 6750 and the MCP authorization
 // spec want otherwise:
-//   - no token: 401 with a challenge naming the resource metadata;
-//   - a malformed Authorization header: 400 invalid_request;
+//   - no token (or another scheme): 401 with a challenge naming the
+//     resource metadata, and no error;
+//   - a malformed bearer Authorization header: 400 invalid_request;
 //   - a token verify refuses: 401 invalid_token;
 //   - a token without opts.Scopes: 403 insufficient_scope with the scopes.
 //

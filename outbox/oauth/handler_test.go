@@ -135,9 +135,15 @@ func TestRequire(t *testing.T) {
 	}
 
 	t.Run("BadHeader", func(t *testing.T) {
-		a := post(t, base+"/mcp", "Basic dXNlcjpwYXNz", call("charge"))
-		if a.status != 400 || !strings.Contains(a.challenge, `error="invalid_request"`) || strings.Contains(a.body, "dXNlcjpwYXNz") {
-			t.Fatalf("got %+v, want 400 invalid_request without the credentials", a)
+		a := post(t, base+"/mcp", "Bearer two tokens", call("charge"))
+		if a.status != 400 || !strings.Contains(a.challenge, `error="invalid_request"`) || strings.Contains(a.body, "tokens") {
+			t.Fatalf("got %+v, want 400 invalid_request", a)
+		}
+		// Another scheme is no bearer token at all (RFC 6750 §3.1: no
+		// error code), and its credentials are not repeated.
+		a = post(t, base+"/mcp", "Basic dXNlcjpwYXNz", call("charge"))
+		if a.status != 401 || a.challenge != `Bearer resource_metadata="`+metaURL+`"` || strings.Contains(a.body, "dXNlcjpwYXNz") {
+			t.Fatalf("got %+v, want 401 with a bare challenge", a)
 		}
 	})
 
