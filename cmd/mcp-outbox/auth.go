@@ -202,7 +202,7 @@ func (c *authConfig) loadOAuth() error {
 	case c.oauthAudience == "":
 		return usagef("--oauth-issuer needs --oauth-audience: the /mcp URL as clients reach it, such as https://mcp.example.com/mcp")
 	}
-	opts := &oauth.Options{ScopesRequired: splitList(c.oauthScopes), ToolScopes: tools}
+	opts := &oauth.Options{ScopesRequired: splitList(c.oauthScopes), ToolScopes: tools, ResourceName: "mcp-outbox"}
 	if _, err := oauth.New(c.oauthIssuer, c.oauthAudience, opts); err != nil {
 		return usagef("--oauth-issuer, --oauth-audience: %v", err)
 	}

@@ -57,7 +57,7 @@ func (rs *ResourceServer) Metadata() *oauthex.ProtectedResourceMetadata {
 		AuthorizationServers:   []string{rs.issuer},
 		ScopesSupported:        scopes,
 		BearerMethodsSupported: []string{"header"},
-		ResourceName:           "mcp-outbox",
+		ResourceName:           rs.opts.ResourceName,
 	}
 }
 

@@ -161,7 +161,7 @@ func TestRequire(t *testing.T) {
 			}
 			b, _ := json.Marshal(m)
 			want := `{"authorization_servers":["` + is.URL() + `"],"bearer_methods_supported":["header"],"resource":"` + resource +
-				`","resource_name":"mcp-outbox","scopes_supported":["mcp","payments:refund","payments:write"]}`
+				`","scopes_supported":["mcp","payments:refund","payments:write"]}`
 			if string(b) != want {
 				t.Errorf("GET %s:\n got %s\nwant %s", p, b, want)
 			}

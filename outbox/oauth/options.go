@@ -57,6 +57,9 @@ type Options struct {
 	// ScopesSupported are advertised in the metadata. Empty advertises
 	// the union of ScopesRequired and ToolScopes.
 	ScopesSupported []string
+	// ResourceName is the metadata's human-readable resource_name; empty
+	// leaves it out.
+	ResourceName string
 	// Algorithms accepted in a token's header. Empty means
 	// DefaultAlgorithms. "none" and HMAC algorithms are refused by New.
 	Algorithms []jose.SignatureAlgorithm
