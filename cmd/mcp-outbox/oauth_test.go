@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/mcp-outbox/mcp-outbox/internal/pgtest"
 )
 
@@ -267,6 +269,48 @@ func testOAuthRealIssuer(t *testing.T, openDB, scopedDB string) {
 		}
 		if n := countRows(t, ledger, `SELECT count(*) FROM charges WHERE amount = 777`); n != 0 {
 			t.Errorf("%d charges of 777, want none", n)
+		}
+	})
+
+	t.Run("PrincipalsApart", func(t *testing.T) {
+		// Two clients of one issuer use the same key: two principals, two
+		// charges; each sees only its own call.
+		tok1 := issuerToken(t, issuer, "c1", oauthSecret1, open, "mcp")
+		tok2 := issuerToken(t, issuer, "c2", oauthSecret2, open, "mcp")
+		ids := map[string]int64{}
+		for _, c := range []struct{ name, tok string }{{"c1", tok1}, {"c2", tok2}} {
+			cs := connectHTTP(t, open, "", bearerClient(t, c.tok))
+			res := mustSucceed(t, cs, &mcp.CallToolParams{Name: "charge", Arguments: map[string]any{"amount": 5151},
+				Meta: mcp.Meta{"idempotencyKey": "shared-key"}})
+			ids[c.name] = structuredChargeID(t, res)
+			st := callStatus(t, cs, "shared-key")
+			if st["state"] != "completed" {
+				t.Errorf("%s: call_status %v", c.name, st)
+			}
+		}
+		if ids["c1"] == ids["c2"] {
+			t.Errorf("c1 and c2 got the same charge %d for one key: principals collide", ids["c1"])
+		}
+		if n := countRows(t, openLedgerDB(t, openDB), `SELECT count(*) FROM charges WHERE amount = 5151`); n != 2 {
+			t.Errorf("%d charges of 5151, want 2 (one per principal)", n)
+		}
+
+		// A session opened by c1 does not take c2's token.
+		cs1 := connectHTTP(t, open, statefulVersion, bearerClient(t, tok1))
+		req, _ := http.NewRequest(http.MethodPost, open, strings.NewReader(`{"jsonrpc":"2.0","id":9,"method":"tools/call","params":{"name":"call_status","arguments":{"key":"shared-key"}}}`))
+		req.Header.Set("Authorization", "Bearer "+tok2)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		req.Header.Set("Mcp-Protocol-Version", statefulVersion)
+		req.Header.Set("Mcp-Session-Id", cs1.ID())
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusForbidden || strings.Contains(string(b), "charge") {
+			t.Errorf("c2's token on c1's session: %d %s, want 403", resp.StatusCode, b)
 		}
 	})
 
