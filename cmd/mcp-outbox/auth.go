@@ -38,7 +38,9 @@ const authHelp = `Authentication (with --http):
   and one without a scope it needs with 403 error="insufficient_scope".
   --oauth-scopes-required S,... are needed for every request;
   --oauth-tool-scope TOOL=S,... (repeatable) also for calls of TOOL,
-  refused before anything of the call runs. The principal is
+  refused before anything of the call runs. With --oauth-client-id (and
+  its secret), opaque tokens are asked about at the issuer's introspection
+  endpoint (RFC 7662), the answer kept for 30s at most. The principal is
   'oauth:ISSUER#SUBJECT'. --tokens and --oauth-issuer cannot be combined:
   serve refuses to start rather than pick one.
   --admin-token-sha256 makes /admin require 'Authorization: Bearer TOKEN'
@@ -64,6 +66,8 @@ type authConfig struct {
 
 	oauthIssuer, oauthAudience, oauthScopes string
 	oauthToolScopes                         toolScopes
+	oauthClientID, oauthSecretFile          string
+	oauthIntrospectionURL                   string
 
 	tokens     []bearer.Token
 	oauth      *oauth.Options // with oauthIssuer; nil without
@@ -91,6 +95,13 @@ func (c *authConfig) flags(env *environment, fs *flag.FlagSet) {
 	c.oauthToolScopes.env = env.envDefault("MCP_OUTBOX_OAUTH_TOOL_SCOPES", "")
 	fs.Var(&c.oauthToolScopes, "oauth-tool-scope",
 		"with --oauth-issuer, scopes a call of a tool needs, as `TOOL=S1,S2`; repeat for more tools [MCP_OUTBOX_OAUTH_TOOL_SCOPES=TOOL=S1,S2;TOOL2=S3]")
+	fs.StringVar(&c.oauthClientID, "oauth-client-id", env.envDefault("MCP_OUTBOX_OAUTH_CLIENT_ID", ""),
+		"with --oauth-issuer, also accept opaque access tokens by asking the issuer's introspection endpoint (RFC 7662) as the client `ID`; "+
+			"its secret comes from --oauth-client-secret-file or MCP_OUTBOX_OAUTH_CLIENT_SECRET [MCP_OUTBOX_OAUTH_CLIENT_ID]")
+	fs.StringVar(&c.oauthSecretFile, "oauth-client-secret-file", env.envDefault("MCP_OUTBOX_OAUTH_CLIENT_SECRET_FILE", ""),
+		"with --oauth-client-id, the client's secret is in `FILE` [MCP_OUTBOX_OAUTH_CLIENT_SECRET_FILE]")
+	fs.StringVar(&c.oauthIntrospectionURL, "oauth-introspection-url", env.envDefault("MCP_OUTBOX_OAUTH_INTROSPECTION_URL", ""),
+		"with --oauth-client-id, the introspection endpoint `URL`; without it, the issuer's discovery document names it [MCP_OUTBOX_OAUTH_INTROSPECTION_URL]")
 	// No environment variable on purpose: turning authentication off should
 	// be visible on the command line, not inherited.
 	fs.BoolVar(&c.insecureNoAuth, "insecure-no-auth", false,
@@ -136,7 +147,7 @@ func (c *authConfig) load(env *environment, listen string) error {
 	if err := c.loadOperator(); err != nil {
 		return err
 	}
-	if err := c.loadOAuth(); err != nil {
+	if err := c.loadOAuth(env); err != nil {
 		return err
 	}
 	switch {
@@ -189,24 +200,50 @@ func (c *authConfig) loadOperator() error {
 
 // loadOAuth checks the --oauth-* flags: all of them need --oauth-issuer,
 // which needs --oauth-audience.
-func (c *authConfig) loadOAuth() error {
+func (c *authConfig) loadOAuth(env *environment) error {
 	tools, err := c.oauthToolScopes.parse()
 	if err != nil {
 		return usagef("--oauth-tool-scope: %v", err)
 	}
 	switch {
-	case c.oauthIssuer == "" && (c.oauthAudience != "" || c.oauthScopes != "" || len(tools) > 0):
-		return usagef("--oauth-audience, --oauth-scopes-required and --oauth-tool-scope need --oauth-issuer")
+	case c.oauthIssuer == "" && (c.oauthAudience != "" || c.oauthScopes != "" || len(tools) > 0 || c.oauthClientID != ""):
+		return usagef("--oauth-audience, --oauth-scopes-required, --oauth-tool-scope and --oauth-client-id need --oauth-issuer")
 	case c.oauthIssuer == "":
 		return nil
 	case c.oauthAudience == "":
 		return usagef("--oauth-issuer needs --oauth-audience: the /mcp URL as clients reach it, such as https://mcp.example.com/mcp")
 	}
 	opts := &oauth.Options{ScopesRequired: splitList(c.oauthScopes), ToolScopes: tools, ResourceName: "mcp-outbox"}
+	if err := c.loadIntrospection(env, opts); err != nil {
+		return err
+	}
 	if _, err := oauth.New(c.oauthIssuer, c.oauthAudience, opts); err != nil {
 		return usagef("--oauth-issuer, --oauth-audience: %v", err)
 	}
 	c.oauth = opts
+	return nil
+}
+
+// loadIntrospection reads --oauth-client-id and its secret: from a file
+// or the environment, never the command line, where ps shows it.
+func (c *authConfig) loadIntrospection(env *environment, opts *oauth.Options) error {
+	secret := env.getenv("MCP_OUTBOX_OAUTH_CLIENT_SECRET")
+	switch {
+	case c.oauthClientID == "" && (c.oauthSecretFile != "" || c.oauthIntrospectionURL != ""):
+		return usagef("--oauth-client-secret-file and --oauth-introspection-url need --oauth-client-id")
+	case c.oauthClientID == "":
+		return nil
+	case c.oauthSecretFile != "":
+		b, err := os.ReadFile(c.oauthSecretFile)
+		if err != nil {
+			return usagef("--oauth-client-secret-file: %v", err)
+		}
+		secret = strings.TrimSpace(string(b))
+	}
+	if secret == "" {
+		return usagef("--oauth-client-id needs its secret: --oauth-client-secret-file FILE or MCP_OUTBOX_OAUTH_CLIENT_SECRET")
+	}
+	opts.Introspection = &oauth.Introspection{Endpoint: c.oauthIntrospectionURL, ClientID: c.oauthClientID, ClientSecret: secret}
 	return nil
 }
 

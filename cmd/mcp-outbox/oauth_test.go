@@ -28,8 +28,9 @@ import (
 // RFC 8707 resource indicators, and starts in well under a second.
 
 const (
-	oauthSecret1 = "c1-secret-0123456789abcdefghijklmnopqrstuvwxyz"
-	oauthSecret2 = "c2-secret-0123456789abcdefghijklmnopqrstuvwxyz"
+	oauthSecret1  = "c1-secret-0123456789abcdefghijklmnopqrstuvwxyz"
+	oauthSecret2  = "c2-secret-0123456789abcdefghijklmnopqrstuvwxyz"
+	oauthSecretRS = "rs-secret-0123456789abcdefghijklmnopqrstuvwxyz"
 )
 
 // oidcProviderDir returns testdata/oidc-provider, or skips (fails under
@@ -52,17 +53,20 @@ func oidcProviderDir(t *testing.T) string {
 }
 
 // startIssuer runs issuer.mjs for resources and returns its issuer URL.
-// Client c1 may get scopes mcp and payments:write, c2 only mcp.
-func startIssuer(t *testing.T, resources ...string) string {
+// Client c1 may get scopes mcp and payments:write, c2 only mcp; client rs
+// is the resource servers' own, for introspection. Tokens for the
+// resources in opaque are opaque, the others' JWTs.
+func startIssuer(t *testing.T, resources, opaque []string) string {
 	t.Helper()
 	dir := oidcProviderDir(t)
 	clients, _ := json.Marshal([]map[string]string{
 		{"client_id": "c1", "client_secret": oauthSecret1, "scope": "mcp payments:write"},
 		{"client_id": "c2", "client_secret": oauthSecret2, "scope": "mcp"},
+		{"client_id": "rs", "client_secret": oauthSecretRS},
 	})
 	cmd := exec.Command("node", "issuer.mjs")
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "OIDC_RESOURCE="+strings.Join(resources, " "), "OIDC_SCOPES=mcp payments:write", "OIDC_CLIENTS="+string(clients))
+	cmd.Env = append(os.Environ(), "OIDC_RESOURCE="+strings.Join(resources, " "), "OIDC_OPAQUE="+strings.Join(opaque, " "), "OIDC_SCOPES=mcp payments:write", "OIDC_CLIENTS="+string(clients))
 	cmd.Stderr = testWriter{t}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -141,12 +145,13 @@ func TestOAuthRealIssuer(t *testing.T) {
 	t.Parallel()
 	t.Run("SQLite", func(t *testing.T) {
 		t.Parallel()
-		testOAuthRealIssuer(t, filepath.Join(t.TempDir(), "open.db"), filepath.Join(t.TempDir(), "scoped.db"))
+		dir := t.TempDir()
+		testOAuthRealIssuer(t, filepath.Join(dir, "open.db"), filepath.Join(dir, "scoped.db"), filepath.Join(dir, "opaque.db"))
 	})
 	t.Run("Postgres", func(t *testing.T) {
 		t.Parallel()
 		oidcProviderDir(t) // skip before starting a cluster for nothing
-		testOAuthRealIssuer(t, pgtest.Database(t), pgtest.Database(t))
+		testOAuthRealIssuer(t, pgtest.Database(t), pgtest.Database(t), pgtest.Database(t))
 	})
 }
 
@@ -163,22 +168,23 @@ type oauthSummary struct {
 	} `json:"requests"`
 }
 
-func testOAuthRealIssuer(t *testing.T, openDB, scopedDB string) {
+func testOAuthRealIssuer(t *testing.T, openDB, scopedDB, opaqueDB string) {
 	tsDir := tsClientDir(t)
-	openAddr, scopedAddr := freeLoopbackAddr(t), freeLoopbackAddr(t)
-	open, scoped := "http://"+openAddr+"/mcp", "http://"+scopedAddr+"/mcp"
-	issuer := startIssuer(t, open, scoped)
+	openAddr, scopedAddr, opaqueAddr := freeLoopbackAddr(t), freeLoopbackAddr(t), freeLoopbackAddr(t)
+	open, scoped, opaque := "http://"+openAddr+"/mcp", "http://"+scopedAddr+"/mcp", "http://"+opaqueAddr+"/mcp"
+	issuer := startIssuer(t, []string{open, scoped, opaque}, []string{opaque})
 	serve := func(db, addr, resource string, extra ...string) {
 		t.Helper()
 		cmd := exec.Command(bin, append([]string{"serve", "--db", db, "--http", addr, "--log-level", "warn",
 			"--oauth-issuer", issuer, "--oauth-audience", resource}, extra...)...)
-		cmd.Env = os.Environ()
+		cmd.Env = append(os.Environ(), "MCP_OUTBOX_OAUTH_CLIENT_SECRET="+oauthSecretRS)
 		if got := startHTTPCommand(t, cmd); got != resource {
 			t.Fatalf("serving at %s, want %s", got, resource)
 		}
 	}
 	serve(openDB, openAddr, open)
 	serve(scopedDB, scopedAddr, scoped, "--oauth-scopes-required", "mcp", "--oauth-tool-scope", "charge=payments:write")
+	serve(opaqueDB, opaqueAddr, opaque, "--oauth-client-id", "rs")
 
 	// clientCharges runs oauth.mjs and checks one charge, then its replay,
 	// under the client's principal, and discovery the spec's way.
@@ -230,6 +236,10 @@ func testOAuthRealIssuer(t *testing.T, openDB, scopedDB string) {
 
 	t.Run("URLAndClientCredentialsOnly", func(t *testing.T) {
 		clientCharges(t, openDB, open, "oauth-key-1", 4242)
+	})
+
+	t.Run("OpaqueTokensIntrospected", func(t *testing.T) {
+		clientCharges(t, opaqueDB, opaque, "oauth-key-3", 4444)
 	})
 
 	t.Run("ScopedWithScope", func(t *testing.T) {

@@ -6,6 +6,7 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/rsa"
+	"encoding/base64"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -33,11 +34,17 @@ type testIssuer struct {
 
 	jwksFetches atomic.Int64
 	discovery   string // the well-known document served: "openid" or "oauth"
+
+	// Opaque tokens: what the introspection endpoint answers for each,
+	// to the client rs/rs-secret only.
+	opaque         map[string]map[string]any
+	introspections atomic.Int64
 }
 
 func newIssuer(t testing.TB) *testIssuer {
 	t.Helper()
-	is := &testIssuer{t: t, keys: map[string]crypto.Signer{}, algs: map[string]jose.SignatureAlgorithm{}, discovery: "openid"}
+	is := &testIssuer{t: t, keys: map[string]crypto.Signer{}, algs: map[string]jose.SignatureAlgorithm{}, discovery: "openid",
+		opaque: map[string]map[string]any{}}
 	mux := http.NewServeMux()
 	doc := func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
@@ -45,6 +52,7 @@ func newIssuer(t testing.TB) *testIssuer {
 			"issuer":                                is.URL(),
 			"jwks_uri":                              is.URL() + "/jwks",
 			"token_endpoint":                        is.URL() + "/token",
+			"introspection_endpoint":                is.URL() + "/introspect",
 			"id_token_signing_alg_values_supported": []string{"RS256"},
 		})
 	}
@@ -75,6 +83,22 @@ func newIssuer(t testing.TB) *testIssuer {
 			w.Header().Set("Cache-Control", is.cacheControl)
 		}
 		json.NewEncoder(w).Encode(set)
+	})
+	mux.HandleFunc("POST /introspect", func(w http.ResponseWriter, r *http.Request) {
+		is.introspections.Add(1)
+		if id, secret, ok := r.BasicAuth(); !ok || id != "rs" || secret != "rs-secret" {
+			w.Header().Set("WWW-Authenticate", `Basic realm="introspection"`)
+			http.Error(w, `{"error":"invalid_client"}`, http.StatusUnauthorized)
+			return
+		}
+		is.mu.Lock()
+		answer, ok := is.opaque[r.PostFormValue("token")]
+		is.mu.Unlock()
+		if !ok {
+			answer = map[string]any{"active": false}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(answer)
 	})
 	is.srv = httptest.NewServer(mux)
 	t.Cleanup(is.srv.Close)
@@ -147,4 +171,23 @@ func (is *testIssuer) good(resource string) claims {
 		NotBefore: jwt.NewNumericDate(now.Add(-time.Minute)),
 		IssuedAt:  jwt.NewNumericDate(now.Add(-time.Minute)),
 	}}
+}
+
+// opaqueToken registers an opaque token whose introspection answers
+// answer, on top of an active token for resource by client-1.
+func (is *testIssuer) opaqueToken(resource string, change func(map[string]any)) string {
+	is.t.Helper()
+	b := make([]byte, 24)
+	rand.Read(b)
+	tok := base64.RawURLEncoding.EncodeToString(b)
+	now := time.Now()
+	answer := map[string]any{"active": true, "iss": is.URL(), "client_id": "client-1", "aud": resource,
+		"scope": "mcp", "exp": now.Add(5 * time.Minute).Unix(), "iat": now.Unix(), "token_type": "Bearer"}
+	if change != nil {
+		change(answer)
+	}
+	is.mu.Lock()
+	is.opaque[tok] = answer
+	is.mu.Unlock()
+	return tok
 }

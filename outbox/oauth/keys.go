@@ -26,12 +26,14 @@ const maxDocBytes = 1 << 20
 type keyCache struct {
 	rs *ResourceServer
 
-	mu        sync.Mutex
-	jwksURI   string // from discovery, once known
-	set       *jose.JSONWebKeySet
-	expires   time.Time // when set must be fetched again
-	lastFetch time.Time // of the JWKS, for RefreshInterval
-	lastErr   error     // of the last fetch
+	mu            sync.Mutex
+	discovered    bool
+	jwksURI       string // from discovery
+	introspection string // introspection_endpoint from discovery, if any
+	set           *jose.JSONWebKeySet
+	expires       time.Time // when set must be fetched again
+	lastFetch     time.Time // of the JWKS, for RefreshInterval
+	lastErr       error     // of the last fetch
 }
 
 // errUnavailable says the issuer could not be asked: the token is neither
@@ -82,13 +84,8 @@ func (c *keyCache) find(kid string) []jose.JSONWebKey {
 // fetch discovers the JWKS URI (once) and reads the set. Holding c.mu.
 func (c *keyCache) fetch(ctx context.Context, now time.Time) error {
 	c.lastFetch = now
-	if c.jwksURI == "" {
-		uri, err := c.rs.discover(ctx)
-		if err != nil {
-			c.rs.opts.Logger.WarnContext(ctx, "discover the issuer's keys", "issuer", c.rs.issuer, "error", err)
-			return fmt.Errorf("%w: %v", errUnavailable, err)
-		}
-		c.jwksURI = uri
+	if err := c.discoverLocked(ctx); err != nil {
+		return err
 	}
 	var set jose.JSONWebKeySet
 	h, err := c.rs.getJSON(ctx, c.jwksURI, &set)
@@ -100,6 +97,33 @@ func (c *keyCache) fetch(ctx context.Context, now time.Time) error {
 	c.expires = now.Add(maxAge(h))
 	c.rs.opts.Logger.DebugContext(ctx, "fetched the issuer's keys", "jwks_uri", c.jwksURI, "keys", len(set.Keys), "until", c.expires)
 	return nil
+}
+
+// discoverLocked reads the issuer's discovery document once. Holding c.mu.
+func (c *keyCache) discoverLocked(ctx context.Context) error {
+	if c.discovered {
+		return nil
+	}
+	doc, err := c.rs.discover(ctx)
+	if err != nil {
+		c.rs.opts.Logger.WarnContext(ctx, "discover the issuer's endpoints", "issuer", c.rs.issuer, "error", err)
+		return fmt.Errorf("%w: %v", errUnavailable, err)
+	}
+	c.jwksURI, c.introspection, c.discovered = doc.JWKSURI, doc.IntrospectionEndpoint, true
+	return nil
+}
+
+// introspectionEndpoint is the issuer's RFC 7662 endpoint, by discovery.
+func (c *keyCache) introspectionEndpoint(ctx context.Context) (string, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.discoverLocked(ctx); err != nil {
+		return "", err
+	}
+	if c.introspection == "" {
+		return "", fmt.Errorf("%w: the issuer's discovery document names no introspection_endpoint", errUnavailable)
+	}
+	return c.introspection, nil
 }
 
 // maxAge is how long a response may be used by its Cache-Control:
@@ -133,7 +157,7 @@ func maxAge(h http.Header) time.Duration {
 // latter (the npm oidc-provider among them). The document must name the
 // issuer exactly (RFC 8414 §3.3), or a document from elsewhere could
 // substitute its own keys.
-func (rs *ResourceServer) discover(ctx context.Context) (string, error) {
+func (rs *ResourceServer) discover(ctx context.Context) (*discoveryDoc, error) {
 	u, _ := url.Parse(rs.issuer) // checked by New
 	path := strings.TrimSuffix(u.Path, "/")
 	var tries []string
@@ -148,27 +172,36 @@ func (rs *ResourceServer) discover(ctx context.Context) (string, error) {
 	}
 	var errs []error
 	for _, try := range tries {
-		var doc struct {
-			Issuer  string `json:"issuer"`
-			JWKSURI string `json:"jwks_uri"`
-		}
+		var doc discoveryDoc
 		if _, err := rs.getJSON(ctx, try, &doc); err != nil {
 			errs = append(errs, err)
 			continue
 		}
 		if doc.Issuer != rs.issuer {
-			return "", fmt.Errorf("%s names issuer %q, not %q", try, doc.Issuer, rs.issuer)
+			return nil, fmt.Errorf("%s names issuer %q, not %q", try, doc.Issuer, rs.issuer)
 		}
-		ju, err := url.Parse(doc.JWKSURI)
-		if err != nil || !ju.IsAbs() {
-			return "", fmt.Errorf("%s: jwks_uri %q is not an absolute URL", try, doc.JWKSURI)
+		for _, e := range []struct{ name, uri string }{{"jwks_uri", doc.JWKSURI}, {"introspection_endpoint", doc.IntrospectionEndpoint}} {
+			if e.uri == "" && e.name != "jwks_uri" {
+				continue
+			}
+			eu, err := url.Parse(e.uri)
+			if err != nil || !eu.IsAbs() {
+				return nil, fmt.Errorf("%s: %s %q is not an absolute URL", try, e.name, e.uri)
+			}
+			if err := checkFetchURL(eu, e.name); err != nil {
+				return nil, err
+			}
 		}
-		if err := checkFetchURL(ju, "jwks_uri"); err != nil {
-			return "", err
-		}
-		return doc.JWKSURI, nil
+		return &doc, nil
 	}
-	return "", errors.Join(errs...)
+	return nil, errors.Join(errs...)
+}
+
+// discoveryDoc is what a resource server reads of RFC 8414 metadata.
+type discoveryDoc struct {
+	Issuer                string `json:"issuer"`
+	JWKSURI               string `json:"jwks_uri"`
+	IntrospectionEndpoint string `json:"introspection_endpoint"`
 }
 
 // getJSON GETs uri into v, bounded by maxDocBytes.

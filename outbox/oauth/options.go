@@ -70,6 +70,10 @@ type Options struct {
 	// unknown kid; zero means DefaultRefreshInterval, negative none (for
 	// tests).
 	RefreshInterval time.Duration
+	// Introspection, when set, accepts opaque (non-JWT) access tokens by
+	// asking the issuer's RFC 7662 introspection endpoint. Nil accepts
+	// JWTs only.
+	Introspection *Introspection
 	// HTTPClient reaches the issuer. Nil means a client with
 	// DefaultHTTPTimeout and the system's trust store (which honours
 	// SSL_CERT_FILE and SSL_CERT_DIR), following no redirects to another
@@ -88,6 +92,7 @@ type ResourceServer struct {
 	opts     Options
 	algs     []jose.SignatureAlgorithm
 	keys     *keyCache
+	intro    *introspector // nil without Options.Introspection
 }
 
 // New returns a ResourceServer for the resource (the MCP endpoint's
@@ -154,6 +159,28 @@ func New(issuer, resource string, opts *Options) (*ResourceServer, error) {
 	}
 	rs := &ResourceServer{issuer: issuer, resource: ru, opts: o, algs: o.Algorithms}
 	rs.keys = &keyCache{rs: rs}
+	if o.Introspection != nil {
+		cfg := *o.Introspection
+		if cfg.ClientID == "" || cfg.ClientSecret == "" {
+			return nil, errors.New("introspection: want the client id and secret this resource server authenticates with")
+		}
+		if cfg.Endpoint != "" {
+			eu, err := url.Parse(cfg.Endpoint)
+			if err != nil || !eu.IsAbs() {
+				return nil, fmt.Errorf("introspection endpoint %q: want an absolute URL", cfg.Endpoint)
+			}
+			if err := checkFetchURL(eu, "introspection endpoint"); err != nil {
+				return nil, err
+			}
+		}
+		switch {
+		case cfg.CacheTTL == 0:
+			cfg.CacheTTL = DefaultIntrospectionCacheTTL
+		case cfg.CacheTTL < 0:
+			cfg.CacheTTL = 0
+		}
+		rs.intro = &introspector{rs: rs, cfg: cfg, cache: map[[32]byte]introspected{}}
+	}
 	return rs, nil
 }
 

@@ -64,7 +64,8 @@ func (c tokenClaims) scopes() []string {
 	return nil
 }
 
-// Verify is a go-sdk auth.TokenVerifier for JWT access tokens. A token is
+// Verify is a go-sdk auth.TokenVerifier for JWT access tokens (and opaque
+// ones, with Options.Introspection, judged by the same rules). A token is
 // accepted when its header names an allowed algorithm, it is signed by a
 // key of the issuer's JWKS, its iss is the issuer, its aud holds the
 // resource exactly, it has an exp and a sub, and exp, nbf and iat hold now
@@ -72,7 +73,13 @@ func (c tokenClaims) scopes() []string {
 // error that is not (the issuer unreachable) means the token could not be
 // judged.
 func (rs *ResourceServer) Verify(ctx context.Context, token string, _ *http.Request) (*auth.TokenInfo, error) {
-	if len(token) > MaxTokenBytes || strings.Count(token, ".") != 2 {
+	if len(token) > MaxTokenBytes {
+		return nil, refMalformed
+	}
+	if strings.Count(token, ".") != 2 {
+		if rs.intro != nil {
+			return rs.intro.verify(ctx, token)
+		}
 		return nil, refMalformed
 	}
 	// The allow-list is enforced while parsing: a header naming none,

@@ -10,6 +10,8 @@
 //   OIDC_SCOPES    the scopes the resource offers, space-separated
 //   OIDC_CLIENTS   JSON: [{"client_id", "client_secret", "scope"}], the
 //                  scopes each client may get
+//   OIDC_OPAQUE    resources (of OIDC_RESOURCE) that get opaque access tokens,
+//                  to be introspected (RFC 7662), instead of JWTs
 //   OIDC_PORT      port to listen on, 127.0.0.1 (0 or unset: any free one)
 // Prints {"issuer": URL} on one line of stdout once it listens; logs on
 // stderr. Runs until killed.
@@ -19,6 +21,7 @@ import Provider, { errors } from 'oidc-provider';
 
 const resources = (process.env.OIDC_RESOURCE ?? '').split(' ').filter(Boolean);
 const scopes = (process.env.OIDC_SCOPES ?? '').split(' ').filter(Boolean);
+const opaque = (process.env.OIDC_OPAQUE ?? '').split(' ').filter(Boolean);
 const clients = JSON.parse(process.env.OIDC_CLIENTS ?? '[]');
 if (resources.length === 0 || clients.length === 0) {
   console.error('issuer.mjs: set OIDC_RESOURCE and OIDC_CLIENTS');
@@ -49,7 +52,7 @@ server.listen(Number(process.env.OIDC_PORT ?? 0), '127.0.0.1', () => {
     clients: clients.map((c) => ({
       client_id: c.client_id,
       client_secret: c.client_secret,
-      scope: c.scope,
+      ...(c.scope ? { scope: c.scope } : {}),
       grant_types: ['client_credentials'],
       response_types: [],
       redirect_uris: [],
@@ -73,8 +76,9 @@ server.listen(Number(process.env.OIDC_PORT ?? 0), '127.0.0.1', () => {
             scope: scopes.join(' '),
             audience: indicator,
             accessTokenTTL: 5 * 60,
-            accessTokenFormat: 'jwt',
-            jwt: { sign: { alg: 'ES256' } },
+            ...(opaque.includes(indicator)
+              ? { accessTokenFormat: 'opaque' }
+              : { accessTokenFormat: 'jwt', jwt: { sign: { alg: 'ES256' } } }),
           };
         },
       },
