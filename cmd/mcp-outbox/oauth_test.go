@@ -342,3 +342,46 @@ func testOAuthRealIssuer(t *testing.T, openDB, scopedDB, opaqueDB string) {
 		}
 	})
 }
+
+// TestOAuthProxyHTTP: proxy --http takes the same --oauth-* flags: its
+// /mcp is a resource server of the real issuer, and the proxy records the
+// upstream's calls under the token's principal.
+func TestOAuthProxyHTTP(t *testing.T) {
+	t.Parallel()
+	tsUpstreamKind.check(t)
+	addr := freeLoopbackAddr(t)
+	resource := "http://" + addr + "/mcp"
+	issuer := startIssuer(t, []string{resource}, nil)
+	f := newProxyFixture(t, tsUpstreamKind)
+	cmd := f.proxyCommand(t, bin, nil, "--cooperating", "--http", addr, "--oauth-issuer", issuer, "--oauth-audience", resource)
+	if got := startHTTPCommand(t, cmd); got != resource {
+		t.Fatalf("proxy serving at %s, want %s", got, resource)
+	}
+	if status := postInitialize(t, resource, ""); status != http.StatusUnauthorized {
+		t.Fatalf("no token: %d, want 401", status)
+	}
+	resp, err := http.Get("http://" + addr + "/.well-known/oauth-protected-resource/mcp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var meta struct {
+		Resource             string   `json:"resource"`
+		AuthorizationServers []string `json:"authorization_servers"`
+	}
+	json.NewDecoder(resp.Body).Decode(&meta)
+	resp.Body.Close()
+	if meta.Resource != resource || len(meta.AuthorizationServers) != 1 || meta.AuthorizationServers[0] != issuer {
+		t.Fatalf("metadata %+v", meta)
+	}
+	tok := issuerToken(t, issuer, "c1", oauthSecret1, resource, "mcp")
+	cs := connectHTTP(t, resource, statefulVersion, bearerClient(t, tok))
+	mustSucceed(t, cs, tsCharge("p-1", "ada", 100))
+	wantReplay(t, mustSucceed(t, cs, tsCharge("p-1", "ada", 100)), true, "meta")
+	if got := countRows(t, f.db, `SELECT count(*) FROM charges`); got != 1 {
+		t.Errorf("charges = %d, want 1", got)
+	}
+	want := "user:oauth:" + issuer + "#c1"
+	if n := countRows(t, f.db, `SELECT count(*) FROM calls WHERE principal = $1 AND key = 'p-1'`, want); n != 1 {
+		t.Errorf("%d calls of %s, want 1", n, want)
+	}
+}
