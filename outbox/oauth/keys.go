@@ -9,6 +9,7 @@ import (
 	"mime"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -168,7 +169,9 @@ func (rs *ResourceServer) discover(ctx context.Context) (*discoveryDoc, error) {
 	} {
 		v := *u
 		v.Path, v.RawPath = p, ""
-		tries = append(tries, v.String())
+		if !slices.Contains(tries, v.String()) { // the last two are one for an issuer without a path
+			tries = append(tries, v.String())
+		}
 	}
 	var errs []error
 	for _, try := range tries {
