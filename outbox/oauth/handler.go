@@ -142,17 +142,18 @@ func (rs *ResourceServer) requireToolScopes(next http.Handler) http.Handler {
 }
 
 // toolsCalled returns the names of the tools a POST body calls: one
-// message or a batch. The go-sdk decodes messages with a case-sensitive
-// decoder of its own, encoding/json matches keys in any case: to never
-// see fewer calls or names than the SDK does, a key is taken in any case,
-// every spelling of it counts, and a tools/call whose name cannot be read
-// is reported as unnamed (then every tool's scopes are required). A body
-// that is no JSON at all is the SDK's to refuse.
+// message or a batch. It must never see fewer calls or other names than
+// the go-sdk does (FuzzToolsCalled holds it to that), so it reads as
+// leniently: the SDK decodes with a decoder of its own that matches keys
+// case-sensitively and ignores what follows the first JSON value; here a
+// key counts in any spelling, only the first value is read, and whatever
+// cannot be read at all is reported as unnamed, which then requires every
+// tool's scopes.
 func toolsCalled(body []byte) (names []string, unnamed bool) {
 	var msgs []json.RawMessage
 	trimmed := bytes.TrimSpace(body)
 	if len(trimmed) > 0 && trimmed[0] == '[' {
-		if json.Unmarshal(trimmed, &msgs) != nil {
+		if decodeFirst(trimmed, &msgs) != nil {
 			return nil, true
 		}
 	} else {
@@ -160,8 +161,9 @@ func toolsCalled(body []byte) (names []string, unnamed bool) {
 	}
 	for _, raw := range msgs {
 		var m map[string]json.RawMessage
-		if json.Unmarshal(raw, &m) != nil {
-			continue // not an object: no call
+		if decodeFirst(raw, &m) != nil {
+			unnamed = true
+			continue
 		}
 		call := false
 		var params []json.RawMessage
@@ -169,7 +171,7 @@ func toolsCalled(body []byte) (names []string, unnamed bool) {
 			var s string
 			switch {
 			case strings.EqualFold(k, "method"):
-				call = call || (json.Unmarshal(v, &s) == nil && s == "tools/call")
+				call = call || (decodeFirst(v, &s) == nil && s == "tools/call")
 			case strings.EqualFold(k, "params"):
 				params = append(params, v)
 			}
@@ -180,12 +182,12 @@ func toolsCalled(body []byte) (names []string, unnamed bool) {
 		named := false
 		for _, p := range params {
 			var pm map[string]json.RawMessage
-			if json.Unmarshal(p, &pm) != nil {
+			if decodeFirst(p, &pm) != nil {
 				continue
 			}
 			for k, v := range pm {
 				var s string
-				if strings.EqualFold(k, "name") && json.Unmarshal(v, &s) == nil {
+				if strings.EqualFold(k, "name") && decodeFirst(v, &s) == nil {
 					names, named = append(names, s), true
 				}
 			}
@@ -193,4 +195,10 @@ func toolsCalled(body []byte) (names []string, unnamed bool) {
 		unnamed = unnamed || !named
 	}
 	return names, unnamed
+}
+
+// decodeFirst decodes the first JSON value of b into v, ignoring what
+// follows, as the go-sdk's decoder does.
+func decodeFirst(b []byte, v any) error {
+	return json.NewDecoder(bytes.NewReader(b)).Decode(v)
 }

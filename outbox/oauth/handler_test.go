@@ -107,6 +107,10 @@ func TestRequire(t *testing.T) {
 			`Bearer resource_metadata="` + metaURL + `", error="insufficient_scope", error_description="insufficient scope for the tool", scope="mcp payments:write"`},
 		{"UnnamedCall", withScope("mcp"), `{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":7}}`, 403,
 			`Bearer resource_metadata="` + metaURL + `", error="insufficient_scope", error_description="insufficient scope for the tool", scope="mcp payments:refund payments:write"`},
+		// The go-sdk reads the first JSON value and ignores what follows
+		// (FuzzToolsCalled found this one).
+		{"TrailingData", withScope("mcp"), call("charge") + "0", 403,
+			`Bearer resource_metadata="` + metaURL + `", error="insufficient_scope", error_description="insufficient scope for the tool", scope="mcp payments:write"`},
 		{"ToolWithoutScopes", withScope("mcp"), call("balance"), 200, ""},
 		{"ToolScope", withScope("mcp payments:write"), call("charge"), 200, ""},
 		{"List", withScope("mcp"), `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`, 200, ""},
