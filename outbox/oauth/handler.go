@@ -2,6 +2,7 @@ package oauth
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -76,7 +77,16 @@ func (rs *ResourceServer) Require(h http.Handler) http.Handler {
 	if len(rs.opts.ToolScopes) > 0 {
 		h = rs.requireToolScopes(h)
 	}
-	return bearer.Require(rs.Verify, &bearer.RequireOptions{
+	// Refusals are logged at debug level, by reason only: why a client
+	// gets 401 is what its operator asks first.
+	verify := func(ctx context.Context, token string, r *http.Request) (*auth.TokenInfo, error) {
+		ti, err := rs.Verify(ctx, token, r)
+		if err != nil {
+			rs.opts.Logger.DebugContext(ctx, "token refused", "reason", err.Error())
+		}
+		return ti, err
+	}
+	return bearer.Require(verify, &bearer.RequireOptions{
 		ResourceMetadataURL: rs.MetadataURL(),
 		Scopes:              rs.opts.ScopesRequired,
 	})(h)
