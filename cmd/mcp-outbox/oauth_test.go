@@ -95,17 +95,25 @@ func startIssuer(t *testing.T, resources, opaque []string) string {
 	}
 }
 
-// freeLoopbackAddr returns a 127.0.0.1 address no one listens on now: the
-// resource's URL (the tokens' audience) must be known before serve starts.
-func freeLoopbackAddr(t *testing.T) string {
+// freeLoopbackAddrs returns n distinct 127.0.0.1 addresses no one listens
+// on now: a resource's URL (the tokens' audience) must be known before
+// serve starts. All are held open until all are found, so that one test's
+// servers never get the same port.
+func freeLoopbackAddrs(t *testing.T, n int) []string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	var addrs []string
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		addrs = append(addrs, ln.Addr().String())
 	}
-	defer ln.Close()
-	return ln.Addr().String()
+	return addrs
 }
+
+func freeLoopbackAddr(t *testing.T) string { return freeLoopbackAddrs(t, 1)[0] }
 
 // issuerToken gets a token for client by client credentials, as any
 // OAuth client would, for the tests that speak HTTP themselves.
@@ -170,7 +178,8 @@ type oauthSummary struct {
 
 func testOAuthRealIssuer(t *testing.T, openDB, scopedDB, opaqueDB string) {
 	tsDir := tsClientDir(t)
-	openAddr, scopedAddr, opaqueAddr := freeLoopbackAddr(t), freeLoopbackAddr(t), freeLoopbackAddr(t)
+	addrs := freeLoopbackAddrs(t, 3)
+	openAddr, scopedAddr, opaqueAddr := addrs[0], addrs[1], addrs[2]
 	open, scoped, opaque := "http://"+openAddr+"/mcp", "http://"+scopedAddr+"/mcp", "http://"+opaqueAddr+"/mcp"
 	issuer := startIssuer(t, []string{open, scoped, opaque}, []string{opaque})
 	serve := func(db, addr, resource string, extra ...string) {
