@@ -217,7 +217,7 @@ func testOAuthRealIssuer(t *testing.T, openDB, scopedDB, opaqueDB string) {
 		for _, r := range out.Requests {
 			ru, _ := url.Parse(r.URL)
 			trail = append(trail, fmt.Sprintf("%s %s %d", r.Method, ru.Path, r.Status))
-			if r.Status == 401 && r.Challenge != `Bearer resource_metadata="http://`+u.Host+`/.well-known/oauth-protected-resource/mcp"` {
+			if r.Status == 401 && !strings.HasPrefix(r.Challenge, `Bearer resource_metadata="http://`+u.Host+`/.well-known/oauth-protected-resource/mcp"`) {
 				t.Errorf("401 challenge %q", r.Challenge)
 			}
 		}

@@ -21,7 +21,7 @@ type RequireOptions struct {
 	// Realm is sent as realm in every challenge; empty sends none.
 	Realm string
 	// Scopes are required of every request: a valid token without all of
-	// them gets 403 insufficient_scope.
+	// them gets 403 insufficient_scope. Every challenge names them.
 	Scopes []string
 }
 
@@ -146,7 +146,9 @@ func Require(verify auth.TokenVerifier, opts *RequireOptions) func(http.Handler)
 		o = *opts
 		o.Scopes = slices.Clone(opts.Scopes)
 	}
-	base := Challenge{Realm: o.Realm, ResourceMetadata: o.ResourceMetadataURL}
+	// The MCP spec (2025-11-25) wants the scopes a client needs in the 401
+	// as well, so that its first authorization asks for them.
+	base := Challenge{Realm: o.Realm, ResourceMetadata: o.ResourceMetadataURL, Scope: o.Scopes}
 	return func(h http.Handler) http.Handler {
 		// The go-sdk keeps its TokenInfo under an unexported context key:
 		// only its own middleware can put it there. It runs after ours and
@@ -192,7 +194,7 @@ func Require(verify auth.TokenVerifier, opts *RequireOptions) func(http.Handler)
 			}
 			if missing := Missing(ti.Scopes, o.Scopes); len(missing) > 0 {
 				c := base
-				c.Error, c.Description, c.Scope = "insufficient_scope", "insufficient scope", o.Scopes
+				c.Error, c.Description = "insufficient_scope", "insufficient scope"
 				WriteChallenge(w, http.StatusForbidden, c)
 				return
 			}

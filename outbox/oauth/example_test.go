@@ -39,6 +39,6 @@ func Example() {
 	b, _ := io.ReadAll(rec.Body)
 	fmt.Print(string(b))
 	// Output:
-	// 401 Bearer resource_metadata="https://mcp.example.com/.well-known/oauth-protected-resource/mcp"
+	// 401 Bearer resource_metadata="https://mcp.example.com/.well-known/oauth-protected-resource/mcp", scope="mcp"
 	// {"resource":"https://mcp.example.com/mcp","authorization_servers":["https://idp.example.com"],"scopes_supported":["mcp","payments:write"],"bearer_methods_supported":["header"],"resource_name":"Payments"}
 }

@@ -88,11 +88,11 @@ func TestRequire(t *testing.T) {
 		status            int
 		challenge         string
 	}{
-		{"NoToken", "", call("charge"), 401, `Bearer resource_metadata="` + metaURL + `"`},
+		{"NoToken", "", call("charge"), 401, `Bearer resource_metadata="` + metaURL + `", scope="mcp"`},
 		{"Expired", expiredTok, call("charge"), 401,
-			`Bearer resource_metadata="` + metaURL + `", error="invalid_token", error_description="token expired"`},
+			`Bearer resource_metadata="` + metaURL + `", error="invalid_token", error_description="token expired", scope="mcp"`},
 		{"Garbage", "not-a-jwt", call("charge"), 401,
-			`Bearer resource_metadata="` + metaURL + `", error="invalid_token", error_description="malformed token"`},
+			`Bearer resource_metadata="` + metaURL + `", error="invalid_token", error_description="malformed token", scope="mcp"`},
 		{"NoRequiredScope", withScope("payments:write"), `{"jsonrpc":"2.0","id":1,"method":"tools/list"}`, 403,
 			`Bearer resource_metadata="` + metaURL + `", error="insufficient_scope", error_description="insufficient scope", scope="mcp"`},
 		{"NoToolScope", withScope("mcp"), call("charge"), 403,
@@ -146,7 +146,7 @@ func TestRequire(t *testing.T) {
 		// Another scheme is no bearer token at all (RFC 6750 §3.1: no
 		// error code), and its credentials are not repeated.
 		a = post(t, base+"/mcp", "Basic dXNlcjpwYXNz", call("charge"))
-		if a.status != 401 || a.challenge != `Bearer resource_metadata="`+metaURL+`"` || strings.Contains(a.body, "dXNlcjpwYXNz") {
+		if a.status != 401 || a.challenge != `Bearer resource_metadata="`+metaURL+`", scope="mcp"` || strings.Contains(a.body, "dXNlcjpwYXNz") {
 			t.Fatalf("got %+v, want 401 with a bare challenge", a)
 		}
 	})
