@@ -11,6 +11,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/operate"
 	"github.com/mcp-outbox/mcp-outbox/outbox/bearer"
+	"github.com/mcp-outbox/mcp-outbox/outbox/oauth"
 )
 
 const authHelp = `Authentication (with --http):
@@ -20,8 +21,27 @@ const authHelp = `Authentication (with --http):
   adds 'principal=sha256hex,principal2=sha256hex'. 'mcp-outbox token new
   PRINCIPAL' makes a token and its line. With tokens, /mcp requires
   'Authorization: Bearer TOKEN' and scopes idempotency keys and call_status
-  by principal. Without tokens, --http must be a loopback address, unless
+  by principal. Without tokens (or OAuth), --http must be a loopback address, unless
   --insecure-no-auth is given.
+  OAuth instead of static tokens: --oauth-issuer URL and --oauth-audience URL
+  make /mcp an OAuth 2.1 resource server, as the MCP authorization spec
+  wants. It accepts JWT access tokens signed by the issuer's keys (found
+  through its /.well-known/oauth-authorization-server or
+  openid-configuration document; https, or http on a loopback address),
+  whose aud is exactly the --oauth-audience URL (the /mcp URL as clients
+  reach it, such as https://mcp.example.com/mcp), valid now (30s skew).
+  It publishes RFC 9728 metadata at
+  /.well-known/oauth-protected-resource/mcp (and without /mcp), and
+  answers a request without a valid token with 401 and 'WWW-Authenticate:
+  Bearer resource_metadata="…"' (error="invalid_token" when a token came),
+  and one without a scope it needs with 403 error="insufficient_scope".
+  --oauth-scopes-required S,... are needed for every request;
+  --oauth-tool-scope TOOL=S,... (repeatable) also for calls of TOOL,
+  refused before anything of the call runs. With --oauth-client-id (and
+  its secret), opaque tokens are asked about at the issuer's introspection
+  endpoint (RFC 7662), the answer kept for 30s at most. The principal is
+  'oauth:ISSUER#SUBJECT'. --tokens and --oauth-issuer cannot be combined:
+  serve refuses to start rather than pick one.
   --admin-token-sha256 makes /admin require 'Authorization: Bearer TOKEN'
   from any address; without it /admin answers loopback clients only. The
   operator page at / follows the same rule; a browser logs in at /login
@@ -43,7 +63,14 @@ type authConfig struct {
 	operatorPath    string
 	operatorKeyFile string
 
+	oauthIssuer, oauthAudience, oauthScopes string
+	oauthToolScopes                         toolScopes
+	oauthClientID, oauthSecretFile          string
+	oauthIntrospectionURL                   string
+
 	tokens     []bearer.Token
+	oauth      *oauth.Options // with oauthIssuer; nil without
+	rs         *oauth.ResourceServer
 	adminHash  []byte
 	sessionKey []byte // from operatorKeyFile; nil means the database's
 }
@@ -58,6 +85,22 @@ func (c *authConfig) flags(env *environment, fs *flag.FlagSet) {
 	fs.StringVar(&c.operatorKeyFile, "operator-key-file", env.envDefault("MCP_OUTBOX_OPERATOR_KEY_FILE", ""),
 		"with --http, sign the operator page's sessions with the key in `FILE` (hex, at least 32 bytes; the same on every replica); "+
 			"without it the key is kept in the database [MCP_OUTBOX_OPERATOR_KEY_FILE]")
+	fs.StringVar(&c.oauthIssuer, "oauth-issuer", env.envDefault("MCP_OUTBOX_OAUTH_ISSUER", ""),
+		"with --http, accept OAuth access tokens (JWT) from the authorization server `URL` on /mcp, instead of --tokens; see below [MCP_OUTBOX_OAUTH_ISSUER]")
+	fs.StringVar(&c.oauthAudience, "oauth-audience", env.envDefault("MCP_OUTBOX_OAUTH_AUDIENCE", ""),
+		"with --oauth-issuer, this resource's identifier: the /mcp `URL` as clients reach it; a token's aud must hold it exactly [MCP_OUTBOX_OAUTH_AUDIENCE]")
+	fs.StringVar(&c.oauthScopes, "oauth-scopes-required", env.envDefault("MCP_OUTBOX_OAUTH_SCOPES_REQUIRED", ""),
+		"with --oauth-issuer, scopes every request to /mcp needs, as `S1,S2` [MCP_OUTBOX_OAUTH_SCOPES_REQUIRED]")
+	c.oauthToolScopes.env = env.envDefault("MCP_OUTBOX_OAUTH_TOOL_SCOPES", "")
+	fs.Var(&c.oauthToolScopes, "oauth-tool-scope",
+		"with --oauth-issuer, scopes a call of a tool needs, as `TOOL=S1,S2`; repeat for more tools [MCP_OUTBOX_OAUTH_TOOL_SCOPES=TOOL=S1,S2;TOOL2=S3]")
+	fs.StringVar(&c.oauthClientID, "oauth-client-id", env.envDefault("MCP_OUTBOX_OAUTH_CLIENT_ID", ""),
+		"with --oauth-issuer, also accept opaque access tokens by asking the issuer's introspection endpoint (RFC 7662) as the client `ID`; "+
+			"its secret comes from --oauth-client-secret-file or MCP_OUTBOX_OAUTH_CLIENT_SECRET [MCP_OUTBOX_OAUTH_CLIENT_ID]")
+	fs.StringVar(&c.oauthSecretFile, "oauth-client-secret-file", env.envDefault("MCP_OUTBOX_OAUTH_CLIENT_SECRET_FILE", ""),
+		"with --oauth-client-id, the client's secret is in `FILE` [MCP_OUTBOX_OAUTH_CLIENT_SECRET_FILE]")
+	fs.StringVar(&c.oauthIntrospectionURL, "oauth-introspection-url", env.envDefault("MCP_OUTBOX_OAUTH_INTROSPECTION_URL", ""),
+		"with --oauth-client-id, the introspection endpoint `URL`; without it, the issuer's discovery document names it [MCP_OUTBOX_OAUTH_INTROSPECTION_URL]")
 	// No environment variable on purpose: turning authentication off should
 	// be visible on the command line, not inherited.
 	fs.BoolVar(&c.insecureNoAuth, "insecure-no-auth", false,
@@ -103,12 +146,22 @@ func (c *authConfig) load(env *environment, listen string) error {
 	if err := c.loadOperator(); err != nil {
 		return err
 	}
+	if err := c.loadOAuth(env); err != nil {
+		return err
+	}
 	switch {
+	case c.oauth != nil && len(c.tokens) > 0:
+		return usagef("--oauth-issuer with static tokens (--tokens or MCP_OUTBOX_TOKENS) configured: choose one; " +
+			"a token of one could otherwise name the principal of the other")
+	case c.oauth != nil && c.insecureNoAuth:
+		return usagef("--insecure-no-auth with --oauth-issuer: drop one of them")
+	case c.oauth != nil:
+		return nil
 	case len(c.tokens) > 0 && c.insecureNoAuth:
 		return usagef("--insecure-no-auth with tokens configured: drop one of them")
 	case len(c.tokens) == 0 && !c.insecureNoAuth && !operate.LoopbackHost(listen):
 		return usagef("--http %q is not a loopback address and no tokens are configured, so anyone who can reach it could charge: "+
-			"configure --tokens (see 'mcp-outbox token --help'), listen on 127.0.0.1, or pass --insecure-no-auth", listen)
+			"configure --tokens (see 'mcp-outbox token --help') or --oauth-issuer, listen on 127.0.0.1, or pass --insecure-no-auth", listen)
 	}
 	return nil
 }

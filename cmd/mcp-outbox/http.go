@@ -13,6 +13,7 @@ import (
 	"github.com/go-chi/chi/v5/middleware"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox/mcphttp"
+	"github.com/mcp-outbox/mcp-outbox/outbox/oauth"
 	"github.com/mcp-outbox/mcp-outbox/outbox/operator"
 )
 
@@ -26,7 +27,14 @@ func newRouter(ctx context.Context, a *app, logger *slog.Logger) (http.Handler, 
 	if mcpH == nil {
 		mcpH = mcphttp.NewHandler(a.server, &mcphttp.Options{Logger: logger})
 	}
-	r.Handle("/mcp", a.auth.verifier().Require(mcpH))
+	if rs := a.auth.resourceServer(logger); rs != nil {
+		r.Handle("/mcp", rs.Require(mcpH))
+		for _, p := range rs.MetadataPaths() {
+			r.Handle(p, rs.MetadataHandler())
+		}
+	} else {
+		r.Handle("/mcp", a.auth.verifier().Require(mcpH))
+	}
 	opts := &operator.Options{Logger: logger, Registry: a.metricsRegistry, BasePath: a.auth.operatorBase()}
 	if a.auth != nil {
 		opts.AdminTokenSHA256, opts.SessionKey = a.auth.adminHash, a.auth.sessionKey
@@ -86,6 +94,16 @@ func serveHTTP(ctx context.Context, a *app, addr string, logger *slog.Logger, st
 	mcpAuth, adminAuth := "no authentication", "loopback clients only"
 	if v := a.auth.verifier(); v.Enabled() {
 		mcpAuth = fmt.Sprintf("bearer tokens of %d principals", v.Principals())
+	}
+	if rs := a.auth.resourceServer(logger); rs != nil {
+		mcpAuth = fmt.Sprintf("OAuth access tokens of %s for %s (metadata at %s)", rs.Issuer(), rs.Resource(), rs.MetadataURL())
+		// Not fatal: the issuer may start after us (a sidecar), and
+		// tokens are refused with 503 until it answers.
+		cctx, cancel := context.WithTimeout(ctx, oauth.DefaultHTTPTimeout)
+		if err := rs.Check(cctx); err != nil {
+			fmt.Fprintf(stderr, "mcp-outbox: WARNING: cannot read the OAuth issuer's keys yet: %v\n", err)
+		}
+		cancel()
 	}
 	if a.auth != nil && a.auth.adminHash != nil {
 		adminAuth = "admin token required"

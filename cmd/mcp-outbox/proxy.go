@@ -57,7 +57,7 @@ func runProxy(ctx context.Context, env *environment, args []string) error {
 	cooperating := fs.Bool("cooperating", env.envDefault("MCP_OUTBOX_COOPERATING", "") == "1",
 		"the upstream records its calls' outcomes itself (schema/README.md) [MCP_OUTBOX_COOPERATING=1]")
 	httpAddr := fs.String("http", env.envDefault("MCP_OUTBOX_HTTP", ""),
-		"serve Streamable HTTP at `ADDR` (e.g. 127.0.0.1:8080) instead of stdio; a non-loopback ADDR needs --tokens [MCP_OUTBOX_HTTP]")
+		"serve Streamable HTTP at `ADDR` (e.g. 127.0.0.1:8080) instead of stdio; a non-loopback ADDR needs --tokens or --oauth-issuer [MCP_OUTBOX_HTTP]")
 	var ac authConfig
 	ac.flags(env, fs)
 	if err := parseFlags(fs, args); err != nil {

@@ -10,6 +10,13 @@
 // handler. [Matches] checks a single token, such as the operator's admin
 // token (package operator).
 //
+// [Require] is RFC 6750's side of any bearer scheme: it runs a go-sdk
+// auth.TokenVerifier and answers what a client can act on, a 401 with a
+// WWW-Authenticate challenge (naming the RFC 9728 metadata when there is
+// one, and error="invalid_token" when a token came), a 403
+// error="insufficient_scope" with the scopes, and never the token or the
+// verifier's internal errors. Package oauth uses it for access tokens.
+//
 // In the layers of this module bearer sits with the surfaces (operator,
 // mcphttp, sidecar), and imports nothing of the library.
 package bearer

@@ -41,6 +41,6 @@ func Example() {
 	// Output:
 	// 200 hello alice
 	// 401 invalid token
-	// 401 no bearer token
+	// 401 authentication required
 	// invalid token
 }

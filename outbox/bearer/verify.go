@@ -64,14 +64,19 @@ func (v *Verifier) Verify(_ context.Context, token string, _ *http.Request) (*au
 	return &auth.TokenInfo{UserID: principal, Expiration: noExpiry}, nil
 }
 
-// Require puts h behind the bearer tokens, when there are any. The SDK's
-// middleware answers 401 itself and hands the principal to the outbox layer
-// as TokenInfo.UserID, which scopes keys and call_status.
+// Realm is the realm of static tokens' challenges.
+const Realm = "mcp-outbox"
+
+// Require puts h behind the bearer tokens, when there are any: a request
+// without a token gets 401 with 'WWW-Authenticate: Bearer
+// realm="mcp-outbox"', one with an unknown token adds
+// error="invalid_token" (see [Require]). The principal reaches the outbox
+// layer as TokenInfo.UserID, which scopes keys and call_status.
 func (v *Verifier) Require(h http.Handler) http.Handler {
 	if !v.Enabled() {
 		return h
 	}
-	return auth.RequireBearerToken(v.Verify, nil)(h)
+	return Require(v.Verify, &RequireOptions{Realm: Realm})(h)
 }
 
 // FromRequest returns the token of r's 'Authorization: Bearer' header.
