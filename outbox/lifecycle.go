@@ -47,6 +47,11 @@ type StartOptions struct {
 	// ReapInterval is how often the reaper purges, beginning at Start;
 	// zero means DefaultReapInterval, ReaperOff runs no reaper.
 	ReapInterval time.Duration
+	// TaskScanInterval is how often the layer looks for tasks whose owner
+	// is gone, to run them again (see "Tasks" in the package doc),
+	// beginning at Start; zero means DefaultTaskScanInterval, negative
+	// runs no scan.
+	TaskScanInterval time.Duration
 }
 
 // A Runner is the background work that [Layer.Start] began: the dispatcher
@@ -167,6 +172,13 @@ func (l *Layer) Start(ctx context.Context, opts *StartOptions) (*Runner, error) 
 		r.removeHook = l.addEnqueueHook(d.Notify)
 		wg.Go(func() { dispatchErr = d.Run(runCtx) })
 	}
+	if o.TaskScanInterval >= 0 {
+		scan := o.TaskScanInterval
+		if scan == 0 {
+			scan = DefaultTaskScanInterval
+		}
+		wg.Go(func() { _ = l.runTaskRecovery(runCtx, scan) })
+	}
 	if o.ReapInterval != ReaperOff {
 		wg.Go(func() {
 			reapErr = runReaper(runCtx, l.db, o.Retention, o.ReapInterval, l.opts.Logger, l.now)
@@ -208,6 +220,7 @@ func (r *Runner) Stop(ctx context.Context) error {
 		<-r.done
 		err = fmt.Errorf("stop outbox: deliveries in flight were cancelled: %w", ctx.Err())
 	}
+	err = errors.Join(err, r.layer.stopTasks(ctx))
 	l := r.layer
 	l.mu.Lock()
 	if l.runner == r {
