@@ -76,6 +76,9 @@ type attempt struct {
 	// detached: the attempt runs on after the request's answer (a task);
 	// whoever runs it leaves Layer.local at its end.
 	detached bool
+	// reqOutcome: the outcome of the request that created a detached
+	// attempt's task, written by the request's goroutine only.
+	reqOutcome string
 }
 
 func (a *attempt) recorded() bool { return a.tool.record && a.id.source != "" }
@@ -151,8 +154,15 @@ func (l *Layer) run(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest, 
 	a := &attempt{layer: l, tool: t, id: id, uid: randomUID(), toolCallID: toolCallIDOf(req), task: task}
 	defer func() {
 		d := time.Since(start)
-		metrics.Call(l.opts.Metrics, t.name, a.outcome, d)
-		l.logCall(ctx, a, req, d)
+		logged := a
+		if a.detached {
+			// The task's goroutine owns a now: the request's event is
+			// about the answer it got (reqOutcome), from a copy of what
+			// no longer changes.
+			logged = &attempt{layer: l, tool: t, id: a.id, uid: a.uid, toolCallID: a.toolCallID, outcome: a.reqOutcome}
+		}
+		metrics.Call(l.opts.Metrics, t.name, logged.outcome, d)
+		l.logCall(ctx, logged, req, d)
 	}()
 	if !a.recorded() {
 		a.task = nil // no row, so no task: a plain call

@@ -44,6 +44,7 @@ func (l *Layer) callAsTask(ctx context.Context, t *toolInfo, req *mcp.CallToolRe
 			defer timer.Stop()
 			select {
 			case res := <-done:
+				a.reqOutcome = a.outcome // the task's goroutine is done with it
 				if res.err == nil && res.res != nil {
 					if cr, ok := res.res.(*mcp.CallToolResult); ok {
 						return forProtocol(req, cr), nil
@@ -54,7 +55,7 @@ func (l *Layer) callAsTask(ctx context.Context, t *toolInfo, req *mcp.CallToolRe
 			case <-ctx.Done():
 			}
 		}
-		a.outcome = outcomeTask
+		a.reqOutcome = outcomeTask
 		return l.taskAnswer(ctx, a.id.principal, a.task.taskID(), "task")
 	})
 }

@@ -203,7 +203,9 @@ type taskGate struct {
 	release chan struct{}
 }
 
-func newGate() *taskGate { return &taskGate{reached: make(chan struct{}, 16), release: make(chan struct{})} }
+func newGate() *taskGate {
+	return &taskGate{reached: make(chan struct{}, 16), release: make(chan struct{})}
+}
 
 func (g *taskGate) hold(ctx context.Context) error {
 	g.reached <- struct{}{}
@@ -420,6 +422,12 @@ func TestTask_LostHandleRecovered(t *testing.T) {
 	if got := charges(t, b); got != 2 {
 		t.Errorf("charges = %d, want 2 (one per logical call)", got)
 	}
+	// call_status names the task and its status.
+	st := result(t, p.request("tools/call", map[string]any{"name": outbox.StatusToolName, "arguments": map[string]any{"key": "lost-1"}}))
+	sc, _ := st["structuredContent"].(map[string]any)
+	if sc["taskId"] != first["taskId"] || sc["taskStatus"] != "completed" {
+		t.Errorf("call_status = %v", sc)
+	}
 }
 
 func TestTask_OtherPrincipalGetsNotFound(t *testing.T) {
@@ -486,4 +494,3 @@ func mustExec(t *testing.T, db *schema.DB, q string, args ...any) {
 		t.Fatal(err)
 	}
 }
-
