@@ -1,0 +1,155 @@
+package main
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/downstream"
+	"github.com/mcp-outbox/mcp-outbox/internal/failpoint"
+	"github.com/mcp-outbox/mcp-outbox/outbox"
+)
+
+// crashTaskPeer posts 2026-07-28 requests (stateless Streamable HTTP,
+// per-request _meta) to a serve, as @modelcontextprotocol/ext-tasks does.
+type crashTaskPeer struct {
+	t   *testing.T
+	url string
+	id  atomic.Int64
+}
+
+func (p *crashTaskPeer) do(method string, params map[string]any, tasks bool) (map[string]any, error) {
+	caps := map[string]any{}
+	if tasks {
+		caps["extensions"] = map[string]any{outbox.ExtensionTasks: map[string]any{}}
+	}
+	meta, _ := params["_meta"].(map[string]any)
+	if meta == nil {
+		meta = map[string]any{}
+	}
+	meta["io.modelcontextprotocol/protocolVersion"] = "2026-07-28"
+	meta["io.modelcontextprotocol/clientInfo"] = map[string]any{"name": "tasks-crash", "version": "0"}
+	meta["io.modelcontextprotocol/clientCapabilities"] = caps
+	params["_meta"] = meta
+	body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": p.id.Add(1), "method": method, "params": params})
+	req, _ := http.NewRequest(http.MethodPost, p.url, strings.NewReader(string(body)))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Mcp-Protocol-Version", "2026-07-28")
+	req.Header.Set("Mcp-Method", method)
+	if name, ok := params["name"].(string); ok {
+		req.Header.Set("Mcp-Name", name)
+	} else if id, ok := params["taskId"].(string); ok {
+		req.Header.Set("Mcp-Name", id)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	text := string(raw)
+	if i := strings.Index(text, "data: "); i >= 0 {
+		text = strings.TrimSpace(strings.SplitN(text[i+len("data: "):], "\n", 2)[0])
+	}
+	var m map[string]any
+	if err := json.Unmarshal([]byte(text), &m); err != nil {
+		p.t.Fatalf("%s: %s: %s", method, resp.Status, raw)
+	}
+	r, ok := m["result"].(map[string]any)
+	if !ok {
+		p.t.Fatalf("%s: no result: %s", method, raw)
+	}
+	return r, nil
+}
+
+// TestTasks_SurviveSIGKILL: a charge answered as a task; serve is
+// SIGKILLed inside the task's handler, before its commit
+// (call.before_commit); a new serve on the same database takes the task
+// over (the owner's process is gone), runs it from its stored params, and
+// the task completes with exactly one charge and one delivery.
+func TestTasks_SurviveSIGKILL(t *testing.T) {
+	t.Parallel()
+	fake := downstream.Start(t, nil)
+	dest := paymentsDest(fake, "timeout=1s")
+	dbPath := filepath.Join(t.TempDir(), "ledger.db")
+
+	url, cmd := startHTTP(t, failpointBin, dbPath, []string{failpoint.EnvVar + "=" + failpoint.CallBeforeCommit + "=crash"},
+		// The delay keeps the handler (and the kill) after the answer is out.
+		"--task", "charge=always", "--demo-delay", "1s", "--dest", dest)
+	p := &crashTaskPeer{t: t, url: url}
+	created, err := p.do("tools/call", map[string]any{"name": "charge", "arguments": map[string]any{"amount": 4200},
+		"_meta": map[string]any{outbox.MetaKeyIdempotency: "task-crash-1"}}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := created["taskId"].(string)
+	if created["resultType"] != "task" || id == "" {
+		t.Fatalf("CreateTaskResult = %v", created)
+	}
+	// The task's handler runs on after the answer and hits the failpoint.
+	_ = cmd.Wait()
+	wantKilled(t, cmd)
+	db := openLedgerDB(t, dbPath)
+	if n := countRows(t, db, `SELECT count(*) FROM calls WHERE task_id = ? AND state = 'in_flight' AND task_params IS NOT NULL`, id); n != 1 {
+		t.Fatalf("after the kill the task is not in flight with its params (%d rows)", n)
+	}
+	if n := countRows(t, db, `SELECT count(*) FROM charges`); n != 0 {
+		t.Fatalf("charges = %d after a kill before the commit", n)
+	}
+
+	url2, _ := startHTTP(t, bin, dbPath, nil, "--task", "charge=always", "--dest", dest)
+	p2 := &crashTaskPeer{t: t, url: url2}
+	deadline := time.Now().Add(30 * time.Second)
+	var got map[string]any
+	for {
+		if got, err = p2.do("tasks/get", map[string]any{"taskId": id}, true); err != nil {
+			t.Fatal(err)
+		}
+		if got["status"] != "working" || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond) // polling, as a client does
+	}
+	if got["status"] != "completed" {
+		t.Fatalf("task after restart = %v", got)
+	}
+	// The retry of the lost handle gets the same task, completed.
+	again, err := p2.do("tools/call", map[string]any{"name": "charge", "arguments": map[string]any{"amount": 4200},
+		"_meta": map[string]any{outbox.MetaKeyIdempotency: "task-crash-1"}}, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again["taskId"] != id || again["status"] != "completed" {
+		t.Errorf("retry after restart = %v, want task %s completed", again, id)
+	}
+	waitEffects(t, db, 1, 30*time.Second, "delivered")
+	wantExactlyOnce(t, db, fake, 1)
+}
+
+func TestServe_TaskFlag(t *testing.T) {
+	t.Parallel()
+	got, err := parseTasks([]string{"charge=after:500ms", "refund=always"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got["charge"].Mode != outbox.TasksIfSlow || got["charge"].After != 500*time.Millisecond || got["refund"].Mode != outbox.TasksAlways {
+		t.Errorf("parseTasks = %+v", got)
+	}
+	if got, err := parseTasks([]string{"charge=required,refund=always"}); err != nil || got["charge"].Mode != outbox.TasksRequired {
+		t.Errorf("comma list: %+v %v", got, err)
+	}
+	for _, bad := range []string{"charge", "charge=sometimes", "balance=always", "nope=always", "charge=after:-1s", "charge=always,charge=required"} {
+		if _, err := parseTasks([]string{bad}); err == nil {
+			t.Errorf("parseTasks(%q) accepted", bad)
+		}
+	}
+}
