@@ -75,7 +75,10 @@ type Runner struct {
 //     (Start adds its Notify with [Layer.OnEnqueue]);
 //   - the reaper ([RunReaper] on the layer's clock), which purges at once
 //     and then every ReapInterval what opts.Retention no longer keeps, so
-//     that the tables do not grow without bound (unless ReaperOff).
+//     that the tables do not grow without bound (unless ReaperOff);
+//   - the task runner, which takes over the tasks whose owner is gone and
+//     runs them again from their stored params, at once and every
+//     TaskScanInterval (see "Tasks" in the package doc).
 //
 // From Start on, Enqueue to a destination the dispatcher does not know is
 // an error that names the destination and the known ones, and enqueues
@@ -199,7 +202,10 @@ func (l *Layer) Start(ctx context.Context, opts *StartOptions) (*Runner, error) 
 // passes, whichever comes first. Then they are cancelled: such an effect
 // is sent again, with the same Idempotency-Key, at the next Start, or
 // becomes unknown if its destination is AtMostOnce. Stop's error then
-// says that ctx ended. Stop may be called again: it waits in the same way.
+// says that ctx ended. Then Stop waits for the tasks the layer runs, until
+// ctx ends; the rest are stopped, roll back, and stay in flight for the
+// next Start or another replica to run again. Stop may be called again: it
+// waits in the same way.
 // After Stop the layer still refuses the destinations the stopped
 // dispatcher did not know; a Start with NoDispatcher forgets them.
 func (r *Runner) Stop(ctx context.Context) error {
