@@ -27,7 +27,7 @@ import (
 // initialize, as @modelcontextprotocol/ext-tasks does. Over stdio
 // (mcpstdio) or stateless Streamable HTTP (mcphttp.NewHandler).
 type taskPeer struct {
-	t    *testing.T
+	t    testing.TB
 	next atomic.Int64
 	// one of:
 	w     io.Writer
@@ -36,7 +36,7 @@ type taskPeer struct {
 	token string
 }
 
-func stdioPeer(t *testing.T, s *mcp.Server) *taskPeer {
+func stdioPeer(t testing.TB, s *mcp.Server) *taskPeer {
 	t.Helper()
 	cr, sw := io.Pipe()
 	sr, cw := io.Pipe()
@@ -144,7 +144,7 @@ func (p *taskPeer) post(method string, params map[string]any, body []byte) map[s
 	return m
 }
 
-func result(t *testing.T, resp map[string]any) map[string]any {
+func result(t testing.TB, resp map[string]any) map[string]any {
 	t.Helper()
 	r, ok := resp["result"].(map[string]any)
 	if !ok {
@@ -187,7 +187,7 @@ func (p *taskPeer) waitTask(id string) map[string]any {
 }
 
 // taskSetup is a layer with the ledger's charge allowing tasks.
-func taskSetup(t *testing.T, db *schema.DB, mode outbox.TaskMode, lopts *ledger.Options) *bundle {
+func taskSetup(t testing.TB, db *schema.DB, mode outbox.TaskMode, lopts *ledger.Options) *bundle {
 	t.Helper()
 	if lopts == nil {
 		lopts = &ledger.Options{}
