@@ -71,43 +71,77 @@ func (p *crashTaskPeer) do(method string, params map[string]any, tasks bool) (ma
 	return r, nil
 }
 
-// TestTasks_SurviveSIGKILL: a charge answered as a task; serve is
-// SIGKILLed inside the task's handler, before its commit
-// (call.before_commit); a new serve on the same database takes the task
-// over (the owner's process is gone), runs it from its stored params, and
-// the task completes with exactly one charge and one delivery.
+// TestTasks_SurviveSIGKILL: a charge made as a task; serve is SIGKILLed
+// at a point of the task's path; a new serve on the same database takes
+// over what is left (the owner's process is gone), and the task completes
+// with exactly one charge and one delivery:
+//
+//   - call.after_claim: the task is durable but its CreateTaskResult never
+//     left; the client's retry with the same key recovers the handle;
+//   - call.before_commit: inside the task's handler, after the answer;
+//     the new serve runs the task again from its stored params;
+//   - call.after_commit: the task committed; nothing runs again.
 func TestTasks_SurviveSIGKILL(t *testing.T) {
 	t.Parallel()
+	for _, fp := range []string{failpoint.CallAfterClaim, failpoint.CallBeforeCommit, failpoint.CallAfterCommit} {
+		t.Run(fp, func(t *testing.T) {
+			t.Parallel()
+			testTaskSIGKILL(t, fp)
+		})
+	}
+}
+
+func testTaskSIGKILL(t *testing.T, fp string) {
 	fake := downstream.Start(t, nil)
 	dest := paymentsDest(fake, "timeout=1s")
 	dbPath := filepath.Join(t.TempDir(), "ledger.db")
+	charge := func() map[string]any {
+		return map[string]any{"name": "charge", "arguments": map[string]any{"amount": 4200},
+			"_meta": map[string]any{outbox.MetaKeyIdempotency: "task-crash-1"}}
+	}
 
-	url, cmd := startHTTP(t, failpointBin, dbPath, []string{failpoint.EnvVar + "=" + failpoint.CallBeforeCommit + "=crash"},
-		// The delay keeps the handler (and the kill) after the answer is out.
+	url, cmd := startHTTP(t, failpointBin, dbPath, []string{failpoint.EnvVar + "=" + fp + "=crash"},
+		// The delay keeps the handler (and a kill in it) after the answer is out.
 		"--task", "charge=always", "--demo-delay", "1s", "--dest", dest)
 	p := &crashTaskPeer{t: t, url: url}
-	created, err := p.do("tools/call", map[string]any{"name": "charge", "arguments": map[string]any{"amount": 4200},
-		"_meta": map[string]any{outbox.MetaKeyIdempotency: "task-crash-1"}}, true)
-	if err != nil {
-		t.Fatal(err)
-	}
+	created, err := p.do("tools/call", charge(), true)
 	id, _ := created["taskId"].(string)
-	if created["resultType"] != "task" || id == "" {
+	switch {
+	case fp == failpoint.CallAfterClaim:
+		if err == nil {
+			t.Fatalf("answered despite the kill: %v", created)
+		}
+	case err != nil:
+		t.Fatal(err)
+	case created["resultType"] != "task" || id == "":
 		t.Fatalf("CreateTaskResult = %v", created)
 	}
-	// The task's handler runs on after the answer and hits the failpoint.
 	_ = cmd.Wait()
 	wantKilled(t, cmd)
 	db := openLedgerDB(t, dbPath)
-	if n := countRows(t, db, `SELECT count(*) FROM calls WHERE task_id = ? AND state = 'in_flight' AND task_params IS NOT NULL`, id); n != 1 {
-		t.Fatalf("after the kill the task is not in flight with its params (%d rows)", n)
-	}
-	if n := countRows(t, db, `SELECT count(*) FROM charges`); n != 0 {
-		t.Fatalf("charges = %d after a kill before the commit", n)
+	if fp != failpoint.CallAfterCommit {
+		if n := countRows(t, db, `SELECT count(*) FROM calls WHERE task_id IS NOT NULL AND state = 'in_flight' AND task_params IS NOT NULL`); n != 1 {
+			t.Fatalf("after the kill the task is not in flight with its params (%d rows)", n)
+		}
+		if n := countRows(t, db, `SELECT count(*) FROM charges`); n != 0 {
+			t.Fatalf("charges = %d after a kill before the commit", n)
+		}
 	}
 
 	url2, _ := startHTTP(t, bin, dbPath, nil, "--task", "charge=always", "--dest", dest)
 	p2 := &crashTaskPeer{t: t, url: url2}
+	// A retry of the same call, as a client whose handle was lost makes:
+	// the same task, never a second one.
+	again, err := p2.do("tools/call", charge(), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id == "" {
+		id, _ = again["taskId"].(string)
+	}
+	if again["resultType"] != "task" || again["taskId"] != id {
+		t.Fatalf("retry after restart = %v, want task %q", again, id)
+	}
 	deadline := time.Now().Add(30 * time.Second)
 	var got map[string]any
 	for {
@@ -122,14 +156,8 @@ func TestTasks_SurviveSIGKILL(t *testing.T) {
 	if got["status"] != "completed" {
 		t.Fatalf("task after restart = %v", got)
 	}
-	// The retry of the lost handle gets the same task, completed.
-	again, err := p2.do("tools/call", map[string]any{"name": "charge", "arguments": map[string]any{"amount": 4200},
-		"_meta": map[string]any{outbox.MetaKeyIdempotency: "task-crash-1"}}, true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if again["taskId"] != id || again["status"] != "completed" {
-		t.Errorf("retry after restart = %v, want task %s completed", again, id)
+	if n := countRows(t, db, `SELECT count(*) FROM calls WHERE task_id IS NOT NULL`); n != 1 {
+		t.Errorf("%d tasks, want 1", n)
 	}
 	waitEffects(t, db, 1, 30*time.Second, "delivered")
 	wantExactlyOnce(t, db, fake, 1)
