@@ -194,7 +194,7 @@
 //	tasks/result  -32601, as the extension says
 //
 // What ends a task, in its row: a committed outcome (state completed or
-// failed, task_end ''); a cancel before the commit (state failed,
+// failed, task_end empty); a cancel before the commit (state failed,
 // task_end 'cancelled'); a fault, a protocol error or a database failure
 // under the handler (state failed, task_end 'failed': unlike a plain call,
 // a task is not released for a retry to run again, since its client polls
