@@ -494,3 +494,32 @@ func mustExec(t *testing.T, db *schema.DB, q string, args ...any) {
 		t.Fatal(err)
 	}
 }
+
+// TestTask_CancelReachesAnOwnerElsewhere: tasks/cancel on a layer that
+// does not run the task (another process, another replica) records the
+// request in the row; the owner's commit is refused and the task ends
+// cancelled, with nothing of its work kept.
+func TestTask_CancelReachesAnOwnerElsewhere(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	g := newGate()
+	owner := taskSetup(t, db, outbox.TasksAlways, &ledger.Options{Gate: g.hold})
+	id := result(t, stdioPeer(t, owner.server).charge(true, "cancel-far", 5))["taskId"].(string)
+	g.waitReached(t)
+	other := taskSetup(t, db, outbox.TasksAlways, nil)
+	p := stdioPeer(t, other.server)
+	if r := result(t, p.task("tasks/cancel", id)); r["resultType"] != "complete" {
+		t.Fatalf("tasks/cancel = %v", r)
+	}
+	if r := result(t, p.task("tasks/get", id)); r["status"] != "working" || r["statusMessage"] == nil {
+		t.Errorf("while the owner runs on: %v", r)
+	}
+	close(g.release)
+	outbox.WaitTasks(owner.layer)
+	if r := result(t, p.task("tasks/get", id)); r["status"] != "cancelled" {
+		t.Fatalf("after the owner's commit was refused: %v", r)
+	}
+	if got := charges(t, owner); got != 0 {
+		t.Errorf("charges = %d, want 0", got)
+	}
+}
