@@ -49,8 +49,8 @@ type StartOptions struct {
 	ReapInterval time.Duration
 	// TaskScanInterval is how often the layer looks for tasks whose owner
 	// is gone, to run them again (see "Tasks" in the package doc),
-	// beginning at Start; zero means DefaultTaskScanInterval, negative
-	// runs no scan.
+	// beginning at Start; zero means DefaultTaskScanInterval or the
+	// layer's lease, whichever is shorter; negative runs no scan.
 	TaskScanInterval time.Duration
 }
 
@@ -178,7 +178,9 @@ func (l *Layer) Start(ctx context.Context, opts *StartOptions) (*Runner, error) 
 	if o.TaskScanInterval >= 0 {
 		scan := o.TaskScanInterval
 		if scan == 0 {
-			scan = DefaultTaskScanInterval
+			// A task may be taken over once its lease passed: no point in
+			// looking much less often than that.
+			scan = min(DefaultTaskScanInterval, l.opts.Lease)
 		}
 		wg.Go(func() { _ = l.runTaskRecovery(runCtx, scan) })
 	}
