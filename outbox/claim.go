@@ -248,6 +248,11 @@ func (l *Layer) claimOnce(ctx context.Context, u *unit, a *attempt) (claimResult
 	}
 	l.logger.InfoContext(ctx, "took over call", "tool", a.tool.name, "previous_owner", r.owner)
 	a.callID, a.uid, a.createdAt = r.id, r.uid, r.createdAt
+	if a.task == nil && r.taskID != "" {
+		// A plain retry took over a task: it runs it as the task it is,
+		// so that the row ends as a task does and is never deleted.
+		a.task = &attemptTask{opts: a.tool.tasks, id: r.taskID}
+	}
 	if err := a.writeTask(u, r.taskID); err != nil {
 		return claimResult{}, err
 	}

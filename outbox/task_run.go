@@ -148,7 +148,8 @@ WHERE id = $5 AND owner = $6 AND state = 'in_flight'`
 
 // endTask ends a task whose attempt committed no outcome, in u: cancelled
 // if tasks/cancel asked for it (here or in the row), left in flight for the
-// next process if the layer stops, failed otherwise (a handler fault, a
+// task runner if the layer stops or the attempt was a plain retry, failed
+// otherwise (a handler fault, a
 // protocol error, a database failure: the task is not run again by
 // itself). Every write names the attempt as owner, so an attempt that lost
 // the call changes nothing.
@@ -168,8 +169,12 @@ func (a *attempt) endTask(ctx context.Context, u *unit) error {
 		a.layer.logger.InfoContext(ctx, "task cancelled before its commit; nothing kept", "tool", a.tool.name, "call_id", a.uid)
 		return nil
 	}
-	if a.task.shutdown.Load() {
-		return nil // the row stays in flight; the next process takes it over
+	if a.task.shutdown.Load() || !a.detached {
+		// The layer stops, or a plain retry that took the task over
+		// ended without an outcome (its client cancelled it, say): the
+		// row stays in flight, and the task runner (or the next process)
+		// takes it over and runs it as the task it is.
+		return nil
 	}
 	code, msg := int64(jsonrpc.CodeInternalError), fmt.Sprintf("the task ended without an outcome; nothing of it was kept. The server's log has the cause under call id %s.", a.uid)
 	if e := a.task.rpcErr.Load(); e != nil {

@@ -523,3 +523,33 @@ func TestTask_CancelReachesAnOwnerElsewhere(t *testing.T) {
 		t.Errorf("charges = %d, want 0", got)
 	}
 }
+
+// TestTask_PlainRetryFinishesAnOrphanedTask: a retry without the
+// extension that takes over a task whose owner is gone runs it as that
+// task: tasks/get then reports it completed, under its id.
+func TestTask_PlainRetryFinishesAnOrphanedTask(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	g := newGate()
+	a := taskSetup(t, db, outbox.TasksAlways, &ledger.Options{Gate: g.hold})
+	id := result(t, stdioPeer(t, a.server).charge(true, "orphan-1", 5))["taskId"].(string)
+	g.waitReached(t)
+	if onPostgres() {
+		mustExec(t, db, `UPDATE calls SET owner = 'gone/1#1', lease_until = 0 WHERE task_id = $1`, id)
+	} else {
+		mustExec(t, db, `UPDATE calls SET owner = $1 WHERE task_id = $2`, deadOwner(t), id)
+	}
+	b := taskSetup(t, db, outbox.TasksAlways, nil)
+	p := stdioPeer(t, b.server)
+	if r := result(t, p.charge(false, "orphan-1", 5)); r["isError"] == true || r["taskId"] != nil {
+		t.Fatalf("plain retry = %v", r)
+	}
+	if r := result(t, p.task("tasks/get", id)); r["status"] != "completed" {
+		t.Errorf("the task after the plain retry ran it: %v", r)
+	}
+	close(g.release)
+	outbox.WaitTasks(a.layer)
+	if got := charges(t, a); got != 1 {
+		t.Errorf("charges = %d, want 1", got)
+	}
+}
