@@ -162,7 +162,6 @@ func (cfg *appConfig) ledgerFlags(env *environment, fs *flag.FlagSet) error {
 	}
 	fs.DurationVar(&cfg.demoDelay, "demo-delay", delay, "simulated processing time inside charge, to reproduce client timeouts [MCP_OUTBOX_DEMO_DELAY]")
 	fs.BoolVar(&cfg.bare, "bare", false, "run the ledger WITHOUT the outbox layer: every retry charges again (for demonstrations)")
-	cfg.tasks = taskFlagDefault(env)
 	fs.Var((*multiFlag)(&cfg.tasks), "task", "make calls of a tool MCP tasks: `TOOL=always|required|after:DURATION`, repeatable; see Tasks below [MCP_OUTBOX_TASKS]")
 	return nil
 }
@@ -237,7 +236,11 @@ func openApp(ctx context.Context, env *environment, cfg *appConfig) (*app, error
 	}
 	impl := &mcp.Implementation{Name: "mcp-outbox-ledger", Title: "mcp-outbox example payments ledger", Version: serverVersion()}
 	sopts := &mcp.ServerOptions{Logger: a.logger.With("subsystem", "mcp")}
-	tasks, err := parseTasks(cfg.tasks)
+	taskValues := cfg.tasks
+	if len(taskValues) == 0 { // a flag wins over the environment
+		taskValues = taskFlagDefault(env)
+	}
+	tasks, err := parseTasks(taskValues)
 	if err != nil {
 		a.Close()
 		return nil, err

@@ -20,7 +20,9 @@ const tasksHelp = `Tasks (MCP 2026-07-28, extension io.modelcontextprotocol/task
   same tool and arguments without one) gets the same task, never a second
   one; a task whose process died is run again by the next serve on the
   database (or another replica on PostgreSQL), once: nothing of an
-  uncommitted attempt was kept. balance is read-only and is never a task.
+  uncommitted attempt was kept. tasks/get, tasks/update and tasks/cancel
+  answer from any serve on the database. balance is read-only and is never
+  a task. Given, --task replaces MCP_OUTBOX_TASKS.
 `
 
 // parseTasks turns --task values into the ledger's task options.
