@@ -31,6 +31,10 @@ func (l *Layer) callAsTask(ctx context.Context, t *toolInfo, req *mcp.CallToolRe
 	return l.run(ctx, t, req, task, func(ctx context.Context, a *attempt) (mcp.Result, error) {
 		if a.task == nil {
 			// Not recorded (no key, fingerprints off): no row, no task.
+			if t.tasks.Mode == TasksRequired {
+				return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf(
+					"tool %q runs only as a task, and a task needs an idempotency key here (fingerprints are off); nothing was executed", t.name)}
+			}
 			res, err := t.runStored(ctx, a, req)
 			res2, err := a.finish(ctx, res, err)
 			if cr, ok := res2.(*mcp.CallToolResult); ok && err == nil {

@@ -553,3 +553,21 @@ func TestTask_PlainRetryFinishesAnOrphanedTask(t *testing.T) {
 		t.Errorf("charges = %d, want 1", got)
 	}
 }
+
+func TestTask_AddToolRefusesTasksOnUnrecordedTools(t *testing.T) {
+	t.Parallel()
+	l, err := outbox.New(openDB(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := l.NewServer(&mcp.Implementation{Name: "t", Version: "v0"}, nil)
+	defer func() {
+		if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "not recorded") {
+			t.Errorf("recovered %v, want a panic naming the mistake", r)
+		}
+	}()
+	outbox.AddTool(l, s, &mcp.Tool{Name: "look", Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}},
+		func(context.Context, outbox.Tx, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, struct{}, error) {
+			return nil, struct{}{}, nil
+		}, &outbox.ToolOptions{Tasks: outbox.TaskOptions{Mode: outbox.TasksAlways}})
+}

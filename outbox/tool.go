@@ -157,6 +157,10 @@ func AddTool[In, Out any](l *Layer, s *mcp.Server, t *mcp.Tool, h HandlerFor[In,
 		panic(fmt.Sprintf("outbox.AddTool %q: %v", t.Name, err))
 	}
 	info.structuredNote = out.noteAdvertised
+	if info.tasks.Mode != TasksNever && !info.record {
+		panic(fmt.Sprintf("outbox.AddTool %q: ToolOptions.Tasks on a tool whose calls are not recorded "+
+			"(readOnlyHint, or idempotentHint without ToolOptions.Record): a task is its call's record", t.Name))
+	}
 
 	reg := l.toolsOf(s)
 	if reg == nil {
