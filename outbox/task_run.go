@@ -60,7 +60,7 @@ func (l *Layer) callAsTask(ctx context.Context, t *toolInfo, req *mcp.CallToolRe
 			}
 		}
 		a.reqOutcome = outcomeTask
-		return l.taskAnswer(ctx, a.id.principal, a.task.taskID(), "task")
+		return l.taskAnswer(background(ctx), a.id.principal, a.task.taskID(), "task")
 	})
 }
 
