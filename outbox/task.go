@@ -140,7 +140,7 @@ func (t *attemptTask) setID(id string) {
 }
 
 // newTaskID is unguessable: 26 characters of base32 from crypto/rand
-// (130 bits). A task is found by principal and id, never by id alone.
+// (128 bits and more). A task is found by principal and id, never by id alone.
 func newTaskID() string { return "task_" + rand.Text() }
 
 // storedParams are the tools/call params a task runs from.
