@@ -3,9 +3,11 @@ package outbox
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"sync/atomic"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
@@ -65,6 +67,18 @@ type attempt struct {
 	fenced atomic.Bool
 	// claimed: the claim committed to its unit; callID is set.
 	claimed atomic.Bool
+
+	// task: the call runs as a task (task.go); nil for a plain call.
+	task *attemptTask
+	// joinedTask: the id of the task a retry found, whose
+	// CreateTaskResult it answers with (taskJoined).
+	joinedTask string
+	// detached: the attempt runs on after the request's answer (a task);
+	// whoever runs it leaves Layer.local at its end.
+	detached bool
+	// reqOutcome: the outcome of the request that created a detached
+	// attempt's task, written by the request's goroutine only.
+	reqOutcome string
 }
 
 func (a *attempt) recorded() bool { return a.tool.record && a.id.source != "" }
@@ -72,6 +86,9 @@ func (a *attempt) recorded() bool { return a.tool.record && a.id.source != "" }
 // retention is how long the call's key names it: the tool's fingerprint
 // window for a derived key, the layer's key retention for a client's key.
 func (a *attempt) retention() time.Duration {
+	if a.task != nil && a.task.opts.TTL > 0 {
+		return a.task.opts.TTL
+	}
 	if a.id.source == callkey.SourceFingerprint {
 		return a.tool.window
 	}
@@ -88,8 +105,17 @@ func attemptFrom(ctx context.Context) *attempt {
 // call runs a tools/call of t. note is what the transport learned of the
 // request's cancellation, nil when it could not tell (see cancelnote).
 func (l *Layer) call(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest, method string, next mcp.MethodHandler, note *cancelnote.Note) (mcp.Result, error) {
+	if t.tasks.Mode != TasksNever {
+		switch {
+		case declaresTasks(req):
+			return l.callAsTask(ctx, t, req)
+		case t.tasks.Mode == TasksRequired:
+			return nil, &jsonrpc.Error{Code: CodeTaskRequired, Message: fmt.Sprintf(
+				"tool %q runs only as a task: declare the extension %s in _meta[%q].extensions", t.name, ExtensionTasks, mcp.MetaKeyClientCapabilities)}
+		}
+	}
 	var handlers mcp.Result // what the SDK's handler answered, if it ran
-	res, err := l.run(ctx, t, req, func(ctx context.Context, a *attempt) (mcp.Result, error) {
+	res, err := l.run(ctx, t, req, nil, func(ctx context.Context, a *attempt) (mcp.Result, error) {
 		ctx, release := a.handlerContext(ctx, note)
 		defer release()
 		res, err := next(context.WithValue(ctx, attemptKey{}, a), method, req)
@@ -106,7 +132,10 @@ func (l *Layer) call(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest,
 // its outcome. An answer decided before exec (a replay, a conflict, a bad
 // key, a number the tool would not get as sent) is returned without running
 // it.
-func (l *Layer) run(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest, exec func(context.Context, *attempt) (mcp.Result, error)) (mcp.Result, error) {
+//
+// task, when not nil, makes the call a task: its claim commits durably
+// with the task's columns, and a retry that finds the task answers with it.
+func (l *Layer) run(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest, task *attemptTask, exec func(context.Context, *attempt) (mcp.Result, error)) (mcp.Result, error) {
 	start := time.Now()
 	if t.floatArgs {
 		if res := checkNumbers(req.Params.Arguments); res != nil {
@@ -122,18 +151,35 @@ func (l *Layer) run(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest, 
 	if err != nil {
 		return l.refuse(ctx, t, req, start, toolError(codeInvalidKey, "%v; nothing was executed.", err))
 	}
-	a := &attempt{layer: l, tool: t, id: id, uid: randomUID(), toolCallID: toolCallIDOf(req)}
+	a := &attempt{layer: l, tool: t, id: id, uid: randomUID(), toolCallID: toolCallIDOf(req), task: task}
 	defer func() {
 		d := time.Since(start)
-		metrics.Call(l.opts.Metrics, t.name, a.outcome, d)
-		l.logCall(ctx, a, req, d)
+		logged := a
+		if a.detached {
+			// The task's goroutine owns a now: the request's event is
+			// about the answer it got (reqOutcome), from a copy of what
+			// no longer changes.
+			logged = &attempt{layer: l, tool: t, id: a.id, uid: a.uid, toolCallID: a.toolCallID, outcome: a.reqOutcome}
+		}
+		metrics.Call(l.opts.Metrics, t.name, logged.outcome, d)
+		l.logCall(ctx, logged, req, d)
 	}()
+	if !a.recorded() {
+		a.task = nil // no row, so no task: a plain call
+	}
 	if a.recorded() {
 		a.owner = l.newOwner()
 		if res := l.acquire(ctx, a); res != nil {
+			if res == taskJoined {
+				return l.joinTask(ctx, a)
+			}
 			return res, nil
 		}
-		defer l.leave(a)
+		defer func() {
+			if !a.detached {
+				l.leave(a)
+			}
+		}()
 		if err := failpoint.Inject(failpoint.CallAfterClaim); err != nil {
 			a.outcome = outcomeNotRecorded
 			a.abandon(ctx)

@@ -227,9 +227,12 @@ func (a *attempt) commit(ctx context.Context, cr *mcp.CallToolResult) error {
 	return a.closeTx(true)
 }
 
+// recordOutcome is the fence's last word: the row must still name the
+// attempt as owner, and no tasks/cancel may have asked the call (a task)
+// to stop. A task's stored params go with its end.
 const recordOutcome = `
-UPDATE calls SET state = $1, result = $2, completed_at = $3, expires_at = $4, owner = '', lease_until = 0
-WHERE id = $5 AND owner = $6 AND state = 'in_flight'`
+UPDATE calls SET state = $1, result = $2, completed_at = $3, expires_at = $4, owner = '', lease_until = 0, task_params = NULL
+WHERE id = $5 AND owner = $6 AND state = 'in_flight' AND task_cancel = 0`
 
 // closeTx ends the handler's transaction. Committing a unit waits until
 // the batch it joined is durable (or failed), so no call answers before its
@@ -274,7 +277,13 @@ func (a *attempt) abandon(ctx context.Context) {
 		u, err = a.layer.group.enter(background(ctx), false)
 	}
 	if err == nil {
-		_, err = u.exec(`DELETE FROM calls WHERE id = $1 AND owner = $2 AND state = 'in_flight'`, a.callID, a.owner)
+		if a.task != nil {
+			// A task's row is what tasks/get reads: it ends, or stays for
+			// the next process, but is never deleted (task_run.go).
+			err = a.endTask(ctx, u)
+		} else {
+			_, err = u.exec(`DELETE FROM calls WHERE id = $1 AND owner = $2 AND state = 'in_flight'`, a.callID, a.owner)
+		}
 	}
 	if u != nil {
 		u.leave(err == nil)

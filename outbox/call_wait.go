@@ -22,6 +22,23 @@ func (l *Layer) acquire(ctx context.Context, a *attempt) *mcp.CallToolResult {
 			done := other.done
 			l.mu.Unlock()
 			a.waited = true
+			if a.task != nil && other.task != nil {
+				// A retry that asks for a task gets the running one's, once
+				// its claim is durable; its done closes only when the task
+				// ends, so poll for the claim.
+				if other.claimed.Load() {
+					a.joinedTask = other.task.taskID()
+					a.outcome = outcomeReplayed
+					return taskJoined
+				}
+				t := time.NewTimer(poll)
+				res := waitFor(ctx, t.C, deadline, a)
+				t.Stop()
+				if res != nil {
+					return res
+				}
+				continue
+			}
 			if res := waitFor(ctx, done, deadline, a); res != nil {
 				return res
 			}
@@ -70,6 +87,11 @@ func (l *Layer) acquire(ctx context.Context, a *attempt) *mcp.CallToolResult {
 			return nil
 		case finished:
 			a.outcome = outcomeReplayed
+			if a.task != nil && c.row.taskID != "" {
+				l.leave(a)
+				a.joinedTask = c.row.taskID
+				return taskJoined
+			}
 			// A join got the outcome of an attempt that was still running
 			// when this one arrived. Having waited is not enough: the wait
 			// may have been for the writer's lock, or for another retry of
@@ -87,9 +109,20 @@ func (l *Layer) acquire(ctx context.Context, a *attempt) *mcp.CallToolResult {
 			a.outcome = outcomeUnknown
 			l.leave(a)
 			return unknownError(c.row, a)
+		case vanished:
+			a.outcome = outcomeNotRecorded
+			l.leave(a)
+			return toolError(codeNotRecorded, "the task ended before it could be taken up; nothing was executed.")
 		case busy:
 			a.waited = true
 			l.leave(a)
+			if a.task != nil && c.row.taskID != "" {
+				// Another process runs the task: a retry that asks for a
+				// task gets it at once, with its current status.
+				a.outcome = outcomeReplayed
+				a.joinedTask = c.row.taskID
+				return taskJoined
+			}
 			// Another process owns the call: it cannot signal us, so poll.
 			t := time.NewTimer(poll)
 			if res := waitFor(ctx, t.C, deadline, a); res != nil {

@@ -19,6 +19,7 @@ const (
 	conflict                  // the key was used with another tool or other arguments
 	busy                      // another live attempt owns the call
 	lost                      // the call's outcome is unknown: it is not run again
+	vanished                  // a task the runner took up has no row any more
 )
 
 // What an abandoned in_flight claim means, in calls.on_lost.
@@ -45,6 +46,7 @@ type callRow struct {
 	completedAt sql.NullInt64
 	expiresAt   int64
 	onLost      string
+	taskID      string // "" for a call that is no task
 }
 
 type claimResult struct {
@@ -53,7 +55,7 @@ type claimResult struct {
 }
 
 const selectCallForClaim = `
-SELECT id, uid, tool, args_hash, state, owner, lease_until, result, created_at, completed_at, expires_at, on_lost
+SELECT id, uid, tool, args_hash, state, owner, lease_until, result, created_at, completed_at, expires_at, on_lost, coalesce(task_id, '')
 FROM calls WHERE principal = $1 AND key = $2`
 
 const insertCall = `
@@ -95,7 +97,9 @@ WHERE id = $2 AND state = 'in_flight' AND owner = $3`
 // process on the same file) waits for it no later than deadline, then fails
 // with SQLITE_BUSY (see isBusy); acquire then tries again.
 func (l *Layer) claim(ctx context.Context, a *attempt, deadline time.Time) (claimResult, error) {
-	durable := a.tool.onLostPolicy() == onLostUnknown
+	// A task's claim is the task: the extension forbids answering with it
+	// before it is durable, so it commits with an fsync and is waited for.
+	durable := a.tool.onLostPolicy() == onLostUnknown || a.task != nil
 	u, err := l.group.enterBy(ctx, durable, deadline)
 	if err != nil {
 		return claimResult{}, err
@@ -156,7 +160,7 @@ func (l *Layer) claimOnce(ctx context.Context, u *unit, a *attempt) (claimResult
 	var r callRow
 	err := u.queryRow(selectCallForClaim, a.id.principal, a.id.key).Scan(
 		&r.id, &r.uid, &r.tool, &r.argsHash, &r.state, &r.owner, &r.leaseUntil,
-		&r.result, &r.createdAt, &r.completedAt, &r.expiresAt, &r.onLost)
+		&r.result, &r.createdAt, &r.completedAt, &r.expiresAt, &r.onLost, &r.taskID)
 	found := err == nil
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return claimResult{}, fmt.Errorf("read call: %w", err)
@@ -183,6 +187,11 @@ func (l *Layer) claimOnce(ctx context.Context, u *unit, a *attempt) (claimResult
 		found = false
 	}
 
+	if !found && a.task != nil && a.task.recover {
+		// The task the runner took up ended meanwhile (an operator, the
+		// reaper): nothing to run, and never a new task in its place.
+		return claimResult{kind: vanished}, nil
+	}
 	if !found {
 		err := u.queryRow(insertCall, a.uid, a.id.principal, a.id.key, string(a.id.source),
 			a.tool.name, a.id.argsHash, a.owner, now+l.opts.Lease.Milliseconds(), now, now+a.retention().Milliseconds(),
@@ -194,6 +203,9 @@ func (l *Layer) claimOnce(ctx context.Context, u *unit, a *attempt) (claimResult
 			return claimResult{}, fmt.Errorf("insert call: %w", err)
 		}
 		a.createdAt = now
+		if err := a.writeTask(u, ""); err != nil {
+			return claimResult{}, err
+		}
 		return claimResult{kind: claimed}, nil
 	}
 
@@ -205,6 +217,9 @@ func (l *Layer) claimOnce(ctx context.Context, u *unit, a *attempt) (claimResult
 	}
 	if r.state != "in_flight" {
 		return claimResult{kind: finished, row: r}, nil
+	}
+	if a.task != nil && a.task.recover && r.taskID != a.task.taskID() {
+		return claimResult{kind: vanished}, nil
 	}
 
 	// In flight. This layer's own attempts are in l.local, and a holds the
@@ -233,5 +248,13 @@ func (l *Layer) claimOnce(ctx context.Context, u *unit, a *attempt) (claimResult
 	}
 	l.logger.InfoContext(ctx, "took over call", "tool", a.tool.name, "previous_owner", r.owner)
 	a.callID, a.uid, a.createdAt = r.id, r.uid, r.createdAt
+	if a.task == nil && r.taskID != "" {
+		// A plain retry took over a task: it runs it as the task it is,
+		// so that the row ends as a task does and is never deleted.
+		a.task = &attemptTask{opts: a.tool.tasks, id: r.taskID}
+	}
+	if err := a.writeTask(u, r.taskID); err != nil {
+		return claimResult{}, err
+	}
 	return claimResult{kind: claimed}, nil
 }

@@ -127,7 +127,9 @@
 //	completed  the handler's writes, its effects and the result are committed.
 //	failed     the handler returned an isError result or a [Final] error;
 //	           its writes were rolled back, the error is recorded and
-//	           replayed.
+//	           replayed. A task that ended without an outcome (cancelled
+//	           before its commit, or a fault) is failed too, with
+//	           calls.task_end saying which (see Tasks).
 //	unknown    a call the proxy (outbox/sidecar) forwarded whose answer was
 //	           lost: it may or may not have run, so it never runs again by
 //	           itself; a retry gets an outcome_unknown error until an
@@ -147,6 +149,74 @@
 // commit, the handler was never reached because the arguments failed the
 // schema, a database error, a handler error not marked [Final]) deletes its
 // in_flight row: the call leaves no trace and a retry runs it.
+//
+// # Tasks
+//
+// A tool registered with [ToolOptions.Tasks] may answer a tools/call with
+// a task of the MCP 2026-07-28 extension io.modelcontextprotocol/tasks
+// ([ExtensionTasks], SEP-2663), when the request declares the extension in
+// _meta["io.modelcontextprotocol/clientCapabilities"].extensions: always
+// ([TasksAlways], [TasksRequired]) or when the call has not finished within
+// [TaskOptions.After] ([TasksIfSlow]). A request without the extension never
+// gets a task; to a TasksRequired tool it gets the JSON-RPC error -32021
+// and nothing runs. server/discover lists the extension (as {}) once a
+// tool of the server allows tasks.
+//
+// A task is its call's row: the task's columns (calls.task_*) are written
+// by the call's claim, in the same unit, and that claim commits with an
+// fsync (a durable batch on SQLite, synchronous_commit on PostgreSQL)
+// before CreateTaskResult is sent, as the extension demands. TasksIfSlow
+// pays this on every call that declares the extension, fast or not: later
+// the handler may hold SQLite's single writer, so the task could not be
+// committed then. The row also keeps the tools/call params (name,
+// arguments, the _meta the handler may read) that running the task again
+// needs; they are as sensitive as the arguments, never logged, and cleared
+// when the task ends.
+//
+// Then the handler runs detached from the request, under a context of the
+// task's own that only tasks/cancel (or Runner.Stop) ends, and the call
+// commits as any call does: the handler's writes, its effects and its
+// outcome in one transaction. The methods, answered by every process and
+// replica on the database, scoped by principal (another principal's task,
+// like an unknown one, is -32602 "Task not found"):
+//
+//	tasks/get     a pure read of the row: working (in_flight), completed
+//	              (a tool result, isError or not, given under "result"),
+//	              failed (a JSON-RPC error, under "error"), cancelled
+//	tasks/update  acknowledged; no tool of the layer asks for input in a
+//	              task, so input_required never occurs
+//	tasks/cancel  acknowledged; a task that has not committed stops: an
+//	              attempt here is cancelled at once, and the request is
+//	              written into the row (task_cancel), so that an owner in
+//	              another process or replica fails its commit's fence.
+//	              Either way its work rolls back and the task ends
+//	              cancelled. A committed task is terminal and stays.
+//	tasks/result  -32601, as the extension says
+//
+// What ends a task, in its row: a committed outcome (state completed or
+// failed, task_end empty); a cancel before the commit (state failed,
+// task_end 'cancelled'); a fault, a protocol error or a database failure
+// under the handler (state failed, task_end 'failed': unlike a plain call,
+// a task is not released for a retry to run again, since its client polls
+// it and must learn that it ended). A retry with the same key gets the
+// task's end as any replay.
+//
+// What survives what: a task survives the loss of its handle (a retry of
+// the same logical call, by the same key from any key source or by the
+// same tool and arguments within the fingerprint window, answers with the
+// same task and its current status, or, without the extension, joins or
+// replays it as a plain retry; never a second task), the death of its
+// process (Layer.Start runs a task runner that scans at start and every
+// [StartOptions.TaskScanInterval]: a task in flight whose owner is gone,
+// by the takeover rules of any claim, is taken over and run again from its
+// stored params through the tool's handler, validated against its input
+// schema; an uncommitted attempt left nothing, so this runs it once), a
+// restart and a replica (tasks/get reads the row). A task whose tool is
+// not registered here, under the same name and tenant, stays for a
+// process that has it. Runner.Stop waits for running tasks until its
+// context ends, then stops them: they stay in flight for the next start.
+// A task is kept, like its call, for the key's retention ([TaskOptions.TTL]
+// overrides it): ttlMs says how long.
 //
 // # Cancellation
 //

@@ -30,3 +30,6 @@ func ServersOf(l *Layer) int {
 	defer l.mu.Unlock()
 	return len(l.servers)
 }
+
+// WaitTasks waits until the tasks the layer runs have ended.
+func WaitTasks(l *Layer) { l.taskRuns.Wait() }

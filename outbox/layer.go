@@ -126,6 +126,14 @@ type Layer struct {
 	servers map[weak.Pointer[mcp.Server]]*serverTools
 
 	renewing bool // the lease renewal loop runs (PostgreSQL; renew.go)
+
+	// tasks: the tasks this layer runs, by id (task_run.go); guarded by mu.
+	tasks map[string]*attempt
+	// taskRuns counts the goroutines running tasks, for Runner.Stop.
+	taskRuns sync.WaitGroup
+	// taskOrphans: tasks in flight whose tool this layer does not have,
+	// logged once each (task_runner.go); guarded by mu.
+	taskOrphans map[string]bool
 }
 
 // New returns a layer on db. The database must have been opened with
@@ -274,6 +282,7 @@ func (l *Layer) install(s *mcp.Server, tenant string) {
 	}
 	s.AddReceivingMiddleware(l.traceMiddleware, l.middlewareFor(r)) // the first is outermost
 	l.addStatusTool(s, tenant)
+	l.addTaskMethods(s)
 }
 
 func (l *Layer) newOwner() string {

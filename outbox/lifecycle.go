@@ -47,6 +47,11 @@ type StartOptions struct {
 	// ReapInterval is how often the reaper purges, beginning at Start;
 	// zero means DefaultReapInterval, ReaperOff runs no reaper.
 	ReapInterval time.Duration
+	// TaskScanInterval is how often the layer looks for tasks whose owner
+	// is gone, to run them again (see "Tasks" in the package doc),
+	// beginning at Start; zero means DefaultTaskScanInterval or the
+	// layer's lease, whichever is shorter; negative runs no scan.
+	TaskScanInterval time.Duration
 }
 
 // A Runner is the background work that [Layer.Start] began: the dispatcher
@@ -70,7 +75,10 @@ type Runner struct {
 //     (Start adds its Notify with [Layer.OnEnqueue]);
 //   - the reaper ([RunReaper] on the layer's clock), which purges at once
 //     and then every ReapInterval what opts.Retention no longer keeps, so
-//     that the tables do not grow without bound (unless ReaperOff).
+//     that the tables do not grow without bound (unless ReaperOff);
+//   - the task runner, which takes over the tasks whose owner is gone and
+//     runs them again from their stored params, at once and every
+//     TaskScanInterval (see "Tasks" in the package doc).
 //
 // From Start on, Enqueue to a destination the dispatcher does not know is
 // an error that names the destination and the known ones, and enqueues
@@ -167,6 +175,15 @@ func (l *Layer) Start(ctx context.Context, opts *StartOptions) (*Runner, error) 
 		r.removeHook = l.addEnqueueHook(d.Notify)
 		wg.Go(func() { dispatchErr = d.Run(runCtx) })
 	}
+	if o.TaskScanInterval >= 0 {
+		scan := o.TaskScanInterval
+		if scan == 0 {
+			// A task may be taken over once its lease passed: no point in
+			// looking much less often than that.
+			scan = min(DefaultTaskScanInterval, l.opts.Lease)
+		}
+		wg.Go(func() { _ = l.runTaskRecovery(runCtx, scan) })
+	}
 	if o.ReapInterval != ReaperOff {
 		wg.Go(func() {
 			reapErr = runReaper(runCtx, l.db, o.Retention, o.ReapInterval, l.opts.Logger, l.now)
@@ -187,7 +204,10 @@ func (l *Layer) Start(ctx context.Context, opts *StartOptions) (*Runner, error) 
 // passes, whichever comes first. Then they are cancelled: such an effect
 // is sent again, with the same Idempotency-Key, at the next Start, or
 // becomes unknown if its destination is AtMostOnce. Stop's error then
-// says that ctx ended. Stop may be called again: it waits in the same way.
+// says that ctx ended. Then Stop waits for the tasks the layer runs, until
+// ctx ends; the rest are stopped, roll back, and stay in flight for the
+// next Start or another replica to run again. Stop may be called again: it
+// waits in the same way.
 // After Stop the layer still refuses the destinations the stopped
 // dispatcher did not know; a Start with NoDispatcher forgets them.
 func (r *Runner) Stop(ctx context.Context) error {
@@ -208,6 +228,7 @@ func (r *Runner) Stop(ctx context.Context) error {
 		<-r.done
 		err = fmt.Errorf("stop outbox: deliveries in flight were cancelled: %w", ctx.Err())
 	}
+	err = errors.Join(err, r.layer.stopTasks(ctx))
 	l := r.layer
 	l.mu.Lock()
 	if l.runner == r {

@@ -22,6 +22,7 @@ const (
 	outcomeNotRecorded = "not_recorded" // nothing committed; a retry runs the call
 	outcomeFailed      = "failed"       // the handler's tool error committed as the outcome
 	outcomeUnknown     = "unknown"      // the call's outcome was lost; it is not run again
+	outcomeTask        = "task"         // answered with a task (CreateTaskResult); the task runs on
 )
 
 // Metrics are the Prometheus metrics of layers and dispatchers. Create them

@@ -123,7 +123,7 @@ func (r *remoteTool) Recorded() bool { return r.info.record }
 
 func (r *remoteTool) Call(ctx context.Context, req *mcp.CallToolRequest, fwd remote.Forward) (*mcp.CallToolResult, error) {
 	var upstreams *mcp.CallToolResult // the upstream's answer, if it came
-	res, err := r.layer.run(ctx, r.info, req, func(ctx context.Context, a *attempt) (mcp.Result, error) {
+	res, err := r.layer.run(ctx, r.info, req, nil, func(ctx context.Context, a *attempt) (mcp.Result, error) {
 		if !a.recorded() {
 			res, err := fwd(ctx, nil)
 			upstreams = res

@@ -38,6 +38,18 @@ func (r *serverTools) lookup(name string) *toolInfo {
 	return r.tools[name]
 }
 
+// anyTasks reports whether a tool of the server may become a task.
+func (r *serverTools) anyTasks() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, t := range r.tools {
+		if t.tasks.Mode != TasksNever && t.record {
+			return true
+		}
+	}
+	return false
+}
+
 func (r *serverTools) add(t *toolInfo) {
 	r.mu.Lock()
 	r.tools[t.name] = t
@@ -83,6 +95,16 @@ func (l *Layer) middlewareFor(r *serverTools) mcp.Middleware {
 	return func(next mcp.MethodHandler) mcp.MethodHandler {
 		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
 			creq, ok := req.(*mcp.CallToolRequest)
+			switch {
+			case isTaskMethod(method):
+				// The SDK gives a custom method's handler no Extra, so
+				// the principal (a token's user) is found here.
+				ctx = context.WithValue(ctx, principalKey{}, scopedPrincipal(r.tenant, requestPrincipal(req)))
+				return next(ctx, method, req)
+			case method == "server/discover":
+				res, err := next(ctx, method, req)
+				return advertiseTasks(r, res, err)
+			}
 			if !ok || creq.Params == nil {
 				return next(ctx, method, req)
 			}
@@ -96,4 +118,20 @@ func (l *Layer) middlewareFor(r *serverTools) mcp.Middleware {
 			return l.call(ctx, t, creq, method, next, note)
 		}
 	}
+}
+
+// advertiseTasks lists the Tasks extension in server/discover when a tool
+// of the server allows tasks, as exactly {} (ext-tasks 0.2.2 reads any
+// other value as "no Tasks"). go-sdk v1.8.0 takes extensions only from
+// ServerOptions.Capabilities, fixed when the server is made, before its
+// tools are added; its discover answer holds a fresh copy of them
+// (Server.capabilities clones the map on every call), so adding the
+// extension to that copy here touches nothing shared.
+func advertiseTasks(r *serverTools, res mcp.Result, err error) (mcp.Result, error) {
+	dr, ok := res.(*mcp.DiscoverResult)
+	if err != nil || !ok || dr.Capabilities == nil || !r.anyTasks() {
+		return res, err
+	}
+	dr.Capabilities.AddExtension(ExtensionTasks, nil)
+	return dr, nil
 }

@@ -45,8 +45,13 @@ type ToolOptions struct {
 	// Record forces recording of a tool annotated idempotentHint.
 	Record bool
 	// OnCancel says what a client's cancel does to a running call; the
-	// zero value is FinishOnTimeout.
+	// zero value is FinishOnTimeout. A task is not stopped by a client's
+	// notifications/cancelled (the request was answered already), only by
+	// tasks/cancel.
 	OnCancel CancelPolicy
+	// Tasks say when a call becomes a task (see "Tasks" in the package
+	// doc); the zero value never makes one.
+	Tasks TaskOptions
 }
 
 type toolInfo struct {
@@ -75,6 +80,13 @@ type toolInfo struct {
 	structuredNote bool
 	// onCancel: what a client's cancel does to a running call.
 	onCancel CancelPolicy
+	// tasks: when a call becomes a task, with defaults applied.
+	tasks TaskOptions
+	// runStored runs the handler for a task, from the request or from
+	// params stored in the task's row, without the SDK: it validates the
+	// arguments against the input schema, decodes them into In, and calls
+	// the handler with the attempt as Tx (task_run.go).
+	runStored func(ctx context.Context, a *attempt, req *mcp.CallToolRequest) (*mcp.CallToolResult, error)
 }
 
 // principalOf is the principal a call of t is recorded under: the
@@ -119,8 +131,11 @@ func AddTool[In, Out any](l *Layer, s *mcp.Server, t *mcp.Tool, h HandlerFor[In,
 	if !o.OnCancel.valid() {
 		panic(fmt.Sprintf("outbox.AddTool %q: ToolOptions.OnCancel is %d, not a CancelPolicy", t.Name, int(o.OnCancel)))
 	}
+	if !o.Tasks.Mode.valid() {
+		panic(fmt.Sprintf("outbox.AddTool %q: ToolOptions.Tasks.Mode is %d, not a TaskMode", t.Name, int(o.Tasks.Mode)))
+	}
 	info := &toolInfo{name: t.Name, record: true, window: l.opts.FingerprintWindow, annotations: annotationsOf(t.Annotations),
-		floatArgs: true, onCancel: o.OnCancel}
+		floatArgs: true, onCancel: o.OnCancel, tasks: o.Tasks.withDefaults()}
 	if o.FingerprintWindow != 0 {
 		info.window = o.FingerprintWindow
 	}
@@ -142,6 +157,10 @@ func AddTool[In, Out any](l *Layer, s *mcp.Server, t *mcp.Tool, h HandlerFor[In,
 		panic(fmt.Sprintf("outbox.AddTool %q: %v", t.Name, err))
 	}
 	info.structuredNote = out.noteAdvertised
+	if info.tasks.Mode != TasksNever && !info.record {
+		panic(fmt.Sprintf("outbox.AddTool %q: ToolOptions.Tasks on a tool whose calls are not recorded "+
+			"(readOnlyHint, or idempotentHint without ToolOptions.Record): a task is its call's record", t.Name))
+	}
 
 	reg := l.toolsOf(s)
 	if reg == nil {
@@ -149,14 +168,8 @@ func AddTool[In, Out any](l *Layer, s *mcp.Server, t *mcp.Tool, h HandlerFor[In,
 			"create the server with Layer.NewServer, or call Layer.Install on it first", t.Name))
 	}
 	info.tenant = reg.tenant
-	reg.add(info)
 
-	mcp.AddTool(s, sdkTool, func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
-		a := attemptFrom(ctx)
-		if a == nil || a.tool != info {
-			var zero Out
-			return nil, zero, errors.New("outbox: tool called outside the outbox layer; call Layer.Install on the server")
-		}
+	invoke := func(ctx context.Context, a *attempt, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
 		a.reached = true
 		res, o, err := h(ctx, a, req, in)
 		o = out.zeroFor(o)
@@ -179,6 +192,23 @@ func AddTool[In, Out any](l *Layer, s *mcp.Server, t *mcp.Tool, h HandlerFor[In,
 			return nil, zero, errHandlerFailed
 		}
 		return res, o, err
+	}
+	if info.tasks.Mode != TasksNever {
+		run, err := storedRunner(sdkTool, invoke)
+		if err != nil {
+			panic(fmt.Sprintf("outbox.AddTool %q: %v", t.Name, err))
+		}
+		info.runStored = run
+	}
+	reg.add(info)
+
+	mcp.AddTool(s, sdkTool, func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, Out, error) {
+		a := attemptFrom(ctx)
+		if a == nil || a.tool != info {
+			var zero Out
+			return nil, zero, errors.New("outbox: tool called outside the outbox layer; call Layer.Install on the server")
+		}
+		return invoke(ctx, a, req, in)
 	})
 }
 

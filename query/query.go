@@ -55,7 +55,13 @@ type Status struct {
 	// claudecode/toolUseId), as sent by the attempt that ran the call;
 	// empty when its host sent none. It finds a call from a transcript; it
 	// is not a key.
-	ToolCallID  string          `json:"toolCallId,omitempty"`
+	ToolCallID string `json:"toolCallId,omitempty"`
+	// TaskID is the id of the task the call runs as (MCP Tasks,
+	// 2026-07-28), empty for a call that is no task; TaskStatus is the
+	// task's status as tasks/get reports it: working, completed, failed or
+	// cancelled.
+	TaskID      string          `json:"taskId,omitempty"`
+	TaskStatus  string          `json:"taskStatus,omitempty"`
 	Attempts    int             `json:"attempts,omitempty"`
 	CreatedAt   *time.Time      `json:"createdAt,omitempty"`
 	CompletedAt *time.Time      `json:"completedAt,omitempty"`
@@ -81,7 +87,8 @@ type EffectStatus struct {
 }
 
 const selectCall = `
-SELECT id, uid, key_source, tool, state, attempts, result, created_at, completed_at, expires_at, tool_call_id
+SELECT id, uid, key_source, tool, state, attempts, result, created_at, completed_at, expires_at, tool_call_id,
+       coalesce(task_id, ''), task_end
 FROM calls WHERE principal = $1 AND key = $2`
 
 const selectEffects = `
@@ -102,9 +109,11 @@ func Lookup(ctx context.Context, db *schema.DB, principal, key string, now time.
 		created, expires  int64
 		completed         sql.NullInt64
 		state, source, tl string
+		taskEnd           string
 	)
 	err := db.Read.QueryRowContext(ctx, selectCall, principal, key).Scan(
-		&id, &st.CallID, &source, &tl, &state, &st.Attempts, &result, &created, &completed, &expires, &st.ToolCallID)
+		&id, &st.CallID, &source, &tl, &state, &st.Attempts, &result, &created, &completed, &expires, &st.ToolCallID,
+		&st.TaskID, &taskEnd)
 	// An in_flight or unknown call is reported whatever its expiry: the
 	// first is running, the second waits for an operator, and a retry of
 	// neither would run it.
@@ -116,6 +125,9 @@ func Lookup(ctx context.Context, db *schema.DB, principal, key string, now time.
 		return nil, fmt.Errorf("look up call: %w", err)
 	}
 	st.State, st.KeySource, st.Tool = State(state), source, tl
+	if st.TaskID != "" {
+		st.TaskStatus = taskStatus(state, taskEnd)
+	}
 	st.CreatedAt = ms(created)
 	if completed.Valid {
 		st.CompletedAt = ms(completed.Int64)
@@ -234,4 +246,18 @@ func message(st *Status) string {
 func ms(v int64) *time.Time {
 	t := time.UnixMilli(v).UTC()
 	return &t
+}
+
+// taskStatus is a task's status from its call's state and how the task
+// ended (calls.task_end), as tasks/get reports it.
+func taskStatus(state, end string) string {
+	switch {
+	case state == string(InFlight):
+		return "working"
+	case end != "":
+		return end // cancelled or failed
+	case state == string(OutcomeUnknown):
+		return "failed"
+	}
+	return "completed" // a tool result, isError or not
 }

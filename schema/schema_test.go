@@ -348,11 +348,16 @@ VALUES ($1, $2, 'payments', 'POST', '/v1/charges', x'7b7d', $3, 'pending', 5000,
 	if got := dump(t, db.Read, `SELECT DISTINCT tool_call_id FROM calls`); got != "\n" {
 		t.Errorf("tool_call_id of the existing calls: %q, want ''", got)
 	}
+	// Migration 8: calls made before it are no tasks.
+	if got := dump(t, db.Read, `SELECT DISTINCT coalesce(task_id, 'none') || task_end || task_cancel FROM calls`); got != "none0\n" {
+		t.Errorf("task columns of the existing calls: %q, want no task", got)
+	}
 	if got := pragma(t, db, "foreign_keys"); got != "1" {
 		t.Errorf("foreign_keys = %s after migrating, want 1", got)
 	}
-	if got := dump(t, db.Read, `SELECT name FROM sqlite_master WHERE tbl_name = 'calls' AND type = 'index' AND sql IS NOT NULL ORDER BY name`); got != "calls_expiry\ncalls_unknown\n" {
-		t.Errorf("indexes on calls: %q, want calls_expiry and calls_unknown", got)
+	// 003's rebuild kept calls_expiry and calls_unknown; 008 added the task indexes.
+	if got := dump(t, db.Read, `SELECT name FROM sqlite_master WHERE tbl_name = 'calls' AND type = 'index' AND sql IS NOT NULL ORDER BY name`); got != "calls_expiry\ncalls_task\ncalls_task_in_flight\ncalls_unknown\n" {
+		t.Errorf("indexes on calls: %q, want calls_expiry, calls_task, calls_task_in_flight and calls_unknown", got)
 	}
 	if got := dump(t, db.Read, `SELECT name FROM sqlite_master WHERE name LIKE 'calls_new%'`); got != "" {
 		t.Errorf("left behind: %q", got)

@@ -51,7 +51,7 @@ Every 10 minutes it purges expired calls and old delivered effects (see
 
 Every flag can also be set in the environment (shown in brackets); a flag wins.
 
-` + destconfig.Help + "\n" + authHelp + "\n" + tracingHelp
+` + destconfig.Help + "\n" + tasksHelp + "\n" + authHelp + "\n" + tracingHelp
 
 // Service names in traces, unless OTEL_SERVICE_NAME says otherwise.
 const (
@@ -67,6 +67,7 @@ type appConfig struct {
 	durability   string
 	dests        []string
 	demoDelay    time.Duration
+	tasks        []string // --task TOOL=MODE (serve_tasks.go)
 	fingerprint  time.Duration
 	inFlightWait time.Duration
 	lease        time.Duration
@@ -161,6 +162,7 @@ func (cfg *appConfig) ledgerFlags(env *environment, fs *flag.FlagSet) error {
 	}
 	fs.DurationVar(&cfg.demoDelay, "demo-delay", delay, "simulated processing time inside charge, to reproduce client timeouts [MCP_OUTBOX_DEMO_DELAY]")
 	fs.BoolVar(&cfg.bare, "bare", false, "run the ledger WITHOUT the outbox layer: every retry charges again (for demonstrations)")
+	fs.Var((*multiFlag)(&cfg.tasks), "task", "make calls of a tool MCP tasks: `TOOL=always|required|after:DURATION`, repeatable; see Tasks below [MCP_OUTBOX_TASKS]")
 	return nil
 }
 
@@ -234,7 +236,16 @@ func openApp(ctx context.Context, env *environment, cfg *appConfig) (*app, error
 	}
 	impl := &mcp.Implementation{Name: "mcp-outbox-ledger", Title: "mcp-outbox example payments ledger", Version: serverVersion()}
 	sopts := &mcp.ServerOptions{Logger: a.logger.With("subsystem", "mcp")}
-	lopts := &ledger.Options{Delay: cfg.demoDelay}
+	taskValues := cfg.tasks
+	if len(taskValues) == 0 { // a flag wins over the environment
+		taskValues = taskFlagDefault(env)
+	}
+	tasks, err := parseTasks(taskValues)
+	if err != nil {
+		a.Close()
+		return nil, err
+	}
+	lopts := &ledger.Options{Delay: cfg.demoDelay, Tasks: tasks}
 	if a.layer == nil {
 		a.server = mcp.NewServer(impl, sopts)
 		ledger.RegisterBare(a.db, a.server, lopts)

@@ -51,6 +51,11 @@ type Options struct {
 	// write, so that client timeouts can be reproduced. It ends early when
 	// the call is cancelled.
 	Delay time.Duration
+	// Tasks are the task options of each tool, by name (outbox.ToolOptions.Tasks).
+	Tasks map[string]outbox.TaskOptions
+	// Gate, if not nil, runs at the start of charge, before its first
+	// statement; an error it returns is charge's. Tests hold a call there.
+	Gate func(context.Context) error
 }
 
 // MaxAmount is the largest amount charge takes: the largest integer that a
@@ -137,9 +142,12 @@ func chargeSchema() json.RawMessage {
 // Register adds the ledger's tools to s through the outbox layer l.
 func Register(l *outbox.Layer, s *mcp.Server, opts *Options) {
 	h := handlers{opts: optsOf(opts)}
-	outbox.AddTool(l, s, ChargeTool, h.charge, nil)
-	outbox.AddTool(l, s, RefundTool, h.refund, nil)
-	outbox.AddTool(l, s, BalanceTool, h.balance, nil)
+	topts := func(name string) *outbox.ToolOptions {
+		return &outbox.ToolOptions{Tasks: h.opts.Tasks[name]}
+	}
+	outbox.AddTool(l, s, ChargeTool, h.charge, topts(ChargeTool.Name))
+	outbox.AddTool(l, s, RefundTool, h.refund, topts(RefundTool.Name))
+	outbox.AddTool(l, s, BalanceTool, h.balance, topts(BalanceTool.Name))
 }
 
 func optsOf(o *Options) Options {
@@ -154,6 +162,11 @@ type handlers struct{ opts Options }
 var currencyCode = regexp.MustCompile(`^[a-z]{3}$`)
 
 func (h handlers) charge(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolRequest, in ChargeIn) (*mcp.CallToolResult, ChargeOut, error) {
+	if h.opts.Gate != nil {
+		if err := h.opts.Gate(ctx); err != nil {
+			return nil, ChargeOut{}, err
+		}
+	}
 	if in.Amount <= 0 {
 		return nil, ChargeOut{}, outbox.Final(fmt.Errorf("amount must be greater than 0, got %d", in.Amount))
 	}

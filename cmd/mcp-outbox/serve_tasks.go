@@ -1,0 +1,78 @@
+package main
+
+import (
+	"strings"
+	"time"
+
+	"github.com/mcp-outbox/mcp-outbox/outbox"
+)
+
+// tasksHelp is the Tasks paragraph of serve's --help.
+const tasksHelp = `Tasks (MCP 2026-07-28, extension io.modelcontextprotocol/tasks):
+  --task TOOL=MODE makes calls of TOOL tasks, repeatable; MODE is
+    always          a task whenever the request declares the extension
+    required        only as a task: a request without it gets error -32021
+    after:DURATION  a plain answer if the call finishes within DURATION,
+                    else a task (e.g. --task charge=after:500ms)
+  [MCP_OUTBOX_TASKS=charge=after:500ms,refund=always]. A request that does
+  not declare the extension never gets a task. A task is committed (with an
+  fsync) before its handle is sent; a retry of the same call (same key, or
+  same tool and arguments without one) gets the same task, never a second
+  one; a task whose process died is run again by the next serve on the
+  database (or another replica on PostgreSQL), once: nothing of an
+  uncommitted attempt was kept. tasks/get, tasks/update and tasks/cancel
+  answer from any serve on the database. balance is read-only and is never
+  a task. Given, --task replaces MCP_OUTBOX_TASKS.
+`
+
+// parseTasks turns --task values into the ledger's task options.
+func parseTasks(values []string) (map[string]outbox.TaskOptions, error) {
+	out := map[string]outbox.TaskOptions{}
+	for _, v := range values {
+		for _, item := range strings.Split(v, ",") {
+			item = strings.TrimSpace(item)
+			if item == "" {
+				continue
+			}
+			tool, mode, ok := strings.Cut(item, "=")
+			if !ok || tool == "" {
+				return nil, usagef("--task %q: want TOOL=always|required|after:DURATION", item)
+			}
+			switch tool {
+			case "charge", "refund":
+			case "balance":
+				return nil, usagef("--task %q: balance is read-only, so it is never recorded and cannot be a task", item)
+			default:
+				return nil, usagef("--task %q: no tool %q (charge or refund)", item, tool)
+			}
+			var o outbox.TaskOptions
+			switch {
+			case mode == "always":
+				o.Mode = outbox.TasksAlways
+			case mode == "required":
+				o.Mode = outbox.TasksRequired
+			case strings.HasPrefix(mode, "after:"):
+				d, err := time.ParseDuration(strings.TrimPrefix(mode, "after:"))
+				if err != nil || d <= 0 {
+					return nil, usagef("--task %q: after: wants a positive duration such as 500ms", item)
+				}
+				o.Mode, o.After = outbox.TasksIfSlow, d
+			default:
+				return nil, usagef("--task %q: mode %q is not always, required or after:DURATION", item, mode)
+			}
+			if _, dup := out[tool]; dup {
+				return nil, usagef("--task: %s given twice", tool)
+			}
+			out[tool] = o
+		}
+	}
+	return out, nil
+}
+
+// taskFlagDefault is MCP_OUTBOX_TASKS, as --task values.
+func taskFlagDefault(env *environment) []string {
+	if v := env.envDefault("MCP_OUTBOX_TASKS", ""); v != "" {
+		return []string{v}
+	}
+	return nil
+}

@@ -1,0 +1,222 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// taskParams are the params of tasks/get, tasks/update and tasks/cancel.
+type taskParams struct {
+	mcp.ParamsBase
+	TaskID string `json:"taskId"`
+	// InputResponses of tasks/update; no tool of the layer asks for input
+	// in a task, so they are accepted and ignored.
+	InputResponses json.RawMessage `json:"inputResponses,omitempty"`
+}
+
+// ackResult answers tasks/update and tasks/cancel.
+type ackResult struct {
+	mcp.ResultBase
+	ResultType string `json:"resultType"`
+}
+
+func ack() *ackResult { return &ackResult{ResultType: "complete"} }
+
+var errTaskNotFound = &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "Task not found"}
+
+// principalKey carries a tasks/* request's principal from the layer's
+// middleware, which sees the request's Extra (its token), to the method
+// handler, which the SDK gives only the session and the params.
+type principalKey struct{}
+
+// addTaskMethods registers tasks/get, tasks/update and tasks/cancel on s.
+// tasks/result is not registered: the SDK answers it -32601, as the
+// 2026-07-28 extension wants.
+func (l *Layer) addTaskMethods(s *mcp.Server) {
+	principal := func(ctx context.Context) (string, error) {
+		p, ok := ctx.Value(principalKey{}).(string)
+		if !ok {
+			// Reached without the layer's middleware: no principal to
+			// scope the task by, so no task.
+			return "", errTaskNotFound
+		}
+		return p, nil
+	}
+	must := func(err error) {
+		if err != nil {
+			panic(fmt.Sprintf("outbox: register task method: %v", err))
+		}
+	}
+	must(mcp.AddReceivingCustomMethod(s, "tasks/get", func(ctx context.Context, _ *mcp.ServerSession, p *taskParams) (*taskResult, error) {
+		who, err := principal(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return l.getTask(ctx, who, p.TaskID, true)
+	}))
+	must(mcp.AddReceivingCustomMethod(s, "tasks/update", func(ctx context.Context, _ *mcp.ServerSession, p *taskParams) (*ackResult, error) {
+		who, err := principal(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if _, err := l.getTask(ctx, who, p.TaskID, false); err != nil {
+			return nil, err
+		}
+		return ack(), nil
+	}))
+	must(mcp.AddReceivingCustomMethod(s, "tasks/cancel", func(ctx context.Context, _ *mcp.ServerSession, p *taskParams) (*ackResult, error) {
+		who, err := principal(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if err := l.cancelTask(ctx, who, p.TaskID); err != nil {
+			return nil, err
+		}
+		return ack(), nil
+	}))
+}
+
+// isTaskMethod reports whether method is one the layer answers for tasks.
+func isTaskMethod(method string) bool {
+	return method == "tasks/get" || method == "tasks/update" || method == "tasks/cancel"
+}
+
+// requestPrincipal is the principal of any request, as principalOf is of
+// a tools/call.
+func requestPrincipal(req mcp.Request) string {
+	return principalOf(&mcp.CallToolRequest{Extra: req.GetExtra()})
+}
+
+const selectTask = `
+SELECT id, state, result, created_at, completed_at, expires_at, task_ttl_ms, task_poll_ms, task_end, task_error_code, task_cancel
+FROM calls WHERE principal = $1 AND task_id = $2`
+
+// getTask reads a task: a pure read of the call's row, from any process or
+// replica. withResult adds the final result of a terminal task.
+func (l *Layer) getTask(ctx context.Context, principal, id string, withResult bool) (*taskResult, error) {
+	if id == "" {
+		return nil, errTaskNotFound
+	}
+	var (
+		callID, created, expires int64
+		state, end               string
+		result                   sql.NullString
+		completed, ttl           sql.NullInt64
+		poll, code, cancel       int64
+	)
+	err := l.db.Read.QueryRowContext(ctx, selectTask, principal, id).Scan(
+		&callID, &state, &result, &created, &completed, &expires, &ttl, &poll, &end, &code, &cancel)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, errTaskNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read task: %w", err)
+	}
+	t := &taskResult{ResultType: "complete", TaskID: id, CreatedAt: taskTime(created), LastUpdatedAt: taskTime(created),
+		PollIntervalMs: poll}
+	if ttl.Valid {
+		t.TTLMs = &ttl.Int64
+	}
+	if completed.Valid {
+		t.LastUpdatedAt = taskTime(completed.Int64)
+	}
+	switch {
+	case state == "in_flight":
+		t.Status = taskWorking
+		if cancel != 0 {
+			t.StatusMessage = "cancel requested; the task ends cancelled unless its outcome committed first"
+		}
+	case end == "cancelled":
+		t.Status, t.StatusMessage = taskCancelled, "cancelled before its commit: nothing of it was kept"
+	case end == "failed":
+		t.Status = taskFailed
+		t.Error = &taskError{Code: code, Message: resultText(result.String)}
+	case state == "unknown":
+		t.Status = taskFailed
+		t.Error = &taskError{Code: jsonrpc.CodeInternalError, Message: "the call's outcome is unknown: it may or may not have run; an operator settles it"}
+	default: // completed or failed: a tool result, isError or not
+		t.Status = taskCompleted
+		if withResult && result.Valid {
+			inner, err := completeResult(result.String)
+			if err != nil {
+				return nil, fmt.Errorf("read task result: %w", err)
+			}
+			t.Result = inner
+		}
+	}
+	return t, nil
+}
+
+// completeResult is a stored tool result as a task's "result": the
+// extension's client wants resultType "complete" inside it too (without it,
+// ext-tasks 0.2.2 reports the task failed).
+func completeResult(stored string) (json.RawMessage, error) {
+	var m map[string]any
+	if err := json.Unmarshal([]byte(stored), &m); err != nil {
+		return nil, err
+	}
+	m["resultType"] = "complete"
+	return json.Marshal(m)
+}
+
+// resultText is the text of a stored result's first text block.
+func resultText(stored string) string {
+	var r mcp.CallToolResult
+	if json.Unmarshal([]byte(stored), &r) == nil {
+		for _, c := range r.Content {
+			if tc, ok := c.(*mcp.TextContent); ok {
+				return tc.Text
+			}
+		}
+	}
+	return "the task failed"
+}
+
+// requestTaskCancel records that tasks/cancel asked a task to stop; the
+// owner's commit then refuses to record an outcome (recordOutcome).
+const requestTaskCancel = `UPDATE calls SET task_cancel = 1 WHERE id = $1 AND state = 'in_flight'`
+
+// cancelTask stops a task that has not committed: an attempt of this layer
+// running it is told at once, and the request is recorded in the row, so
+// that an owner in another process (or replica) fails its fence and the
+// task ends cancelled. A terminal task stays as it is.
+func (l *Layer) cancelTask(ctx context.Context, principal, id string) error {
+	var (
+		callID int64
+		state  string
+	)
+	err := l.db.Read.QueryRowContext(ctx, `SELECT id, state FROM calls WHERE principal = $1 AND task_id = $2`, principal, id).Scan(&callID, &state)
+	if errors.Is(err, sql.ErrNoRows) {
+		return errTaskNotFound
+	}
+	if err != nil {
+		return fmt.Errorf("read task: %w", err)
+	}
+	if state != "in_flight" {
+		return nil // terminal: cancel changes nothing
+	}
+	// Tell a local attempt first: on SQLite it may hold the writer, which
+	// the write below waits for.
+	l.mu.Lock()
+	a := l.tasks[id]
+	l.mu.Unlock()
+	if a != nil {
+		a.task.cancelled.Store(true)
+		a.task.stop()
+	}
+	u, err := l.group.enter(background(ctx), true)
+	if err != nil {
+		return fmt.Errorf("cancel task: %w", err)
+	}
+	_, xerr := u.exec(requestTaskCancel, callID)
+	if err := errors.Join(xerr, u.leave(xerr == nil).wait()); err != nil {
+		return fmt.Errorf("cancel task: %w", err)
+	}
+	return nil
+}

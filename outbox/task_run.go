@@ -1,0 +1,276 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"time"
+
+	"github.com/google/jsonschema-go/jsonschema"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// taskJoined is what acquire returns to a retry that asks for a task and
+// found one for its call (a.joinedTask): it answers with that task.
+var taskJoined = &mcp.CallToolResult{}
+
+// callAsTask runs a call whose request declared the Tasks extension, to a
+// tool that allows tasks. Its claim commits durably with the task's row
+// before anything is answered; then the handler runs detached from the
+// request, under the task's own context, which only tasks/cancel (or the
+// layer stopping) ends.
+func (l *Layer) callAsTask(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest) (mcp.Result, error) {
+	params, err := paramsOf(req)
+	if err != nil {
+		return nil, err
+	}
+	task := &attemptTask{opts: t.tasks, params: params, id: newTaskID()}
+	return l.run(ctx, t, req, task, func(ctx context.Context, a *attempt) (mcp.Result, error) {
+		if a.task == nil {
+			// Not recorded (no key, fingerprints off): no row, no task.
+			if t.tasks.Mode == TasksRequired {
+				return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf(
+					"tool %q runs only as a task, and a task needs an idempotency key here (fingerprints are off); nothing was executed", t.name)}
+			}
+			res, err := t.runStored(ctx, a, req)
+			res2, err := a.finish(ctx, res, err)
+			if cr, ok := res2.(*mcp.CallToolResult); ok && err == nil {
+				return forProtocol(req, cr), nil
+			}
+			return res2, err
+		}
+		done := l.startTask(ctx, a, req)
+		if t.tasks.Mode == TasksIfSlow {
+			timer := time.NewTimer(t.tasks.After)
+			defer timer.Stop()
+			select {
+			case res := <-done:
+				a.reqOutcome = a.outcome // the task's goroutine is done with it
+				if res.err == nil && res.res != nil {
+					if cr, ok := res.res.(*mcp.CallToolResult); ok {
+						return forProtocol(req, cr), nil
+					}
+				}
+				return res.res, res.err
+			case <-timer.C:
+			case <-ctx.Done():
+			}
+		}
+		a.reqOutcome = outcomeTask
+		return l.taskAnswer(background(ctx), a.id.principal, a.task.taskID(), "task")
+	})
+}
+
+type taskEnd struct {
+	res mcp.Result
+	err error
+}
+
+// startTask runs a's handler detached from the request; the returned
+// channel gets its answer once the outcome is decided.
+func (l *Layer) startTask(ctx context.Context, a *attempt, req *mcp.CallToolRequest) <-chan taskEnd {
+	a.detached = true
+	tctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	a.task.stop = cancel
+	id := a.task.taskID()
+	done := make(chan taskEnd, 1)
+	l.mu.Lock()
+	if l.tasks == nil {
+		l.tasks = map[string]*attempt{}
+	}
+	l.tasks[id] = a
+	l.taskRuns.Add(1)
+	l.mu.Unlock()
+	go func() {
+		defer l.taskRuns.Done()
+		defer func() {
+			cancel()
+			l.mu.Lock()
+			delete(l.tasks, id)
+			l.mu.Unlock()
+			l.leave(a)
+		}()
+		res, err := a.tool.runStored(tctx, a, req)
+		var wire *jsonrpc.Error
+		if errors.As(err, &wire) {
+			a.task.rpcErr.Store(&taskError{Code: wire.Code, Message: wire.Message})
+		}
+		out, err := a.finish(tctx, res, err)
+		done <- taskEnd{out, err}
+	}()
+	return done
+}
+
+// joinTask answers a retry that found its call's task.
+func (l *Layer) joinTask(ctx context.Context, a *attempt) (mcp.Result, error) {
+	return l.taskAnswer(ctx, a.id.principal, a.joinedTask, "task")
+}
+
+// taskAnswer reads the task and shapes it as CreateTaskResult
+// (resultType "task"): a retry gets the task's current status.
+func (l *Layer) taskAnswer(ctx context.Context, principal, id, resultType string) (mcp.Result, error) {
+	t, err := l.getTask(ctx, principal, id, false)
+	if err != nil {
+		return nil, err
+	}
+	t.ResultType = resultType
+	return t, nil
+}
+
+// writeTask writes the task's columns into the call's row, in the claim's
+// unit, so they commit with the claim. A row that is a task already (a
+// takeover) keeps its id: the attempt adopts it.
+func (a *attempt) writeTask(u *unit, existing string) error {
+	if a.task == nil {
+		return nil
+	}
+	if existing != "" {
+		a.task.setID(existing)
+		return nil
+	}
+	ttl := a.retention().Milliseconds()
+	_, err := u.exec(`UPDATE calls SET task_id = $1, task_params = $2, task_ttl_ms = $3, task_poll_ms = $4 WHERE id = $5`,
+		a.task.taskID(), a.task.params, ttl, a.task.opts.PollInterval.Milliseconds(), a.callID)
+	if err != nil {
+		return fmt.Errorf("write task: %w", err)
+	}
+	return nil
+}
+
+const endTaskCancelled = `
+UPDATE calls SET state = 'failed', task_end = 'cancelled', result = $1, completed_at = $2, expires_at = $3,
+    owner = '', lease_until = 0, task_params = NULL
+WHERE id = $4 AND owner = $5 AND state = 'in_flight' AND (task_cancel = 1 OR $6 = 1)`
+
+const endTaskFailed = `
+UPDATE calls SET state = 'failed', task_end = 'failed', task_error_code = $1, result = $2, completed_at = $3, expires_at = $4,
+    owner = '', lease_until = 0, task_params = NULL
+WHERE id = $5 AND owner = $6 AND state = 'in_flight'`
+
+// endTask ends a task whose attempt committed no outcome, in u: cancelled
+// if tasks/cancel asked for it (here or in the row), left in flight for the
+// task runner if the layer stops or the attempt was a plain retry, failed
+// otherwise (a handler fault, a
+// protocol error, a database failure: the task is not run again by
+// itself). Every write names the attempt as owner, so an attempt that lost
+// the call changes nothing.
+func (a *attempt) endTask(ctx context.Context, u *unit) error {
+	now := a.layer.nowMS()
+	expires := now + a.retention().Milliseconds()
+	asked := 0
+	if a.task.cancelled.Load() {
+		asked = 1
+	}
+	cancelled, _ := encodeResult(toolError(codeNotRecorded, "the task was cancelled before its commit; nothing of it was kept."))
+	r, err := u.exec(endTaskCancelled, cancelled, now, expires, a.callID, a.owner, asked)
+	if err != nil {
+		return err
+	}
+	if n, _ := r.RowsAffected(); n == 1 {
+		a.layer.logger.InfoContext(ctx, "task cancelled before its commit; nothing kept", "tool", a.tool.name, "call_id", a.uid)
+		return nil
+	}
+	if a.task.shutdown.Load() || !a.detached {
+		// The layer stops, or a plain retry that took the task over
+		// ended without an outcome (its client cancelled it, say): the
+		// row stays in flight, and the task runner (or the next process)
+		// takes it over and runs it as the task it is.
+		return nil
+	}
+	code, msg := int64(jsonrpc.CodeInternalError), fmt.Sprintf("the task ended without an outcome; nothing of it was kept. The server's log has the cause under call id %s.", a.uid)
+	if e := a.task.rpcErr.Load(); e != nil {
+		code, msg = e.Code, e.Message
+	}
+	failed, _ := encodeResult(toolError(codeNotRecorded, "%s", msg))
+	_, err = u.exec(endTaskFailed, code, failed, now, expires, a.callID, a.owner)
+	return err
+}
+
+// storedRunner makes the function that runs a tool's handler for a task
+// without the SDK, as mcp.AddTool's own wrapper would: the arguments are
+// validated against the input schema (defaults applied), decoded into In,
+// and the handler's Out becomes the structured content and, when the
+// handler set no content, its JSON text. A plain error becomes an isError
+// result (invoke keeps an unmarked one from the client), a *jsonrpc.Error
+// stays one. Unlike the SDK it does not validate the output against the
+// output schema.
+func storedRunner[In, Out any](t *mcp.Tool, invoke func(context.Context, *attempt, *mcp.CallToolRequest, In) (*mcp.CallToolResult, Out, error)) (
+	func(context.Context, *attempt, *mcp.CallToolRequest) (*mcp.CallToolResult, error), error) {
+	var resolved *jsonschema.Resolved
+	if t.InputSchema != nil {
+		b, err := json.Marshal(t.InputSchema)
+		if err != nil {
+			return nil, fmt.Errorf("input schema: %w", err)
+		}
+		var s jsonschema.Schema
+		if err := json.Unmarshal(b, &s); err != nil {
+			return nil, fmt.Errorf("input schema: %w", err)
+		}
+		if resolved, err = s.Resolve(nil); err != nil {
+			return nil, fmt.Errorf("input schema: %w", err)
+		}
+	}
+	anyOut := reflect.TypeFor[Out]() == reflect.TypeFor[any]()
+	return func(ctx context.Context, a *attempt, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		invalid := func(err error) (*mcp.CallToolResult, error) {
+			// The SDK's own answer to bad arguments, an isError result,
+			// is the task's outcome: a retry would fail the same way.
+			a.reached = true
+			var res mcp.CallToolResult
+			res.SetError(fmt.Errorf("validating \"arguments\": %v", err))
+			return &res, nil
+		}
+		args := req.Params.Arguments
+		if len(args) == 0 {
+			args = json.RawMessage(`{}`)
+		}
+		if resolved != nil {
+			var m map[string]any
+			if err := json.Unmarshal(args, &m); err != nil {
+				return invalid(err)
+			}
+			if err := resolved.ApplyDefaults(&m); err != nil {
+				return invalid(err)
+			}
+			if err := resolved.Validate(m); err != nil {
+				return invalid(err)
+			}
+			b, err := json.Marshal(m)
+			if err != nil {
+				return invalid(err)
+			}
+			args = b
+		}
+		var in In
+		if err := json.Unmarshal(args, &in); err != nil {
+			return invalid(err)
+		}
+		res, out, err := invoke(ctx, a, req, in)
+		if err != nil {
+			var wire *jsonrpc.Error
+			if errors.As(err, &wire) {
+				return nil, wire
+			}
+			var r mcp.CallToolResult
+			r.SetError(err)
+			return &r, nil
+		}
+		if res == nil {
+			res = &mcp.CallToolResult{}
+		}
+		if res.InputRequests == nil && !(anyOut && any(out) == nil) {
+			b, err := json.Marshal(out)
+			if err != nil {
+				return nil, fmt.Errorf("marshal output: %w", err)
+			}
+			res.StructuredContent = json.RawMessage(b)
+			if res.Content == nil {
+				res.Content = []mcp.Content{&mcp.TextContent{Text: string(b)}}
+			}
+		}
+		return res, nil
+	}, nil
+}

@@ -1,0 +1,573 @@
+package outbox_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/auth"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
+	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/mcphttp"
+	"github.com/mcp-outbox/mcp-outbox/outbox/mcpstdio"
+	"github.com/mcp-outbox/mcp-outbox/schema"
+)
+
+// taskPeer speaks 2026-07-28 JSON-RPC to a server: per-request _meta, no
+// initialize, as @modelcontextprotocol/ext-tasks does. Over stdio
+// (mcpstdio) or stateless Streamable HTTP (mcphttp.NewHandler).
+type taskPeer struct {
+	t    testing.TB
+	next atomic.Int64
+	// one of:
+	w     io.Writer
+	r     *bufio.Scanner
+	url   string
+	token string
+}
+
+func stdioPeer(t testing.TB, s *mcp.Server) *taskPeer {
+	t.Helper()
+	cr, sw := io.Pipe()
+	sr, cw := io.Pipe()
+	ss, err := s.Connect(context.Background(), mcpstdio.NewTransport(&mcp.IOTransport{Reader: sr, Writer: sw}, nil), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cw.Close(); ss.Close() })
+	p := &taskPeer{t: t, w: cw, r: bufio.NewScanner(cr)}
+	p.r.Buffer(nil, 1<<20)
+	return p
+}
+
+// httpTaskServer serves s statelessly for 2026-07-28, behind bearer tokens
+// "alice" and "bob".
+func httpTaskServer(t *testing.T, s *mcp.Server) string {
+	t.Helper()
+	verify := func(_ context.Context, token string, _ *http.Request) (*auth.TokenInfo, error) {
+		if token != "alice" && token != "bob" {
+			return nil, auth.ErrInvalidToken
+		}
+		return &auth.TokenInfo{UserID: token, Expiration: time.Now().Add(time.Hour)}, nil
+	}
+	srv := httptest.NewServer(auth.RequireBearerToken(verify, nil)(mcphttp.NewHandler(s, nil)))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+func httpPeer(t *testing.T, url, token string) *taskPeer {
+	return &taskPeer{t: t, url: url, token: token}
+}
+
+// meta is a 2026-07-28 request's _meta; tasks declares the extension.
+func meta(tasks bool, key string) map[string]any {
+	caps := map[string]any{}
+	if tasks {
+		caps["extensions"] = map[string]any{outbox.ExtensionTasks: map[string]any{}}
+	}
+	m := map[string]any{
+		"io.modelcontextprotocol/protocolVersion":    "2026-07-28",
+		"io.modelcontextprotocol/clientInfo":         map[string]any{"name": "task-test", "version": "0"},
+		"io.modelcontextprotocol/clientCapabilities": caps,
+	}
+	if key != "" {
+		m["idempotencyKey"] = key
+	}
+	return m
+}
+
+// request sends one request and returns its response (result or error).
+func (p *taskPeer) request(method string, params map[string]any) map[string]any {
+	p.t.Helper()
+	if _, ok := params["_meta"]; !ok {
+		params["_meta"] = meta(false, "")
+	}
+	id := p.next.Add(1)
+	body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+	if p.url != "" {
+		return p.post(method, params, body)
+	}
+	if _, err := p.w.Write(append(body, '\n')); err != nil {
+		p.t.Fatal(err)
+	}
+	for p.r.Scan() {
+		var m map[string]any
+		if err := json.Unmarshal(p.r.Bytes(), &m); err != nil {
+			p.t.Fatalf("response %s: %v", p.r.Bytes(), err)
+		}
+		if m["id"] == float64(id) {
+			return m
+		}
+	}
+	p.t.Fatalf("read response: %v", p.r.Err())
+	return nil
+}
+
+func (p *taskPeer) post(method string, params map[string]any, body []byte) map[string]any {
+	p.t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, p.url, strings.NewReader(string(body)))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Authorization", "Bearer "+p.token)
+	req.Header.Set("Mcp-Protocol-Version", "2026-07-28")
+	req.Header.Set("Mcp-Method", method)
+	switch {
+	case method == "tools/call":
+		req.Header.Set("Mcp-Name", params["name"].(string))
+	case strings.HasPrefix(method, "tasks/"):
+		req.Header.Set("Mcp-Name", params["taskId"].(string))
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	text := string(raw)
+	if i := strings.Index(text, "data: "); i >= 0 { // an SSE answer
+		text = strings.TrimSpace(strings.SplitN(text[i+len("data: "):], "\n", 2)[0])
+	}
+	var m map[string]any
+	if err := json.Unmarshal([]byte(text), &m); err != nil {
+		p.t.Fatalf("POST %s: %s: %s", method, resp.Status, raw)
+	}
+	return m
+}
+
+func result(t testing.TB, resp map[string]any) map[string]any {
+	t.Helper()
+	r, ok := resp["result"].(map[string]any)
+	if !ok {
+		t.Fatalf("no result: %v", resp)
+	}
+	return r
+}
+
+func rpcError(t *testing.T, resp map[string]any) (float64, string) {
+	t.Helper()
+	e, ok := resp["error"].(map[string]any)
+	if !ok {
+		t.Fatalf("no error: %v", resp)
+	}
+	return e["code"].(float64), fmt.Sprint(e["message"])
+}
+
+func (p *taskPeer) charge(tasks bool, key string, amount int) map[string]any {
+	return p.request("tools/call", map[string]any{"name": "charge", "arguments": map[string]any{"amount": amount}, "_meta": meta(tasks, key)})
+}
+
+func (p *taskPeer) task(method, id string) map[string]any {
+	return p.request(method, map[string]any{"taskId": id})
+}
+
+// waitTask polls tasks/get until the task is no longer working.
+func (p *taskPeer) waitTask(id string) map[string]any {
+	p.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		r := result(p.t, p.task("tasks/get", id))
+		if r["status"] != "working" {
+			return r
+		}
+		if time.Now().After(deadline) {
+			p.t.Fatalf("task %s still working", id)
+		}
+		time.Sleep(10 * time.Millisecond) // polling, as the client does (pollIntervalMs)
+	}
+}
+
+// taskSetup is a layer with the ledger's charge allowing tasks.
+func taskSetup(t testing.TB, db *schema.DB, mode outbox.TaskMode, lopts *ledger.Options) *bundle {
+	t.Helper()
+	if lopts == nil {
+		lopts = &ledger.Options{}
+	}
+	lopts.Tasks = map[string]outbox.TaskOptions{"charge": {Mode: mode, After: 50 * time.Millisecond, PollInterval: 20 * time.Millisecond}}
+	return setupOn(t, mustLedger(t, db), nil, lopts)
+}
+
+// gate holds charge before its first statement until released (or the
+// call's context ends), and says when a call reached it.
+type taskGate struct {
+	reached chan struct{}
+	release chan struct{}
+}
+
+func newGate() *taskGate {
+	return &taskGate{reached: make(chan struct{}, 16), release: make(chan struct{})}
+}
+
+func (g *taskGate) hold(ctx context.Context) error {
+	g.reached <- struct{}{}
+	select {
+	case <-g.release:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (g *taskGate) waitReached(t *testing.T) {
+	t.Helper()
+	select {
+	case <-g.reached:
+	case <-time.After(10 * time.Second):
+		t.Fatal("charge not reached")
+	}
+}
+
+func TestTask_DiscoverAdvertisesTheExtension(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	b := taskSetup(t, db, outbox.TasksAlways, nil)
+	caps := result(t, stdioPeer(t, b.server).request("server/discover", map[string]any{}))["capabilities"].(map[string]any)
+	ext, _ := caps["extensions"].(map[string]any)
+	if v, ok := ext[outbox.ExtensionTasks]; !ok || fmt.Sprint(v) != "map[]" {
+		t.Fatalf("extensions = %v, want %s as {}", caps["extensions"], outbox.ExtensionTasks)
+	}
+	plain := setupOn(t, db, nil, nil) // no tool allows tasks
+	caps = result(t, stdioPeer(t, plain.server).request("server/discover", map[string]any{}))["capabilities"].(map[string]any)
+	if ext, _ := caps["extensions"].(map[string]any); ext[outbox.ExtensionTasks] != nil {
+		t.Errorf("a server without tasks advertises them: %v", caps)
+	}
+}
+
+func TestTask_CreatedDurablyThenCompletes(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	g := newGate()
+	b := taskSetup(t, db, outbox.TasksAlways, &ledger.Options{Gate: g.hold})
+	p := stdioPeer(t, b.server)
+	created := result(t, p.charge(true, "task-1", 700))
+	if created["resultType"] != "task" || created["status"] != "working" {
+		t.Fatalf("CreateTaskResult = %v", created)
+	}
+	id, _ := created["taskId"].(string)
+	for _, f := range []string{"createdAt", "lastUpdatedAt", "ttlMs", "pollIntervalMs"} {
+		if _, ok := created[f]; !ok {
+			t.Errorf("CreateTaskResult lacks %s: %v", f, created)
+		}
+	}
+	if created["pollIntervalMs"] != float64(20) || created["ttlMs"] != float64(outbox.DefaultKeyRetention.Milliseconds()) {
+		t.Errorf("pollIntervalMs, ttlMs = %v, %v", created["pollIntervalMs"], created["ttlMs"])
+	}
+	g.waitReached(t)
+	// The handler holds before its first statement, so nothing has
+	// committed since the claim: the task row seen from another
+	// connection is the claim's commit, made before the answer.
+	if n := count(t, db.Read, `SELECT count(*) FROM calls WHERE task_id = $1 AND state = 'in_flight' AND task_params IS NOT NULL`, id); n != 1 {
+		t.Fatalf("task row before the answer: %d rows", n)
+	}
+	// tasks/get from another connection, and from another layer on the
+	// same database, while it works.
+	other := stdioPeer(t, b.server)
+	if r := result(t, other.task("tasks/get", id)); r["status"] != "working" || r["resultType"] != "complete" {
+		t.Fatalf("tasks/get while working = %v", r)
+	}
+	second := taskSetup(t, db, outbox.TasksAlways, nil)
+	close(g.release)
+	done := stdioPeer(t, second.server).waitTask(id)
+	if done["status"] != "completed" || done["resultType"] != "complete" {
+		t.Fatalf("tasks/get from a second layer = %v", done)
+	}
+	inner, _ := done["result"].(map[string]any)
+	if inner["resultType"] != "complete" || inner["isError"] == true {
+		t.Fatalf("task result = %v", inner)
+	}
+	if sc, _ := inner["structuredContent"].(map[string]any); sc["amount"] != float64(700) {
+		t.Errorf("structuredContent = %v", inner["structuredContent"])
+	}
+	if got := charges(t, b); got != 1 {
+		t.Errorf("charges = %d, want 1", got)
+	}
+	if n := count(t, db.Read, `SELECT count(*) FROM effects`); n != 1 {
+		t.Errorf("effects = %d, want 1", n)
+	}
+	if n := count(t, db.Read, `SELECT count(*) FROM calls WHERE task_params IS NOT NULL`); n != 0 {
+		t.Errorf("stored params kept after the task ended")
+	}
+	// tasks/update acknowledges; tasks/result is not a method of 2026-07-28.
+	if r := result(t, p.task("tasks/update", id)); r["resultType"] != "complete" {
+		t.Errorf("tasks/update = %v", r)
+	}
+	if code, _ := rpcError(t, p.task("tasks/result", id)); code != -32601 {
+		t.Errorf("tasks/result code = %v, want -32601", code)
+	}
+	if code, msg := rpcError(t, p.task("tasks/get", "task_nope")); code != -32602 || msg != "Task not found" {
+		t.Errorf("unknown task: %v %q", code, msg)
+	}
+}
+
+func TestTask_NoExtensionNoTask(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	b := taskSetup(t, db, outbox.TasksAlways, nil)
+	p := stdioPeer(t, b.server)
+	r := result(t, p.charge(false, "plain-1", 5))
+	if r["resultType"] != "complete" || r["taskId"] != nil {
+		t.Fatalf("a request without the extension got %v", r)
+	}
+	req := taskSetup(t, db, outbox.TasksRequired, nil)
+	code, msg := rpcError(t, stdioPeer(t, req.server).charge(false, "plain-2", 5))
+	if code != outbox.CodeTaskRequired {
+		t.Errorf("TasksRequired without the extension: %v %s", code, msg)
+	}
+	if n := count(t, db.Read, `SELECT count(*) FROM calls WHERE key = 'plain-2'`); n != 0 {
+		t.Errorf("a refused call was recorded")
+	}
+}
+
+func TestTask_IfSlow(t *testing.T) {
+	t.Parallel()
+	g := newGate()
+	b := taskSetup(t, openDB(t), outbox.TasksIfSlow, nil)
+	p := stdioPeer(t, b.server)
+	if r := result(t, p.charge(true, "fast", 5)); r["resultType"] != "complete" || r["isError"] == true {
+		t.Fatalf("a fast call = %v, want a plain answer", r)
+	}
+	slow := taskSetup(t, openDB(t), outbox.TasksIfSlow, &ledger.Options{Gate: g.hold})
+	sp := stdioPeer(t, slow.server)
+	r := result(t, sp.charge(true, "slow", 5))
+	if r["resultType"] != "task" {
+		t.Fatalf("a slow call = %v, want a task", r)
+	}
+	close(g.release)
+	if done := sp.waitTask(r["taskId"].(string)); done["status"] != "completed" {
+		t.Fatalf("slow task = %v", done)
+	}
+}
+
+func TestTask_CancelBeforeCommit(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	g := newGate()
+	b := taskSetup(t, db, outbox.TasksAlways, &ledger.Options{Gate: g.hold})
+	p := stdioPeer(t, b.server)
+	id := result(t, p.charge(true, "cancel-1", 5))["taskId"].(string)
+	g.waitReached(t)
+	if r := result(t, p.task("tasks/cancel", id)); r["resultType"] != "complete" {
+		t.Fatalf("tasks/cancel = %v", r)
+	}
+	if done := p.waitTask(id); done["status"] != "cancelled" {
+		t.Fatalf("after cancel: %v", done)
+	}
+	if got := charges(t, b); got != 0 {
+		t.Errorf("charges = %d after a cancel before the commit", got)
+	}
+	// The same task, cancelled, to a retry that asks for a task.
+	if r := result(t, p.charge(true, "cancel-1", 5)); r["taskId"] != id || r["status"] != "cancelled" {
+		t.Errorf("retry after cancel = %v", r)
+	}
+}
+
+func TestTask_CancelAfterCommit(t *testing.T) {
+	t.Parallel()
+	b := taskSetup(t, openDB(t), outbox.TasksAlways, nil)
+	p := stdioPeer(t, b.server)
+	id := result(t, p.charge(true, "cancel-2", 5))["taskId"].(string)
+	p.waitTask(id)
+	if r := result(t, p.task("tasks/cancel", id)); r["resultType"] != "complete" {
+		t.Fatalf("tasks/cancel = %v", r)
+	}
+	if r := result(t, p.task("tasks/get", id)); r["status"] != "completed" {
+		t.Errorf("a committed task after cancel: %v", r)
+	}
+	if got := charges(t, b); got != 1 {
+		t.Errorf("charges = %d", got)
+	}
+}
+
+func TestTask_LostHandleRecovered(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	g := newGate()
+	b := taskSetup(t, db, outbox.TasksAlways, &ledger.Options{Gate: g.hold})
+	p := stdioPeer(t, b.server)
+	first := result(t, p.charge(true, "lost-1", 5))
+	g.waitReached(t)
+	// The answer was lost; the retry, on another connection, with the same key.
+	again := result(t, stdioPeer(t, b.server).charge(true, "lost-1", 5))
+	if again["resultType"] != "task" || again["taskId"] != first["taskId"] || again["status"] != "working" {
+		t.Fatalf("retry while working = %v, want task %v", again, first["taskId"])
+	}
+	// Without a key: the fingerprint finds the same task.
+	nokey := result(t, p.charge(true, "", 6))
+	g.waitReached(t)
+	nokey2 := result(t, p.charge(true, "", 6))
+	if nokey2["taskId"] != nokey["taskId"] {
+		t.Fatalf("keyless retry got task %v, want %v", nokey2["taskId"], nokey["taskId"])
+	}
+	close(g.release)
+	p.waitTask(first["taskId"].(string))
+	p.waitTask(nokey["taskId"].(string))
+	done := result(t, p.charge(true, "lost-1", 5))
+	if done["taskId"] != first["taskId"] || done["status"] != "completed" {
+		t.Errorf("retry after the end = %v", done)
+	}
+	// A retry that does not ask for a task replays the call.
+	plain := result(t, p.charge(false, "lost-1", 5))
+	if plain["isError"] == true || plain["taskId"] != nil {
+		t.Errorf("plain retry = %v", plain)
+	}
+	if got := charges(t, b); got != 2 {
+		t.Errorf("charges = %d, want 2 (one per logical call)", got)
+	}
+	// call_status names the task and its status.
+	st := result(t, p.request("tools/call", map[string]any{"name": outbox.StatusToolName, "arguments": map[string]any{"key": "lost-1"}}))
+	sc, _ := st["structuredContent"].(map[string]any)
+	if sc["taskId"] != first["taskId"] || sc["taskStatus"] != "completed" {
+		t.Errorf("call_status = %v", sc)
+	}
+}
+
+func TestTask_OtherPrincipalGetsNotFound(t *testing.T) {
+	t.Parallel()
+	b := taskSetup(t, openDB(t), outbox.TasksAlways, nil)
+	url := httpTaskServer(t, b.server)
+	alice, bob := httpPeer(t, url, "alice"), httpPeer(t, url, "bob")
+	created := result(t, alice.charge(true, "http-1", 5))
+	id, _ := created["taskId"].(string)
+	if created["resultType"] != "task" || id == "" {
+		t.Fatalf("over HTTP: %v", created)
+	}
+	if done := alice.waitTask(id); done["status"] != "completed" {
+		t.Fatalf("alice's task = %v", done)
+	}
+	for _, m := range []string{"tasks/get", "tasks/cancel", "tasks/update"} {
+		if code, msg := rpcError(t, bob.task(m, id)); code != -32602 || msg != "Task not found" {
+			t.Errorf("bob's %s: %v %q", m, code, msg)
+		}
+	}
+}
+
+func TestTask_RecoveredWhenOwnerIsGone(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	g := newGate()
+	a := taskSetup(t, db, outbox.TasksAlways, &ledger.Options{Gate: g.hold})
+	p := stdioPeer(t, a.server)
+	id := result(t, p.charge(true, "recover-1", 9))["taskId"].(string)
+	g.waitReached(t)
+	// The owner dies: on SQLite its process is gone; on PostgreSQL its
+	// lease passed. (The attempt of layer a, still held at the gate, fails
+	// its fence when released: it no longer owns the call.)
+	if onPostgres() {
+		mustExec(t, db, `UPDATE calls SET owner = 'gone/1#1', lease_until = 0 WHERE task_id = $1`, id)
+	} else {
+		mustExec(t, db, `UPDATE calls SET owner = $1 WHERE task_id = $2`, deadOwner(t), id)
+	}
+	b := taskSetup(t, db, outbox.TasksAlways, nil)
+	running, err := b.layer.Start(context.Background(), &outbox.StartOptions{NoDispatcher: true, ReapInterval: outbox.ReaperOff})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := stdioPeer(t, b.server).waitTask(id)
+	if err := running.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if done["status"] != "completed" {
+		t.Fatalf("recovered task = %v", done)
+	}
+	close(g.release) // the old attempt wakes and must not commit
+	outbox.WaitTasks(a.layer)
+	if got := charges(t, a); got != 1 {
+		t.Errorf("charges = %d, want exactly 1", got)
+	}
+	if n := count(t, db.Read, `SELECT count(*) FROM effects`); n != 1 {
+		t.Errorf("effects = %d, want exactly 1", n)
+	}
+}
+
+func mustExec(t *testing.T, db *schema.DB, q string, args ...any) {
+	t.Helper()
+	if _, err := db.Write.Exec(q, args...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestTask_CancelReachesAnOwnerElsewhere: tasks/cancel on a layer that
+// does not run the task (another process, another replica) records the
+// request in the row; the owner's commit is refused and the task ends
+// cancelled, with nothing of its work kept.
+func TestTask_CancelReachesAnOwnerElsewhere(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	g := newGate()
+	owner := taskSetup(t, db, outbox.TasksAlways, &ledger.Options{Gate: g.hold})
+	id := result(t, stdioPeer(t, owner.server).charge(true, "cancel-far", 5))["taskId"].(string)
+	g.waitReached(t)
+	other := taskSetup(t, db, outbox.TasksAlways, nil)
+	p := stdioPeer(t, other.server)
+	if r := result(t, p.task("tasks/cancel", id)); r["resultType"] != "complete" {
+		t.Fatalf("tasks/cancel = %v", r)
+	}
+	if r := result(t, p.task("tasks/get", id)); r["status"] != "working" || r["statusMessage"] == nil {
+		t.Errorf("while the owner runs on: %v", r)
+	}
+	close(g.release)
+	outbox.WaitTasks(owner.layer)
+	if r := result(t, p.task("tasks/get", id)); r["status"] != "cancelled" {
+		t.Fatalf("after the owner's commit was refused: %v", r)
+	}
+	if got := charges(t, owner); got != 0 {
+		t.Errorf("charges = %d, want 0", got)
+	}
+}
+
+// TestTask_PlainRetryFinishesAnOrphanedTask: a retry without the
+// extension that takes over a task whose owner is gone runs it as that
+// task: tasks/get then reports it completed, under its id.
+func TestTask_PlainRetryFinishesAnOrphanedTask(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	g := newGate()
+	a := taskSetup(t, db, outbox.TasksAlways, &ledger.Options{Gate: g.hold})
+	id := result(t, stdioPeer(t, a.server).charge(true, "orphan-1", 5))["taskId"].(string)
+	g.waitReached(t)
+	if onPostgres() {
+		mustExec(t, db, `UPDATE calls SET owner = 'gone/1#1', lease_until = 0 WHERE task_id = $1`, id)
+	} else {
+		mustExec(t, db, `UPDATE calls SET owner = $1 WHERE task_id = $2`, deadOwner(t), id)
+	}
+	b := taskSetup(t, db, outbox.TasksAlways, nil)
+	p := stdioPeer(t, b.server)
+	if r := result(t, p.charge(false, "orphan-1", 5)); r["isError"] == true || r["taskId"] != nil {
+		t.Fatalf("plain retry = %v", r)
+	}
+	if r := result(t, p.task("tasks/get", id)); r["status"] != "completed" {
+		t.Errorf("the task after the plain retry ran it: %v", r)
+	}
+	close(g.release)
+	outbox.WaitTasks(a.layer)
+	if got := charges(t, a); got != 1 {
+		t.Errorf("charges = %d, want 1", got)
+	}
+}
+
+func TestTask_AddToolRefusesTasksOnUnrecordedTools(t *testing.T) {
+	t.Parallel()
+	l, err := outbox.New(openDB(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := l.NewServer(&mcp.Implementation{Name: "t", Version: "v0"}, nil)
+	defer func() {
+		if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "not recorded") {
+			t.Errorf("recovered %v, want a panic naming the mistake", r)
+		}
+	}()
+	outbox.AddTool(l, s, &mcp.Tool{Name: "look", Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true}},
+		func(context.Context, outbox.Tx, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, struct{}, error) {
+			return nil, struct{}{}, nil
+		}, &outbox.ToolOptions{Tasks: outbox.TaskOptions{Mode: outbox.TasksAlways}})
+}
