@@ -20,7 +20,11 @@ CONFORMANCE_INSTALLED := $(CONFORMANCE)/node_modules/.package-lock.json
 # native build for this platform only (an optional dependency).
 CLAUDE_CODE := testdata/claude-code
 CLAUDE_CODE_INSTALLED := $(CLAUDE_CODE)/node_modules/.package-lock.json
-NPM_INSTALLED := $(TS_CLIENT_INSTALLED) $(TS_UPSTREAM_INSTALLED) $(LANGGRAPH_JS_INSTALLED) $(CONFORMANCE_INSTALLED) $(CLAUDE_CODE_INSTALLED)
+# The official MCP Tasks client (@modelcontextprotocol/ext-tasks with
+# @modelcontextprotocol/client 2.x), run by tasks_interop_test.go.
+EXT_TASKS := testdata/ext-tasks
+EXT_TASKS_INSTALLED := $(EXT_TASKS)/node_modules/.package-lock.json
+NPM_INSTALLED := $(TS_CLIENT_INSTALLED) $(TS_UPSTREAM_INSTALLED) $(LANGGRAPH_JS_INSTALLED) $(CONFORMANCE_INSTALLED) $(CLAUDE_CODE_INSTALLED) $(EXT_TASKS_INSTALLED)
 # Python clients and the Python upstream run in three virtual environments:
 # "seed" pins the versions the seed write-up measured with (mcp 1.29.1,
 # langgraph 1.2.11, langchain-mcp-adapters 0.3.2, langchain-core 1.6.1),
