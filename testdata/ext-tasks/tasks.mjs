@@ -445,7 +445,7 @@ async function runLostHandle(plan, signal) {
     if (!r.ex) {
       return;
     }
-    await r.ex.detach();
+    await release(r.ex, () => r.ex.detach());
     c1.status = 'dropped';
     endCall(c1);
   } finally {
@@ -462,6 +462,16 @@ async function runLostHandle(plan, signal) {
   } finally {
     await second.close();
   }
+}
+
+// release lets go of a task without cancelling it (detach or handoff), then
+// waits until the execution has settled locally. ext-tasks 0.2.2 forgets a
+// detached execution only once its driver has unwound: a session closed
+// before that still counts it as unsettled and sends tasks/cancel for it,
+// although it was detached or handed off (session.close -> execution.close).
+async function release(ex, how) {
+  await how();
+  await ex.result().catch(() => {});
 }
 
 // pollTask reads a task through a manual controller until it is terminal.
@@ -526,7 +536,7 @@ async function runCrash(plan, signal) {
     }
     // The official way to keep a task past its connection: persist its
     // reference, which releases it without cancelling it.
-    await r.ex.handoff((ref) => { reference = ref; });
+    await release(r.ex, () => r.ex.handoff((ref) => { reference = ref; }));
     writeFileSync(plan.createdFile, JSON.stringify({ taskId: c.taskId, pid: first.pid }));
     log(`task ${c.taskId} created and handed off; waiting for ${plan.resumeFile}`);
     await waitForFile(plan.resumeFile, signal);
@@ -536,9 +546,16 @@ async function runCrash(plan, signal) {
   }
   const second = await new Conn(plan).open(plan);
   try {
-    const ex = await second.session.resumeTask(reference, { requestTimeoutMs: plan.requestTimeoutMs });
     c.what += '; resumed from a new connection';
-    await settle(ex, plan, c, signal);
+    try {
+      const ex = await second.session.resumeTask(reference, { requestTimeoutMs: plan.requestTimeoutMs });
+      await settle(ex, plan, c, signal);
+    } catch (err) {
+      // resumeTask reads the task first (tasks/get): a server that lost it
+      // answers "Task not found" here.
+      Object.assign(c, errorOf(err));
+      c.error = `resume: ${c.error}`;
+    }
     endCall(c);
   } finally {
     await second.close();
