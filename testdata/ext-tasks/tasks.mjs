@@ -30,6 +30,13 @@
 // the client connects to plan.url. plan.key, when set, is sent as
 // params._meta.idempotencyKey of tools/call.
 //
+// Generation (plan.protocol): "2026-07-28" (the default) negotiates that
+// revision with server/discover and speaks the io.modelcontextprotocol/tasks
+// extension; "2025-11-25" connects with initialize and speaks that
+// revision's experimental Tasks (capability tasks.requests.tools.call, tool
+// execution.taskSupport, params.task), which ext-tasks also implements. The
+// cases are the same: ext-tasks hides the generation behind one API.
+//
 // When the server answers the first tools/call without a task (it lists no
 // Tasks extension, or chose not to make one), the case stops there and
 // report.noTask says why: there is nothing further to run.
@@ -49,7 +56,7 @@ import { Client, StreamableHTTPClientTransport } from '@modelcontextprotocol/cli
 import { StdioClientTransport } from '@modelcontextprotocol/client/stdio';
 import { JsonRpcResponseError, createTaskSessionFromClient } from '@modelcontextprotocol/ext-tasks/client';
 
-const PROTOCOL = '2026-07-28';
+const PROTOCOLS = ['2026-07-28', '2025-11-25'];
 const TASKS_EXTENSION = 'io.modelcontextprotocol/tasks';
 const CLIENT_INFO = { name: 'mcp-outbox-ext-tasks', version: '0.0.0' };
 // What the client declares at connect; ext-tasks adds the Tasks extension to
@@ -99,6 +106,10 @@ function readPlan(path) {
   }
   if (plan.case === 'other-principal' && (!plan.url || !plan.token || !plan.otherToken)) {
     throw new UsageError('plan for other-principal needs url, token and otherToken');
+  }
+  plan.protocol ??= PROTOCOLS[0];
+  if (!PROTOCOLS.includes(plan.protocol)) {
+    throw new UsageError(`plan.protocol ${JSON.stringify(plan.protocol)}: this client speaks ${PROTOCOLS.join(', ')}`);
   }
   plan.tool ??= 'charge';
   plan.arguments ??= {};
@@ -233,11 +244,12 @@ class Conn {
       });
     }
     this.raw = new RawCoordinator(this.transport, this.who, plan.requestTimeoutMs);
+    this.modern = plan.protocol !== '2025-11-25';
     this.client = new Client(CLIENT_INFO, {
       capabilities: CLIENT_CAPABILITIES,
-      // Pinned, not 'auto': over stdio 'auto' probes on a second, short-lived
-      // server process, and the crash case must know which process it kills.
-      versionNegotiation: { mode: { pin: PROTOCOL } },
+      // Pinned, not 'auto': 'auto' falls back to 2025-11-25 silently. Without
+      // the option the client connects with initialize (2025-11-25).
+      ...(this.modern ? { versionNegotiation: { mode: { pin: plan.protocol } } } : {}),
     });
   }
 
@@ -248,17 +260,25 @@ class Conn {
     const version = this.client.getNegotiatedProtocolVersion();
     report.protocolVersion ||= version ?? '';
     const caps = this.client.getServerCapabilities();
-    const ext = caps?.extensions?.[TASKS_EXTENSION];
-    // ext-tasks reads anything but exactly {} as "no Tasks" (sdk-client-adapter).
-    const tasks = ext !== null && typeof ext === 'object' && !Array.isArray(ext) && Object.keys(ext).length === 0;
+    let tasks;
+    if (this.modern) {
+      const ext = caps?.extensions?.[TASKS_EXTENSION];
+      // ext-tasks reads anything but exactly {} as "no Tasks" (sdk-client-adapter).
+      tasks = ext !== null && typeof ext === 'object' && !Array.isArray(ext) && Object.keys(ext).length === 0;
+    } else {
+      tasks = caps?.tasks?.requests?.tools?.call !== undefined;
+    }
     report.serverTasks ??= tasks;
-    log(`${this.who}: connected (${plan.url ? `HTTP ${plan.url}` : `stdio pid ${this.pid}`}), protocol ${version}, era ${this.client.getProtocolEra()}, server extensions ${JSON.stringify(caps?.extensions ?? null)}`);
-    this.session = createTaskSessionFromClient(this.client, {
+    log(`${this.who}: connected (${plan.url ? `HTTP ${plan.url}` : `stdio pid ${this.pid}`}), protocol ${version}, era ${this.client.getProtocolEra()}, server extensions ${JSON.stringify(caps?.extensions ?? null)}, tasks ${JSON.stringify(caps?.tasks ?? null)}`);
+    const options = {
       endpointId: `mcp-outbox:${plan.url ?? plan.server.command}`,
-      rawDispatch: this.raw.dispatch,
-      v2RequestFraming: { protocolVersion: version ?? PROTOCOL, clientInfo: CLIENT_INFO, clientCapabilities: CLIENT_CAPABILITIES },
       onError: (err) => log(`${this.who}: ext-tasks background error: ${err?.stack ?? err}`),
-    });
+    };
+    if (this.modern) {
+      options.rawDispatch = this.raw.dispatch;
+      options.v2RequestFraming = { protocolVersion: version ?? plan.protocol, clientInfo: CLIENT_INFO, clientCapabilities: CLIENT_CAPABILITIES };
+    }
+    this.session = createTaskSessionFromClient(this.client, options);
     log(`${this.who}: ext-tasks session, generation ${JSON.stringify(this.session.capabilities)}`);
     return this;
   }
@@ -345,6 +365,12 @@ function seen(c, status) {
 // what came back; it returns the execution.
 async function callTool(conn, plan, c) {
   const options = { requestTimeoutMs: plan.requestTimeoutMs };
+  if (!conn.modern) {
+    // 2025-11-25: the client decides. ext-tasks sends params.task for a tool
+    // whose execution.taskSupport is "required", or "optional" when the call
+    // prefers a task; on 2026-07-28 the server decides and this is ignored.
+    options.task = { preference: 'prefer' };
+  }
   if (plan.key) {
     options.metadata = { idempotencyKey: plan.key };
   }
@@ -398,9 +424,12 @@ function noTask(c) {
     return false;
   }
   const why = c.kind === 'immediate'
-    ? 'the server answered tools/call immediately, without a task'
+    ? `the server answered tools/call immediately, without a task (${report.protocolVersion})`
     : `tools/call failed: ${c.error}`;
-  report.noTask = `${why} (server/discover lists ${TASKS_EXTENSION}: ${report.serverTasks})`;
+  const listed = report.protocolVersion === '2025-11-25'
+    ? `the initialize result lists capabilities.tasks.requests.tools.call: ${report.serverTasks}`
+    : `server/discover lists ${TASKS_EXTENSION}: ${report.serverTasks}`;
+  report.noTask = `${why}; ${listed}`;
   return true;
 }
 
