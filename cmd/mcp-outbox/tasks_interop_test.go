@@ -153,6 +153,47 @@ var extTasksCases = []extTasksCase{
 	{name: "other-principal", keyed: true, httpOnly: true, charges: 1},
 }
 
+// extTasksClient is one Tasks client program: it reads an extTasksPlan and
+// prints an extTasksReport.
+type extTasksClient struct {
+	name  string // subtest name
+	label string // the README's
+	// protocols are the revisions whose Tasks it speaks.
+	protocols []string
+	// command returns the unstarted program for the plan file; it skips the
+	// test (fails it under MCP_OUTBOX_REQUIRE_INTEROP=1) when the program's
+	// packages are missing.
+	command func(t *testing.T, plan string) *exec.Cmd
+}
+
+func extTasksClients() []extTasksClient {
+	return []extTasksClient{
+		{
+			name:      "ext-tasks",
+			label:     "`@modelcontextprotocol/ext-tasks` " + extTasksVersion + " + `@modelcontextprotocol/client` " + extTasksClientVersion,
+			protocols: extTasksProtocols,
+			command: func(t *testing.T, plan string) *exec.Cmd {
+				dir := extTasksDir(t)
+				cmd := exec.Command("node", filepath.Join(dir, "tasks.mjs"), plan)
+				cmd.Dir, cmd.Env = dir, matrixEnv()
+				return cmd
+			},
+		},
+		{
+			// The SDK 1.x's experimental Tasks: 2025-11-25 only.
+			name:      "ts-sdk-" + tsSDKVersion,
+			label:     "TypeScript SDK " + tsSDKVersion + " (`client.experimental.tasks`)",
+			protocols: []string{extTasksLegacy},
+			command: func(t *testing.T, plan string) *exec.Cmd {
+				dir := tsClientDir(t)
+				cmd := exec.Command("node", filepath.Join(dir, "tasks.mjs"), plan)
+				cmd.Dir, cmd.Env = dir, append(matrixEnv(), "MCP_OUTBOX_TS_SDK="+tsSDKVersion)
+				return cmd
+			},
+		},
+	}
+}
+
 // extTasksDir returns testdata/ext-tasks, or skips the test (fails it under
 // MCP_OUTBOX_REQUIRE_INTEROP=1) when node or the packages are missing.
 func extTasksDir(t *testing.T) string {
@@ -187,7 +228,7 @@ var serveHasTaskFlag = sync.OnceValue(func() bool {
 // never becomes a task unless told to).
 func TestTasksInteropNoTaskByDefault(t *testing.T) {
 	skipShortInterop(t, "the Tasks interop tests")
-	dir := extTasksDir(t)
+	client := extTasksClients()[0]
 	for _, tr := range []matrixTransport{overStdio, overHTTP} {
 		t.Run(extTasksTransportName(tr), func(t *testing.T) {
 			t.Parallel()
@@ -200,7 +241,7 @@ func TestTasksInteropNoTaskByDefault(t *testing.T) {
 			} else {
 				plan.Server = stdioPlan(cmd)
 			}
-			rep := runExtTasks(t, dir, &plan, nil)
+			rep := runExtTasks(t, client, &plan, nil)
 			if rep.Error != "" {
 				t.Fatalf("tasks.mjs: %s", rep.Error)
 			}
@@ -238,15 +279,13 @@ const extTasksConcurrency = 6
 // several at once.
 func TestTasksInterop(t *testing.T) {
 	skipShortInterop(t, "the Tasks interop tests")
-	dir := extTasksDir(t)
 	if !serveHasTaskFlag() {
 		t.Log("serve --help lists no --task flag: the cases run without it and must fail with no task")
 	}
-	for _, protocol := range extTasksProtocols {
-		t.Run(protocol, func(t *testing.T) {
-			extTasksSkipLegacy(t, protocol)
-			sem := make(chan struct{}, extTasksConcurrency)
-			var wg sync.WaitGroup
+	sem := make(chan struct{}, extTasksConcurrency)
+	var wg sync.WaitGroup
+	for _, c := range extTasksClients() {
+		for _, protocol := range c.protocols {
 			for _, tc := range extTasksCases {
 				for _, tr := range []matrixTransport{overStdio, overHTTP} {
 					if tc.httpOnly && tr != overHTTP {
@@ -257,15 +296,16 @@ func TestTasksInterop(t *testing.T) {
 					// Subtests may run from several goroutines at once.
 					go func() {
 						defer func() { <-sem; wg.Done() }()
-						t.Run(tc.name+"/"+extTasksTransportName(tr), func(t *testing.T) {
-							runExtTasksCase(t, dir, protocol, tc, tr)
+						t.Run(c.name+"/"+protocol+"/"+tc.name+"/"+extTasksTransportName(tr), func(t *testing.T) {
+							extTasksSkipLegacy(t, protocol)
+							runExtTasksCase(t, c, protocol, tc, tr)
 						})
 					}()
 				}
 			}
-			wg.Wait()
-		})
+		}
 	}
+	wg.Wait()
 }
 
 func extTasksTransportName(tr matrixTransport) string {
@@ -300,7 +340,7 @@ func extTasksBasePlan(protocol, name, key string) extTasksPlan {
 	}
 }
 
-func runExtTasksCase(t *testing.T, dir, protocol string, tc extTasksCase, tr matrixTransport) {
+func runExtTasksCase(t *testing.T, client extTasksClient, protocol string, tc extTasksCase, tr matrixTransport) {
 	tmp := t.TempDir()
 	db := filepath.Join(tmp, "run.db")
 	fake := downstream.Start(t, nil)
@@ -335,7 +375,7 @@ func runExtTasksCase(t *testing.T, dir, protocol string, tc extTasksCase, tr mat
 	}
 
 	start := time.Now()
-	rep := runExtTasks(t, dir, &plan, during)
+	rep := runExtTasks(t, client, &plan, during)
 	t.Logf("case took %v", time.Since(start).Round(time.Millisecond))
 	checkExtTasksReport(t, tc, rep)
 	if rep.ProtocolVersion != protocol {
@@ -439,7 +479,7 @@ func extTasksBool(b *bool) string {
 // runExtTasks writes plan, runs tasks.mjs on it and returns its report.
 // during, when set, runs while the program does (the crash case's kill and
 // restart) and returns what it did; exited is closed when the program ends.
-func runExtTasks(t *testing.T, dir string, plan *extTasksPlan, during func(t *testing.T, exited <-chan struct{}) string) *extTasksReport {
+func runExtTasks(t *testing.T, client extTasksClient, plan *extTasksPlan, during func(t *testing.T, exited <-chan struct{}) string) *extTasksReport {
 	t.Helper()
 	planFile := filepath.Join(t.TempDir(), "plan.json")
 	b, err := json.MarshalIndent(plan, "", "  ")
@@ -452,8 +492,9 @@ func runExtTasks(t *testing.T, dir string, plan *extTasksPlan, during func(t *te
 	// The program bounds itself by plan.DeadlineMS; this is the backstop.
 	ctx, cancel := context.WithTimeout(context.Background(), extTasksDeadline+15*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "node", filepath.Join(dir, "tasks.mjs"), planFile)
-	cmd.Dir, cmd.Env = dir, matrixEnv()
+	c := client.command(t, planFile)
+	cmd := exec.CommandContext(ctx, c.Path, c.Args[1:]...)
+	cmd.Dir, cmd.Env = c.Dir, c.Env
 	var stdout bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, testWriter{t}
 	// A stdio server the program started inherits its stderr; should it
