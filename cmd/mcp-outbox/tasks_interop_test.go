@@ -191,6 +191,22 @@ func extTasksClients() []extTasksClient {
 				return cmd
 			},
 		},
+		{
+			// mcp 1.30.0 (the "latest" venv); 2.0 removed Tasks.
+			name:      "python-mcp-1.30.0",
+			label:     "Python SDK 1.30.0 (`session.experimental`)",
+			protocols: []string{extTasksLegacy},
+			command: func(t *testing.T, plan string) *exec.Cmd {
+				_, python := pyUpstreamVenv(t, "latest")
+				pyDir, err := filepath.Abs(filepath.Join("..", "..", "testdata", "python"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				cmd := exec.Command(python, filepath.Join(pyDir, "tasks.py"), plan)
+				cmd.Dir, cmd.Env = pyDir, matrixEnv()
+				return cmd
+			},
+		},
 	}
 }
 
