@@ -426,6 +426,17 @@ func runExtTasksCase(t *testing.T, client extTasksClient, protocol string, tc ex
 		return
 	}
 	wantExactlyOnce(t, ldb, fake, 1)
+	// call_status names the task (issue 25: a client that lost the handle
+	// can also ask). A stdio serve on the same database answers it; the
+	// tokens' principals are not stdio's, and a call without a key would
+	// have to be named by its arguments: keyed cases without tokens only.
+	if key != "" && plan.Token == "" {
+		cs, _ := serveStdio(t, bin, db, nil)
+		st := callStatus(t, cs, key)
+		if b, _ := json.Marshal(st); !bytes.Contains(b, []byte(rep.Calls[0].TaskID)) {
+			t.Errorf("call_status %q does not name task %s: %s", key, rep.Calls[0].TaskID, b)
+		}
+	}
 }
 
 // checkExtTasksReport judges what the client saw: a task for the first
