@@ -86,6 +86,7 @@ type extTasksPlan struct {
 	OtherToken       string         `json:"otherToken,omitempty"`
 	CreatedFile      string         `json:"createdFile,omitempty"`
 	ResumeFile       string         `json:"resumeFile,omitempty"`
+	KeepFirstOpen    bool           `json:"keepFirstOpen,omitempty"`
 	RequestTimeoutMS int64          `json:"requestTimeoutMs"`
 	DeadlineMS       int64          `json:"deadlineMs"`
 }
@@ -140,6 +141,12 @@ type extTasksCase struct {
 	// httpOnly: the case needs bearer tokens, which serve takes over HTTP
 	// only.
 	httpOnly bool
+	// keepFirstOpen: a lost handle's first connection stays open until the
+	// retry is answered. Over stdio, closing it ends its server, which
+	// finishes the task before it exits: the retry then finds the task done.
+	// Kept open, the retry reaches a second server process while the first
+	// still runs the task.
+	keepFirstOpen bool
 	// charges is how many charge rows the case must leave.
 	charges int
 }
@@ -147,7 +154,7 @@ type extTasksCase struct {
 var extTasksCases = []extTasksCase{
 	{name: "complete", keyed: true, charges: 1},
 	{name: "lost-handle", keyed: true, charges: 1},
-	{name: "lost-handle-nokey", charges: 1},
+	{name: "lost-handle-nokey", keepFirstOpen: true, charges: 1},
 	{name: "cancel", keyed: true, charges: 0},
 	{name: "crash", keyed: true, charges: 1},
 	{name: "other-principal", keyed: true, httpOnly: true, charges: 1},
@@ -365,6 +372,7 @@ func runExtTasksCase(t *testing.T, client extTasksClient, protocol string, tc ex
 		key = "tasks-" + tc.name + "-" + contractHex(t, 8)
 	}
 	plan := extTasksBasePlan(protocol, tc.name, key)
+	plan.KeepFirstOpen = tc.keepFirstOpen
 	var extra []string
 	if tc.name == "other-principal" {
 		alice, aliceLine := newTokenFor(t, "alice")

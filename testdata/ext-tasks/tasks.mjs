@@ -12,9 +12,11 @@
 // Cases (plan.case):
 //   complete           a slow call becomes a task; poll it until terminal.
 //   lost-handle        call, keep the task id, drop the handle (detach, close
-//                      the connection), make the identical call again with
-//                      the same _meta.idempotencyKey from a new connection,
-//                      and settle what that returns.
+//                      the connection; with plan.keepFirstOpen the connection
+//                      stays open until the retry was answered), make the
+//                      identical call again with the same
+//                      _meta.idempotencyKey from a new connection, and
+//                      settle what that returns.
 //   lost-handle-nokey  the same without a key (the server's fingerprint).
 //   cancel             create a task and cancel it at once; poll its status
 //                      until terminal.
@@ -150,7 +152,7 @@ class RawCoordinator {
     // The Client chains handlers already set when it connects: these log
     // every message and see the connection close. After connect, attach()
     // puts the interception in front of the Client's handler.
-    transport.onmessage = (msg) => wireLog('<', who, msg);
+    transport.onmessage = (msg) => { wireLog('<', who, msg); this.note(msg); };
     transport.onclose = () => this.fail(new Error(`${who}: connection closed`));
     const send = transport.send.bind(transport);
     transport.send = (msg, options) => {
@@ -168,12 +170,26 @@ class RawCoordinator {
       const p = msg && typeof msg.id === 'string' ? this.pending.get(msg.id) : undefined;
       if (p && ('result' in msg || 'error' in msg)) {
         wireLog('<', this.who, msg);
+        this.note(msg);
         this.pending.delete(msg.id);
         p.resolve('error' in msg ? { kind: 'error', error: msg.error } : { kind: 'result', result: msg.result });
         return;
       }
       inner(msg, extra);
     };
+  }
+
+  // note remembers the last task a tools/call created, as the server sent
+  // it: ext-tasks hands back the handle (the task id) but not the status the
+  // task was created with, which shows whether a retry found it running or
+  // done. 2026-07-28 has the task's fields at the top of the result,
+  // 2025-11-25 under result.task.
+  note(msg) {
+    const r = msg?.result;
+    const task = r?.resultType === 'task' ? r : r?.task;
+    if (typeof task?.taskId === 'string' && typeof task.status === 'string') {
+      this.created = { taskId: task.taskId, status: task.status };
+    }
   }
 
   fail(err) {
@@ -379,7 +395,9 @@ async function callTool(conn, plan, c) {
     c.kind = ex.kind;
     if (ex.kind === 'task') {
       c.taskId = ex.handle.taskId;
-      seen(c, 'working');
+      if (conn.raw.created?.taskId === c.taskId) {
+        seen(c, conn.raw.created.status);
+      }
     }
     return ex;
   } catch (err) {
@@ -461,35 +479,48 @@ async function runComplete(plan, signal) {
 }
 
 // runLostHandle drops the first task's handle the way a client that lost
-// the answer would: nothing of it is used again. detach() first, so that
-// closing the session does not send tasks/cancel for it (ext-tasks cancels
-// every task a closing session still owns).
+// the answer would: nothing of it is used again. It is released without a
+// cancel (ext-tasks cancels every task a closing session still owns). The
+// retry goes over a second connection, opened before the first call so that
+// the retry comes while the task runs (a stdio connection starts a server
+// process, which takes a while on a busy machine). The first connection is
+// closed before the retry, or, with plan.keepFirstOpen, only after it: over
+// stdio closing it ends its server, which finishes the task before it exits,
+// so the retry finds the task done; kept open, the retry reaches the second
+// server process while the first still runs the task.
 async function runLostHandle(plan, signal) {
   const first = await new Conn(plan).open(plan);
-  let c1;
+  let closed = false;
+  const closeFirst = async () => {
+    if (!closed) {
+      closed = true;
+      await first.close();
+    }
+  };
+  let second;
   try {
+    second = await new Conn(plan).open(plan);
     await first.listTools(plan);
     const r = await firstCall(first, plan, 'call 1 (its handle is then lost)', signal);
-    c1 = r.c;
     if (!r.ex) {
       return;
     }
     await release(r.ex, () => r.ex.detach());
-    c1.status = 'dropped';
-    endCall(c1);
-  } finally {
-    await first.close();
-  }
-  const second = await new Conn(plan).open(plan);
-  try {
-    const c2 = newCall(`call 2, the same call${plan.key ? ' and key' : ' without a key'} from a new connection`);
+    r.c.status = 'dropped';
+    endCall(r.c);
+    if (!plan.keepFirstOpen) {
+      await closeFirst();
+    }
+    const c2 = newCall(`call 2, the same call${plan.key ? ' and key' : ' without a key'} from the second connection${plan.keepFirstOpen ? ' (the first still open)' : ''}`);
     const ex = await callTool(second, plan, c2);
+    await closeFirst();
     if (ex) {
       await settle(ex, plan, c2, signal);
     }
     endCall(c2);
   } finally {
-    await second.close();
+    await second?.close();
+    await closeFirst();
   }
 }
 

@@ -28,7 +28,7 @@ import time
 import traceback
 import warnings
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from importlib import metadata
 from typing import Any
 
@@ -163,17 +163,25 @@ async def run_complete(r: Run) -> None:
 
 
 async def run_lost_handle(r: Run) -> None:
-    async with r.connect() as first:
-        c1 = r.new_call("call 1 (its handle is then lost)")
-        if not await r.create(first, c1):
-            return
-        c1["status"] = "dropped"
-        end_call(c1)
-    async with r.connect() as second:
-        c2 = r.new_call(f"call 2, the same call{' and key' if r.plan.get('key') else ' without a key'} from a new connection")
-        if await r.create(second, c2):
-            await r.poll(second, c2)
-        end_call(c2)
+    """See testdata/ext-tasks/tasks.mjs (the second connection is opened
+    first; plan.keepFirstOpen). Closing a session cancels nothing in mcp 1.x."""
+    keep = bool(r.plan.get("keepFirstOpen"))
+    async with AsyncExitStack() as first_scope:
+        first = await first_scope.enter_async_context(r.connect())
+        async with r.connect() as second:
+            c1 = r.new_call("call 1 (its handle is then lost)")
+            if not await r.create(first, c1):
+                return
+            c1["status"] = "dropped"
+            end_call(c1)
+            if not keep:
+                await first_scope.aclose()
+            what = f"call 2, the same call{' and key' if r.plan.get('key') else ' without a key'} from the second connection"
+            c2 = r.new_call(what + (" (the first still open)" if keep else ""))
+            if await r.create(second, c2):
+                await first_scope.aclose()
+                await r.poll(second, c2)
+            end_call(c2)
 
 
 async def run_cancel(r: Run) -> None:

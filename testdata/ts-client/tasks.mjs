@@ -301,9 +301,21 @@ async function runComplete(sdk, plan) {
   }
 }
 
+// runLostHandle: see testdata/ext-tasks/tasks.mjs (the second connection
+// is opened first; plan.keepFirstOpen). The SDK's close() cancels nothing:
+// no task is dropped by closing.
 async function runLostHandle(sdk, plan) {
   const first = await connect(sdk, plan);
+  let closed = false;
+  const closeFirst = async () => {
+    if (!closed) {
+      closed = true;
+      await closeConn(first);
+    }
+  };
+  let second;
   try {
+    second = await connect(sdk, plan);
     const c1 = newCall('call 1 (its handle is then lost)');
     await stream(first, plan, c1, true);
     if (noTask(c1)) {
@@ -311,16 +323,17 @@ async function runLostHandle(sdk, plan) {
     }
     c1.status = 'dropped';
     endCall(c1);
-  } finally {
-    await closeConn(first);
-  }
-  const second = await connect(sdk, plan);
-  try {
-    const c2 = newCall(`call 2, the same call${plan.key ? ' and key' : ' without a key'} from a new connection`);
+    if (!plan.keepFirstOpen) {
+      await closeFirst();
+    }
+    const c2 = newCall(`call 2, the same call${plan.key ? ' and key' : ' without a key'} from the second connection${plan.keepFirstOpen ? ' (the first still open)' : ''}`);
     await stream(second, plan, c2, false);
     endCall(c2);
   } finally {
-    await closeConn(second);
+    if (second) {
+      await closeConn(second);
+    }
+    await closeFirst();
   }
 }
 
