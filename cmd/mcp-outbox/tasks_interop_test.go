@@ -20,17 +20,22 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/internal/downstream"
 )
 
-// Durable Tasks with the official Tasks client: @modelcontextprotocol/ext-tasks
-// with @modelcontextprotocol/client 2.x runs each case of
-// testdata/ext-tasks/tasks.mjs against `serve --task`, over stdio and over
-// Streamable HTTP, on SQLite, on protocol 2026-07-28 (the
-// io.modelcontextprotocol/tasks extension) and, with
-// MCP_OUTBOX_TASKS_2025=1, on 2025-11-25 (that revision's experimental
-// Tasks, which ext-tasks speaks too). The program reports what the library did
-// (the contract is extTasksPlan and extTasksReport below); this file starts,
+// Durable Tasks with the official Tasks clients. Each client program runs
+// one case of one logical charge against `serve --task`, over stdio and
+// over Streamable HTTP, on SQLite:
+//   - @modelcontextprotocol/ext-tasks with @modelcontextprotocol/client 2.x
+//     (testdata/ext-tasks/tasks.mjs), on 2026-07-28 (the
+//     io.modelcontextprotocol/tasks extension) and on 2025-11-25 (that
+//     revision's experimental Tasks, which ext-tasks speaks too);
+//   - the TypeScript SDK 1.32.2's client.experimental.tasks
+//     (testdata/ts-client/tasks.mjs) and the Python SDK 1.30.0's
+//     session.experimental (testdata/python/tasks.py), 2025-11-25 only.
+// The 2025-11-25 runs are skipped unless MCP_OUTBOX_TASKS_2025=1, until serve
+// speaks that generation. A program reports what its library did (the
+// contract is extTasksPlan and extTasksReport below); this file starts,
 // kills and restarts the servers, and judges: one task per logical call, the
-// final status, exactly one charge row (none when cancelled), and, after a
-// drain, exactly one delivery downstream.
+// final status, exactly one charge row (none when cancelled), after a drain
+// exactly one delivery downstream, and call_status naming the task.
 
 // The versions testdata/ext-tasks/package.json pins: ext-tasks 0.2.2 accepts
 // any client ^2.0.0 (an optional peer dependency); 2.4.0 is the newest.
