@@ -247,9 +247,19 @@ class Conn {
   constructor(plan, { token } = {}) {
     this.who = `conn${++Conn.count}`;
     if (plan.url) {
-      this.transport = new StreamableHTTPClientTransport(new URL(plan.url), token
-        ? { requestInit: { headers: { Authorization: `Bearer ${token}` } } }
-        : undefined);
+      const who = this.who;
+      this.transport = new StreamableHTTPClientTransport(new URL(plan.url), {
+        ...(token ? { requestInit: { headers: { Authorization: `Bearer ${token}` } } } : {}),
+        // The 2026-07-28 headers are the transport's, derived from the body:
+        // log them too, since the server routes and checks by them.
+        fetch: (url, init) => {
+          const h = new Headers(init?.headers);
+          const shown = ['mcp-protocol-version', 'mcp-method', 'mcp-name', 'mcp-session-id']
+            .filter((k) => h.has(k)).map((k) => `${k}: ${h.get(k)}`);
+          process.stderr.write(`wire > ${who} HTTP ${init?.method ?? 'GET'} ${shown.join(', ')}${h.has('authorization') ? ', authorization: Bearer …' : ''}\n`);
+          return fetch(url, init);
+        },
+      });
     } else {
       this.transport = new InPlaceStdio({
         command: plan.server.command,
