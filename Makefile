@@ -23,7 +23,11 @@ CLAUDE_CODE_INSTALLED := $(CLAUDE_CODE)/node_modules/.package-lock.json
 # The authorization server of the OAuth tests (the npm oidc-provider).
 OIDC_PROVIDER := testdata/oidc-provider
 OIDC_PROVIDER_INSTALLED := $(OIDC_PROVIDER)/node_modules/.package-lock.json
-NPM_INSTALLED := $(TS_CLIENT_INSTALLED) $(TS_UPSTREAM_INSTALLED) $(LANGGRAPH_JS_INSTALLED) $(CONFORMANCE_INSTALLED) $(CLAUDE_CODE_INSTALLED) $(OIDC_PROVIDER_INSTALLED)
+# The official MCP Tasks client (@modelcontextprotocol/ext-tasks with
+# @modelcontextprotocol/client 2.x), run by tasks_interop_test.go.
+EXT_TASKS := testdata/ext-tasks
+EXT_TASKS_INSTALLED := $(EXT_TASKS)/node_modules/.package-lock.json
+NPM_INSTALLED := $(TS_CLIENT_INSTALLED) $(TS_UPSTREAM_INSTALLED) $(LANGGRAPH_JS_INSTALLED) $(CONFORMANCE_INSTALLED) $(CLAUDE_CODE_INSTALLED) $(EXT_TASKS_INSTALLED) $(OIDC_PROVIDER_INSTALLED)
 # Python clients and the Python upstream run in three virtual environments:
 # "seed" pins the versions the seed write-up measured with (mcp 1.29.1,
 # langgraph 1.2.11, langchain-mcp-adapters 0.3.2, langchain-core 1.6.1),
@@ -169,5 +173,5 @@ demo: ## Reproduce the duplicate-call scenarios, without and with the layer
 
 .PHONY: clean
 clean: ## Remove bin/, local databases and the TypeScript test programs' node_modules
-	rm -rf bin $(TS_CLIENT)/node_modules $(TS_UPSTREAM)/node_modules $(LANGGRAPH_JS)/node_modules $(CONFORMANCE)/node_modules $(CLAUDE_CODE)/node_modules $(OIDC_PROVIDER)/node_modules $(PY_DIR)/.venv-*
+	rm -rf bin $(TS_CLIENT)/node_modules $(TS_UPSTREAM)/node_modules $(LANGGRAPH_JS)/node_modules $(CONFORMANCE)/node_modules $(CLAUDE_CODE)/node_modules $(OIDC_PROVIDER)/node_modules $(EXT_TASKS)/node_modules $(PY_DIR)/.venv-*
 	rm -f mcp-outbox.db mcp-outbox.db-wal mcp-outbox.db-shm
