@@ -77,7 +77,7 @@ type authConfig struct {
 
 func (c *authConfig) flags(env *environment, fs *flag.FlagSet) {
 	fs.StringVar(&c.tokensFile, "tokens", env.envDefault("MCP_OUTBOX_TOKENS_FILE", ""),
-		"with --http, require a bearer token on /mcp: `FILE` of 'PRINCIPAL SHA256HEX' lines; see below [MCP_OUTBOX_TOKENS_FILE, and MCP_OUTBOX_TOKENS=principal=sha256hex,...]")
+		"with --http, require a bearer token on /mcp: `FILE` of 'PRINCIPAL SHA256HEX' lines; see Authentication above [MCP_OUTBOX_TOKENS_FILE, and MCP_OUTBOX_TOKENS=principal=sha256hex,...]")
 	fs.StringVar(&c.adminHashHex, "admin-token-sha256", env.envDefault("MCP_OUTBOX_ADMIN_TOKEN_SHA256", ""),
 		"with --http, require a bearer token whose SHA-256 is `HEX` on /admin, and accept it from any address [MCP_OUTBOX_ADMIN_TOKEN_SHA256]")
 	fs.StringVar(&c.operatorPath, "operator-path", env.envDefault("MCP_OUTBOX_OPERATOR_PATH", "/"),
@@ -86,7 +86,7 @@ func (c *authConfig) flags(env *environment, fs *flag.FlagSet) {
 		"with --http, sign the operator page's sessions with the key in `FILE` (hex, at least 32 bytes; the same on every replica); "+
 			"without it the key is kept in the database [MCP_OUTBOX_OPERATOR_KEY_FILE]")
 	fs.StringVar(&c.oauthIssuer, "oauth-issuer", env.envDefault("MCP_OUTBOX_OAUTH_ISSUER", ""),
-		"with --http, accept OAuth access tokens (JWT) from the authorization server `URL` on /mcp, instead of --tokens; see below [MCP_OUTBOX_OAUTH_ISSUER]")
+		"with --http, accept OAuth access tokens (JWT) from the authorization server `URL` on /mcp, instead of --tokens; see Authentication above [MCP_OUTBOX_OAUTH_ISSUER]")
 	fs.StringVar(&c.oauthAudience, "oauth-audience", env.envDefault("MCP_OUTBOX_OAUTH_AUDIENCE", ""),
 		"with --oauth-issuer, this resource's identifier: the /mcp `URL` as clients reach it; a token's aud must hold it exactly [MCP_OUTBOX_OAUTH_AUDIENCE]")
 	fs.StringVar(&c.oauthScopes, "oauth-scopes-required", env.envDefault("MCP_OUTBOX_OAUTH_SCOPES_REQUIRED", ""),

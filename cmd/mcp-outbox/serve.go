@@ -114,7 +114,7 @@ func (cfg *appConfig) flags(env *environment, fs *flag.FlagSet) error {
 	fs.StringVar(&cfg.db, "db", env.envDefault("MCP_OUTBOX_DB", "./mcp-outbox.db"), "the database: an SQLite `file`, created if missing, or the postgres:// URL of a PostgreSQL database that replicas share [MCP_OUTBOX_DB]")
 	fs.StringVar(&cfg.durability, "durability", env.envDefault("MCP_OUTBOX_DURABILITY", "full"),
 		"full: a commit survives power loss; normal: survives a process crash, not a power loss, ~10x faster commits [MCP_OUTBOX_DURABILITY]")
-	fs.Var((*multiFlag)(&cfg.dests), "dest", "destination `NAME=URL[;SETTING=VALUE...]` for effects, repeatable; see below [MCP_OUTBOX_DEST_<NAME>=URL]")
+	fs.Var((*multiFlag)(&cfg.dests), "dest", "destination `NAME=URL[;SETTING=VALUE...]` for effects, repeatable; see Destinations above [MCP_OUTBOX_DEST_<NAME>=URL]")
 	batchCalls, err := env.envInt("MCP_OUTBOX_BATCH_CALLS", outbox.DefaultMaxBatchCalls)
 	if err != nil {
 		return err
@@ -162,7 +162,7 @@ func (cfg *appConfig) ledgerFlags(env *environment, fs *flag.FlagSet) error {
 	}
 	fs.DurationVar(&cfg.demoDelay, "demo-delay", delay, "simulated processing time inside charge, to reproduce client timeouts [MCP_OUTBOX_DEMO_DELAY]")
 	fs.BoolVar(&cfg.bare, "bare", false, "run the ledger WITHOUT the outbox layer: every retry charges again (for demonstrations)")
-	fs.Var((*multiFlag)(&cfg.tasks), "task", "make calls of a tool MCP tasks: `TOOL=always|required|after:DURATION`, repeatable; see Tasks below [MCP_OUTBOX_TASKS]")
+	fs.Var((*multiFlag)(&cfg.tasks), "task", "make calls of a tool MCP tasks: `TOOL=always|required|after:DURATION`, repeatable; see Tasks above [MCP_OUTBOX_TASKS]")
 	return nil
 }
 
