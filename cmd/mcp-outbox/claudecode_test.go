@@ -66,6 +66,12 @@ func claudeCodeClient() matrixClient {
 	return matrixClient{
 		name: "claude-code", label: "Claude Code " + claudeCodeVersion + " (print mode)", runs: claudeCodeRuns,
 		run: runClaudeCode, delay: claudeCodeDelay,
+		// An attempt is timed from the model's side: from the tool_use it
+		// answered to the tool_result it got, which includes Claude Code's
+		// dispatch (up to 0.65 s seen in CI, with other tests running)
+		// besides its 1 s tool timeout. That the first attempt timed out
+		// is Claude Code's own word ("timed out after 1s").
+		overhead: time.Second,
 		// Without the layer, a charge slower than the tool timeout never
 		// answers in time: every retry of the model charges again and
 		// times out again until the model gives up, so the timeout runs
