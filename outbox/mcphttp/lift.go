@@ -84,7 +84,7 @@ func liftMessage(m json.RawMessage) (json.RawMessage, bool) {
 	if json.Unmarshal(msg["method"], &method) != nil || method != "tools/call" {
 		return m, false
 	}
-	p, changed := paramskey.Lift(msg["params"], paramskey.MetaKey)
+	p, changed := paramskey.LiftCall(msg["params"])
 	if !changed {
 		return m, false
 	}

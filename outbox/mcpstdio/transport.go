@@ -82,7 +82,7 @@ func (c *liftConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 		return msg, err
 	}
 	if req, ok := msg.(*jsonrpc.Request); ok && req.Method == "tools/call" {
-		if p, changed := paramskey.Lift(req.Params, paramskey.MetaKey); changed {
+		if p, changed := paramskey.LiftCall(req.Params); changed {
 			req.Params = p
 		}
 	}
