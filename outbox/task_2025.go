@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"reflect"
 	"strconv"
 	"time"
 
@@ -39,7 +40,9 @@ const (
 // session is the one initialize made; a request without a session gets
 // InitializeParams made up from its MCP-Protocol-Version header.
 func speaks2025(req mcp.Request) bool {
-	if p := req.GetParams(); p != nil {
+	// A request without params holds a typed nil (*ListToolsParams, say),
+	// whose GetMeta panics.
+	if p := req.GetParams(); p != nil && !reflect.ValueOf(p).IsNil() {
 		if _, ok := p.GetMeta()[mcp.MetaKeyProtocolVersion]; ok {
 			return false
 		}
