@@ -395,3 +395,35 @@ func TestTask2025_HTTPOtherPrincipal(t *testing.T) {
 		t.Errorf("owner lists %v", tasks)
 	}
 }
+
+// Both generations on one server: a request's own 2026-07-28 _meta decides
+// its generation, a 2025-11-25 session its own; the task is the same row.
+func TestTask2025_BothGenerationsOneServer(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	b := taskSetup(t, db, outbox.TasksAlways, nil)
+	old := stdio2025(t, b.server)
+	id := created2025(t, old.charge(true, "t25-both", 3))["taskId"].(string)
+	modern := stdioPeer(t, b.server)
+	done := modern.waitTask(id)
+	if done["status"] != "completed" || done["resultType"] != "complete" || done["ttlMs"] == nil {
+		t.Fatalf("2026 tasks/get of a 2025 task = %v", done)
+	}
+	if code, _ := rpcError(t, modern.request("tasks/list", map[string]any{})); code != -32601 {
+		t.Errorf("2026 tasks/list: code %v, want -32601", code)
+	}
+	if code, _ := rpcError(t, modern.task("tasks/result", id)); code != -32601 {
+		t.Errorf("2026 tasks/result: code %v, want -32601", code)
+	}
+	// A 2026 retry of the same call finds the same task, in its shape.
+	again := result(t, modern.charge(true, "t25-both", 3))
+	if again["resultType"] != "task" || again["taskId"] != id {
+		t.Errorf("2026 retry = %v, want task %s", again, id)
+	}
+	if r := result(t, old.task("tasks/get", id)); r["status"] != "completed" || r["ttl"] == nil {
+		t.Errorf("2025 tasks/get = %v", r)
+	}
+	if got := charges(t, b); got != 1 {
+		t.Errorf("charges = %d, want 1", got)
+	}
+}
