@@ -105,10 +105,14 @@ func attemptFrom(ctx context.Context) *attempt {
 // call runs a tools/call of t. note is what the transport learned of the
 // request's cancellation, nil when it could not tell (see cancelnote).
 func (l *Layer) call(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest, method string, next mcp.MethodHandler, note *cancelnote.Note) (mcp.Result, error) {
-	if t.tasks.Mode != TasksNever {
+	if speaks2025(req) {
+		if res, err, done := l.call2025(ctx, t, req); done {
+			return res, err
+		}
+	} else if t.tasks.Mode != TasksNever {
 		switch {
 		case declaresTasks(req):
-			return l.callAsTask(ctx, t, req)
+			return l.callAsTask(ctx, t, req, false)
 		case t.tasks.Mode == TasksRequired:
 			return nil, &jsonrpc.Error{Code: CodeTaskRequired, Message: fmt.Sprintf(
 				"tool %q runs only as a task: declare the extension %s in _meta[%q].extensions", t.name, ExtensionTasks, mcp.MetaKeyClientCapabilities)}

@@ -191,7 +191,7 @@
 //	              another process or replica fails its commit's fence.
 //	              Either way its work rolls back and the task ends
 //	              cancelled. A committed task is terminal and stays.
-//	tasks/result  -32601, as the extension says
+//	tasks/result  -32601, as the extension says (tasks/list too)
 //
 // What ends a task, in its row: a committed outcome (state completed or
 // failed, task_end empty); a cancel before the commit (state failed,
@@ -217,6 +217,39 @@
 // context ends, then stops them: they stay in flight for the next start.
 // A task is kept, like its call, for the key's retention ([TaskOptions.TTL]
 // overrides it): ttlMs says how long.
+//
+// The same tasks speak the experimental Tasks of MCP 2025-11-25 to a
+// session made with initialize at that revision (the TypeScript SDK
+// 1.24–1.32's client.experimental.tasks, Python mcp 1.23–1.30's
+// session.experimental, @modelcontextprotocol/ext-tasks on a 2025-11-25
+// connection); a request's own 2026-07-28 _meta wins over its session. The
+// initialize answer lists capabilities.tasks (list, cancel and
+// requests.tools.call) once a tool allows tasks, and tools/list gives
+// such a tool execution.taskSupport: "required" for TasksRequired,
+// "optional" otherwise. There the client decides: a tools/call with
+// params.task becomes a task at once, whatever the mode (TasksIfSlow does
+// not wait: such a client reads only a CreateTaskResult), answered as
+// {"task":{taskId, status, createdAt, lastUpdatedAt, ttl, pollInterval}};
+// without params.task a TasksRequired tool answers -32601, and params.task
+// to a tool that allows no task is -32601 too (nothing runs). params.task
+// reaches the layer through the fronts (mcpstdio, mcphttp), which lift it
+// into _meta: the go-sdk drops it. The methods, over the same rows and
+// scoped by principal alike:
+//
+//	tasks/get     the task's fields at the top level of the result; a task
+//	              whose cancel is recorded is cancelled at once (it can end
+//	              no other way), failed carries the error's message
+//	tasks/result  waits until the task ends, reading its row (so it may run
+//	              in another process), then answers the stored
+//	              CallToolResult with _meta
+//	              "io.modelcontextprotocol/related-task", or the JSON-RPC
+//	              error of a failed or cancelled task
+//	tasks/list    the principal's tasks, oldest first, 50 a page, with
+//	              nextCursor
+//	tasks/cancel  -32602 on a terminal task (also one whose commit wins the
+//	              race); else the 2026 cancel, answered with the task,
+//	              cancelled
+//	tasks/update  -32601: not a method of 2025-11-25
 //
 // # Cancellation
 //

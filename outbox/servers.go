@@ -100,10 +100,19 @@ func (l *Layer) middlewareFor(r *serverTools) mcp.Middleware {
 				// The SDK gives a custom method's handler no Extra, so
 				// the principal (a token's user) is found here.
 				ctx = context.WithValue(ctx, principalKey{}, scopedPrincipal(r.tenant, requestPrincipal(req)))
+				if speaks2025(req) {
+					return l.tasks2025(ctx, method, req)
+				}
 				return next(ctx, method, req)
 			case method == "server/discover":
 				res, err := next(ctx, method, req)
 				return advertiseTasks(r, res, err)
+			case method == "initialize":
+				res, err := next(ctx, method, req)
+				return advertiseTasks2025(r, res, err)
+			case method == "tools/list" && speaks2025(req):
+				res, err := next(ctx, method, req)
+				return advertiseToolTasks2025(r, res, err)
 			}
 			if !ok || creq.Params == nil {
 				return next(ctx, method, req)

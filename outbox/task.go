@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/paramskey"
 )
 
 // ExtensionTasks is the 2026-07-28 Tasks extension (SEP-2663). A client
@@ -117,6 +119,9 @@ type attemptTask struct {
 	params string
 	// recover: the task runner took this attempt up; it never inserts a row.
 	recover bool
+	// legacy: the request speaks the 2025-11-25 generation (task_2025.go),
+	// which shapes the answers; the row is the same.
+	legacy bool
 
 	mu sync.Mutex
 	id string // the task's id; a takeover of a task's row adopts the row's
@@ -159,7 +164,7 @@ func paramsOf(req *mcp.CallToolRequest) (string, error) {
 		p.Meta = mcp.Meta{}
 		for k, v := range req.Params.Meta {
 			switch k {
-			case mcp.MetaKeyClientCapabilities, mcp.MetaKeyClientInfo, "progressToken":
+			case mcp.MetaKeyClientCapabilities, mcp.MetaKeyClientInfo, "progressToken", paramskey.TaskMetaKey:
 				continue
 			}
 			p.Meta[k] = v
@@ -207,6 +212,10 @@ type taskResult struct {
 	PollIntervalMs int64           `json:"pollIntervalMs"`
 	Result         json.RawMessage `json:"result,omitempty"`
 	Error          *taskError      `json:"error,omitempty"`
+
+	// For the 2025-11-25 generation, which shapes these otherwise:
+	cancelAsked bool   // tasks/cancel is recorded in the row
+	stored      string // the stored result of a terminal task
 }
 
 // Task statuses of the 2026-07-28 extension. input_required is not used:

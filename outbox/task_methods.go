@@ -35,9 +35,10 @@ var errTaskNotFound = &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "
 // handler, which the SDK gives only the session and the params.
 type principalKey struct{}
 
-// addTaskMethods registers tasks/get, tasks/update and tasks/cancel on s.
-// tasks/result is not registered: the SDK answers it -32601, as the
-// 2026-07-28 extension wants.
+// addTaskMethods registers tasks/get, tasks/update and tasks/cancel on s,
+// and tasks/result and tasks/list, which only the 2025-11-25 generation has:
+// the layer's middleware answers those of a 2025-11-25 session
+// (tasks2025), and -32601 to the rest, as the 2026-07-28 extension wants.
 func (l *Layer) addTaskMethods(s *mcp.Server) {
 	principal := func(ctx context.Context) (string, error) {
 		p, ok := ctx.Value(principalKey{}).(string)
@@ -59,6 +60,15 @@ func (l *Layer) addTaskMethods(s *mcp.Server) {
 			return nil, err
 		}
 		return l.getTask(ctx, who, p.TaskID, true)
+	}))
+	notFound := func(method string) error {
+		return &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: fmt.Sprintf("%s is not a method of protocol version %s", method, protocolTasks2026)}
+	}
+	must(mcp.AddReceivingCustomMethod(s, "tasks/result", func(context.Context, *mcp.ServerSession, *taskParams) (*taskResult, error) {
+		return nil, notFound("tasks/result")
+	}))
+	must(mcp.AddReceivingCustomMethod(s, "tasks/list", func(context.Context, *mcp.ServerSession, *listTasksParams) (*listTasksResult2025, error) {
+		return nil, notFound("tasks/list")
 	}))
 	must(mcp.AddReceivingCustomMethod(s, "tasks/update", func(ctx context.Context, _ *mcp.ServerSession, p *taskParams) (*ackResult, error) {
 		who, err := principal(ctx)
@@ -84,7 +94,11 @@ func (l *Layer) addTaskMethods(s *mcp.Server) {
 
 // isTaskMethod reports whether method is one the layer answers for tasks.
 func isTaskMethod(method string) bool {
-	return method == "tasks/get" || method == "tasks/update" || method == "tasks/cancel"
+	switch method {
+	case "tasks/get", "tasks/update", "tasks/cancel", "tasks/result", "tasks/list":
+		return true
+	}
+	return false
 }
 
 // requestPrincipal is the principal of any request, as principalOf is of
@@ -123,6 +137,7 @@ func (l *Layer) getTask(ctx context.Context, principal, id string, withResult bo
 	if ttl.Valid {
 		t.TTLMs = &ttl.Int64
 	}
+	t.cancelAsked, t.stored = cancel != 0, result.String
 	if completed.Valid {
 		t.LastUpdatedAt = taskTime(completed.Int64)
 	}

@@ -21,19 +21,20 @@ var taskJoined = &mcp.CallToolResult{}
 // tool that allows tasks. Its claim commits durably with the task's row
 // before anything is answered; then the handler runs detached from the
 // request, under the task's own context, which only tasks/cancel (or the
-// layer stopping) ends.
-func (l *Layer) callAsTask(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest) (mcp.Result, error) {
+// layer stopping) ends. legacy: the request speaks 2025-11-25, whose client
+// asked for the task (params.task) and reads only a CreateTaskResult.
+func (l *Layer) callAsTask(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest, legacy bool) (mcp.Result, error) {
 	params, err := paramsOf(req)
 	if err != nil {
 		return nil, err
 	}
-	task := &attemptTask{opts: t.tasks, params: params, id: newTaskID()}
+	task := &attemptTask{opts: t.tasks, params: params, id: newTaskID(), legacy: legacy}
 	return l.run(ctx, t, req, task, func(ctx context.Context, a *attempt) (mcp.Result, error) {
 		if a.task == nil {
 			// Not recorded (no key, fingerprints off): no row, no task.
-			if t.tasks.Mode == TasksRequired {
+			if t.tasks.Mode == TasksRequired || legacy {
 				return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: fmt.Sprintf(
-					"tool %q runs only as a task, and a task needs an idempotency key here (fingerprints are off); nothing was executed", t.name)}
+					"a task of tool %q needs an idempotency key here (fingerprints are off); nothing was executed", t.name)}
 			}
 			res, err := t.runStored(ctx, a, req)
 			res2, err := a.finish(ctx, res, err)
@@ -43,7 +44,7 @@ func (l *Layer) callAsTask(ctx context.Context, t *toolInfo, req *mcp.CallToolRe
 			return res2, err
 		}
 		done := l.startTask(ctx, a, req)
-		if t.tasks.Mode == TasksIfSlow {
+		if t.tasks.Mode == TasksIfSlow && !legacy {
 			timer := time.NewTimer(t.tasks.After)
 			defer timer.Stop()
 			select {
@@ -60,7 +61,7 @@ func (l *Layer) callAsTask(ctx context.Context, t *toolInfo, req *mcp.CallToolRe
 			}
 		}
 		a.reqOutcome = outcomeTask
-		return l.taskAnswer(background(ctx), a.id.principal, a.task.taskID(), "task")
+		return l.createdAnswer(background(ctx), a.task, a.id.principal, a.task.taskID())
 	})
 }
 
@@ -106,7 +107,7 @@ func (l *Layer) startTask(ctx context.Context, a *attempt, req *mcp.CallToolRequ
 
 // joinTask answers a retry that found its call's task.
 func (l *Layer) joinTask(ctx context.Context, a *attempt) (mcp.Result, error) {
-	return l.taskAnswer(ctx, a.id.principal, a.joinedTask, "task")
+	return l.createdAnswer(ctx, a.task, a.id.principal, a.joinedTask)
 }
 
 // taskAnswer reads the task and shapes it as CreateTaskResult

@@ -8,21 +8,28 @@ import (
 )
 
 // tasksHelp is the Tasks paragraph of serve's --help.
-const tasksHelp = `Tasks (MCP 2026-07-28, extension io.modelcontextprotocol/tasks):
+const tasksHelp = `Tasks (MCP 2026-07-28, extension io.modelcontextprotocol/tasks; and the
+experimental Tasks of 2025-11-25, on a session made with initialize):
   --task TOOL=MODE makes calls of TOOL tasks, repeatable; MODE is
-    always          a task whenever the request declares the extension
-    required        only as a task: a request without it gets error -32021
+    always          a task whenever the request asks for one
+    required        only as a task: a request that does not ask gets error
+                    -32021 (2026-07-28) or -32601 (2025-11-25)
     after:DURATION  a plain answer if the call finishes within DURATION,
-                    else a task (e.g. --task charge=after:500ms)
-  [MCP_OUTBOX_TASKS=charge=after:500ms,refund=always]. A request that does
-  not declare the extension never gets a task. A task is committed (with an
-  fsync) before its handle is sent; a retry of the same call (same key, or
-  same tool and arguments without one) gets the same task, never a second
-  one; a task whose process died is run again by the next serve on the
-  database (or another replica on PostgreSQL), once: nothing of an
-  uncommitted attempt was kept. tasks/get, tasks/update and tasks/cancel
-  answer from any serve on the database. balance is read-only and is never
-  a task. Given, --task replaces MCP_OUTBOX_TASKS.
+                    else a task (e.g. --task charge=after:500ms); at
+                    2025-11-25 the client decides, and gets a task at once
+  [MCP_OUTBOX_TASKS=charge=after:500ms,refund=always]. A request asks for a
+  task by declaring the extension in its _meta (2026-07-28), or by sending
+  params.task to a tool that tools/list shows with execution.taskSupport
+  optional or required (2025-11-25); one that does not ask never gets a
+  task. A task is committed (with an fsync) before its handle is sent; a
+  retry of the same call (same key, or same tool and arguments without
+  one) gets the same task, never a second one; a task whose process died
+  is run again by the next serve on the database (or another replica on
+  PostgreSQL), once: nothing of an uncommitted attempt was kept. tasks/get,
+  tasks/update and tasks/cancel (2026-07-28), and tasks/get, tasks/result,
+  tasks/list and tasks/cancel (2025-11-25), answer from any serve on the
+  database, for the principal whose task it is. balance is read-only and
+  is never a task. Given, --task replaces MCP_OUTBOX_TASKS.
 `
 
 // parseTasks turns --task values into the ledger's task options.

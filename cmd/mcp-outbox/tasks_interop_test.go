@@ -30,8 +30,9 @@ import (
 //   - the TypeScript SDK 1.32.2's client.experimental.tasks
 //     (testdata/ts-client/tasks.mjs) and the Python SDK 1.30.0's
 //     session.experimental (testdata/python/tasks.py), 2025-11-25 only.
-// The 2025-11-25 runs are skipped unless MCP_OUTBOX_TASKS_2025=1, until serve
-// speaks that generation. A program reports what its library did (the
+// serve speaks both generations, on one server: a 2025-11-25 session
+// (initialize, then a stateful session over HTTP) gets that revision's
+// Tasks, a 2026-07-28 request the extension. A program reports what its library did (the
 // contract is extTasksPlan and extTasksReport below); this file starts,
 // kills and restarts the servers, and judges: one task per logical call, the
 // final status, exactly one charge row (none when cancelled), after a drain
@@ -59,23 +60,13 @@ const (
 	extTasksDeadline = 45 * time.Second
 )
 
-// The protocol revisions whose Tasks the cases run on. 2025-11-25 runs only
-// with MCP_OUTBOX_TASKS_2025=1 until serve speaks that generation (issue 25,
-// item 5).
+// The protocol revisions whose Tasks the cases run on.
 const (
 	extTasksModern = "2026-07-28"
 	extTasksLegacy = "2025-11-25"
 )
 
 var extTasksProtocols = []string{extTasksModern, extTasksLegacy}
-
-// extTasksSkipLegacy skips a 2025-11-25 test unless asked for.
-func extTasksSkipLegacy(t *testing.T, protocol string) {
-	t.Helper()
-	if protocol == extTasksLegacy && os.Getenv("MCP_OUTBOX_TASKS_2025") != "1" {
-		t.Skip("2025-11-25 Tasks: set MCP_OUTBOX_TASKS_2025=1 once serve speaks that generation (issue 25, item 5)")
-	}
-}
 
 // extTasksPlan is the plan file tasks.mjs reads.
 type extTasksPlan struct {
@@ -325,7 +316,6 @@ func TestTasksInterop(t *testing.T) {
 					go func() {
 						defer func() { <-sem; wg.Done() }()
 						t.Run(c.name+"/"+protocol+"/"+tc.name+"/"+extTasksTransportName(tr), func(t *testing.T) {
-							extTasksSkipLegacy(t, protocol)
 							runExtTasksCase(t, c, protocol, tc, tr)
 						})
 					}()

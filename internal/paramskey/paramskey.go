@@ -51,3 +51,51 @@ func Lift(params json.RawMessage, into string) (json.RawMessage, bool) {
 	}
 	return out, true
 }
+
+// TaskMetaKey is the params._meta member the fronts lift a tools/call's
+// params.task into: the 2025-11-25 revision's request for a task
+// ({"ttl": N}, or {}), which CallToolParamsRaw of the go-sdk v1.8.0 has no
+// field for either. Like MetaKey it is a handoff inside this module.
+const TaskMetaKey = "io.github.mcp-outbox/paramsTask"
+
+// LiftCall lifts what a tools/call carries at the top of its params and the
+// go-sdk would drop: idempotencyKey into MetaKey, task into TaskMetaKey. It
+// reports whether it changed params.
+func LiftCall(params json.RawMessage) (json.RawMessage, bool) {
+	out, changed := Lift(params, MetaKey)
+	if moved, ok := liftField(out, "task", TaskMetaKey); ok {
+		out, changed = moved, true
+	}
+	return out, changed
+}
+
+// liftField copies params[field] into params._meta[into], as Lift does for
+// the key; a null field is not lifted.
+func liftField(params json.RawMessage, field, into string) (json.RawMessage, bool) {
+	var p map[string]json.RawMessage
+	if json.Unmarshal(params, &p) != nil {
+		return params, false
+	}
+	v, ok := p[field]
+	if !ok || string(v) == "null" {
+		return params, false
+	}
+	meta := map[string]json.RawMessage{}
+	if raw, ok := p["_meta"]; ok && json.Unmarshal(raw, &meta) != nil {
+		return params, false
+	}
+	if meta == nil {
+		meta = map[string]json.RawMessage{}
+	}
+	meta[into] = v
+	mb, err := json.Marshal(meta)
+	if err != nil {
+		return params, false
+	}
+	p["_meta"] = mb
+	out, err := json.Marshal(p)
+	if err != nil {
+		return params, false
+	}
+	return out, true
+}

@@ -44,3 +44,30 @@ func TestLift(t *testing.T) {
 		})
 	}
 }
+
+func TestLiftCall(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, in string
+		want     string // "" when params come back unchanged
+	}{
+		{"Task", `{"name":"x","task":{"ttl":60000}}`, `{"_meta":{"io.github.mcp-outbox/paramsTask":{"ttl":60000}},"name":"x","task":{"ttl":60000}}`},
+		{"EmptyTask", `{"task":{}}`, `{"_meta":{"io.github.mcp-outbox/paramsTask":{}},"task":{}}`},
+		{"TaskAndKey", `{"idempotencyKey":"k","task":{}}`, `{"_meta":{"io.github.mcp-outbox/paramsIdempotencyKey":"k","io.github.mcp-outbox/paramsTask":{}},"idempotencyKey":"k","task":{}}`},
+		{"NullTask", `{"task":null}`, ``},
+		{"Neither", `{"name":"x"}`, ``},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, changed := LiftCall(json.RawMessage(tc.in))
+			if tc.want == "" {
+				if changed || string(got) != tc.in {
+					t.Fatalf("LiftCall(%s) = %s, %v; want it unchanged", tc.in, got, changed)
+				}
+				return
+			}
+			if !changed || string(got) != tc.want {
+				t.Fatalf("LiftCall(%s) = %s, %v; want %s", tc.in, got, changed, tc.want)
+			}
+		})
+	}
+}

@@ -16,7 +16,8 @@ import (
 // LiftParamsKey is HTTP middleware for a Streamable HTTP endpoint: it
 // lifts a top-level params.idempotencyKey of tools/call requests (SEP-3182)
 // in a POST body, a single message or a batch, into a _meta member of the
-// layer's own, where the layer finds it: the go-sdk would drop it. Bodies it cannot parse pass through unchanged, for the SDK to
+// layer's own, where the layer finds it: the go-sdk would drop it. It lifts
+// params.task (a 2025-11-25 client asking for a task) the same way. Bodies it cannot parse pass through unchanged, for the SDK to
 // reject.
 //
 // [NewHandler] applies it already. Wrap it around an endpoint of your own,
@@ -84,7 +85,7 @@ func liftMessage(m json.RawMessage) (json.RawMessage, bool) {
 	if json.Unmarshal(msg["method"], &method) != nil || method != "tools/call" {
 		return m, false
 	}
-	p, changed := paramskey.Lift(msg["params"], paramskey.MetaKey)
+	p, changed := paramskey.LiftCall(msg["params"])
 	if !changed {
 		return m, false
 	}

@@ -23,7 +23,8 @@ type Options struct {
 // NewTransport returns t for a server of the outbox layer. Its connection
 // lifts a top-level params.idempotencyKey of tools/call requests (SEP-3182)
 // into a _meta member of the layer's own, where the layer finds it: the
-// go-sdk would drop it. Use it around stdio, command and in-memory
+// go-sdk would drop it. It lifts params.task (a 2025-11-25 client asking
+// for a task) the same way. Use it around stdio, command and in-memory
 // transports; Streamable HTTP gets the same from mcphttp.
 //
 // Around an *mcp.StdioTransport or an *mcp.IOTransport it also reads the
@@ -82,7 +83,7 @@ func (c *liftConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 		return msg, err
 	}
 	if req, ok := msg.(*jsonrpc.Request); ok && req.Method == "tools/call" {
-		if p, changed := paramskey.Lift(req.Params, paramskey.MetaKey); changed {
+		if p, changed := paramskey.LiftCall(req.Params); changed {
 			req.Params = p
 		}
 	}

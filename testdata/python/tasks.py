@@ -164,24 +164,28 @@ async def run_complete(r: Run) -> None:
 
 async def run_lost_handle(r: Run) -> None:
     """See testdata/ext-tasks/tasks.mjs (the second connection is opened
-    first; plan.keepFirstOpen). Closing a session cancels nothing in mcp 1.x."""
+    first; plan.keepFirstOpen). Closing a session cancels nothing in mcp 1.x.
+
+    The second connection is entered first, outside the first: anyio lets a
+    task leave its cancel scopes (each connection's task group) only in the
+    reverse order of entering them, so the first connection can close while
+    the second stays open only if it was entered last."""
     keep = bool(r.plan.get("keepFirstOpen"))
-    async with AsyncExitStack() as first_scope:
+    async with r.connect() as second, AsyncExitStack() as first_scope:
         first = await first_scope.enter_async_context(r.connect())
-        async with r.connect() as second:
-            c1 = r.new_call("call 1 (its handle is then lost)")
-            if not await r.create(first, c1):
-                return
-            c1["status"] = "dropped"
-            end_call(c1)
-            if not keep:
-                await first_scope.aclose()
-            what = f"call 2, the same call{' and key' if r.plan.get('key') else ' without a key'} from the second connection"
-            c2 = r.new_call(what + (" (the first still open)" if keep else ""))
-            if await r.create(second, c2):
-                await first_scope.aclose()
-                await r.poll(second, c2)
-            end_call(c2)
+        c1 = r.new_call("call 1 (its handle is then lost)")
+        if not await r.create(first, c1):
+            return
+        c1["status"] = "dropped"
+        end_call(c1)
+        if not keep:
+            await first_scope.aclose()
+        what = f"call 2, the same call{' and key' if r.plan.get('key') else ' without a key'} from the second connection"
+        c2 = r.new_call(what + (" (the first still open)" if keep else ""))
+        if await r.create(second, c2):
+            await first_scope.aclose()
+            await r.poll(second, c2)
+        end_call(c2)
 
 
 async def run_cancel(r: Run) -> None:

@@ -92,12 +92,13 @@ async function loadSDK(plan) {
   }
   report.versions['@modelcontextprotocol/sdk'] = installed;
   report.versions.node = process.version;
-  const [{ Client }, { StdioClientTransport }, { StreamableHTTPClientTransport }] = await Promise.all([
+  const [{ Client }, { StdioClientTransport }, { StreamableHTTPClientTransport }, { CallToolResultSchema }] = await Promise.all([
     import(`${pkg}/client/index.js`),
     import(`${pkg}/client/stdio.js`),
     import(`${pkg}/client/streamableHttp.js`),
+    import(`${pkg}/types.js`),
   ]);
-  return { Client, StdioClientTransport, StreamableHTTPClientTransport };
+  return { Client, StdioClientTransport, StreamableHTTPClientTransport, CallToolResultSchema };
 }
 
 function wireLog(dir, who, msg) {
@@ -271,7 +272,7 @@ function noTask(c) {
 }
 
 // poll reads the task until it is terminal, then its result if completed.
-async function poll(conn, plan, c, signal) {
+async function poll(sdk, conn, plan, c, signal) {
   const tasks = conn.client.experimental.tasks;
   for (;;) {
     signal.throwIfAborted();
@@ -280,7 +281,9 @@ async function poll(conn, plan, c, signal) {
     if (TERMINAL.has(task.status)) {
       c.status = task.status;
       if (task.status === 'completed') {
-        completed(c, plan, await tasks.getTaskResult(c.taskId, undefined, { timeout: plan.requestTimeoutMs }));
+        // getTaskResult has no default schema (callToolStream has one):
+        // without it the SDK fails reading the answer.
+        completed(c, plan, await tasks.getTaskResult(c.taskId, sdk.CallToolResultSchema, { timeout: plan.requestTimeoutMs }));
       }
       return;
     }
@@ -349,7 +352,7 @@ async function runCancel(sdk, plan, signal) {
       const task = await conn.client.experimental.tasks.cancelTask(c.taskId, { timeout: plan.requestTimeoutMs });
       c.cancelSent = true;
       seen(c, task.status);
-      await poll(conn, plan, c, signal);
+      await poll(sdk, conn, plan, c, signal);
     } catch (err) {
       Object.assign(c, errorOf(err));
     }
@@ -379,7 +382,7 @@ async function runCrash(sdk, plan, signal) {
   try {
     c.what += '; polled from a new connection';
     try {
-      await poll(second, plan, c, signal);
+      await poll(sdk, second, plan, c, signal);
     } catch (err) {
       Object.assign(c, errorOf(err));
     }
@@ -406,7 +409,7 @@ async function runOtherPrincipal(sdk, plan, signal) {
     }
     report.otherPrincipal = o;
     try {
-      await poll(owner, plan, c, signal);
+      await poll(sdk, owner, plan, c, signal);
     } catch (err) {
       Object.assign(c, errorOf(err));
     }

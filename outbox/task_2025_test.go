@@ -1,0 +1,429 @@
+package outbox_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
+	"github.com/mcp-outbox/mcp-outbox/outbox"
+)
+
+// The 2025-11-25 generation of Tasks, as the TypeScript SDK 1.x and Python
+// mcp 1.x speak it: initialize at 2025-11-25, then params.task on
+// tools/call, and tasks/get, tasks/result, tasks/list, tasks/cancel.
+
+// peer2025 is a 2025-11-25 session: over stdio (a taskPeer whose requests
+// carry no 2026 _meta) or over stateful Streamable HTTP (url, with the
+// session's id).
+type peer2025 struct {
+	t     testing.TB
+	stdio *taskPeer
+	url   string
+	token string
+	sid   string
+	next  atomic.Int64
+}
+
+func stdio2025(t testing.TB, s *mcp.Server) *peer2025 {
+	t.Helper()
+	p := &peer2025{t: t, stdio: stdioPeer(t, s)}
+	p.initialize()
+	return p
+}
+
+func http2025(t *testing.T, url, token string) *peer2025 {
+	t.Helper()
+	p := &peer2025{t: t, url: url, token: token}
+	p.initialize()
+	return p
+}
+
+func (p *peer2025) initialize() map[string]any {
+	p.t.Helper()
+	r := result(p.t, p.request("initialize", map[string]any{
+		"protocolVersion": "2025-11-25", "capabilities": map[string]any{}, "clientInfo": map[string]any{"name": "t", "version": "0"}}))
+	p.notify("notifications/initialized")
+	return r
+}
+
+func (p *peer2025) notify(method string) {
+	p.t.Helper()
+	body := fmt.Sprintf(`{"jsonrpc":"2.0","method":%q}`, method)
+	if p.stdio != nil {
+		if _, err := p.stdio.w.Write([]byte(body + "\n")); err != nil {
+			p.t.Fatal(err)
+		}
+		return
+	}
+	resp := p.post(body)
+	resp.Body.Close()
+}
+
+func (p *peer2025) post(body string) *http.Response {
+	p.t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, p.url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Authorization", "Bearer "+p.token)
+	if p.sid != "" {
+		req.Header.Set("Mcp-Session-Id", p.sid)
+		req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	if sid := resp.Header.Get("Mcp-Session-Id"); sid != "" {
+		p.sid = sid
+	}
+	return resp
+}
+
+func (p *peer2025) request(method string, params map[string]any) map[string]any {
+	p.t.Helper()
+	if p.stdio != nil {
+		if _, ok := params["_meta"]; !ok {
+			params["_meta"] = map[string]any{} // no 2026 _meta: the session's version rules
+		}
+		return p.stdio.request(method, params)
+	}
+	body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": p.next.Add(1), "method": method, "params": params})
+	resp := p.post(string(body))
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	text := string(raw)
+	if i := strings.Index(text, "data: "); i >= 0 {
+		text = strings.TrimSpace(strings.SplitN(text[i+len("data: "):], "\n", 2)[0])
+	}
+	var m map[string]any
+	if err := json.Unmarshal([]byte(text), &m); err != nil {
+		p.t.Fatalf("POST %s: %s: %s", method, resp.Status, raw)
+	}
+	return m
+}
+
+// charge calls charge; task sends params.task (as the SDKs do, at the top of
+// params), key _meta.idempotencyKey.
+func (p *peer2025) charge(task bool, key string, amount int) map[string]any {
+	params := map[string]any{"name": "charge", "arguments": map[string]any{"amount": amount}}
+	if key != "" {
+		params["_meta"] = map[string]any{"idempotencyKey": key}
+	}
+	if task {
+		params["task"] = map[string]any{"ttl": 60000}
+	}
+	return p.request("tools/call", params)
+}
+
+func (p *peer2025) task(method, id string) map[string]any {
+	// The TypeScript SDK sends params.task on tasks/* too: it is ignored.
+	return p.request(method, map[string]any{"taskId": id, "task": map[string]any{}})
+}
+
+// created checks a 2025-11-25 CreateTaskResult and returns its task.
+func created2025(t *testing.T, resp map[string]any) map[string]any {
+	t.Helper()
+	r := result(t, resp)
+	task, ok := r["task"].(map[string]any)
+	if !ok || r["resultType"] != nil || r["taskId"] != nil {
+		t.Fatalf("CreateTaskResult = %v, want the task under \"task\" and nothing at the top", r)
+	}
+	for _, f := range []string{"taskId", "status", "createdAt", "lastUpdatedAt", "ttl", "pollInterval"} {
+		if _, ok := task[f]; !ok {
+			t.Errorf("task lacks %s: %v", f, task)
+		}
+	}
+	for _, f := range []string{"ttlMs", "pollIntervalMs", "resultType"} {
+		if _, ok := task[f]; ok {
+			t.Errorf("task has the 2026 field %s: %v", f, task)
+		}
+	}
+	return task
+}
+
+func TestTask2025_InitializeAndToolsList(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	for _, tc := range []struct {
+		mode outbox.TaskMode
+		want string
+	}{{outbox.TasksIfSlow, "optional"}, {outbox.TasksAlways, "optional"}, {outbox.TasksRequired, "required"}} {
+		b := taskSetup(t, db, tc.mode, nil)
+		p := &peer2025{t: t, stdio: stdioPeer(t, b.server)}
+		caps := p.initialize()["capabilities"].(map[string]any)
+		if got, _ := json.Marshal(caps["tasks"]); string(got) != `{"cancel":{},"list":{},"requests":{"tools":{"call":{}}}}` {
+			t.Errorf("capabilities.tasks = %s", got)
+		}
+		for _, tool := range result(t, p.request("tools/list", map[string]any{}))["tools"].([]any) {
+			tool := tool.(map[string]any)
+			ex, _ := tool["execution"].(map[string]any)
+			switch {
+			case tool["name"] == "charge" && (ex == nil || ex["taskSupport"] != tc.want):
+				t.Errorf("mode %v: charge execution = %v, want taskSupport %s", tc.mode, tool["execution"], tc.want)
+			case tool["name"] != "charge" && ex != nil:
+				t.Errorf("%v: execution = %v, want none (forbidden)", tool["name"], ex)
+			}
+		}
+	}
+	plain := setupOn(t, db, nil, nil)
+	p := &peer2025{t: t, stdio: stdioPeer(t, plain.server)}
+	if caps := p.initialize()["capabilities"].(map[string]any); caps["tasks"] != nil {
+		t.Errorf("a server without tasks advertises them: %v", caps)
+	}
+}
+
+func TestTask2025_CreateResultGetList(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	g := newGate()
+	// TasksIfSlow: the client asked for a task, so it gets one at once,
+	// however fast the call would be.
+	b := taskSetup(t, db, outbox.TasksIfSlow, &ledger.Options{Gate: g.hold})
+	p := stdio2025(t, b.server)
+	task := created2025(t, p.charge(true, "t25-1", 700))
+	id, _ := task["taskId"].(string)
+	if task["status"] != "working" || task["pollInterval"] != float64(20) || task["ttl"] != float64(outbox.DefaultKeyRetention.Milliseconds()) {
+		t.Fatalf("task = %v", task)
+	}
+	g.waitReached(t)
+	if n := count(t, db.Read, `SELECT count(*) FROM calls WHERE task_id = $1 AND state = 'in_flight'`, id); n != 1 {
+		t.Fatalf("task row before the answer: %d rows", n)
+	}
+	if r := result(t, p.task("tasks/get", id)); r["status"] != "working" || r["taskId"] != id || r["resultType"] != nil {
+		t.Fatalf("tasks/get while working = %v", r)
+	}
+	// tasks/result blocks until the task ends; a second layer on the same
+	// database answers it from the row.
+	second := stdio2025(t, taskSetup(t, db, outbox.TasksIfSlow, nil).server)
+	got := make(chan map[string]any, 1)
+	go func() { got <- second.task("tasks/result", id) }()
+	select {
+	case r := <-got:
+		t.Fatalf("tasks/result answered while the task works: %v", r)
+	case <-time.After(100 * time.Millisecond): // a bound on an answer that must not come
+	}
+	close(g.release)
+	var res map[string]any
+	select {
+	case r := <-got:
+		res = result(t, r)
+	case <-time.After(10 * time.Second):
+		t.Fatal("tasks/result did not answer once the task ended")
+	}
+	if sc, _ := res["structuredContent"].(map[string]any); sc["amount"] != float64(700) || res["isError"] == true {
+		t.Fatalf("tasks/result = %v", res)
+	}
+	if rel, _ := res["_meta"].(map[string]any)["io.modelcontextprotocol/related-task"].(map[string]any); rel["taskId"] != id {
+		t.Errorf("tasks/result _meta = %v, want the related task", res["_meta"])
+	}
+	if r := result(t, p.task("tasks/get", id)); r["status"] != "completed" {
+		t.Errorf("tasks/get = %v", r)
+	}
+	list := result(t, p.request("tasks/list", map[string]any{}))
+	if tasks := list["tasks"].([]any); len(tasks) != 1 || tasks[0].(map[string]any)["taskId"] != id || list["nextCursor"] != nil {
+		t.Errorf("tasks/list = %v", list)
+	}
+	// The retry of the same call gets the same task, completed.
+	if again := created2025(t, p.charge(true, "t25-1", 700)); again["taskId"] != id || again["status"] != "completed" {
+		t.Errorf("retry = %v, want task %s completed", again, id)
+	}
+	if got := charges(t, b); got != 1 {
+		t.Errorf("charges = %d, want 1", got)
+	}
+	// Terminal: cancel refuses.
+	if code, _ := rpcError(t, p.task("tasks/cancel", id)); code != -32602 {
+		t.Errorf("tasks/cancel of a completed task: code %v, want -32602", code)
+	}
+}
+
+func TestTask2025_Cancel(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	g := newGate()
+	b := taskSetup(t, db, outbox.TasksAlways, &ledger.Options{Gate: g.hold})
+	p := stdio2025(t, b.server)
+	id := created2025(t, p.charge(true, "t25-cancel", 9))["taskId"].(string)
+	g.waitReached(t)
+	r := result(t, p.task("tasks/cancel", id))
+	if r["status"] != "cancelled" || r["taskId"] != id {
+		t.Fatalf("tasks/cancel = %v, want the task cancelled", r)
+	}
+	if r := result(t, p.task("tasks/get", id)); r["status"] != "cancelled" {
+		t.Errorf("tasks/get after cancel = %v", r)
+	}
+	if code, _ := rpcError(t, p.task("tasks/result", id)); code == 0 {
+		t.Errorf("tasks/result of a cancelled task answered a result")
+	}
+	if code, _ := rpcError(t, p.task("tasks/cancel", id)); code != -32602 {
+		t.Errorf("second tasks/cancel: code %v, want -32602", code)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for count(t, db.Read, `SELECT count(*) FROM calls WHERE task_id = $1 AND task_end = 'cancelled'`, id) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the cancelled task's row did not end cancelled")
+		}
+		time.Sleep(10 * time.Millisecond) // polling the row, as a client polls tasks/get
+	}
+	if got := charges(t, b); got != 0 {
+		t.Errorf("charges = %d after a cancel, want 0", got)
+	}
+}
+
+func TestTask2025_LostHandleWithoutKey(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	g := newGate()
+	b := taskSetup(t, db, outbox.TasksAlways, &ledger.Options{Gate: g.hold})
+	first := created2025(t, stdio2025(t, b.server).charge(true, "", 31))
+	g.waitReached(t)
+	// Another session, the same tool and arguments within the fingerprint
+	// window: the same task, not a second one.
+	retry := created2025(t, stdio2025(t, b.server).charge(true, "", 31))
+	if retry["taskId"] != first["taskId"] {
+		t.Fatalf("retry got task %v, want %v", retry["taskId"], first["taskId"])
+	}
+	close(g.release)
+	if res := result(t, stdio2025(t, b.server).task("tasks/result", first["taskId"].(string))); res["isError"] == true {
+		t.Fatalf("tasks/result = %v", res)
+	}
+	if got := charges(t, b); got != 1 {
+		t.Errorf("charges = %d, want 1", got)
+	}
+}
+
+func TestTask2025_Refusals(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	req := stdio2025(t, taskSetup(t, db, outbox.TasksRequired, nil).server)
+	if code, msg := rpcError(t, req.charge(false, "t25-req", 5)); code != -32601 {
+		t.Errorf("taskSupport required, no params.task: %v %s, want -32601", code, msg)
+	}
+	never := stdio2025(t, setupOn(t, db, nil, nil).server)
+	if code, msg := rpcError(t, never.charge(true, "t25-never", 5)); code != -32601 {
+		t.Errorf("taskSupport forbidden, params.task: %v %s, want -32601", code, msg)
+	}
+	if n := count(t, db.Read, `SELECT count(*) FROM calls WHERE key IN ('t25-req', 't25-never')`); n != 0 {
+		t.Errorf("a refused call was recorded")
+	}
+	// Without params.task an optional tool answers plainly.
+	plain := stdio2025(t, taskSetup(t, db, outbox.TasksAlways, nil).server)
+	if r := result(t, plain.charge(false, "t25-plain", 5)); r["task"] != nil || r["isError"] == true {
+		t.Errorf("plain call = %v", r)
+	}
+	// tasks/update is the 2026 generation's.
+	if code, _ := rpcError(t, plain.task("tasks/update", "task_x")); code != -32601 {
+		t.Errorf("tasks/update at 2025-11-25: code %v, want -32601", code)
+	}
+}
+
+func TestTask2025_ListPages(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	b := taskSetup(t, db, outbox.TasksAlways, nil)
+	p := stdio2025(t, b.server)
+	const n = 52 // a page holds 50
+	want := map[string]bool{}
+	for i := range n {
+		want[created2025(t, p.charge(true, fmt.Sprintf("t25-list-%d", i), i+1))["taskId"].(string)] = true
+	}
+	seen := map[string]bool{}
+	cursor, pages := "", 0
+	for {
+		params := map[string]any{}
+		if cursor != "" {
+			params["cursor"] = cursor
+		}
+		page := result(t, p.request("tasks/list", params))
+		pages++
+		for _, task := range page["tasks"].([]any) {
+			id := task.(map[string]any)["taskId"].(string)
+			if seen[id] || !want[id] {
+				t.Fatalf("tasks/list: %s repeated or not ours", id)
+			}
+			seen[id] = true
+		}
+		next, _ := page["nextCursor"].(string)
+		if next == "" {
+			break
+		}
+		cursor = next
+	}
+	if len(seen) != n || pages != 2 {
+		t.Errorf("tasks/list: %d tasks in %d pages, want %d in 2", len(seen), pages, n)
+	}
+	if code, _ := rpcError(t, p.request("tasks/list", map[string]any{"cursor": "nope"})); code != -32602 {
+		t.Errorf("bad cursor: code %v, want -32602", code)
+	}
+}
+
+// Over stateful Streamable HTTP, by principal: another principal's task is
+// not found by any method, and not listed.
+func TestTask2025_HTTPOtherPrincipal(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	g := newGate()
+	b := taskSetup(t, db, outbox.TasksAlways, &ledger.Options{Gate: g.hold})
+	url := httpTaskServer(t, b.server)
+	alice := http2025(t, url, "alice")
+	if alice.sid == "" {
+		t.Fatal("no session id: not a stateful 2025-11-25 session")
+	}
+	id := created2025(t, alice.charge(true, "t25-http", 12))["taskId"].(string)
+	g.waitReached(t)
+	bob := http2025(t, url, "bob")
+	for _, m := range []string{"tasks/get", "tasks/result", "tasks/cancel"} {
+		if code, msg := rpcError(t, bob.task(m, id)); code != -32602 || msg != "Task not found" {
+			t.Errorf("%s by another principal: %v %q", m, code, msg)
+		}
+	}
+	if tasks := result(t, bob.request("tasks/list", map[string]any{}))["tasks"].([]any); len(tasks) != 0 {
+		t.Errorf("another principal lists %v", tasks)
+	}
+	close(g.release)
+	if res := result(t, alice.task("tasks/result", id)); res["isError"] == true {
+		t.Fatalf("tasks/result = %v", res)
+	}
+	if tasks := result(t, alice.request("tasks/list", map[string]any{}))["tasks"].([]any); len(tasks) != 1 {
+		t.Errorf("owner lists %v", tasks)
+	}
+}
+
+// Both generations on one server: a request's own 2026-07-28 _meta decides
+// its generation, a 2025-11-25 session its own; the task is the same row.
+func TestTask2025_BothGenerationsOneServer(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	b := taskSetup(t, db, outbox.TasksAlways, nil)
+	old := stdio2025(t, b.server)
+	id := created2025(t, old.charge(true, "t25-both", 3))["taskId"].(string)
+	modern := stdioPeer(t, b.server)
+	done := modern.waitTask(id)
+	if done["status"] != "completed" || done["resultType"] != "complete" || done["ttlMs"] == nil {
+		t.Fatalf("2026 tasks/get of a 2025 task = %v", done)
+	}
+	if code, _ := rpcError(t, modern.request("tasks/list", map[string]any{})); code != -32601 {
+		t.Errorf("2026 tasks/list: code %v, want -32601", code)
+	}
+	if code, _ := rpcError(t, modern.task("tasks/result", id)); code != -32601 {
+		t.Errorf("2026 tasks/result: code %v, want -32601", code)
+	}
+	// A 2026 retry of the same call finds the same task, in its shape.
+	again := result(t, modern.charge(true, "t25-both", 3))
+	if again["resultType"] != "task" || again["taskId"] != id {
+		t.Errorf("2026 retry = %v, want task %s", again, id)
+	}
+	if r := result(t, old.task("tasks/get", id)); r["status"] != "completed" || r["ttl"] == nil {
+		t.Errorf("2025 tasks/get = %v", r)
+	}
+	if got := charges(t, b); got != 1 {
+		t.Errorf("charges = %d, want 1", got)
+	}
+}
