@@ -122,5 +122,5 @@ func (c *noClient) Write(ctx context.Context, m jsonrpc.Message) error {
 	return nil
 }
 
-func (c *noClient) Close() error     { return nil }
+func (c *noClient) Close() error      { return nil }
 func (c *noClient) SessionID() string { return "" }
