@@ -303,9 +303,20 @@ func testProxyTasksCancel(t *testing.T, up upstreamKind, cooperating bool) {
 		env[1] = "UPSTREAM_COOPERATE=1"
 		args = append(args, "--cooperating")
 	}
-	p := startTaskProxy(t, f.proxyCommand(t, bin, env, args...))
+	cmd := f.proxyCommand(t, bin, env, args...)
+	ready := &readyLines{w: cmd.Stderr, prefix: "[upstream] " + up.ready, two: make(chan struct{})}
+	cmd.Stderr = ready
+	p := startTaskProxy(t, cmd)
 	created := p.result("tools/call", taskCharge("cancel-1", "ada", 500), true)
 	id, _ := created["taskId"].(string)
+	// Cancelled once the forward is out (a cancel before it is written
+	// ends the task cancelled whatever the upstream: nothing was sent).
+	select {
+	case <-ready.two:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the upstreams never came up")
+	}
+	time.Sleep(300 * time.Millisecond) // lets the queued forward leave; no result is waited for
 	p.result("tasks/cancel", map[string]any{"taskId": id}, true)
 	done := p.waitTask(id, 30*time.Second)
 	if cooperating {
