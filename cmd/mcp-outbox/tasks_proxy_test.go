@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -370,4 +371,31 @@ func (r *readyLines) Write(p []byte) (int, error) {
 	}
 	r.mu.Unlock()
 	return r.w.Write(p)
+}
+
+// TestProxyTaskFlag: --task is refused when it cannot mean anything, and
+// --help documents it.
+func TestProxyTaskFlag(t *testing.T) {
+	t.Parallel()
+	db := filepath.Join(t.TempDir(), "never.db")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--task", "call_status=always"}, "the proxy's own read-only tool"},
+		{[]string{"--task", "charge=sometimes"}, "is not always, required or after:DURATION"},
+		{[]string{"--task", "charge=after:0s"}, "positive duration"},
+		{[]string{"--task", "charge=always", "--task", "charge=required"}, "given twice"},
+	} {
+		out := runCLI(t, nil, append(append([]string{"proxy", "--db", db}, tc.args...), "--", "node", "x.mjs")...)
+		if out.code != 2 || !strings.Contains(out.stderr, tc.want) {
+			t.Errorf("%v: exit %d, stderr %q; want exit 2 saying %q", tc.args, out.code, out.stderr, tc.want)
+		}
+	}
+	help := runCLI(t, nil, "proxy", "--help")
+	for _, want := range []string{"-task TOOL=always|required|after:DURATION", "Tasks (MCP 2026-07-28", "MCP_OUTBOX_TASKS", "outcome unknown"} {
+		if !strings.Contains(help.stdout, want) {
+			t.Errorf("proxy --help does not say %q", want)
+		}
+	}
 }
