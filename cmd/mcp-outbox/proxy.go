@@ -175,8 +175,9 @@ upstream that knows nothing of tasks:
   (default)      the task's outcome is unknown, as for any lost answer:
                  tasks/get reports it failed, with an error that says the call
                  may or may not have run; it is never forwarded twice.
-  tasks/cancel before the upstream answered passes a cancel on to it. With
-  --cooperating its commit is fenced, so the task ends cancelled with nothing
-  kept (or completed, if it committed first). Otherwise the work may have
-  happened: the task ends failed with "outcome unknown", never "cancelled".
+  tasks/cancel before the call was forwarded ends the task cancelled; after,
+  it passes a cancel on to the upstream. With --cooperating the upstream's
+  commit is fenced, so the task ends cancelled with nothing kept (or
+  completed, if it committed first). Otherwise the work may happen all the
+  same: the task ends failed with "outcome unknown", never "cancelled".
 `
