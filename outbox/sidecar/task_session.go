@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"sync"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -93,9 +92,8 @@ func (p *Proxy) Close() error {
 // noClient is the task session's client end: nothing comes from it but its
 // refusals of the upstream's requests.
 type noClient struct {
-	ctx  context.Context
-	in   chan jsonrpc.Message
-	once sync.Once
+	ctx context.Context
+	in  chan jsonrpc.Message
 }
 
 func (c *noClient) Read(ctx context.Context) (jsonrpc.Message, error) {
