@@ -217,15 +217,39 @@ func TestProxyTasks_SIGKILL(t *testing.T) {
 	})
 }
 
+// TestProxyTasks_SIGKILLPostgres: the same on PostgreSQL, cooperating
+// Python upstream: the second proxy stands for another replica, which
+// cannot see the first one's process and takes the task over once its
+// lease (1 s here) has passed, at a scan of its task runner.
+func TestProxyTasks_SIGKILLPostgres(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("starts PostgreSQL")
+	}
+	f := newPgProxyFixture(t)
+	mk := func(env []string, args ...string) *exec.Cmd {
+		cmd := pgProxyCommand(t, f, env, args...)
+		cmd.Env = append(cmd.Env, "MCP_OUTBOX_LEASE=1s")
+		return cmd
+	}
+	runProxyTasksSIGKILL(t, f, f.up, true, mk)
+}
+
 func testProxyTasksSIGKILL(t *testing.T, up upstreamKind, cooperating bool) {
 	f := newProxyFixture(t, up)
+	runProxyTasksSIGKILL(t, f, up, cooperating, func(env []string, args ...string) *exec.Cmd {
+		return f.proxyCommand(t, bin, env, args...)
+	})
+}
+
+func runProxyTasksSIGKILL(t *testing.T, f *proxyFixture, up upstreamKind, cooperating bool, proxyCommand func(env []string, args ...string) *exec.Cmd) {
 	env := []string{"UPSTREAM_CHARGE_DELAY_MS=2000", "UPSTREAM_COOPERATE=0"}
 	args := []string{"--task", "charge=always"}
 	if cooperating {
 		env[1] = "UPSTREAM_COOPERATE=1"
 		args = append(args, "--cooperating")
 	}
-	cmd := f.proxyCommand(t, bin, env, args...)
+	cmd := proxyCommand(env, args...)
 	ready := &readyLines{w: cmd.Stderr, prefix: "[upstream] " + up.ready, two: make(chan struct{})}
 	cmd.Stderr = ready
 	p := startTaskProxy(t, cmd)
@@ -249,14 +273,14 @@ func testProxyTasksSIGKILL(t *testing.T, up upstreamKind, cooperating bool) {
 		t.Fatalf("charges = %d after a kill before the commit", n)
 	}
 
-	p2 := startTaskProxy(t, f.proxyCommand(t, bin, env, args...))
+	p2 := startTaskProxy(t, proxyCommand(env, args...))
 	done := p2.waitTask(id, 60*time.Second)
 	if !cooperating {
 		errObj, _ := done["error"].(map[string]any)
 		if done["status"] != "failed" || !strings.Contains(fmt.Sprint(errObj["message"]), "unknown") {
 			t.Fatalf("non-cooperating task after the kill = %v, want failed with the outcome unknown", done)
 		}
-		if n := countRows(t, f.db, `SELECT count(*) FROM calls WHERE task_id = ? AND state = 'unknown'`, id); n != 1 {
+		if n := countRows(t, f.db, `SELECT count(*) FROM calls WHERE task_id = $1 AND state = 'unknown'`, id); n != 1 {
 			t.Errorf("the call is not unknown")
 		}
 		if n := countRows(t, f.db, `SELECT count(*) FROM charges`); n != 0 {

@@ -65,7 +65,48 @@ func (p *Proxy) forwardStored(ctx context.Context, params json.RawMessage, claim
 		Name string `json:"name"`
 	}
 	_ = json.Unmarshal(params, &head)
+	params, err := handshakeEra(params)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", remote.ErrNotForwarded, err)
+	}
 	return s.forwardTraced(ctx, ctx, params, claim, head.Name)
+}
+
+// envelopeKeys are the 2026-07-28 request envelope's _meta entries. The
+// task session is initialized (the handshake era), and an upstream that
+// knows both eras refuses them on such a connection: Python mcp 2.3.0
+// answers -32600 "this connection serves the handshake protocol era;
+// requests carrying the 2026-07-28 envelope are not accepted on it".
+var envelopeKeys = []string{mcp.MetaKeyProtocolVersion, mcp.MetaKeyClientInfo, mcp.MetaKeyClientCapabilities}
+
+// handshakeEra drops the envelope from stored params' _meta.
+func handshakeEra(params json.RawMessage) (json.RawMessage, error) {
+	p, err := jsonObject(params)
+	if err != nil {
+		return nil, err
+	}
+	raw, ok := p["_meta"]
+	if !ok {
+		return params, nil
+	}
+	meta, err := jsonObject(raw)
+	if err != nil {
+		return params, nil // not an object: the upstream says what is wrong
+	}
+	changed := false
+	for _, k := range envelopeKeys {
+		if _, ok := meta[k]; ok {
+			delete(meta, k)
+			changed = true
+		}
+	}
+	if !changed {
+		return params, nil
+	}
+	if p["_meta"], err = json.Marshal(meta); err != nil {
+		return nil, err
+	}
+	return json.Marshal(p)
 }
 
 // Close stops the proxy's own upstream session (and, for a command, its

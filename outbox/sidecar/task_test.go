@@ -231,3 +231,20 @@ func TestTaskDiscover(t *testing.T) {
 		t.Fatalf("server/discover: %v", d)
 	}
 }
+
+// TestHandshakeEra: a task's stored params lose the 2026-07-28 envelope
+// before they go over the task session, and keep everything else.
+func TestHandshakeEra(t *testing.T) {
+	in := `{"name":"charge","arguments":{"n":1},"_meta":{"idempotencyKey":"k","io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientInfo":{"name":"c"}}}`
+	out, err := handshakeEra(json.RawMessage(in))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `{"_meta":{"idempotencyKey":"k"},"arguments":{"n":1},"name":"charge"}`; string(out) != want {
+		t.Errorf("got %s, want %s", out, want)
+	}
+	plain := `{"name":"charge","arguments":{}}`
+	if out, err := handshakeEra(json.RawMessage(plain)); err != nil || string(out) != plain {
+		t.Errorf("params without _meta: %s %v", out, err)
+	}
+}
