@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -71,7 +72,14 @@ func (r *remoteTool) enableTasks(opts remote.TaskOptions, stored func(context.Co
 			claim = &remote.Claim{Key: a.id.key, CallID: a.uid, RowID: a.callID, Owner: a.owner}
 		}
 		a.reached = true
-		return stored(ctx, json.RawMessage(params), claim)
+		res, err := stored(ctx, json.RawMessage(params), claim)
+		for range maxTaskReforwards {
+			if !r.reforward(ctx, a, err) {
+				break
+			}
+			res, err = stored(ctx, json.RawMessage(params), claim)
+		}
+		return res, err
 	}
 	info.finishStored = func(ctx context.Context, a *attempt, res *mcp.CallToolResult, err error) (mcp.Result, error) {
 		if !a.recorded() {
@@ -97,6 +105,33 @@ func (r *remoteTool) enableTasks(opts remote.TaskOptions, stored func(context.Co
 	if info.record {
 		r.layer.addRemoteTaskTool(info)
 	}
+}
+
+// maxTaskReforwards bounds how often a cooperating task whose answer was
+// lost is forwarded again within one attempt.
+const maxTaskReforwards = 4
+
+// reforward reports whether a task whose forward ended with err may be
+// forwarded again at once: its answer was lost (the upstream died or its
+// connection broke; the proxy restarts it), the upstream cooperates, and
+// its row is still this attempt's and in flight, so nothing committed. The
+// same claim goes again: should the first forward still be running in the
+// upstream, the fence (owner and state) lets only one of the two commit.
+// Otherwise the task would end failed for a fault a client cannot retry
+// around (a retry joins the failed task).
+func (r *remoteTool) reforward(ctx context.Context, a *attempt, err error) bool {
+	var wire *jsonrpc.Error
+	if !r.cooperating || a.task == nil || !a.recorded() || err == nil || ctx.Err() != nil ||
+		errors.As(err, &wire) || errors.Is(err, remote.ErrNotForwarded) || a.task.cancelled.Load() {
+		return false
+	}
+	row, rerr := a.readRow(background(ctx))
+	if rerr != nil || row.state != "in_flight" || row.owner != a.owner {
+		return false
+	}
+	a.layer.logger.WarnContext(ctx, "task's answer lost and nothing committed; forwarding it again",
+		"tool", a.tool.name, "call_id", a.uid, "error", err)
+	return true
 }
 
 // callTask runs a call of a task-enabled remote tool whose request may get

@@ -171,7 +171,8 @@ upstream that knows nothing of tasks:
   tool and arguments without one) gets the same task. If the proxy dies:
   --cooperating  the next proxy on the database forwards the task again, and
                  the upstream's fence lets only one attempt commit: it
-                 completes, once.
+                 completes, once. So does the proxy itself when the upstream
+                 dies under a task before its commit.
   (default)      the task's outcome is unknown, as for any lost answer:
                  tasks/get reports it failed, with an error that says the call
                  may or may not have run; it is never forwarded twice.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -363,6 +364,15 @@ func testProxyTasksCancel(t *testing.T, up upstreamKind, cooperating bool) {
 	if done["status"] != "failed" || !strings.Contains(fmt.Sprint(errObj["message"]), "unknown") {
 		t.Fatalf("non-cooperating task after tasks/cancel = %v, want failed with the outcome unknown", done)
 	}
+	// Why not "cancelled": this upstream's charge is deaf to the cancel and
+	// happens all the same.
+	deadline := time.Now().Add(30 * time.Second)
+	for countRows(t, f.db, `SELECT count(*) FROM charges`) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the upstream's charge never happened: the case does not show why the task is not cancelled")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // readyLines passes a proxy's stderr on and closes two once the upstream's
@@ -468,4 +478,33 @@ func TestProxyTasksInterop(t *testing.T) {
 			wantExactlyOnce(t, f.db, f.fake, 1)
 		})
 	}
+}
+
+// TestProxyTasks_UpstreamCrash: a cooperating upstream dies inside a task's
+// charge, before its commit. The proxy restarts it and forwards the task
+// again under the same claim: the task completes with one charge, where a
+// failed task would leave the client nothing to retry.
+func TestProxyTasks_UpstreamCrash(t *testing.T) {
+	forEachUpstream(t, upstreamKinds, func(t *testing.T, up upstreamKind) {
+		t.Parallel()
+		f := newProxyFixture(t, up)
+		marker := filepath.Join(t.TempDir(), "crash-before-commit")
+		if err := os.WriteFile(marker, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		p := startTaskProxy(t, f.proxyCommand(t, bin, []string{"UPSTREAM_CRASH_BEFORE_COMMIT_ONCE_FILE=" + marker},
+			"--cooperating", "--task", "charge=always"))
+		created := p.result("tools/call", taskCharge("crash-up-1", "ada", 800), true)
+		id, _ := created["taskId"].(string)
+		done := p.waitTask(id, 60*time.Second)
+		if done["status"] != "completed" {
+			t.Fatalf("task after the upstream's crash = %v", done)
+		}
+		if _, err := os.Stat(marker); !os.IsNotExist(err) {
+			t.Fatalf("the upstream never crashed (%v): the case proves nothing", err)
+		}
+		if n := countRows(t, f.db, `SELECT count(*) FROM charges`); n != 1 {
+			t.Errorf("charges = %d, want 1", n)
+		}
+	})
 }

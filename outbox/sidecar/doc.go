@@ -37,7 +37,9 @@
 // fence lets only one attempt commit; with any other upstream the call may
 // have run, so it becomes unknown (tasks/get: failed, the error says the
 // outcome is unknown) and is never forwarded twice, as a lost forward of a
-// plain call. tasks/cancel before the forward was written ends the task
+// plain call. If the upstream dies (or its connection breaks) under a
+// cooperating task before anything committed, the task is forwarded again
+// under the same claim once the upstream is back. tasks/cancel before the forward was written ends the task
 // cancelled; after, it passes notifications/cancelled on to the upstream:
 // a cooperating upstream's commit then fails its fence (the claim is
 // released) and the task ends cancelled, unless it committed first; any
