@@ -26,8 +26,10 @@
 //     session of the proxy's own (task_session.go), detached from the
 //     client's request and session; tasks/get, tasks/update and
 //     tasks/cancel are answered from the database, scoped by principal,
-//     never forwarded. Without Options.Tasks they pass through to the
-//     upstream, whose own tasks they may be.
+//     never forwarded (over HTTP, before the go-sdk's transport, which
+//     refuses methods it does not know: task_http.go). Without
+//     Options.Tasks they pass through to the upstream, whose own tasks
+//     they may be.
 //
 // What a task through the proxy survives, and how it ends (see
 // outbox/task_remote.go): a retry of the same call gets the same task. If
