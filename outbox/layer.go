@@ -134,6 +134,9 @@ type Layer struct {
 	// taskOrphans: tasks in flight whose tool this layer does not have,
 	// logged once each (task_runner.go); guarded by mu.
 	taskOrphans map[string]bool
+	// remoteTasks: the proxy's tools that run tasks (task_remote.go);
+	// guarded by mu.
+	remoteTasks *serverTools
 }
 
 // New returns a layer on db. The database must have been opened with

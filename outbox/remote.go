@@ -72,7 +72,11 @@ func (r remoteLayer) Tool(name string, t *mcp.Tool, opts remote.Options) remote.
 	if !opts.Cooperating {
 		info.onLost = onLostUnknown
 	}
-	return &remoteTool{layer: l, info: info, cooperating: opts.Cooperating}
+	rt := &remoteTool{layer: l, info: info, cooperating: opts.Cooperating}
+	if opts.Tasks.Mode != int(TasksNever) && opts.Stored != nil {
+		rt.enableTasks(opts.Tasks, opts.Stored)
+	}
+	return rt
 }
 
 func (r remoteLayer) StartToolCallSpan(ctx context.Context, req *mcp.CallToolRequest, describe func() remote.RequestInfo) (_ context.Context, end func(*mcp.CallToolResult, error)) {
@@ -121,7 +125,10 @@ type remoteTool struct {
 
 func (r *remoteTool) Recorded() bool { return r.info.record }
 
-func (r *remoteTool) Call(ctx context.Context, req *mcp.CallToolRequest, fwd remote.Forward) (*mcp.CallToolResult, error) {
+func (r *remoteTool) Call(ctx context.Context, req *mcp.CallToolRequest, fwd remote.Forward) (mcp.Result, error) {
+	if res, err, ok := r.callTask(ctx, req); ok {
+		return res, err
+	}
 	var upstreams *mcp.CallToolResult // the upstream's answer, if it came
 	res, err := r.layer.run(ctx, r.info, req, nil, func(ctx context.Context, a *attempt) (mcp.Result, error) {
 		if !a.recorded() {
@@ -141,6 +148,9 @@ func (r *remoteTool) Call(ctx context.Context, req *mcp.CallToolRequest, fwd rem
 	cr, _ := res.(*mcp.CallToolResult)
 	if cr != nil && cr != upstreams {
 		cr = forProtocol(req, cr)
+	}
+	if cr == nil {
+		return nil, err
 	}
 	return cr, err
 }
@@ -210,7 +220,11 @@ func (r *remoteTool) finish(ctx context.Context, a *attempt, res *mcp.CallToolRe
 	if cerr := a.commit(background(ctx), res); cerr != nil {
 		// The upstream ran the call, but its outcome is not recorded.
 		a.layer.logger.ErrorContext(ctx, "record forwarded call", "tool", a.tool.name, "error", cerr)
-		if !errors.Is(cerr, ErrOwnershipLost) {
+		if !errors.Is(cerr, ErrOwnershipLost) || a.task != nil {
+			// A task's commit also fails its fence when tasks/cancel came
+			// first; the upstream did the work all the same, so the call
+			// is unknown, not cancelled. (markUnknown changes nothing if
+			// the claim really went to another owner.)
 			a.markUnknown(ctx)
 		}
 		a.outcome = outcomeUnknown

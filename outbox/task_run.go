@@ -37,7 +37,7 @@ func (l *Layer) callAsTask(ctx context.Context, t *toolInfo, req *mcp.CallToolRe
 					"a task of tool %q needs an idempotency key here (fingerprints are off); nothing was executed", t.name)}
 			}
 			res, err := t.runStored(ctx, a, req)
-			res2, err := a.finish(ctx, res, err)
+			res2, err := a.finishRun(ctx, res, err)
 			if cr, ok := res2.(*mcp.CallToolResult); ok && err == nil {
 				return forProtocol(req, cr), nil
 			}
@@ -99,7 +99,7 @@ func (l *Layer) startTask(ctx context.Context, a *attempt, req *mcp.CallToolRequ
 		if errors.As(err, &wire) {
 			a.task.rpcErr.Store(&taskError{Code: wire.Code, Message: wire.Message})
 		}
-		out, err := a.finish(tctx, res, err)
+		out, err := a.finishRun(tctx, res, err)
 		done <- taskEnd{out, err}
 	}()
 	return done

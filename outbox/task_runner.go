@@ -136,6 +136,11 @@ func (l *Layer) taskTool(principal, name string) *toolInfo {
 		regs = append(regs, r)
 	}
 	l.mu.Unlock()
+	if tenant == "" {
+		if t := l.remoteTaskTool(name); t != nil && t.runStored != nil && t.record {
+			return t
+		}
+	}
 	for _, r := range regs {
 		if r.tenant != tenant {
 			continue

@@ -87,6 +87,9 @@ type toolInfo struct {
 	// arguments against the input schema, decodes them into In, and calls
 	// the handler with the attempt as Tx (task_run.go).
 	runStored func(ctx context.Context, a *attempt, req *mcp.CallToolRequest) (*mcp.CallToolResult, error)
+	// finishStored, for a remote tool, decides a task's outcome from what
+	// runStored returned; nil means attempt.finish (task_remote.go).
+	finishStored func(ctx context.Context, a *attempt, res *mcp.CallToolResult, err error) (mcp.Result, error)
 }
 
 // principalOf is the principal a call of t is recorded under: the

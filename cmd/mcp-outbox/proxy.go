@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/gctune"
+	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/outbox/destconfig"
 	"github.com/mcp-outbox/mcp-outbox/outbox/sidecar"
 	"github.com/mcp-outbox/mcp-outbox/schema"
@@ -42,6 +43,8 @@ which the upstream may share; a command upstream finds it in MCP_OUTBOX_DB:
 Tools annotated readOnlyHint or idempotentHint pass through unrecorded.
 Runs with GOGC=400 unless GOGC is set, as serve does.
 
+` + proxyTasksHelp + `
+
 Every flag can also be set in the environment (shown in brackets); a flag wins.
 
 ` + destconfig.Help + "\n" + authHelp + "\n" + tracingHelp
@@ -58,9 +61,23 @@ func runProxy(ctx context.Context, env *environment, args []string) error {
 		"the upstream records its calls' outcomes itself (schema/README.md) [MCP_OUTBOX_COOPERATING=1]")
 	httpAddr := fs.String("http", env.envDefault("MCP_OUTBOX_HTTP", ""),
 		"serve Streamable HTTP at `ADDR` (e.g. 127.0.0.1:8080) instead of stdio; a non-loopback ADDR needs --tokens or --oauth-issuer [MCP_OUTBOX_HTTP]")
+	var taskValues []string
+	fs.Var((*multiFlag)(&taskValues), "task", "make calls of an upstream tool MCP tasks: `TOOL=always|required|after:DURATION`, repeatable; see Tasks above [MCP_OUTBOX_TASKS]")
 	var ac authConfig
 	ac.flags(env, fs)
 	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if len(taskValues) == 0 { // a flag wins over the environment
+		taskValues = taskFlagDefault(env)
+	}
+	tasks, err := parseTaskFlags(taskValues, func(item, tool string) error {
+		if tool == outbox.StatusToolName {
+			return usagef("--task %q: %s is the proxy's own read-only tool", item, tool)
+		}
+		return nil
+	})
+	if err != nil {
 		return err
 	}
 	var upstream sidecar.Dialer
@@ -92,10 +109,13 @@ func runProxy(ctx context.Context, env *environment, args []string) error {
 	if h, ok := upstream.(*sidecar.HTTP); ok {
 		h.Logger = a.logger // its standalone SSE stream's warnings
 	}
-	p, err := sidecar.New(sidecar.Options{Layer: a.layer, Upstream: upstream, Cooperating: *cooperating, Logger: a.logger})
+	p, err := sidecar.New(sidecar.Options{Layer: a.layer, Upstream: upstream, Cooperating: *cooperating, Logger: a.logger, Tasks: tasks})
 	if err != nil {
 		return err
 	}
+	// Deferred before the layer's stop, so it runs after it: the tasks
+	// still running when the layer stops are forwarded over this session.
+	defer p.Close()
 	stop, err := a.start(ctx)
 	if err != nil {
 		return err
@@ -132,3 +152,33 @@ func upstreamEnv(env *environment, db string) []string {
 	}
 	return append(env.environ(), "MCP_OUTBOX_DB="+db)
 }
+
+// proxyTasksHelp is the Tasks paragraph of proxy's --help.
+const proxyTasksHelp = `Tasks (MCP 2026-07-28, extension io.modelcontextprotocol/tasks), for an
+upstream that knows nothing of tasks:
+  --task TOOL=MODE makes calls of the upstream's TOOL tasks, repeatable; MODE is
+    always          a task whenever the request declares the extension
+    required        only as a task: a request without it gets error -32021
+    after:DURATION  a plain answer if the call finishes within DURATION,
+                    else a task (e.g. --task charge=after:500ms)
+  [MCP_OUTBOX_TASKS=charge=after:500ms,refund=always]; a flag replaces the
+  variable. server/discover then lists the extension; a request that does not
+  declare it never gets a task. The task is committed (with an fsync) before
+  its handle is sent, then forwarded over an upstream session of the proxy's
+  own (for a command, one more process), detached from the client's request.
+  tasks/get, tasks/update and tasks/cancel are answered from the database by
+  any proxy on it, never forwarded. A retry of the same call (same key, or same
+  tool and arguments without one) gets the same task. If the proxy dies:
+  --cooperating  the next proxy on the database forwards the task again, and
+                 the upstream's fence lets only one attempt commit: it
+                 completes, once. So does the proxy itself when the upstream
+                 dies under a task before its commit.
+  (default)      the task's outcome is unknown, as for any lost answer:
+                 tasks/get reports it failed, with an error that says the call
+                 may or may not have run; it is never forwarded twice.
+  tasks/cancel before the call was forwarded ends the task cancelled; after,
+  it passes a cancel on to the upstream. With --cooperating the upstream's
+  commit is fenced, so the task ends cancelled with nothing kept (or
+  completed, if it committed first). Otherwise the work may happen all the
+  same: the task ends failed with "outcome unknown", never "cancelled".
+`

@@ -34,6 +34,20 @@ experimental Tasks of 2025-11-25, on a session made with initialize):
 
 // parseTasks turns --task values into the ledger's task options.
 func parseTasks(values []string) (map[string]outbox.TaskOptions, error) {
+	return parseTaskFlags(values, func(item, tool string) error {
+		switch tool {
+		case "charge", "refund":
+			return nil
+		case "balance":
+			return usagef("--task %q: balance is read-only, so it is never recorded and cannot be a task", item)
+		}
+		return usagef("--task %q: no tool %q (charge or refund)", item, tool)
+	})
+}
+
+// parseTaskFlags turns --task values into task options by tool; check
+// refuses a tool the command cannot make tasks of.
+func parseTaskFlags(values []string, check func(item, tool string) error) (map[string]outbox.TaskOptions, error) {
 	out := map[string]outbox.TaskOptions{}
 	for _, v := range values {
 		for _, item := range strings.Split(v, ",") {
@@ -45,12 +59,8 @@ func parseTasks(values []string) (map[string]outbox.TaskOptions, error) {
 			if !ok || tool == "" {
 				return nil, usagef("--task %q: want TOOL=always|required|after:DURATION", item)
 			}
-			switch tool {
-			case "charge", "refund":
-			case "balance":
-				return nil, usagef("--task %q: balance is read-only, so it is never recorded and cannot be a task", item)
-			default:
-				return nil, usagef("--task %q: no tool %q (charge or refund)", item, tool)
+			if err := check(item, tool); err != nil {
+				return nil, err
 			}
 			var o outbox.TaskOptions
 			switch {

@@ -4,7 +4,7 @@
 // The proxy works on JSON-RPC messages, not on a go-sdk server, so that
 // everything it does not handle passes through as the upstream sent it:
 // resources, prompts, notifications, progress, requests from the server to
-// the client, methods this code has never heard of. It handles four things:
+// the client, methods this code has never heard of. It handles these:
 //
 //   - tools/call runs through the layer: the call is
 //     claimed in the shared database before it is forwarded, with the
@@ -19,6 +19,34 @@
 //     structured content tells the model it is one; every other member of
 //     the listing passes as the upstream wrote it.
 //   - initialize advertises the layer under capabilities.experimental.
+//   - with Options.Tasks, the calls of the named tools become tasks of the
+//     2026-07-28 Tasks extension: server/discover lists the extension (as
+//     {}); a tools/call that declares it is answered with CreateTaskResult
+//     once the task's row is durable, and forwarded over an upstream
+//     session of the proxy's own (task_session.go), detached from the
+//     client's request and session; tasks/get, tasks/update and
+//     tasks/cancel are answered from the database, scoped by principal,
+//     never forwarded (over HTTP, before the go-sdk's transport, which
+//     refuses methods it does not know: task_http.go). Without
+//     Options.Tasks they pass through to the upstream, whose own tasks
+//     they may be.
+//
+// What a task through the proxy survives, and how it ends (see
+// outbox/task_remote.go): a retry of the same call gets the same task. If
+// the proxy dies, the layer's task runner in the next proxy on the database
+// (Layer.Start) takes the task over: with a cooperating upstream it
+// forwards the stored params again under a new claim, and the upstream's
+// fence lets only one attempt commit; with any other upstream the call may
+// have run, so it becomes unknown (tasks/get: failed, the error says the
+// outcome is unknown) and is never forwarded twice, as a lost forward of a
+// plain call. If the upstream dies (or its connection breaks) under a
+// cooperating task before anything committed, the task is forwarded again
+// under the same claim once the upstream is back. tasks/cancel before the forward was written ends the task
+// cancelled; after, it passes notifications/cancelled on to the upstream:
+// a cooperating upstream's commit then fails its fence (the claim is
+// released) and the task ends cancelled, unless it committed first; any
+// other upstream may do the work all the same, so the task ends unknown,
+// never cancelled.
 //
 // Request ids towards the upstream are the proxy's own, so that its own
 // requests (re-initializing a restarted upstream) never collide with the

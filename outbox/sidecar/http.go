@@ -57,6 +57,9 @@ func (h *httpSessions) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, fmt.Sprintf("Forbidden: a request to a loopback address must name a loopback host, not %q", r.Host), http.StatusForbidden)
 		return
 	}
+	if h.serveTaskMethod(w, r) {
+		return
+	}
 	id := r.Header.Get(sessionHeader)
 	if id == "" {
 		if r.Method != http.MethodPost {

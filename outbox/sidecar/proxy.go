@@ -47,6 +47,13 @@ type Options struct {
 	MinBackoff, MaxBackoff time.Duration
 	// InitTimeout bounds re-initializing a restarted upstream.
 	InitTimeout time.Duration
+	// Tasks makes the named tools' calls tasks of the 2026-07-28 Tasks
+	// extension (see outbox.TaskOptions and "Tasks" in the outbox package
+	// doc): the proxy answers with CreateTaskResult once the task is
+	// durable, forwards the call over an upstream session of its own, and
+	// answers tasks/get, tasks/update and tasks/cancel from the database.
+	// Call [Proxy.Close] when done.
+	Tasks map[string]outbox.TaskOptions
 }
 
 // A Proxy serves client connections, each with its own upstream connection.
@@ -58,6 +65,12 @@ type Proxy struct {
 
 	mu    sync.Mutex
 	tools map[string]remote.Tool // by name, from the upstream's tools/list
+
+	// The proxy's own upstream session, which forwards tasks (task_session.go).
+	tasks     *session
+	stopTasks context.CancelFunc
+	closed    bool
+	taskWG    sync.WaitGroup
 }
 
 // New returns a proxy.
@@ -78,10 +91,24 @@ func New(opts Options) (*Proxy, error) {
 	if logger == nil {
 		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
+	for name, t := range opts.Tasks {
+		if t.Mode == outbox.TasksNever {
+			delete(opts.Tasks, name)
+		}
+	}
 	layer := remote.Of(opts.Layer)
-	return &Proxy{opts: opts, layer: layer, logger: logger.With("subsystem", "proxy"), tools: map[string]remote.Tool{},
-		tracer: layer.TracerProvider().Tracer(tracerName)}, nil
+	p := &Proxy{opts: opts, layer: layer, logger: logger.With("subsystem", "proxy"), tools: map[string]remote.Tool{},
+		tracer: layer.TracerProvider().Tracer(tracerName)}
+	// The task runner of the layer's Start looks for the tools of tasks
+	// whose owner died before any client lists them: register them now.
+	for name := range opts.Tasks {
+		p.remoteTool(name)
+	}
+	return p, nil
 }
+
+// anyTasks reports whether a tool may become a task.
+func (p *Proxy) anyTasks() bool { return len(p.opts.Tasks) > 0 }
 
 // remoteTool is how the layer treats the named upstream tool. A tool the
 // upstream has not listed (the client called it without tools/list) is
@@ -92,7 +119,7 @@ func (p *Proxy) remoteTool(name string) remote.Tool {
 	if t := p.tools[name]; t != nil {
 		return t
 	}
-	t := p.layer.Tool(name, nil, p.remoteOptions())
+	t := p.layer.Tool(name, nil, p.remoteOptions(name))
 	p.tools[name] = t
 	return t
 }
@@ -105,10 +132,15 @@ func (p *Proxy) learnTools(tools []*mcp.Tool) {
 		if t == nil || t.Name == "" || t.Name == outbox.StatusToolName {
 			continue
 		}
-		p.tools[t.Name] = p.layer.Tool(t.Name, t, p.remoteOptions())
+		p.tools[t.Name] = p.layer.Tool(t.Name, t, p.remoteOptions(t.Name))
 	}
 }
 
-func (p *Proxy) remoteOptions() remote.Options {
-	return remote.Options{Cooperating: p.opts.Cooperating}
+func (p *Proxy) remoteOptions(name string) remote.Options {
+	o := remote.Options{Cooperating: p.opts.Cooperating}
+	if t, ok := p.opts.Tasks[name]; ok {
+		o.Tasks = remote.TaskOptions{Mode: int(t.Mode), After: t.After, PollInterval: t.PollInterval, TTL: t.TTL}
+		o.Stored = p.forwardStored
+	}
+	return o
 }

@@ -42,7 +42,8 @@ func (s *session) callTool(ctx context.Context, c *clientCall, m *jsonrpc.Reques
 		}
 		return s.forwardTraced(ctx, waitCtx, m.Params, claim, params.Name)
 	})
-	endSpan(res, err)
+	cr, _ := res.(*mcp.CallToolResult)
+	endSpan(cr, err)
 	if c.withheld.Load() && s.ctx.Err() == nil {
 		if reason := c.rodeOutOf.Load(); reason != nil {
 			s.p.logger.Info("client cancelled a running call; it ran to its end and is recorded, and a retry gets its outcome",

@@ -50,8 +50,29 @@ func (s *session) onClientCall(m *jsonrpc.Request) {
 		s.forward(m, s.rewriteCapabilities)
 	case "server/discover":
 		// 2026-07-28 clients learn the capabilities here, not from
-		// initialize: the layer is advertised the same way.
-		s.forward(m, s.rewriteCapabilities)
+		// initialize: the layer is advertised the same way, and the Tasks
+		// extension when a tool may become a task.
+		s.forward(m, s.rewriteDiscover)
+	case "tasks/get", "tasks/update", "tasks/cancel":
+		if !s.p.anyTasks() {
+			s.forward(m, nil) // the upstream's own tasks, if it has any
+			return
+		}
+		// The proxy's tasks live in the database: answered here, from any
+		// proxy process on it, never forwarded.
+		extra, _ := m.Extra.(*mcp.RequestExtra)
+		go func() {
+			res, err := s.p.layer.TaskMethod(s.ctx, m.Method, m.Params, extra)
+			var wire *jsonrpc.Error
+			switch {
+			case errors.As(err, &wire):
+				s.writeClient(&jsonrpc.Response{ID: m.ID, Error: wire})
+			case err != nil:
+				s.replyError(m.ID, codeInternal, err.Error())
+			default:
+				s.replyResult(m.ID, res)
+			}
+		}()
 	case "tools/list":
 		s.forward(m, s.rewriteToolsList)
 	case "tools/call":
@@ -184,7 +205,7 @@ func (s *session) replyError(id jsonrpc.ID, code int64, msg string) {
 	s.writeClient(&jsonrpc.Response{ID: id, Error: &jsonrpc.Error{Code: code, Message: msg}})
 }
 
-func (s *session) replyResult(id jsonrpc.ID, res *mcp.CallToolResult) {
+func (s *session) replyResult(id jsonrpc.ID, res any) {
 	b, err := json.Marshal(res)
 	if err != nil {
 		s.replyError(id, codeInternal, fmt.Sprintf("encode result: %v", err))

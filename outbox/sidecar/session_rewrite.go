@@ -44,6 +44,37 @@ func (s *session) rewriteCapabilities(result json.RawMessage) (json.RawMessage, 
 	return json.Marshal(r)
 }
 
+// rewriteDiscover is rewriteCapabilities for server/discover, which also
+// lists the Tasks extension when a tool of the proxy may become a task:
+// exactly {}, as @modelcontextprotocol/ext-tasks 0.2.2 reads anything else
+// as "no Tasks".
+func (s *session) rewriteDiscover(result json.RawMessage) (json.RawMessage, error) {
+	out, err := s.rewriteCapabilities(result)
+	if err != nil || !s.p.anyTasks() {
+		return out, err
+	}
+	r, err := jsonObject(out)
+	if err != nil {
+		return nil, err
+	}
+	caps, err := jsonObject(r["capabilities"])
+	if err != nil {
+		return nil, err
+	}
+	ext, _ := jsonObject(caps["extensions"])
+	if ext == nil {
+		ext = map[string]json.RawMessage{}
+	}
+	ext[outbox.ExtensionTasks] = json.RawMessage(`{}`)
+	if caps["extensions"], err = json.Marshal(ext); err != nil {
+		return nil, err
+	}
+	if r["capabilities"], err = json.Marshal(caps); err != nil {
+		return nil, err
+	}
+	return json.Marshal(r)
+}
+
 // jsonObject decodes raw as a JSON object, keeping its members raw; null
 // and anything else that is not an object is an error.
 func jsonObject(raw json.RawMessage) (map[string]json.RawMessage, error) {

@@ -19,7 +19,9 @@ package remote
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"go.opentelemetry.io/otel/trace"
@@ -52,6 +54,20 @@ type Options struct {
 	// Cooperating says the upstream records each claimed call's outcome
 	// itself, following schema/README.md.
 	Cooperating bool
+	// Tasks says when a call of the tool becomes a task of the 2026-07-28
+	// Tasks extension; the zero value never.
+	Tasks TaskOptions
+	// Stored forwards a task: the tools/call params stored in the task's
+	// row, with the claim, to an upstream connection of the proxy's own,
+	// not a client's (the task outlives the request, its session, and on
+	// recovery its process). Required for Tasks to take effect.
+	Stored func(ctx context.Context, params json.RawMessage, claim *Claim) (*mcp.CallToolResult, error)
+}
+
+// TaskOptions are outbox.TaskOptions, which this package cannot name.
+type TaskOptions struct {
+	Mode                     int // an outbox.TaskMode
+	After, PollInterval, TTL time.Duration
 }
 
 // A Tool is a tool of the upstream, as the layer treats it.
@@ -61,7 +77,11 @@ type Tool interface {
 	// duplicate waits for the original, and the answer is recorded as the
 	// call's outcome. The returned error is a protocol error to send back
 	// as such.
-	Call(ctx context.Context, req *mcp.CallToolRequest, fwd Forward) (*mcp.CallToolResult, error)
+	//
+	// A call that becomes a task is answered with CreateTaskResult (an
+	// mcp.Result that is not a *mcp.CallToolResult) once the task is
+	// durable, and is forwarded through Options.Stored, not fwd.
+	Call(ctx context.Context, req *mcp.CallToolRequest, fwd Forward) (mcp.Result, error)
 	// Recorded reports whether the tool's calls are recorded, and so may
 	// be replayed.
 	Recorded() bool
@@ -111,6 +131,11 @@ type Layer interface {
 	// Capability is the value advertised under
 	// capabilities.experimental[outbox.CapabilityName].
 	Capability() map[string]any
+
+	// TaskMethod answers tasks/get, tasks/update or tasks/cancel of the
+	// 2026-07-28 Tasks extension from the database, for the principal of
+	// extra's token. The result is nil for any other method.
+	TaskMethod(ctx context.Context, method string, params json.RawMessage, extra *mcp.RequestExtra) (mcp.Result, error)
 }
 
 // Of returns layer, which must be a non-nil *outbox.Layer, as the proxy

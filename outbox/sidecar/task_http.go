@@ -1,0 +1,99 @@
+package sidecar
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+
+	"github.com/modelcontextprotocol/go-sdk/auth"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// maxTaskBody bounds the body of a POST read to see whether it is a
+// tasks/* request.
+const maxTaskBody = 1 << 20
+
+// serveTaskMethod answers a POST of tasks/get, tasks/update or
+// tasks/cancel itself, and reports whether it did. go-sdk v1.8.0's
+// StreamableServerTransport refuses, before the proxy's session sees it,
+// every method it does not know (400 "JSON RPC not handled: \"tasks/get\"
+// unsupported"): it takes custom methods only from a go-sdk server's
+// AddReceivingCustomMethod, and the proxy has no server. These methods
+// need no session, only the principal of the request's token (a 2026-07-28
+// client sends them without one), so they are answered here, from the
+// database; a request naming a session must still name one of its
+// principal's.
+func (h *httpSessions) serveTaskMethod(w http.ResponseWriter, r *http.Request) bool {
+	if r.Method != http.MethodPost || !h.p.anyTasks() || r.Body == nil {
+		return false
+	}
+	// The transport reads the body after this: it gets what was read here,
+	// then the rest (the server closes the original when the request ends).
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxTaskBody+1))
+	r.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(body), r.Body), r.Body}
+	if err != nil || len(body) > maxTaskBody {
+		return false // the transport reports it
+	}
+	var req struct {
+		ID     json.RawMessage `json:"id"`
+		Method string          `json:"method"`
+		Params json.RawMessage `json:"params"`
+	}
+	if json.Unmarshal(body, &req) != nil || len(req.ID) == 0 {
+		return false // a batch, a notification, or not JSON: not ours
+	}
+	switch req.Method {
+	case "tasks/get", "tasks/update", "tasks/cancel":
+	default:
+		return false
+	}
+	var rawID any
+	if json.Unmarshal(req.ID, &rawID) != nil {
+		return false
+	}
+	id, err := jsonrpc.MakeID(rawID)
+	if err != nil {
+		return false
+	}
+	if sid := r.Header.Get(sessionHeader); sid != "" {
+		h.mu.Lock()
+		s := h.sessions[sid]
+		h.mu.Unlock()
+		switch {
+		case s == nil:
+			http.Error(w, "session not found", http.StatusNotFound)
+			return true
+		case s.user != userOf(r):
+			http.Error(w, "session belongs to another principal", http.StatusForbidden)
+			return true
+		}
+	}
+	extra := &mcp.RequestExtra{TokenInfo: auth.TokenInfoFromContext(r.Context()), Header: r.Header}
+	res, err := h.p.layer.TaskMethod(r.Context(), req.Method, req.Params, extra)
+	resp := &jsonrpc.Response{ID: id}
+	var wire *jsonrpc.Error
+	switch {
+	case errors.As(err, &wire):
+		resp.Error = wire
+	case err != nil:
+		resp.Error = &jsonrpc.Error{Code: codeInternal, Message: err.Error()}
+	default:
+		if resp.Result, err = json.Marshal(res); err != nil {
+			resp.Error = &jsonrpc.Error{Code: codeInternal, Message: err.Error()}
+		}
+	}
+	b, err := jsonrpc.EncodeMessage(resp)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return true
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(b)
+	return true
+}

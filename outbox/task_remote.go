@@ -1,0 +1,192 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/remote"
+)
+
+// Tasks of remote tools: `mcp-outbox proxy --task` makes a slow call to an
+// upstream that knows nothing of tasks a task of the layer. The task is its
+// call's row, as for a tool of the layer's own (task_run.go); what differs
+// is how it runs and how its outcome is decided:
+//
+//   - It runs through remote.Options.Stored, which forwards the task's
+//     stored params with the claim over an upstream connection of the
+//     proxy's own: the task outlives the client's request and session, and
+//     the task runner, which has neither, runs a recovered task the same way.
+//   - Its outcome is decided by remoteTool.finish, as for a forwarded call:
+//     a cooperating upstream's own commit is the outcome; a non-cooperating
+//     upstream's lost answer (the proxy died, the forward was cancelled, the
+//     connection broke) makes the call unknown, which tasks/get reports as
+//     failed with an error that says so. A non-cooperating task is never
+//     forwarded twice: its claim says unknown if abandoned (calls.on_lost),
+//     and the task runner's takeover marks it so.
+
+// remoteTasks is the registry of remote tools that may run tasks, for the
+// task runner (taskTool); the proxy's tools have no tenant.
+func (l *Layer) remoteTaskTool(name string) *toolInfo {
+	l.mu.Lock()
+	r := l.remoteTasks
+	l.mu.Unlock()
+	if r == nil {
+		return nil
+	}
+	return r.lookup(name)
+}
+
+func (l *Layer) addRemoteTaskTool(t *toolInfo) {
+	l.mu.Lock()
+	if l.remoteTasks == nil {
+		l.remoteTasks = &serverTools{tools: map[string]*toolInfo{}}
+	}
+	r := l.remoteTasks
+	l.mu.Unlock()
+	r.add(t)
+}
+
+// enableTasks makes r's calls tasks by opts, run through stored.
+func (r *remoteTool) enableTasks(opts remote.TaskOptions, stored func(context.Context, json.RawMessage, *remote.Claim) (*mcp.CallToolResult, error)) {
+	info := r.info
+	info.tasks = TaskOptions{Mode: TaskMode(opts.Mode), After: opts.After, PollInterval: opts.PollInterval, TTL: opts.TTL}.withDefaults()
+	info.runStored = func(ctx context.Context, a *attempt, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
+		params := ""
+		if a.task != nil {
+			params = a.task.params
+		}
+		if params == "" {
+			p, err := paramsOf(req)
+			if err != nil {
+				return nil, fmt.Errorf("%w: %v", remote.ErrNotForwarded, err)
+			}
+			params = p
+		}
+		var claim *remote.Claim
+		if a.recorded() {
+			claim = &remote.Claim{Key: a.id.key, CallID: a.uid, RowID: a.callID, Owner: a.owner}
+		}
+		a.reached = true
+		res, err := stored(ctx, json.RawMessage(params), claim)
+		for range maxTaskReforwards {
+			if !r.reforward(ctx, a, err) {
+				break
+			}
+			res, err = stored(ctx, json.RawMessage(params), claim)
+		}
+		return res, err
+	}
+	info.finishStored = func(ctx context.Context, a *attempt, res *mcp.CallToolResult, err error) (mcp.Result, error) {
+		if !a.recorded() {
+			a.outcome = outcomeExecuted
+			if err != nil {
+				a.outcome = outcomeNotRecorded
+				return nil, err
+			}
+			return res, nil
+		}
+		out, err := r.finish(ctx, a, res, err)
+		if r.cooperating && a.task != nil {
+			// The upstream's commit (the call's outcome) does not know the
+			// task's columns: its stored params go now, as the layer's own
+			// commit drops them.
+			if _, xerr := a.layer.db.Write.ExecContext(background(ctx),
+				`UPDATE calls SET task_params = NULL WHERE id = $1 AND state <> 'in_flight'`, a.callID); xerr != nil {
+				a.layer.logger.WarnContext(ctx, "clear a finished task's params", "tool", a.tool.name, "error", xerr)
+			}
+		}
+		return out, err
+	}
+	if info.record {
+		r.layer.addRemoteTaskTool(info)
+	}
+}
+
+// maxTaskReforwards bounds how often a cooperating task whose answer was
+// lost is forwarded again within one attempt.
+const maxTaskReforwards = 4
+
+// reforward reports whether a task whose forward ended with err may be
+// forwarded again at once: its answer was lost (the upstream died or its
+// connection broke; the proxy restarts it), the upstream cooperates, and
+// its row is still this attempt's and in flight, so nothing committed. The
+// same claim goes again: should the first forward still be running in the
+// upstream, the fence (owner and state) lets only one of the two commit.
+// Otherwise the task would end failed for a fault a client cannot retry
+// around (a retry joins the failed task).
+func (r *remoteTool) reforward(ctx context.Context, a *attempt, err error) bool {
+	var wire *jsonrpc.Error
+	if !r.cooperating || a.task == nil || !a.recorded() || err == nil || ctx.Err() != nil ||
+		errors.As(err, &wire) || errors.Is(err, remote.ErrNotForwarded) || a.task.cancelled.Load() {
+		return false
+	}
+	row, rerr := a.readRow(background(ctx))
+	if rerr != nil || row.state != "in_flight" || row.owner != a.owner {
+		return false
+	}
+	a.layer.logger.WarnContext(ctx, "task's answer lost and nothing committed; forwarding it again",
+		"tool", a.tool.name, "call_id", a.uid, "error", err)
+	return true
+}
+
+// callTask runs a call of a task-enabled remote tool whose request may get
+// a task; handled is false when it is a plain call.
+func (r *remoteTool) callTask(ctx context.Context, req *mcp.CallToolRequest) (res mcp.Result, err error, handled bool) {
+	t := r.info
+	if t.runStored == nil || t.tasks.Mode == TasksNever || !t.record {
+		return nil, nil, false
+	}
+	switch {
+	case declaresTasks(req):
+		res, err := r.layer.callAsTask(ctx, t, req)
+		return res, err, true
+	case t.tasks.Mode == TasksRequired:
+		return nil, &jsonrpc.Error{Code: CodeTaskRequired, Message: fmt.Sprintf(
+			"tool %q runs only as a task: declare the extension %s in _meta[%q].extensions", t.name, ExtensionTasks, mcp.MetaKeyClientCapabilities)}, true
+	}
+	return nil, nil, false
+}
+
+// finishRun decides a task's outcome from what its run returned: a remote
+// tool's way (remoteTool.finish), or the handler's (attempt.finish).
+func (a *attempt) finishRun(ctx context.Context, res *mcp.CallToolResult, err error) (mcp.Result, error) {
+	if a.tool.finishStored != nil {
+		return a.tool.finishStored(ctx, a, res, err)
+	}
+	var r mcp.Result
+	if res != nil {
+		r = res
+	}
+	return a.finish(ctx, r, err)
+}
+
+func (r remoteLayer) TaskMethod(ctx context.Context, method string, raw json.RawMessage, extra *mcp.RequestExtra) (mcp.Result, error) {
+	l := r.l
+	var p taskParams
+	if len(raw) > 0 {
+		if err := json.Unmarshal(raw, &p); err != nil {
+			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "invalid params: " + err.Error()}
+		}
+	}
+	who := principalOf(&mcp.CallToolRequest{Extra: extra})
+	switch method {
+	case "tasks/get":
+		return l.getTask(ctx, who, p.TaskID, true)
+	case "tasks/update":
+		if _, err := l.getTask(ctx, who, p.TaskID, false); err != nil {
+			return nil, err
+		}
+		return ack(), nil
+	case "tasks/cancel":
+		if err := l.cancelTask(ctx, who, p.TaskID); err != nil {
+			return nil, err
+		}
+		return ack(), nil
+	}
+	return nil, nil
+}
