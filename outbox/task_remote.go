@@ -143,7 +143,7 @@ func (r *remoteTool) callTask(ctx context.Context, req *mcp.CallToolRequest) (re
 	}
 	switch {
 	case declaresTasks(req):
-		res, err := r.layer.callAsTask(ctx, t, req)
+		res, err := r.layer.callAsTask(ctx, t, req, false) // the proxy serves 2026-07-28 Tasks only
 		return res, err, true
 	case t.tasks.Mode == TasksRequired:
 		return nil, &jsonrpc.Error{Code: CodeTaskRequired, Message: fmt.Sprintf(
