@@ -28,6 +28,12 @@ type Options struct {
 	// the server by a loopback name, and must not be put behind a reverse
 	// proxy.
 	AdminTokenSHA256 []byte
+	// OAuth, when set, also admits OAuth access tokens in the
+	// Authorization header, from any address, by scope: see [OAuth]. It
+	// adds a way in and takes none away: the admin token and, without
+	// one, the loopback rule hold as before. The page's login form still
+	// takes the admin token only. Nil admits no OAuth token.
+	OAuth *OAuth
 	// BasePath is where the handler is mounted, such as "/ops/": its
 	// links, form actions, redirects and cookie paths start with it. The
 	// handler serves requests whose path starts with BasePath, and also
@@ -89,6 +95,13 @@ func options(opts *Options) (Options, error) {
 		return o, err
 	}
 	o.BasePath = base
+	if o.OAuth != nil {
+		oa := *o.OAuth
+		if err := checkOAuthOptions(&oa); err != nil {
+			return o, err
+		}
+		o.OAuth = &oa
+	}
 	if o.SessionKey != nil && len(o.SessionKey) < minSessionKey {
 		return o, fmt.Errorf("operator: SessionKey has %d bytes, want at least %d", len(o.SessionKey), minSessionKey)
 	}
