@@ -45,6 +45,23 @@ func TestOAuthFlags(t *testing.T) {
 		}
 	})
 
+	t.Run("OperatorScopes", func(t *testing.T) {
+		ac, err := load(map[string]string{"MCP_OUTBOX_OAUTH_OPERATOR_READ_SCOPE": "ops:read", "MCP_OUTBOX_OAUTH_OPERATOR_ACT_SCOPE": "ops:act"},
+			"--oauth-issuer", iss, "--oauth-audience", aud)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o := ac.operatorOAuth(slog.New(slog.DiscardHandler))
+		if o == nil || o.ReadScope != "ops:read" || o.ActScope != "ops:act" || o.Verify == nil || o.ResourceMetadataURL == "" {
+			t.Fatalf("operator OAuth %+v", o)
+		}
+		// The metadata is /mcp's: MCP clients ask for what it lists, and
+		// must not be led to ask for the operator's scopes.
+		if got := ac.resourceServer(slog.New(slog.DiscardHandler)).Metadata().ScopesSupported; slices.Contains(got, "ops:read") || slices.Contains(got, "ops:act") {
+			t.Errorf("scopes_supported %q advertises the operator's scopes", got)
+		}
+	})
+
 	t.Run("Environment", func(t *testing.T) {
 		ac, err := load(map[string]string{
 			"MCP_OUTBOX_OAUTH_ISSUER": iss, "MCP_OUTBOX_OAUTH_AUDIENCE": aud,
@@ -71,6 +88,9 @@ func TestOAuthFlags(t *testing.T) {
 		{"PlainHTTPIssuer", nil, []string{"--oauth-issuer", "http://idp.example.com", "--oauth-audience", aud}, "want https"},
 		{"BadToolScope", nil, []string{"--oauth-issuer", iss, "--oauth-audience", aud, "--oauth-tool-scope", "charge"}, "TOOL=SCOPE"},
 		{"ToolTwice", nil, []string{"--oauth-issuer", iss, "--oauth-audience", aud, "--oauth-tool-scope", "charge=a", "--oauth-tool-scope", "charge=b"}, "named twice"},
+		{"OperatorReadAlone", nil, []string{"--oauth-issuer", iss, "--oauth-audience", aud, "--oauth-operator-read-scope", "ops:read"}, "go together"},
+		{"OperatorScopeWithoutIssuer", map[string]string{"MCP_OUTBOX_OAUTH_OPERATOR_ACT_SCOPE": "ops"}, nil, "need --oauth-issuer"},
+		{"OperatorTwoScopes", nil, []string{"--oauth-issuer", iss, "--oauth-audience", aud, "--oauth-operator-read-scope", "a,b", "--oauth-operator-act-scope", "c"}, "want one scope"},
 		{"ScopeWithQuote", nil, []string{"--oauth-issuer", iss, "--oauth-audience", aud, "--oauth-scopes-required", `a"b`}, "printable ASCII"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

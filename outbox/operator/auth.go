@@ -58,8 +58,9 @@ type operatorRefusal struct {
 	status    int
 	challenge *bearer.Challenge
 	msg       string
-	// noCredential: the request carried no Authorization header at all
-	// (the page sends a browser to its login form then).
+	// noCredential: the request carried neither the admin token nor an
+	// OAuth token to judge (the page sends a browser to its login form
+	// then, as it did before OAuth).
 	noCredential bool
 }
 
@@ -106,8 +107,10 @@ func (c *adminAuth) check(r *http.Request, need access) (by string, refused *ope
 		return byAdminToken, nil
 	}
 	if c.tokenRequired() {
+		// With OAuth a bearer token was judged above, so what is left here
+		// is no credential, as without OAuth any other header is.
 		f := c.refuse(http.StatusUnauthorized, need, "", "")
-		f.noCredential = header == ""
+		f.noCredential = true
 		switch {
 		case c.oauth != nil:
 			f.msg = fmt.Sprintf("the operator API requires 'Authorization: Bearer' with the admin token or an OAuth access token with scope %s", c.oauth.scope(need))
