@@ -181,7 +181,10 @@ func (rs *ResourceServer) discover(ctx context.Context) (*discoveryDoc, error) {
 			continue
 		}
 		if doc.Issuer != rs.issuer {
-			return nil, fmt.Errorf("%s names issuer %q, not %q", try, doc.Issuer, rs.issuer)
+			// Typically a trailing slash or localhost for 127.0.0.1: the
+			// identifiers must be identical (RFC 8414 §3.3), so say which
+			// one to configure rather than leave every token a 503.
+			return nil, fmt.Errorf("%s names issuer %q, not %q: configure the issuer exactly as %q", try, doc.Issuer, rs.issuer, doc.Issuer)
 		}
 		for _, e := range []struct{ name, uri string }{{"jwks_uri", doc.JWKSURI}, {"introspection_endpoint", doc.IntrospectionEndpoint}} {
 			if e.uri == "" && e.name != "jwks_uri" {
