@@ -4,6 +4,7 @@ import (
 	"flag"
 	"io"
 	"log/slog"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -99,5 +100,17 @@ func TestOAuthFlags(t *testing.T) {
 				t.Fatalf("load = %v, want an error containing %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestOAuthToolScopeUnknownTool: serve refuses a --oauth-tool-scope for a
+// tool it does not offer, which would otherwise protect nothing, silently.
+func TestOAuthToolScopeUnknownTool(t *testing.T) {
+	t.Parallel()
+	vars := map[string]string{"MCP_OUTBOX_DB": filepath.Join(t.TempDir(), "ledger.db")}
+	r := runCLI(t, vars, "serve", "--http", "127.0.0.1:0", "--oauth-issuer", "https://idp.example.com",
+		"--oauth-audience", "https://mcp.example.com/mcp", "--oauth-tool-scope", "chrage=payments:write")
+	if r.code != 2 || !strings.Contains(r.stderr, "--oauth-tool-scope: tool scopes name tools the server does not offer, so they protect nothing: chrage (its tools: ") {
+		t.Errorf("exit %d, stderr %q; want exit 2 naming chrage and the tools", r.code, r.stderr)
 	}
 }
