@@ -55,10 +55,11 @@ const authHelp = `Authentication (with --http):
   --oauth-operator-act-scope S2 also admit access tokens (issued for the
   --oauth-audience, in 'Authorization: Bearer') to /admin, /metrics and the
   page, from any address: S to read, S2 to act (and read). A token without
-  the scope gets 403 error="insufficient_scope". They add a way in: the
-  admin token and the loopback rule hold as before, and the page's login
-  form still takes the admin token only. These scopes are not advertised
-  in the /mcp metadata, so MCP clients do not ask for them.
+  the scope gets 403 error="insufficient_scope". The admin token still
+  works, and the page's login form takes it only; the loopback rule is off
+  (loopback clients need a token too: a proxy on this host would make
+  every client look local). These scopes are not advertised in the /mcp
+  metadata, so MCP clients do not ask for them.
 `
 
 // authConfig is serve's HTTP authentication: bearer tokens for /mcp, an

@@ -110,7 +110,12 @@ func serveHTTP(ctx context.Context, a *app, addr string, logger *slog.Logger, st
 		adminAuth = "admin token required"
 	}
 	if o := a.auth.operatorOAuth(logger); o != nil {
-		adminAuth += fmt.Sprintf(", or OAuth access tokens with scope %s to read, %s to act", o.ReadScope, o.ActScope)
+		oauthAuth := fmt.Sprintf("OAuth access tokens with scope %s to read, %s to act", o.ReadScope, o.ActScope)
+		if a.auth.adminHash != nil {
+			adminAuth += ", or " + oauthAuth
+		} else {
+			adminAuth = oauthAuth + " (loopback clients too)"
+		}
 	}
 	fmt.Fprintf(stderr, "mcp-outbox: MCP authentication: %s\n", mcpAuth)
 	base := a.auth.operatorBase()

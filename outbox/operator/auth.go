@@ -85,15 +85,19 @@ const (
 //     refused (401 invalid_token), or without the scope need asks for
 //     (403 insufficient_scope), or admitted as its principal, from any
 //     address;
-//   - with an admin token configured, nothing else is admitted (401);
-//   - without one, the loopback rule (checkAdminClient): 403, or 401 with
-//     a challenge when OAuth could have let the client in.
+//   - with an admin token or OAuth configured, nothing else is admitted
+//     (401);
+//   - with neither, the loopback rule (checkAdminClient).
 //
-// OAuth adds a way in and takes none away: the admin token and the
-// loopback rule hold as they do without it.
+// OAuth turns the loopback rule off. Its premise, that only clients on
+// this host reach the listener, is what a TLS-terminating proxy on the
+// same host breaks, and servers behind an identity provider are the ones
+// that sit behind such proxies: a tokenless request through one would
+// look local and be admitted to everything.
 func (c *adminAuth) check(r *http.Request, need access) (by string, refused *operatorRefusal) {
 	header := r.Header.Get("Authorization")
-	if c != nil && c.oauth != nil {
+	oauth := c != nil && c.oauth != nil
+	if oauth {
 		token, present, ok := bearer.TokenFromHeader(header)
 		switch {
 		case present && !ok:
@@ -106,26 +110,23 @@ func (c *adminAuth) check(r *http.Request, need access) (by string, refused *ope
 	} else if c.tokenRequired() && c.checkAdminToken(r) {
 		return byAdminToken, nil
 	}
-	if c.tokenRequired() {
+	if c.tokenRequired() || oauth {
 		// With OAuth a bearer token was judged above, so what is left here
 		// is no credential, as without OAuth any other header is.
 		f := c.refuse(http.StatusUnauthorized, need, "", "")
 		f.noCredential = true
 		switch {
-		case c.oauth != nil:
-			f.msg = fmt.Sprintf("the operator API requires 'Authorization: Bearer' with the admin token or an OAuth access token with scope %s", c.oauth.scope(need))
+		case oauth && c.tokenRequired():
+			f.msg = fmt.Sprintf("the operator surface requires 'Authorization: Bearer' with the admin token or an OAuth access token with scope %s", c.oauth.scope(need))
+		case oauth:
+			f.msg = fmt.Sprintf("the operator surface requires 'Authorization: Bearer' with an OAuth access token with scope %s, from any address (with OAuth, loopback clients need one too); "+
+				"a browser logs in to the page with the admin token, when one is configured", c.oauth.scope(need))
 		default:
 			f.msg = "the admin API requires 'Authorization: Bearer' with the admin token"
 		}
 		return "", f
 	}
 	if err := checkAdminClient(r); err != nil {
-		if c != nil && c.oauth != nil {
-			f := c.refuse(http.StatusUnauthorized, need, "", "")
-			f.noCredential = header == ""
-			f.msg = fmt.Sprintf("%v; or send 'Authorization: Bearer' with an OAuth access token with scope %s", err, c.oauth.scope(need))
-			return "", f
-		}
 		return "", &operatorRefusal{status: http.StatusForbidden, msg: err.Error()}
 	}
 	return byLoopback, nil

@@ -50,9 +50,11 @@
 // OAuth.ActScope, which grants the views as well. A token is verified as
 // /mcp's are (issuer, audience, expiry, signature: pass
 // (*oauth.ResourceServer).Verify); without the scope it gets 403
-// error="insufficient_scope" naming it. OAuth adds a way in and takes none
-// away: the admin token, and without one the loopback rule, hold as
-// before. The page's login form takes the admin token only: a browser
+// error="insufficient_scope" naming it. The admin token still admits as
+// before; the loopback rule is off, because a TLS-terminating proxy on the
+// same host, common in front of a server behind an identity provider,
+// would make every tokenless client look local. The page's login form
+// takes the admin token only: a browser
 // cannot send an access token by itself, and pasting one into a form
 // would make a session outlive the token; a browser behind a proxy that
 // adds the header is judged by the token on every request. Every action is

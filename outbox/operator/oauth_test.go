@@ -6,6 +6,7 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -200,9 +201,10 @@ func TestOperatorOAuthScopes(t *testing.T) {
 	}
 }
 
-// TestOperatorOAuthLoopback: without an admin token, OAuth adds a way in
-// from other hosts, and the loopback rule holds as before; a token that
-// is sent is judged, even from loopback.
+// TestOperatorOAuthLoopback: without an admin token, OAuth admits tokens
+// from any host, and turns the loopback rule off: a proxy on this host
+// would make every tokenless client look local. The health checks stay
+// open.
 func TestOperatorOAuthLoopback(t *testing.T) {
 	t.Parallel()
 	is := newOpsIssuer(t)
@@ -217,8 +219,11 @@ func TestOperatorOAuthLoopback(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if code, _ := getJSON(t, h, "/admin/summary"); code != http.StatusOK {
-		t.Errorf("loopback without a token: %d, want 200", code)
+	if code, body := getJSON(t, h, "/admin/summary"); code != http.StatusUnauthorized || !strings.Contains(fmt.Sprint(body), "loopback clients need one too") {
+		t.Errorf("loopback without a token: %d %v, want 401 saying why", code, body)
+	}
+	if rec := opsRequest(h, "GET", "/healthz", "", nil); rec.Code != http.StatusOK {
+		t.Errorf("healthz: %d, want 200", rec.Code)
 	}
 	rec := opsRequest(h, "GET", "/admin/summary", "", nil)
 	if rec.Code != http.StatusUnauthorized || !strings.Contains(rec.Header().Get("WWW-Authenticate"), `scope="ops"`) {

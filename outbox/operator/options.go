@@ -28,11 +28,12 @@ type Options struct {
 	// the server by a loopback name, and must not be put behind a reverse
 	// proxy.
 	AdminTokenSHA256 []byte
-	// OAuth, when set, also admits OAuth access tokens in the
-	// Authorization header, from any address, by scope: see [OAuth]. It
-	// adds a way in and takes none away: the admin token and, without
-	// one, the loopback rule hold as before. The page's login form still
-	// takes the admin token only. Nil admits no OAuth token.
+	// OAuth, when set, admits OAuth access tokens in the Authorization
+	// header, from any address, by scope: see [OAuth]. The admin token
+	// still admits as before, and the page's login form takes it only.
+	// The loopback rule is off with OAuth: a request without a token is
+	// refused from loopback too, since a proxy on this host would make
+	// every client look local. Nil admits no OAuth token.
 	OAuth *OAuth
 	// BasePath is where the handler is mounted, such as "/ops/": its
 	// links, form actions, redirects and cookie paths start with it. The
