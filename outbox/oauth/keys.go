@@ -244,7 +244,17 @@ func (rs *ResourceServer) getJSON(ctx context.Context, uri string, v any) (http.
 
 // Check reaches the issuer now and reads its keys, for a start-up
 // message: New does not, so that a server can start before its issuer.
+// With Options.Introspection and no Endpoint, it also checks that the
+// issuer names an introspection endpoint: otherwise every opaque token
+// would be answered 503, with the reason in the log only.
 func (rs *ResourceServer) Check(ctx context.Context) error {
-	_, err := rs.keys.lookup(ctx, "")
-	return err
+	if _, err := rs.keys.lookup(ctx, ""); err != nil {
+		return err
+	}
+	if rs.intro != nil && rs.intro.cfg.Endpoint == "" {
+		if _, err := rs.keys.introspectionEndpoint(ctx); err != nil {
+			return fmt.Errorf("%w (or set Introspection.Endpoint)", err)
+		}
+	}
+	return nil
 }
