@@ -51,6 +51,15 @@ const authHelp = `Authentication (with --http):
   cookies are signed with the key in --operator-key-file, or else with a key
   kept in the database (table operator_secret, made on first start), so a
   login holds on every replica that shares the database.
+  With --oauth-issuer, --oauth-operator-read-scope S and
+  --oauth-operator-act-scope S2 also admit access tokens (issued for the
+  --oauth-audience, in 'Authorization: Bearer') to /admin, /metrics and the
+  page, from any address: S to read, S2 to act (and read). A token without
+  the scope gets 403 error="insufficient_scope". The admin token still
+  works, and the page's login form takes it only; the loopback rule is off
+  (loopback clients need a token too: a proxy on this host would make
+  every client look local). These scopes are not advertised in the /mcp
+  metadata, so MCP clients do not ask for them.
 `
 
 // authConfig is serve's HTTP authentication: bearer tokens for /mcp, an
@@ -67,6 +76,7 @@ type authConfig struct {
 	oauthToolScopes                         toolScopes
 	oauthClientID, oauthSecretFile          string
 	oauthIntrospectionURL                   string
+	oauthOpsRead, oauthOpsAct               string
 
 	tokens     []bearer.Token
 	oauth      *oauth.Options // with oauthIssuer; nil without
@@ -101,6 +111,10 @@ func (c *authConfig) flags(env *environment, fs *flag.FlagSet) {
 		"with --oauth-client-id, the client's secret is in `FILE` [MCP_OUTBOX_OAUTH_CLIENT_SECRET_FILE]")
 	fs.StringVar(&c.oauthIntrospectionURL, "oauth-introspection-url", env.envDefault("MCP_OUTBOX_OAUTH_INTROSPECTION_URL", ""),
 		"with --oauth-client-id, the introspection endpoint `URL`; without it, the issuer's discovery document names it [MCP_OUTBOX_OAUTH_INTROSPECTION_URL]")
+	fs.StringVar(&c.oauthOpsRead, "oauth-operator-read-scope", env.envDefault("MCP_OUTBOX_OAUTH_OPERATOR_READ_SCOPE", ""),
+		"with --oauth-issuer, also admit access tokens with scope `S` to read the operator page, /admin and /metrics; needs --oauth-operator-act-scope [MCP_OUTBOX_OAUTH_OPERATOR_READ_SCOPE]")
+	fs.StringVar(&c.oauthOpsAct, "oauth-operator-act-scope", env.envDefault("MCP_OUTBOX_OAUTH_OPERATOR_ACT_SCOPE", ""),
+		"with --oauth-issuer, admit access tokens with scope `S` to act (retry, cancel, resolve, settle) and read on the operator page and /admin; may equal the read scope [MCP_OUTBOX_OAUTH_OPERATOR_ACT_SCOPE]")
 	// No environment variable on purpose: turning authentication off should
 	// be visible on the command line, not inherited.
 	fs.BoolVar(&c.insecureNoAuth, "insecure-no-auth", false,

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox/oauth"
+	"github.com/mcp-outbox/mcp-outbox/outbox/operator"
 )
 
 // loadOAuth checks the --oauth-* flags: all of them need --oauth-issuer,
@@ -17,12 +18,23 @@ func (c *authConfig) loadOAuth(env *environment) error {
 		return usagef("--oauth-tool-scope: %v", err)
 	}
 	switch {
-	case c.oauthIssuer == "" && (c.oauthAudience != "" || c.oauthScopes != "" || len(tools) > 0 || c.oauthClientID != ""):
-		return usagef("--oauth-audience, --oauth-scopes-required, --oauth-tool-scope and --oauth-client-id need --oauth-issuer")
+	case c.oauthIssuer == "" && (c.oauthAudience != "" || c.oauthScopes != "" || len(tools) > 0 || c.oauthClientID != "" ||
+		c.oauthOpsRead != "" || c.oauthOpsAct != ""):
+		return usagef("--oauth-audience, --oauth-scopes-required, --oauth-tool-scope, --oauth-client-id and --oauth-operator-*-scope need --oauth-issuer")
 	case c.oauthIssuer == "":
 		return nil
 	case c.oauthAudience == "":
 		return usagef("--oauth-issuer needs --oauth-audience: the /mcp URL as clients reach it, such as https://mcp.example.com/mcp")
+	}
+	if (c.oauthOpsRead == "") != (c.oauthOpsAct == "") {
+		return usagef("--oauth-operator-read-scope and --oauth-operator-act-scope go together (they may be the same scope)")
+	}
+	for _, s := range []string{c.oauthOpsRead, c.oauthOpsAct} {
+		// Checked here, as operator.Options would be, so that serve stops
+		// before it opens the database.
+		if strings.ContainsFunc(s, func(r rune) bool { return r < 0x21 || r > 0x7e || strings.ContainsRune(`,"\`, r) }) {
+			return usagef("--oauth-operator-*-scope %q: want one scope, printable ASCII without spaces, commas, quotes or backslashes", s)
+		}
 	}
 	opts := &oauth.Options{ScopesRequired: splitList(c.oauthScopes), ToolScopes: tools, ResourceName: "mcp-outbox"}
 	if err := c.loadIntrospection(env, opts); err != nil {
@@ -75,6 +87,16 @@ func (c *authConfig) resourceServer(logger *slog.Logger) *oauth.ResourceServer {
 	}
 	c.rs = rs
 	return rs
+}
+
+// operatorOAuth is the operator surface's OAuth access; nil without
+// --oauth-operator-read-scope.
+func (c *authConfig) operatorOAuth(logger *slog.Logger) *operator.OAuth {
+	rs := c.resourceServer(logger)
+	if rs == nil || c.oauthOpsRead == "" {
+		return nil
+	}
+	return &operator.OAuth{Verify: rs.Verify, ReadScope: c.oauthOpsRead, ActScope: c.oauthOpsAct, ResourceMetadataURL: rs.MetadataURL()}
 }
 
 // splitList reads 'a,b, c' as [a b c].

@@ -38,6 +38,7 @@ func newRouter(ctx context.Context, a *app, logger *slog.Logger) (http.Handler, 
 	opts := &operator.Options{Logger: logger, Registry: a.metricsRegistry, BasePath: a.auth.operatorBase()}
 	if a.auth != nil {
 		opts.AdminTokenSHA256, opts.SessionKey = a.auth.adminHash, a.auth.sessionKey
+		opts.OAuth = a.auth.operatorOAuth(logger)
 	}
 	if a.layer != nil {
 		opts.Dispatcher = appDispatcher{a}
@@ -107,6 +108,14 @@ func serveHTTP(ctx context.Context, a *app, addr string, logger *slog.Logger, st
 	}
 	if a.auth != nil && a.auth.adminHash != nil {
 		adminAuth = "admin token required"
+	}
+	if o := a.auth.operatorOAuth(logger); o != nil {
+		oauthAuth := fmt.Sprintf("OAuth access tokens with scope %s to read, %s to act", o.ReadScope, o.ActScope)
+		if a.auth.adminHash != nil {
+			adminAuth += ", or " + oauthAuth
+		} else {
+			adminAuth = oauthAuth + " (loopback clients too)"
+		}
 	}
 	fmt.Fprintf(stderr, "mcp-outbox: MCP authentication: %s\n", mcpAuth)
 	base := a.auth.operatorBase()

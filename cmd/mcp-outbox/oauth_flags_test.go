@@ -4,6 +4,7 @@ import (
 	"flag"
 	"io"
 	"log/slog"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -45,6 +46,23 @@ func TestOAuthFlags(t *testing.T) {
 		}
 	})
 
+	t.Run("OperatorScopes", func(t *testing.T) {
+		ac, err := load(map[string]string{"MCP_OUTBOX_OAUTH_OPERATOR_READ_SCOPE": "ops:read", "MCP_OUTBOX_OAUTH_OPERATOR_ACT_SCOPE": "ops:act"},
+			"--oauth-issuer", iss, "--oauth-audience", aud)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o := ac.operatorOAuth(slog.New(slog.DiscardHandler))
+		if o == nil || o.ReadScope != "ops:read" || o.ActScope != "ops:act" || o.Verify == nil || o.ResourceMetadataURL == "" {
+			t.Fatalf("operator OAuth %+v", o)
+		}
+		// The metadata is /mcp's: MCP clients ask for what it lists, and
+		// must not be led to ask for the operator's scopes.
+		if got := ac.resourceServer(slog.New(slog.DiscardHandler)).Metadata().ScopesSupported; slices.Contains(got, "ops:read") || slices.Contains(got, "ops:act") {
+			t.Errorf("scopes_supported %q advertises the operator's scopes", got)
+		}
+	})
+
 	t.Run("Environment", func(t *testing.T) {
 		ac, err := load(map[string]string{
 			"MCP_OUTBOX_OAUTH_ISSUER": iss, "MCP_OUTBOX_OAUTH_AUDIENCE": aud,
@@ -71,6 +89,9 @@ func TestOAuthFlags(t *testing.T) {
 		{"PlainHTTPIssuer", nil, []string{"--oauth-issuer", "http://idp.example.com", "--oauth-audience", aud}, "want https"},
 		{"BadToolScope", nil, []string{"--oauth-issuer", iss, "--oauth-audience", aud, "--oauth-tool-scope", "charge"}, "TOOL=SCOPE"},
 		{"ToolTwice", nil, []string{"--oauth-issuer", iss, "--oauth-audience", aud, "--oauth-tool-scope", "charge=a", "--oauth-tool-scope", "charge=b"}, "named twice"},
+		{"OperatorReadAlone", nil, []string{"--oauth-issuer", iss, "--oauth-audience", aud, "--oauth-operator-read-scope", "ops:read"}, "go together"},
+		{"OperatorScopeWithoutIssuer", map[string]string{"MCP_OUTBOX_OAUTH_OPERATOR_ACT_SCOPE": "ops"}, nil, "need --oauth-issuer"},
+		{"OperatorTwoScopes", nil, []string{"--oauth-issuer", iss, "--oauth-audience", aud, "--oauth-operator-read-scope", "a,b", "--oauth-operator-act-scope", "c"}, "want one scope"},
 		{"ScopeWithQuote", nil, []string{"--oauth-issuer", iss, "--oauth-audience", aud, "--oauth-scopes-required", `a"b`}, "printable ASCII"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -79,5 +100,17 @@ func TestOAuthFlags(t *testing.T) {
 				t.Fatalf("load = %v, want an error containing %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestOAuthToolScopeUnknownTool: serve refuses a --oauth-tool-scope for a
+// tool it does not offer, which would otherwise protect nothing, silently.
+func TestOAuthToolScopeUnknownTool(t *testing.T) {
+	t.Parallel()
+	vars := map[string]string{"MCP_OUTBOX_DB": filepath.Join(t.TempDir(), "ledger.db")}
+	r := runCLI(t, vars, "serve", "--http", "127.0.0.1:0", "--oauth-issuer", "https://idp.example.com",
+		"--oauth-audience", "https://mcp.example.com/mcp", "--oauth-tool-scope", "chrage=payments:write")
+	if r.code != 2 || !strings.Contains(r.stderr, "--oauth-tool-scope: tool scopes name tools the server does not offer, so they protect nothing: chrage (its tools: ") {
+		t.Errorf("exit %d, stderr %q; want exit 2 naming chrage and the tools", r.code, r.stderr)
 	}
 }

@@ -58,15 +58,21 @@ func oidcProviderDir(t *testing.T) string {
 // resources in opaque are opaque, the others' JWTs.
 func startIssuer(t *testing.T, resources, opaque []string) string {
 	t.Helper()
-	dir := oidcProviderDir(t)
-	clients, _ := json.Marshal([]map[string]string{
+	return startIssuerFor(t, resources, opaque, "mcp payments:write", []map[string]string{
 		{"client_id": "c1", "client_secret": oauthSecret1, "scope": "mcp payments:write"},
 		{"client_id": "c2", "client_secret": oauthSecret2, "scope": "mcp"},
 		{"client_id": "rs", "client_secret": oauthSecretRS},
 	})
+}
+
+// startIssuerFor runs issuer.mjs offering scopes to clients.
+func startIssuerFor(t *testing.T, resources, opaque []string, scopes string, clientList []map[string]string) string {
+	t.Helper()
+	dir := oidcProviderDir(t)
+	clients, _ := json.Marshal(clientList)
 	cmd := exec.Command("node", "issuer.mjs")
 	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "OIDC_RESOURCE="+strings.Join(resources, " "), "OIDC_OPAQUE="+strings.Join(opaque, " "), "OIDC_SCOPES=mcp payments:write", "OIDC_CLIENTS="+string(clients))
+	cmd.Env = append(os.Environ(), "OIDC_RESOURCE="+strings.Join(resources, " "), "OIDC_OPAQUE="+strings.Join(opaque, " "), "OIDC_SCOPES="+scopes, "OIDC_CLIENTS="+string(clients))
 	cmd.Stderr = testWriter{t}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {

@@ -293,6 +293,14 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 	defer a.Close()
 	a.auth = &ac
 	logger := a.logger
+	// serve's tools are all registered by now (proxy's come from its
+	// upstream, later, so it cannot check): a misspelt --oauth-tool-scope
+	// would leave its tool unprotected without a word.
+	if rs := ac.resourceServer(logger); rs != nil && *httpAddr != "" {
+		if err := rs.CheckTools(ctx, a.server); err != nil {
+			return usagef("--oauth-tool-scope: %v", err)
+		}
+	}
 	// Started before serving and stopped after it: the deferred stop runs
 	// once the server has let its calls in flight finish, and before the
 	// database closes.

@@ -3,8 +3,11 @@ package oauth_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/go-jose/go-jose/v4"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox/bearer"
 	"github.com/mcp-outbox/mcp-outbox/outbox/oauth"
@@ -68,6 +71,21 @@ func TestIntrospection(t *testing.T) {
 		var ref bearer.Refusal
 		if err == nil || errors.As(err, &ref) {
 			t.Fatalf("Verify = %v, want an error that is not the token's fault", err)
+		}
+	})
+
+	t.Run("CheckFindsNoEndpoint", func(t *testing.T) {
+		// An issuer that names no introspection endpoint: Check says so at
+		// start-up, rather than every opaque token getting 503.
+		is := newIssuer(t)
+		is.addKey("k1", jose.ES256, true)
+		is.noIntrospection = true
+		rs := newRS(t, is, &oauth.Options{Introspection: &oauth.Introspection{ClientID: "rs", ClientSecret: "rs-secret"}})
+		if err := rs.Check(ctx); err == nil || !strings.Contains(err.Error(), "names no introspection_endpoint") {
+			t.Fatalf("Check = %v, want the missing endpoint named", err)
+		}
+		if err := newRS(t, is, nil).Check(ctx); err != nil {
+			t.Fatalf("Check without introspection = %v", err)
 		}
 	})
 

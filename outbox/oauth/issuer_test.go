@@ -34,6 +34,8 @@ type testIssuer struct {
 
 	jwksFetches atomic.Int64
 	discovery   string // the well-known document served: "openid" or "oauth"
+	// noIntrospection leaves introspection_endpoint out of the document.
+	noIntrospection bool
 
 	// Opaque tokens: what the introspection endpoint answers for each,
 	// to the client rs/rs-secret only.
@@ -48,13 +50,17 @@ func newIssuer(t testing.TB) *testIssuer {
 	mux := http.NewServeMux()
 	doc := func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		json.NewEncoder(w).Encode(map[string]any{
+		d := map[string]any{
 			"issuer":                                is.URL(),
 			"jwks_uri":                              is.URL() + "/jwks",
 			"token_endpoint":                        is.URL() + "/token",
 			"introspection_endpoint":                is.URL() + "/introspect",
 			"id_token_signing_alg_values_supported": []string{"RS256"},
-		})
+		}
+		if is.noIntrospection {
+			delete(d, "introspection_endpoint")
+		}
+		json.NewEncoder(w).Encode(d)
 	}
 	mux.HandleFunc("/.well-known/openid-configuration", func(w http.ResponseWriter, r *http.Request) {
 		if is.discovery != "openid" {

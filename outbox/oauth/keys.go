@@ -181,7 +181,10 @@ func (rs *ResourceServer) discover(ctx context.Context) (*discoveryDoc, error) {
 			continue
 		}
 		if doc.Issuer != rs.issuer {
-			return nil, fmt.Errorf("%s names issuer %q, not %q", try, doc.Issuer, rs.issuer)
+			// Typically a trailing slash or localhost for 127.0.0.1: the
+			// identifiers must be identical (RFC 8414 §3.3), so say which
+			// one to configure rather than leave every token a 503.
+			return nil, fmt.Errorf("%s names issuer %q, not %q: configure the issuer exactly as %q", try, doc.Issuer, rs.issuer, doc.Issuer)
 		}
 		for _, e := range []struct{ name, uri string }{{"jwks_uri", doc.JWKSURI}, {"introspection_endpoint", doc.IntrospectionEndpoint}} {
 			if e.uri == "" && e.name != "jwks_uri" {
@@ -241,7 +244,17 @@ func (rs *ResourceServer) getJSON(ctx context.Context, uri string, v any) (http.
 
 // Check reaches the issuer now and reads its keys, for a start-up
 // message: New does not, so that a server can start before its issuer.
+// With Options.Introspection and no Endpoint, it also checks that the
+// issuer names an introspection endpoint: otherwise every opaque token
+// would be answered 503, with the reason in the log only.
 func (rs *ResourceServer) Check(ctx context.Context) error {
-	_, err := rs.keys.lookup(ctx, "")
-	return err
+	if _, err := rs.keys.lookup(ctx, ""); err != nil {
+		return err
+	}
+	if rs.intro != nil && rs.intro.cfg.Endpoint == "" {
+		if _, err := rs.keys.introspectionEndpoint(ctx); err != nil {
+			return fmt.Errorf("%w (or set Introspection.Endpoint)", err)
+		}
+	}
+	return nil
 }

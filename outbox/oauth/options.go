@@ -52,7 +52,9 @@ type Options struct {
 	// requires none beyond a valid token.
 	ScopesRequired []string
 	// ToolScopes are needed, on top of ScopesRequired, to call a tool:
-	// tool name to scopes. A tool not listed needs none.
+	// tool name to scopes. A tool not listed needs none. Names match
+	// exactly: a misspelt one protects nothing, silently, so check them
+	// with [ResourceServer.CheckTools] once the tools are registered.
 	ToolScopes map[string][]string
 	// ScopesSupported are advertised in the metadata. Empty advertises
 	// the union of ScopesRequired and ToolScopes.

@@ -272,8 +272,10 @@ func TestKeys(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := rs.Check(ctx); err == nil || !strings.Contains(err.Error(), "names issuer") {
-			t.Fatalf("Check = %v, want an issuer mismatch", err)
+		// The error says what to configure instead.
+		if err := rs.Check(ctx); err == nil || !strings.Contains(err.Error(), "names issuer") ||
+			!strings.Contains(err.Error(), "configure the issuer exactly as \""+is.URL()+"\"") {
+			t.Fatalf("Check = %v, want an issuer mismatch naming the issuer to configure", err)
 		}
 		// Then a token cannot be judged: not the client's fault.
 		_, err = rs.Verify(ctx, is.mint("k1", is.good(resource)), nil)

@@ -79,36 +79,47 @@ type adminErrorBody struct {
 
 var adminCSRF = http.NewCrossOriginProtection()
 
-// adminGuard admits a request that carries the admin token, when one is
-// configured, from any address. Without a token only a client on this host
-// may use the API. That alone would still let any web page the operator
-// visits reach it through the browser, so it also refuses requests
-// addressed to any name but localhost or a loopback address (DNS rebinding
-// points an attacker's name at 127.0.0.1); a page cannot know the token, so
-// with one the Host check would only get in a remote operator's way.
-// Cross-origin browser requests are refused either way. A reverse proxy on
-// this host would make every client look local: without a token, /admin
-// must not be proxied.
-func adminGuard(ac *adminAuth) func(http.Handler) http.Handler {
+// adminGuard admits a request by adminAuth.check: GET and HEAD need read
+// access, anything else act. With an admin token it admits whoever
+// presents it, from any address; with Options.OAuth, an access token with
+// the scope. Without either only a client on this host may use the API.
+// That alone would still let any web page the operator visits reach it
+// through the browser, so it also refuses requests addressed to any name
+// but localhost or a loopback address (DNS rebinding points an attacker's
+// name at 127.0.0.1); a page cannot know a token, so with one the Host
+// check would only get in a remote operator's way. Cross-origin browser
+// requests are refused either way. A reverse proxy on this host would
+// make every client look local: without a token, /admin must not be
+// proxied.
+func adminGuard(ac *adminAuth) func(http.Handler) http.Handler { return guardFor(ac, accessFor) }
+
+// guardFor is adminGuard, with need saying what a request does.
+func guardFor(ac *adminAuth, need func(*http.Request) access) func(http.Handler) http.Handler {
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if ac.tokenRequired() {
-				if !ac.checkAdminToken(r) {
-					w.Header().Set("WWW-Authenticate", `Bearer realm="mcp-outbox admin"`)
-					writeAdminJSON(w, http.StatusUnauthorized, adminErrorBody{"the admin API requires 'Authorization: Bearer' with the admin token"})
-					return
-				}
-			} else if err := checkAdminClient(r); err != nil {
-				writeAdminJSON(w, http.StatusForbidden, adminErrorBody{err.Error()})
+			by, refused := ac.check(r, need(r))
+			if refused != nil {
+				refused.writeHeader(w)
+				writeAdminJSON(w, refused.status, adminErrorBody{refused.msg})
 				return
 			}
 			if err := adminCSRF.Check(r); err != nil {
 				writeAdminJSON(w, http.StatusForbidden, adminErrorBody{fmt.Sprintf("cross-origin request refused: %v", err)})
 				return
 			}
-			next.ServeHTTP(w, r)
+			next.ServeHTTP(w, withOperator(r, by))
 		})
 	}
+}
+
+// accessFor: the admin API reads with GET and HEAD and acts with anything
+// else; an unknown path or method is answered 404 or 405 only to a client
+// that could act.
+func accessFor(r *http.Request) access {
+	if r.Method == http.MethodGet || r.Method == http.MethodHead {
+		return accessRead
+	}
+	return accessAct
 }
 
 // checkAdminClient is the rule without an admin token: a loopback peer,
@@ -212,7 +223,7 @@ func (h *adminHandler) retryDead(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	h.logger.Info("admin action", "action", "retry-dead", "retried", n, "remote", r.RemoteAddr)
+	h.logger.Info("admin action", "action", "retry-dead", "retried", n, "remote", r.RemoteAddr, "by", operatorOf(r))
 	writeAdminJSON(w, http.StatusOK, struct {
 		Retried int64 `json:"retried"`
 	}{n})
@@ -241,9 +252,10 @@ func (h *adminHandler) action(a operate.EffectAction) http.HandlerFunc {
 			h.fail(w, r, err)
 			return
 		}
-		// The admin token names no user; the log is the audit trail.
+		// The admin token names no user; the log is the audit trail, with
+		// the OAuth principal when a token named one.
 		h.logger.Info("admin action", "action", a.Name(), "outcome", body.Outcome, "effect", id,
-			"from", res.PreviousState, "to", res.Effect.State, "remote", r.RemoteAddr)
+			"from", res.PreviousState, "to", res.Effect.State, "remote", r.RemoteAddr, "by", operatorOf(r))
 		if res.Warning != "" {
 			h.logger.Warn(res.Warning, "effect", id)
 		}
@@ -295,7 +307,7 @@ func (h *adminHandler) resolveCall(w http.ResponseWriter, r *http.Request) {
 	// The admin token names no user; the log is the audit trail. The key
 	// is logged as the call log writes it: hashed, never raw.
 	h.logger.Info("admin action", "action", "resolve-call", "outcome", res.Outcome, "key", callkey.KeyHash(res.Principal, res.Key),
-		"tool", res.Tool, "from", res.PreviousState, "to", res.State, "remote", r.RemoteAddr)
+		"tool", res.Tool, "from", res.PreviousState, "to", res.State, "remote", r.RemoteAddr, "by", operatorOf(r))
 	writeAdminJSON(w, http.StatusOK, res)
 }
 

@@ -44,6 +44,23 @@
 // through a login session. Cross-origin browser requests are refused
 // either way.
 //
+// With Options.OAuth, OAuth access tokens get in too, in the Authorization
+// header and from any address, by scope: the views (the admin API's GETs,
+// the metrics, the page and its lookup) need OAuth.ReadScope, the actions
+// OAuth.ActScope, which grants the views as well. A token is verified as
+// /mcp's are (issuer, audience, expiry, signature: pass
+// (*oauth.ResourceServer).Verify); without the scope it gets 403
+// error="insufficient_scope" naming it. The admin token still admits as
+// before; the loopback rule is off, because a TLS-terminating proxy on the
+// same host, common in front of a server behind an identity provider,
+// would make every tokenless client look local. The page's login form
+// takes the admin token only: a browser
+// cannot send an access token by itself, and pasting one into a form
+// would make a session outlive the token; a browser behind a proxy that
+// adds the header is judged by the token on every request. Every action is
+// logged with who did it ("by": the token's principal, "admin token",
+// "session" or "loopback").
+//
 // # Sessions and keys, across replicas
 //
 // Page sessions are cookies signed with HMAC-SHA256, carrying their expiry

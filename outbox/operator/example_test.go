@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/oauth"
 	"github.com/mcp-outbox/mcp-outbox/outbox/operator"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -97,4 +98,43 @@ func Example_separate() {
 	// /metrics 401
 	// /internal/admin/summary 401
 	// /internal/ops/ 303 /internal/ops/login
+}
+
+// Operators with OAuth access tokens, from the issuer /mcp trusts: scope
+// ops:read reads, ops:act acts. A request without a token is refused from
+// any address, this host's included, and told where to get one.
+func Example_oAuth() {
+	ctx := context.Background()
+	dir, _ := os.MkdirTemp("", "operator-example")
+	defer os.RemoveAll(dir)
+	db, err := schema.Open(ctx, filepath.Join(dir, "app.db"), nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+
+	rs, err := oauth.New("https://idp.example.com", "https://mcp.example.com/mcp", nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	ops, err := operator.NewHandler(ctx, db, &operator.Options{BasePath: "/ops/", OAuth: &operator.OAuth{
+		Verify:              rs.Verify,
+		ReadScope:           "ops:read",
+		ActScope:            "ops:act",
+		ResourceMetadataURL: rs.MetadataURL(),
+	}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	// mux.Handle("/mcp", rs.Require(mcphttp.NewHandler(server, nil))), and rs.MetadataPaths()
+	mux.Handle("/ops/", ops)
+
+	req := httptest.NewRequest(http.MethodPost, "/ops/admin/effects/retry-dead", nil)
+	req.RemoteAddr, req.Host = "127.0.0.1:50123", "127.0.0.1:8080"
+	rec := httptest.NewRecorder()
+	mux.ServeHTTP(rec, req)
+	fmt.Println(rec.Code, rec.Header().Get("WWW-Authenticate"))
+	// Output:
+	// 401 Bearer realm="mcp-outbox admin", resource_metadata="https://mcp.example.com/.well-known/oauth-protected-resource/mcp", scope="ops:act"
 }

@@ -47,7 +47,8 @@ func NewMetricsHandler(db *schema.DB, opts *Options) http.Handler {
 			panic(err) // a collector of another kind under one of these names: a programming mistake
 		}
 	}
-	return adminGuard(newAdminAuth(o))(promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	// A scrape reads, whatever its method.
+	return guardFor(newAdminAuth(o), func(*http.Request) access { return accessRead })(promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 }
 
 // unconfiguredCollector reports mcp_outbox_effects_unconfigured.

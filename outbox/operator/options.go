@@ -28,6 +28,13 @@ type Options struct {
 	// the server by a loopback name, and must not be put behind a reverse
 	// proxy.
 	AdminTokenSHA256 []byte
+	// OAuth, when set, admits OAuth access tokens in the Authorization
+	// header, from any address, by scope: see [OAuth]. The admin token
+	// still admits as before, and the page's login form takes it only.
+	// The loopback rule is off with OAuth: a request without a token is
+	// refused from loopback too, since a proxy on this host would make
+	// every client look local. Nil admits no OAuth token.
+	OAuth *OAuth
 	// BasePath is where the handler is mounted, such as "/ops/": its
 	// links, form actions, redirects and cookie paths start with it. The
 	// handler serves requests whose path starts with BasePath, and also
@@ -89,6 +96,13 @@ func options(opts *Options) (Options, error) {
 		return o, err
 	}
 	o.BasePath = base
+	if o.OAuth != nil {
+		oa := *o.OAuth
+		if err := checkOAuthOptions(&oa); err != nil {
+			return o, err
+		}
+		o.OAuth = &oa
+	}
 	if o.SessionKey != nil && len(o.SessionKey) < minSessionKey {
 		return o, fmt.Errorf("operator: SessionKey has %d bytes, want at least %d", len(o.SessionKey), minSessionKey)
 	}

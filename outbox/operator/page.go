@@ -135,34 +135,39 @@ func (p *pageHandler) routes(r chi.Router) {
 	r.Get("/login", p.loginForm)
 	r.Post("/login", p.login)
 	r.Post("/logout", p.logout)
-	r.Get("/", p.guard(p.index))
-	r.Post("/lookup", p.guard(p.lookupCall))
-	r.Post("/effects/retry-dead", p.guard(p.retryDead))
+	r.Get("/", p.guard(accessRead, p.index))
+	r.Post("/lookup", p.guard(accessRead, p.lookupCall))
+	r.Post("/effects/retry-dead", p.guard(accessAct, p.retryDead))
 	for _, a := range operate.EffectActions {
-		r.Post("/effects/{id}/"+a.Name(), p.guard(p.action(a)))
+		r.Post("/effects/{id}/"+a.Name(), p.guard(accessAct, p.action(a)))
 	}
-	r.Post("/calls/{id}/resolve", p.guard(p.resolveCall))
+	r.Post("/calls/{id}/resolve", p.guard(accessAct, p.resolveCall))
 }
 
-// guard applies the admin API's rule (adminGuard) to a page request, with
-// a session cookie from /login accepted in place of the bearer header,
-// which a browser cannot send. A request without either is sent to the
-// login form (GET) or refused (POST). Unsafe methods must come from the
-// page's own origin.
-func (p *pageHandler) guard(next http.HandlerFunc) http.HandlerFunc {
+// guard applies the admin API's rule (adminAuth.check) to a page request,
+// need saying whether it reads or acts, with a session cookie from /login
+// accepted in place of the admin token, which a browser cannot send in a
+// header. A browser without either is sent to the login form (GET) or
+// refused (POST). Unsafe methods must come from the page's own origin.
+func (p *pageHandler) guard(need access, next http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if p.auth.tokenRequired() {
-			if !p.auth.checkAdminToken(r) && !p.loggedIn(r) {
-				if r.Method == http.MethodGet {
-					http.Redirect(w, r, p.base+"login", http.StatusSeeOther)
-					return
+		by := bySession
+		// A session stands for the admin token, so only while there is one.
+		if !p.auth.tokenRequired() || !p.loggedIn(r) {
+			var refused *operatorRefusal
+			by, refused = p.auth.check(r, need)
+			if refused != nil {
+				if refused.noCredential && p.auth.tokenRequired() {
+					if r.Method == http.MethodGet {
+						http.Redirect(w, r, p.base+"login", http.StatusSeeOther)
+						return
+					}
+					refused.msg = "Log in first: open " + p.base + "login and paste the admin token."
 				}
-				p.errorPage(w, http.StatusUnauthorized, "Log in first: open "+p.base+"login and paste the admin token.")
+				refused.writeHeader(w)
+				p.errorPage(w, refused.status, refused.msg)
 				return
 			}
-		} else if err := checkAdminClient(r); err != nil {
-			p.errorPage(w, http.StatusForbidden, err.Error())
-			return
 		}
 		if r.Method != http.MethodGet {
 			if err := checkSameOrigin(r); err != nil {
@@ -170,7 +175,7 @@ func (p *pageHandler) guard(next http.HandlerFunc) http.HandlerFunc {
 				return
 			}
 		}
-		next(w, r)
+		next(w, withOperator(r, by))
 	}
 }
 

@@ -165,7 +165,7 @@ func (p *pageHandler) resolveCall(w http.ResponseWriter, r *http.Request) {
 		state = string(query.NotFound)
 	}
 	p.logger.Info("operator page action", "action", "resolve-call", "outcome", outcome, "call", id, "call_id", call.UID,
-		"key", callkey.KeyHash(call.Principal, call.Key), "tool", call.Tool, "from", query.OutcomeUnknown, "to", state, "remote", r.RemoteAddr)
+		"key", callkey.KeyHash(call.Principal, call.Key), "tool", call.Tool, "from", query.OutcomeUnknown, "to", state, "remote", r.RemoteAddr, "by", operatorOf(r))
 	msg := name + ": was unknown, now " + state + "."
 	if outcome == string(admin.CallRerun) {
 		msg = name + ": was unknown, now forgotten: the next retry with its key runs it."

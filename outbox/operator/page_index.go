@@ -200,7 +200,7 @@ func (p *pageHandler) action(a operate.EffectAction) http.HandlerFunc {
 			return
 		}
 		p.logger.Info("operator page action", "action", a.Name(), "outcome", outcome, "effect", id,
-			"from", res.PreviousState, "to", res.Effect.State, "remote", r.RemoteAddr)
+			"from", res.PreviousState, "to", res.Effect.State, "remote", r.RemoteAddr, "by", operatorOf(r))
 		msg := fmt.Sprintf("Effect %d (%s %s to %s): %s, now %s.", id, res.Effect.Method, operate.Shorten(res.Effect.Path, 60),
 			operate.Shorten(res.Effect.Destination, 40), res.PreviousState, res.Effect.State)
 		if res.Warning != "" {
@@ -221,7 +221,7 @@ func (p *pageHandler) retryDead(w http.ResponseWriter, r *http.Request) {
 		p.redirectFailed(w, r, "retry-dead", err)
 		return
 	}
-	p.logger.Info("operator page action", "action", "retry-dead", "retried", n, "remote", r.RemoteAddr)
+	p.logger.Info("operator page action", "action", "retry-dead", "retried", n, "remote", r.RemoteAddr, "by", operatorOf(r))
 	p.redirectFlash(w, r, flashDone, fmt.Sprintf("Retried %d dead effects: they are pending, due now.", n))
 }
 
