@@ -355,9 +355,14 @@ VALUES ($1, $2, 'payments', 'POST', '/v1/charges', x'7b7d', $3, 'pending', 5000,
 	if got := pragma(t, db, "foreign_keys"); got != "1" {
 		t.Errorf("foreign_keys = %s after migrating, want 1", got)
 	}
-	// 003's rebuild kept calls_expiry and calls_unknown; 008 added the task indexes.
-	if got := dump(t, db.Read, `SELECT name FROM sqlite_master WHERE tbl_name = 'calls' AND type = 'index' AND sql IS NOT NULL ORDER BY name`); got != "calls_expiry\ncalls_task\ncalls_task_in_flight\ncalls_unknown\n" {
-		t.Errorf("indexes on calls: %q, want calls_expiry, calls_task, calls_task_in_flight and calls_unknown", got)
+	// 003's rebuild kept calls_expiry and calls_unknown; 008 and 009 added the task indexes.
+	if got := dump(t, db.Read, `SELECT name FROM sqlite_master WHERE tbl_name = 'calls' AND type = 'index' AND sql IS NOT NULL ORDER BY name`); got != "calls_expiry\ncalls_task\ncalls_task_in_flight\ncalls_task_principal\ncalls_unknown\n" {
+		t.Errorf("indexes on calls: %q, want calls_expiry, calls_task, calls_task_in_flight, calls_task_principal and calls_unknown", got)
+	}
+	// tasks/list's page query (outbox/task_2025.go) reads that index, not
+	// the whole table.
+	if plan := dump(t, db.Read, `EXPLAIN QUERY PLAN SELECT id, task_id FROM calls WHERE principal = 'p' AND task_id IS NOT NULL AND id > 0 ORDER BY id LIMIT 50`); !strings.Contains(plan, "calls_task_principal") {
+		t.Errorf("tasks/list's query plan:\n%s\nwant it to use calls_task_principal", plan)
 	}
 	if got := dump(t, db.Read, `SELECT name FROM sqlite_master WHERE name LIKE 'calls_new%'`); got != "" {
 		t.Errorf("left behind: %q", got)
