@@ -74,6 +74,7 @@ type extTasksPlan struct {
 	Protocol         string         `json:"protocol"`
 	Server           *matrixCommand `json:"server,omitempty"`
 	URL              string         `json:"url,omitempty"`
+	ResumeURL        string         `json:"resumeUrl,omitempty"` // crash over HTTP: resume on another replica
 	Tool             string         `json:"tool"`
 	Arguments        map[string]any `json:"arguments"`
 	ChargeIDField    string         `json:"chargeIdField"`

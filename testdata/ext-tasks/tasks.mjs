@@ -25,6 +25,12 @@
 //                      SIGKILLs the server and, over HTTP, restarts it), then
 //                      resume the task from a new connection (over stdio: a
 //                      new server process from plan.server) until terminal.
+//                      With plan.resumeUrl (HTTP) the new connection goes
+//                      there instead of plan.url: another replica of the same
+//                      service behind no sticky load balancer. The task
+//                      reference stays plan.url's (ext-tasks resumes only on
+//                      the endpoint a reference names, and the endpoint is the
+//                      service, not one replica of it).
 //   other-principal    (HTTP) create a task with plan.token, read it with
 //                      plan.otherToken (must be "Task not found"), then settle
 //                      it with the first token.
@@ -105,6 +111,9 @@ function readPlan(path) {
   }
   if (plan.case === 'crash' && (!plan.createdFile || !plan.resumeFile)) {
     throw new UsageError('plan for crash needs createdFile and resumeFile');
+  }
+  if (plan.resumeUrl && (plan.case !== 'crash' || !plan.url)) {
+    throw new UsageError('plan.resumeUrl is for the crash case over HTTP (plan.url)');
   }
   if (plan.case === 'other-principal' && (!plan.url || !plan.token || !plan.otherToken)) {
     throw new UsageError('plan for other-principal needs url, token and otherToken');
@@ -244,11 +253,13 @@ class InPlaceStdio extends StdioClientTransport {}
 class Conn {
   static count = 0;
 
-  constructor(plan, { token } = {}) {
+  // url, when given, is where this connection goes instead of plan.url.
+  constructor(plan, { token, url } = {}) {
     this.who = `conn${++Conn.count}`;
-    if (plan.url) {
+    this.url = url ?? plan.url;
+    if (this.url) {
       const who = this.who;
-      this.transport = new StreamableHTTPClientTransport(new URL(plan.url), {
+      this.transport = new StreamableHTTPClientTransport(new URL(this.url), {
         ...(token ? { requestInit: { headers: { Authorization: `Bearer ${token}` } } } : {}),
         // The 2026-07-28 headers are the transport's, derived from the body:
         // log them too, since the server routes and checks by them.
@@ -295,8 +306,10 @@ class Conn {
       tasks = caps?.tasks?.requests?.tools?.call !== undefined;
     }
     report.serverTasks ??= tasks;
-    log(`${this.who}: connected (${plan.url ? `HTTP ${plan.url}` : `stdio pid ${this.pid}`}), protocol ${version}, era ${this.client.getProtocolEra()}, server extensions ${JSON.stringify(caps?.extensions ?? null)}, tasks ${JSON.stringify(caps?.tasks ?? null)}`);
+    log(`${this.who}: connected (${this.url ? `HTTP ${this.url}` : `stdio pid ${this.pid}`}), protocol ${version}, era ${this.client.getProtocolEra()}, server extensions ${JSON.stringify(caps?.extensions ?? null)}, tasks ${JSON.stringify(caps?.tasks ?? null)}`);
     const options = {
+      // plan.url even on a connection to plan.resumeUrl: resumeTask refuses a
+      // reference whose endpointId is not this session's.
       endpointId: `mcp-outbox:${plan.url ?? plan.server.command}`,
       onError: (err) => log(`${this.who}: ext-tasks background error: ${err?.stack ?? err}`),
     };
@@ -614,9 +627,9 @@ async function runCrash(plan, signal) {
   } finally {
     await first.close();
   }
-  const second = await new Conn(plan).open(plan);
+  const second = await new Conn(plan, { url: plan.resumeUrl }).open(plan);
   try {
-    c.what += '; resumed from a new connection';
+    c.what += `; resumed from a new connection${plan.resumeUrl ? ` to ${plan.resumeUrl}` : ''}`;
     try {
       const ex = await second.session.resumeTask(reference, { requestTimeoutMs: plan.requestTimeoutMs });
       await settle(ex, plan, c, signal);
