@@ -160,7 +160,7 @@ bench: ## Measure the targets against their baselines: the in-process table, wha
 	@go run ./cmd/outbox-load $(LOAD_ARGS)
 
 .PHONY: bench/postgres
-bench/postgres: ## From outside over HTTP on PostgreSQL: the layer vs the limit and a bare server writing it, 1 replica vs 3 (ARGS=--help)
+bench/postgres: ## From outside over HTTP on PostgreSQL: the layer vs the limit and a bare server writing it, 1 replica vs 3 (ARGS=--help; ARGS=--tasks: a task vs a plain call, and tasks/get polls)
 	go run ./cmd/outbox-load --store postgres $(ARGS)
 
 .PHONY: bench/go

@@ -162,3 +162,39 @@ func TestRunRefusesBadFlags(t *testing.T) {
 }
 
 func execGo(args ...string) *exec.Cmd { return exec.Command("go", args...) }
+
+// The tasks mode runs end to end at a tiny size on SQLite: each level has
+// a row for plain calls, task creations and tasks/get polls, each with
+// calls and no errors (a plain answer where a task was asked, or a poll
+// that does not find its task, would count as one).
+func TestRunTasksSQLite(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds mcp-outbox and runs servers")
+	}
+	bin := mcpOutbox(t)
+	var out, log bytes.Buffer
+	code := run(context.Background(), []string{"--tasks", "--clients", "1,3", "--duration", "300ms", "--warmup", "100ms",
+		"--rounds", "1", "--mcp-outbox", bin}, &out, &log)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s", code, log.String())
+	}
+	if !strings.Contains(out.String(), "command: outbox-load --tasks --clients 1,3") {
+		t.Errorf("no command line in\n%s", out.String())
+	}
+	got := rows(out.String())
+	for _, c := range []string{"tasks, 1 clients", "tasks, 3 clients"} {
+		for _, load := range []string{"plain", "task", "get"} {
+			f := got[c][load]
+			if len(f) != 9 {
+				t.Errorf("%s, %s: row %q\n%s", c, load, f, out.String())
+				continue
+			}
+			if rate, _ := strconv.ParseFloat(f[0], 64); rate <= 0 {
+				t.Errorf("%s, %s: %s calls/s", c, load, f[0])
+			}
+			if f[8] != "0" {
+				t.Errorf("%s, %s: %s errors", c, load, f[8])
+			}
+		}
+	}
+}

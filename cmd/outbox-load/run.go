@@ -19,6 +19,7 @@ import (
 )
 
 const usage = `Usage: outbox-load [--store sqlite|postgres] [--clients 1,8,32,128] [--duration D] [--rounds N] [--quick]
+       outbox-load --tasks [--store sqlite|postgres] [--clients 1,8] [--duration D] [--rounds N]
 
 Measures mcp-outbox serve from outside, as a user's load arrives: the
 servers are processes of their own, this process is the load (go-sdk
@@ -45,6 +46,13 @@ mcp-outbox is built unless --mcp-outbox names a binary. Every server runs
 with GOGC=400 (serve's default, which the bare servers share) unless
 --gogc gives another value for all of them.
 
+--tasks measures what an MCP task costs against a plain call (2026-07-28,
+raw JSON-RPC over stateless Streamable HTTP): one mcp-outbox serve --task
+charge=always per round, and at each --clients level (default 1,8) plain
+charges (no tasks extension declared: the baseline), charges answered with
+a CreateTaskResult (the task committed before the answer), and tasks/get
+polls of the tasks so created. CPU/call counts serve alone, not PostgreSQL.
+
 Flags:
 `
 
@@ -61,6 +69,7 @@ type config struct {
 	before    string
 	serveArgs []string
 	binary    string
+	tasks     bool
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -82,6 +91,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&cfg.before, "before", "", "another mcp-outbox binary, measured as side \"before\" beside the layer (before and after a change)")
 	fs.StringVar(&cfg.gogc, "gogc", "", "GOGC for every server (default: each server's own, which for serve and the bare servers alike is 400)")
 	only := fs.String("sides", "", "measure only these sides, comma-separated (limit, careful, layer; for profiling one)")
+	fs.BoolVar(&cfg.tasks, "tasks", false, "measure MCP Tasks instead: plain charge vs a charge answered with a task, and tasks/get polls (default --clients 1,8)")
 	fs.StringVar(&cfg.binary, "mcp-outbox", "", "the mcp-outbox binary (default: go build ./cmd/mcp-outbox)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -107,6 +117,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "outbox-load: unexpected argument %q\n", fs.Arg(0))
 		return 2
+	}
+	if cfg.tasks {
+		clientsGiven := false
+		fs.Visit(func(f *flag.Flag) { clientsGiven = clientsGiven || f.Name == "clients" })
+		if !clientsGiven {
+			cfg.levels = []int{1, 8}
+		}
+		rep, err := measureTasks(ctx, cfg, "outbox-load "+strings.Join(args, " "), stderr)
+		if err != nil {
+			fmt.Fprintln(stderr, "outbox-load:", err)
+			return 1
+		}
+		rep.write(stdout)
+		return 0
 	}
 	rep, err := measure(ctx, cfg, stderr)
 	if err != nil {
@@ -149,27 +173,18 @@ func measure(ctx context.Context, cfg config, logw io.Writer) (*report, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	if cfg.binary == "" {
-		cfg.binary = filepath.Join(dir, "mcp-outbox")
-		logf("building mcp-outbox")
-		build := exec.CommandContext(ctx, "go", "build", "-o", cfg.binary, "./cmd/mcp-outbox")
-		build.Stderr = logw
-		if err := build.Run(); err != nil {
-			return nil, fmt.Errorf("build mcp-outbox (run from the module's root, or give --mcp-outbox): %w", err)
-		}
+	if cfg.binary, err = buildOrGiven(ctx, cfg.binary, dir, logf, logw); err != nil {
+		return nil, err
 	}
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	st := &store{kind: cfg.store, dir: dir}
-	if cfg.store == "postgres" {
-		logf("starting PostgreSQL (fsync on)")
-		if st.pg, err = pgtest.StartDurable(); err != nil {
-			return nil, err
-		}
-		defer st.pg.Stop()
+	st, stopStore, err := openStore(ctx, cfg.store, dir, logf)
+	if err != nil {
+		return nil, err
 	}
+	defer stopStore()
 	sides := sidesFor(cfg, self)
 	if cfg.only != "" {
 		want := strings.Split(cfg.only, ",")
@@ -198,6 +213,35 @@ func measure(ctx context.Context, cfg config, logw io.Writer) (*report, error) {
 		}
 	}
 	return rep, nil
+}
+
+// buildOrGiven builds mcp-outbox into dir unless binary names one.
+func buildOrGiven(ctx context.Context, binary, dir string, logf func(string, ...any), logw io.Writer) (string, error) {
+	if binary != "" {
+		return binary, nil
+	}
+	binary = filepath.Join(dir, "mcp-outbox")
+	logf("building mcp-outbox")
+	build := exec.CommandContext(ctx, "go", "build", "-o", binary, "./cmd/mcp-outbox")
+	build.Stderr = logw
+	if err := build.Run(); err != nil {
+		return "", fmt.Errorf("build mcp-outbox (run from the module's root, or give --mcp-outbox): %w", err)
+	}
+	return binary, nil
+}
+
+// openStore prepares the store's databases: files in dir, or a throwaway
+// PostgreSQL cluster that stop ends.
+func openStore(_ context.Context, kind, dir string, logf func(string, ...any)) (st *store, stop func(), err error) {
+	st = &store{kind: kind, dir: dir}
+	if kind != "postgres" {
+		return st, func() {}, nil
+	}
+	logf("starting PostgreSQL (fsync on)")
+	if st.pg, err = pgtest.StartDurable(); err != nil {
+		return nil, nil, err
+	}
+	return st, func() { _ = st.pg.Stop() }, nil
 }
 
 // sidesFor lists the sides: this binary re-run as the bare servers, and
