@@ -22,34 +22,7 @@ const MetaKey = "io.github.mcp-outbox/paramsIdempotencyKey"
 // returned unchanged, for the SDK to judge. params itself is never written
 // to.
 func Lift(params json.RawMessage, into string) (json.RawMessage, bool) {
-	var p map[string]json.RawMessage
-	if json.Unmarshal(params, &p) != nil {
-		return params, false
-	}
-	key, ok := p["idempotencyKey"]
-	if !ok {
-		return params, false
-	}
-	meta := map[string]json.RawMessage{}
-	if raw, ok := p["_meta"]; ok && json.Unmarshal(raw, &meta) != nil {
-		return params, false
-	}
-	if meta == nil {
-		// "_meta": null unmarshals to a nil map, and assigning to it would
-		// panic in the SDK's reader: the whole server would go down.
-		meta = map[string]json.RawMessage{}
-	}
-	meta[into] = key
-	mb, err := json.Marshal(meta)
-	if err != nil {
-		return params, false
-	}
-	p["_meta"] = mb
-	out, err := json.Marshal(p)
-	if err != nil {
-		return params, false
-	}
-	return out, true
+	return lift(params, field{"idempotencyKey", into, true})
 }
 
 // TaskMetaKey is the params._meta member the fronts lift a tools/call's
@@ -59,35 +32,50 @@ func Lift(params json.RawMessage, into string) (json.RawMessage, bool) {
 const TaskMetaKey = "io.github.mcp-outbox/paramsTask"
 
 // LiftCall lifts what a tools/call carries at the top of its params and the
-// go-sdk would drop: idempotencyKey into MetaKey, task into TaskMetaKey. It
-// reports whether it changed params.
+// go-sdk would drop: idempotencyKey into MetaKey (even null, for the layer
+// to refuse), task into TaskMetaKey (not a null one), in one pass over
+// params. It reports whether it changed params.
 func LiftCall(params json.RawMessage) (json.RawMessage, bool) {
-	out, changed := Lift(params, MetaKey)
-	if moved, ok := liftField(out, "task", TaskMetaKey); ok {
-		out, changed = moved, true
-	}
-	return out, changed
+	return lift(params, field{"idempotencyKey", MetaKey, true}, field{"task", TaskMetaKey, false})
 }
 
-// liftField copies params[field] into params._meta[into], as Lift does for
-// the key; a null field is not lifted.
-func liftField(params json.RawMessage, field, into string) (json.RawMessage, bool) {
+// field is a member of params to copy into params._meta[into]; keepNull
+// copies a null value too.
+type field struct {
+	name, into string
+	keepNull   bool
+}
+
+// lift copies each of fields present in params into params._meta, and
+// reports whether it copied any. Params that are not an object, or whose
+// _meta is not one, are returned unchanged.
+func lift(params json.RawMessage, fields ...field) (json.RawMessage, bool) {
 	var p map[string]json.RawMessage
 	if json.Unmarshal(params, &p) != nil {
 		return params, false
 	}
-	v, ok := p[field]
-	if !ok || string(v) == "null" {
-		return params, false
-	}
-	meta := map[string]json.RawMessage{}
-	if raw, ok := p["_meta"]; ok && json.Unmarshal(raw, &meta) != nil {
-		return params, false
+	var meta map[string]json.RawMessage
+	for _, f := range fields {
+		v, ok := p[f.name]
+		if !ok || (!f.keepNull && string(v) == "null") {
+			continue
+		}
+		if meta == nil {
+			if raw, ok := p["_meta"]; ok && json.Unmarshal(raw, &meta) != nil {
+				return params, false
+			}
+			if meta == nil {
+				// "_meta": null unmarshals to a nil map, and assigning to
+				// it would panic in the SDK's reader: the whole server
+				// would go down.
+				meta = map[string]json.RawMessage{}
+			}
+		}
+		meta[f.into] = v
 	}
 	if meta == nil {
-		meta = map[string]json.RawMessage{}
+		return params, false
 	}
-	meta[into] = v
 	mb, err := json.Marshal(meta)
 	if err != nil {
 		return params, false
