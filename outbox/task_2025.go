@@ -186,18 +186,27 @@ func (l *Layer) tasks2025(ctx context.Context, method string, req mcp.Request) (
 	if !ok {
 		return nil, errTaskNotFound
 	}
-	if method == "tasks/list" {
-		var cursor string
-		if p, ok := req.GetParams().(*listTasksParams); ok && p != nil {
+	var id, cursor string
+	switch p := req.GetParams().(type) {
+	case *listTasksParams:
+		if p != nil {
 			cursor = p.Cursor
 		}
-		return l.listTasks2025(ctx, who, cursor)
+	case *taskParams:
+		if p != nil {
+			id = p.TaskID
+		}
 	}
-	var id string
-	if p, ok := req.GetParams().(*taskParams); ok && p != nil {
-		id = p.TaskID
-	}
+	return l.taskMethod2025(ctx, who, method, id, cursor)
+}
+
+// taskMethod2025 answers a tasks/* method of the 2025-11-25 revision for
+// principal who: a go-sdk session's (tasks2025) or the proxy's
+// (remoteLayer.TaskMethod).
+func (l *Layer) taskMethod2025(ctx context.Context, who, method, id, cursor string) (mcp.Result, error) {
 	switch method {
+	case "tasks/list":
+		return l.listTasks2025(ctx, who, cursor)
 	case "tasks/get":
 		t, err := l.getTask(ctx, who, id, false)
 		if err != nil {

@@ -135,21 +135,35 @@ func (r *remoteTool) reforward(ctx context.Context, a *attempt, err error) bool 
 }
 
 // callTask runs a call of a task-enabled remote tool whose request may get
-// a task; handled is false when it is a plain call.
+// a task; handled is false when it is a plain call. The proxy marks a
+// request of a 2025-11-25 session (remote.WithTasks2025): there the client
+// decides, with params.task, as for a tool of the layer's own (call2025).
 func (r *remoteTool) callTask(ctx context.Context, req *mcp.CallToolRequest) (res mcp.Result, err error, handled bool) {
 	t := r.info
 	if t.runStored == nil || t.tasks.Mode == TasksNever || !t.record {
 		return nil, nil, false
 	}
+	if remote.Tasks2025(ctx) {
+		return r.layer.call2025(ctx, t, req)
+	}
 	switch {
 	case declaresTasks(req):
-		res, err := r.layer.callAsTask(ctx, t, req, false) // the proxy serves 2026-07-28 Tasks only
+		res, err := r.layer.callAsTask(ctx, t, req, false)
 		return res, err, true
 	case t.tasks.Mode == TasksRequired:
 		return nil, &jsonrpc.Error{Code: CodeTaskRequired, Message: fmt.Sprintf(
 			"tool %q runs only as a task: declare the extension %s in _meta[%q].extensions", t.name, ExtensionTasks, mcp.MetaKeyClientCapabilities)}, true
 	}
 	return nil, nil, false
+}
+
+// TaskSupport is the tool's execution.taskSupport for the proxy's
+// tools/list at 2025-11-25: "" unless the proxy runs its calls as tasks.
+func (r *remoteTool) TaskSupport() string {
+	if r.info.runStored == nil {
+		return ""
+	}
+	return r.info.taskSupport()
 }
 
 // finishRun decides a task's outcome from what its run returned: a remote
@@ -174,6 +188,15 @@ func (r remoteLayer) TaskMethod(ctx context.Context, method string, raw json.Raw
 		}
 	}
 	who := principalOf(&mcp.CallToolRequest{Extra: extra})
+	if remote.Tasks2025(ctx) {
+		var c listTasksParams
+		if method == "tasks/list" && len(raw) > 0 {
+			if err := json.Unmarshal(raw, &c); err != nil {
+				return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "invalid params: " + err.Error()}
+			}
+		}
+		return l.taskMethod2025(ctx, who, method, p.TaskID, c.Cursor)
+	}
 	switch method {
 	case "tasks/get":
 		return l.getTask(ctx, who, p.TaskID, true)
@@ -187,6 +210,8 @@ func (r remoteLayer) TaskMethod(ctx context.Context, method string, raw json.Raw
 			return nil, err
 		}
 		return ack(), nil
+	case "tasks/result", "tasks/list":
+		return nil, &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: fmt.Sprintf("%s is not a method of protocol version %s", method, protocolTasks2026)}
 	}
 	return nil, nil
 }

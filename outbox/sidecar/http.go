@@ -43,6 +43,7 @@ type httpSession struct {
 	t      *mcp.StreamableServerTransport
 	user   string
 	cancel context.CancelFunc
+	s      *session // the proxy's session over t; set under httpSessions.mu once it runs
 }
 
 func userOf(r *http.Request) string {
@@ -108,7 +109,12 @@ func (h *httpSessions) open(user string) (*httpSession, error) {
 	h.sessions[id] = s
 	h.mu.Unlock()
 	go func() {
-		if err := h.p.Serve(ctx, conn); err != nil {
+		started := func(ps *session) {
+			h.mu.Lock()
+			s.s = ps
+			h.mu.Unlock()
+		}
+		if err := h.p.serve(ctx, conn, started); err != nil {
 			h.p.logger.Warn("http session ended", "error", err)
 		}
 		h.close(id)

@@ -46,6 +46,7 @@ type session struct {
 	initParams  json.RawMessage            // the client's initialize, replayed to a restarted upstream
 	initSent    bool                       // the client's initialize went to an upstream
 	initialized bool                       // the client's notifications/initialized went to an upstream
+	protocol    string                     // the version initialize agreed on; "" before, and for 2026-07-28
 	// The upstream's own requests to the client (sampling, roots,
 	// elicitation) go out under ids of the proxy: a restarted upstream
 	// numbers its requests from 1 again, and the client's answer to the
@@ -58,6 +59,12 @@ type session struct {
 // Serve proxies client until it closes or ctx ends, connecting (and, after
 // a failure, reconnecting) to the upstream on its own.
 func (p *Proxy) Serve(ctx context.Context, client mcp.Connection) error {
+	return p.serve(ctx, client, nil)
+}
+
+// serve is Serve, calling started (if set) with the session before it
+// reads from the client.
+func (p *Proxy) serve(ctx context.Context, client mcp.Connection, started func(*session)) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	s := &session{
@@ -67,6 +74,9 @@ func (p *Proxy) Serve(ctx context.Context, client mcp.Connection) error {
 		pending:   map[int64]*pending{},
 		forwarded: map[jsonrpc.ID]int64{},
 		calls:     map[jsonrpc.ID]*clientCall{},
+	}
+	if started != nil {
+		started(s)
 	}
 	var wg sync.WaitGroup
 	wg.Add(2)

@@ -10,6 +10,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/failpoint"
+	"github.com/mcp-outbox/mcp-outbox/internal/paramskey"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/remote"
 )
@@ -20,6 +21,9 @@ func (s *session) callTool(ctx context.Context, c *clientCall, m *jsonrpc.Reques
 	extra, _ := m.Extra.(*mcp.RequestExtra)
 	req := &mcp.CallToolRequest{Params: params, Extra: extra}
 	ctx, endSpan := s.p.layer.StartToolCallSpan(ctx, req, func() remote.RequestInfo { return s.requestInfo(req) }) // trace.go
+	if ctx = s.taskContext(ctx, m.Params); remote.Tasks2025(ctx) {
+		liftTask(params, m.Params)
+	}
 	if params.Name == outbox.StatusToolName {
 		res := s.p.layer.CallStatus(ctx, req)
 		endSpan(res, nil)
@@ -60,6 +64,27 @@ func (s *session) callTool(ctx context.Context, c *clientCall, m *jsonrpc.Reques
 	default:
 		s.replyResult(m.ID, res)
 	}
+}
+
+// liftTask copies a 2025-11-25 tools/call's params.task into
+// params._meta, where the layer looks for it (paramskey.TaskMetaKey): the
+// fronts of the mcp-outbox command lift it from the raw message before the
+// proxy reads it, but a library's connection passed to Serve may not.
+// params (decoded) gets it; raw, which is forwarded, is not changed.
+func liftTask(params *mcp.CallToolParamsRaw, raw json.RawMessage) {
+	if _, ok := params.Meta[paramskey.TaskMetaKey]; ok {
+		return
+	}
+	var p struct {
+		Task json.RawMessage `json:"task"`
+	}
+	if json.Unmarshal(raw, &p) != nil || len(p.Task) == 0 || string(p.Task) == "null" {
+		return
+	}
+	if params.Meta == nil {
+		params.Meta = mcp.Meta{}
+	}
+	params.Meta[paramskey.TaskMetaKey] = p.Task
 }
 
 // forwardCall sends a tools/call to the upstream, with the claim in _meta,

@@ -47,22 +47,25 @@ func (s *session) onClientCall(m *jsonrpc.Request) {
 		s.mu.Lock()
 		s.initParams = m.Params
 		s.mu.Unlock()
-		s.forward(m, s.rewriteCapabilities)
+		s.forward(m, s.rewriteInitialize)
 	case "server/discover":
 		// 2026-07-28 clients learn the capabilities here, not from
 		// initialize: the layer is advertised the same way, and the Tasks
 		// extension when a tool may become a task.
 		s.forward(m, s.rewriteDiscover)
-	case "tasks/get", "tasks/update", "tasks/cancel":
+	case "tasks/get", "tasks/update", "tasks/cancel", "tasks/result", "tasks/list":
 		if !s.p.anyTasks() {
 			s.forward(m, nil) // the upstream's own tasks, if it has any
 			return
 		}
 		// The proxy's tasks live in the database: answered here, from any
-		// proxy process on it, never forwarded.
+		// proxy process on it, never forwarded. tasks/result of 2025-11-25
+		// waits until its task is terminal, for as long as the session
+		// lasts.
 		extra, _ := m.Extra.(*mcp.RequestExtra)
+		ctx := s.taskContext(s.ctx, m.Params)
 		go func() {
-			res, err := s.p.layer.TaskMethod(s.ctx, m.Method, m.Params, extra)
+			res, err := s.p.layer.TaskMethod(ctx, m.Method, m.Params, extra)
 			var wire *jsonrpc.Error
 			switch {
 			case errors.As(err, &wire):

@@ -130,6 +130,9 @@ func (s *session) rewriteToolsList(result json.RawMessage) (json.RawMessage, err
 			tools[i] = replaynote.AmendTool(tools[i])
 		}
 	}
+	if err := s.withTaskSupport(tools, names); err != nil {
+		return nil, err
+	}
 	var cursor string
 	if raw, ok := r["nextCursor"]; ok {
 		_ = json.Unmarshal(raw, &cursor)

@@ -16,8 +16,9 @@ import (
 // tasks/* request.
 const maxTaskBody = 1 << 20
 
-// serveTaskMethod answers a POST of tasks/get, tasks/update or
-// tasks/cancel itself, and reports whether it did. go-sdk v1.8.0's
+// serveTaskMethod answers a POST of a tasks/* method (tasks/get,
+// tasks/update and tasks/cancel; tasks/result and tasks/list too, for a
+// 2025-11-25 session) itself, and reports whether it did. go-sdk v1.8.0's
 // StreamableServerTransport refuses, before the proxy's session sees it,
 // every method it does not know (400 "JSON RPC not handled: \"tasks/get\"
 // unsupported"): it takes custom methods only from a go-sdk server's
@@ -49,7 +50,7 @@ func (h *httpSessions) serveTaskMethod(w http.ResponseWriter, r *http.Request) b
 		return false // a batch, a notification, or not JSON: not ours
 	}
 	switch req.Method {
-	case "tasks/get", "tasks/update", "tasks/cancel":
+	case "tasks/get", "tasks/update", "tasks/cancel", "tasks/result", "tasks/list":
 	default:
 		return false
 	}
@@ -61,9 +62,14 @@ func (h *httpSessions) serveTaskMethod(w http.ResponseWriter, r *http.Request) b
 	if err != nil {
 		return false
 	}
+	ctx := r.Context()
 	if sid := r.Header.Get(sessionHeader); sid != "" {
 		h.mu.Lock()
 		s := h.sessions[sid]
+		var ps *session
+		if s != nil {
+			ps = s.s
+		}
 		h.mu.Unlock()
 		switch {
 		case s == nil:
@@ -72,10 +78,14 @@ func (h *httpSessions) serveTaskMethod(w http.ResponseWriter, r *http.Request) b
 		case s.user != userOf(r):
 			http.Error(w, "session belongs to another principal", http.StatusForbidden)
 			return true
+		case ps != nil:
+			// A session made by initialize at 2025-11-25 speaks that
+			// revision's Tasks (tasks/result, tasks/list, its shapes).
+			ctx = ps.taskContext(ctx, req.Params)
 		}
 	}
 	extra := &mcp.RequestExtra{TokenInfo: auth.TokenInfoFromContext(r.Context()), Header: r.Header}
-	res, err := h.p.layer.TaskMethod(r.Context(), req.Method, req.Params, extra)
+	res, err := h.p.layer.TaskMethod(ctx, req.Method, req.Params, extra)
 	resp := &jsonrpc.Response{ID: id}
 	var wire *jsonrpc.Error
 	switch {

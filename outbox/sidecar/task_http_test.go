@@ -3,6 +3,7 @@ package sidecar
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -57,9 +58,11 @@ func (c *httpTaskPeer) post(method string, params any) map[string]any {
 	return m
 }
 
-// TestTaskPrincipalOverHTTP: over the proxy's Streamable HTTP, a task is
-// its principal's: another principal's tasks/get and tasks/cancel get
-// -32602 "Task not found", and the owner reads it to its end.
+// TestTaskPrincipalOverHTTP: over the proxy's Streamable HTTP (sessions
+// made by initialize at 2025-11-25, whose Tasks the client asks for with
+// params.task), a task is its principal's: another principal's tasks/get,
+// tasks/result and tasks/cancel get -32602 "Task not found", its tasks/list
+// is empty, and the owner reads it to its end.
 func TestTaskPrincipalOverHTTP(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -91,13 +94,17 @@ func TestTaskPrincipalOverHTTP(t *testing.T) {
 	}
 	alice, bob := open("alice"), open("bob")
 
-	created := alice.post("tools/call", taskCall("work", "a-1", 5))
+	created := alice.post("tools/call", call2025("work", "a-1", 5))
 	res, _ := created["result"].(map[string]any)
-	id, _ := res["taskId"].(string)
-	if res["resultType"] != "task" || id == "" {
+	task, _ := res["task"].(map[string]any)
+	id, _ := task["taskId"].(string)
+	if id == "" {
 		t.Fatalf("alice's call: %v", created)
 	}
-	for _, method := range []string{"tasks/get", "tasks/cancel", "tasks/update"} {
+	if got := bob.post("tasks/list", map[string]any{}); fmt.Sprint(got["result"]) != "map[tasks:[]]" {
+		t.Errorf("bob's tasks/list: %v, want no task", got)
+	}
+	for _, method := range []string{"tasks/get", "tasks/cancel", "tasks/result"} {
 		got := bob.post(method, map[string]any{"taskId": id})
 		e, _ := got["error"].(map[string]any)
 		if e == nil || e["code"] != float64(-32602) || e["message"] != "Task not found" {
@@ -117,8 +124,8 @@ func TestTaskPrincipalOverHTTP(t *testing.T) {
 		time.Sleep(10 * time.Millisecond) // polling, as a client does
 	}
 	// Bob's identical call is his own: a task of his, not alice's.
-	theirs := bob.post("tools/call", taskCall("work", "a-1", 5))
-	if r, _ := theirs["result"].(map[string]any); r["taskId"] == id || r["resultType"] != "task" {
+	theirs := bob.post("tools/call", call2025("work", "a-1", 5))
+	if r, _ := theirs["result"].(map[string]any); r["task"] == nil || r["task"].(map[string]any)["taskId"] == id {
 		t.Errorf("bob's call with alice's key: %v", theirs)
 	}
 }

@@ -99,12 +99,19 @@ func (c *rawClient) result(method string, params any) map[string]any {
 	return m
 }
 
-// taskCall is tools/call params that declare the Tasks extension.
+// taskCall is tools/call params of a 2026-07-28 request that declare the
+// Tasks extension.
 func taskCall(tool, key string, n int) map[string]any {
 	return map[string]any{"name": tool, "arguments": map[string]any{"n": n}, "_meta": map[string]any{
 		outbox.MetaKeyIdempotency:     key,
+		mcp.MetaKeyProtocolVersion:    "2026-07-28",
 		mcp.MetaKeyClientCapabilities: map[string]any{"extensions": map[string]any{outbox.ExtensionTasks: map[string]any{}}},
 	}}
+}
+
+// envelope is the params of a 2026-07-28 tasks/* request for id.
+func envelope(id string) map[string]any {
+	return map[string]any{"taskId": id, "_meta": map[string]any{mcp.MetaKeyProtocolVersion: "2026-07-28"}}
 }
 
 // waitTask polls tasks/get until the task leaves working.

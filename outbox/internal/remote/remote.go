@@ -85,6 +85,30 @@ type Tool interface {
 	// Recorded reports whether the tool's calls are recorded, and so may
 	// be replayed.
 	Recorded() bool
+	// TaskSupport is the tool's execution.taskSupport of the 2025-11-25
+	// revision ("optional" or "required"), "" for a tool whose calls
+	// never become tasks.
+	TaskSupport() string
+}
+
+// tasks2025Key marks a context of a request that speaks the 2025-11-25
+// revision's Tasks.
+type tasks2025Key struct{}
+
+// WithTasks2025 marks ctx as a request's of a session negotiated at the
+// 2025-11-25 revision (initialize), whose Tasks are the client's choice
+// (params.task) and are answered in that revision's shapes, for
+// [Tool.Call] and [Layer.TaskMethod]. Unmarked, a request speaks the
+// 2026-07-28 extension. The proxy knows the session's revision; the
+// layer, which sees no go-sdk session of the proxy's, cannot.
+func WithTasks2025(ctx context.Context) context.Context {
+	return context.WithValue(ctx, tasks2025Key{}, true)
+}
+
+// Tasks2025 reports whether ctx is marked by [WithTasks2025].
+func Tasks2025(ctx context.Context) bool {
+	v, _ := ctx.Value(tasks2025Key{}).(bool)
+	return v
 }
 
 // RequestInfo describes an MCP request for its server span where the
@@ -134,7 +158,11 @@ type Layer interface {
 
 	// TaskMethod answers tasks/get, tasks/update or tasks/cancel of the
 	// 2026-07-28 Tasks extension from the database, for the principal of
-	// extra's token. The result is nil for any other method.
+	// extra's token; on a ctx marked by [WithTasks2025], tasks/get,
+	// tasks/result (which waits until the task is terminal), tasks/list
+	// and tasks/cancel of the 2025-11-25 revision. tasks/result and
+	// tasks/list of 2026-07-28 are -32601; the result is nil for any other
+	// method.
 	TaskMethod(ctx context.Context, method string, params json.RawMessage, extra *mcp.RequestExtra) (mcp.Result, error)
 }
 
