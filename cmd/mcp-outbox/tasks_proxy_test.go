@@ -142,7 +142,11 @@ func (p *stdioTaskPeer) waitTask(id string, timeout time.Duration) map[string]an
 		if time.Now().After(deadline) {
 			p.t.Fatalf("task %s still working after %v", id, timeout)
 		}
-		time.Sleep(50 * time.Millisecond) // polling, as a client does
+		select { // the next poll, as a client makes it
+		case <-time.After(50 * time.Millisecond):
+		case <-p.exited:
+			p.t.Fatalf("task %s: the proxy exited while the task was working", id)
+		}
 	}
 }
 
@@ -244,31 +248,24 @@ func testProxyTasksSIGKILL(t *testing.T, up upstreamKind, cooperating bool) {
 }
 
 func runProxyTasksSIGKILL(t *testing.T, f *proxyFixture, up upstreamKind, cooperating bool, proxyCommand func(env []string, args ...string) *exec.Cmd) {
-	env := []string{"UPSTREAM_CHARGE_DELAY_MS=2000", "UPSTREAM_COOPERATE=0"}
+	env := []string{"UPSTREAM_CHARGE_DELAY_MS=2000", "UPSTREAM_COOPERATE=0", "UPSTREAM_ANNOUNCE_CHARGES=1"}
 	args := []string{"--task", "charge=always"}
 	if cooperating {
 		env[1] = "UPSTREAM_COOPERATE=1"
 		args = append(args, "--cooperating")
 	}
 	cmd := proxyCommand(env, args...)
-	ready := &readyLines{w: cmd.Stderr, prefix: "[upstream] " + up.ready, two: make(chan struct{})}
-	cmd.Stderr = ready
+	lines := watchUpstream(cmd)
 	p := startTaskProxy(t, cmd)
 	created := p.result("tools/call", taskCharge("kill-1", "ada", 900), true)
 	id, _ := created["taskId"].(string)
 	if created["resultType"] != "task" || id == "" {
 		t.Fatalf("CreateTaskResult = %v", created)
 	}
-	// Two upstreams: the client session's and the proxy's own, which the
-	// task is forwarded over once it is up. Killed then, within the
-	// charge's delay, before its commit. Whether the forward got out
-	// before the kill changes which path runs, not what must come of it.
-	select {
-	case <-ready.two:
-	case <-time.After(60 * time.Second):
-		t.Fatal("the upstreams never came up")
-	}
-	time.Sleep(300 * time.Millisecond) // lets the queued forward leave; no result is waited for
+	// The task is forwarded over the proxy's own upstream session. Killed
+	// once the upstream has the charge, within its delay, before its
+	// commit: the case where the outcome is in doubt.
+	lines.wait(t, chargeStarted, 1, 60*time.Second)
 	p.kill()
 	if n := countRows(t, f.db, `SELECT count(*) FROM charges`); n != 0 {
 		t.Fatalf("charges = %d after a kill before the commit", n)
@@ -323,40 +320,33 @@ func TestProxyTasks_Cancel(t *testing.T) {
 
 func testProxyTasksCancel(t *testing.T, up upstreamKind, cooperating bool) {
 	f := newProxyFixture(t, up)
-	env := []string{"UPSTREAM_CHARGE_DELAY_MS=1500", "UPSTREAM_COOPERATE=0"}
+	env := []string{"UPSTREAM_CHARGE_DELAY_MS=1500", "UPSTREAM_COOPERATE=0", "UPSTREAM_ANNOUNCE_CHARGES=1"}
 	args := []string{"--task", "charge=always"}
 	if cooperating {
 		env[1] = "UPSTREAM_COOPERATE=1"
 		args = append(args, "--cooperating")
 	}
 	cmd := f.proxyCommand(t, bin, env, args...)
-	ready := &readyLines{w: cmd.Stderr, prefix: "[upstream] " + up.ready, two: make(chan struct{})}
-	cmd.Stderr = ready
+	lines := watchUpstream(cmd)
 	p := startTaskProxy(t, cmd)
 	created := p.result("tools/call", taskCharge("cancel-1", "ada", 500), true)
 	id, _ := created["taskId"].(string)
-	// Cancelled once the forward is out (a cancel before it is written
-	// ends the task cancelled whatever the upstream: nothing was sent).
-	select {
-	case <-ready.two:
-	case <-time.After(60 * time.Second):
-		t.Fatal("the upstreams never came up")
-	}
-	time.Sleep(300 * time.Millisecond) // lets the queued forward leave; no result is waited for
+	// Cancelled once the upstream has the charge (a cancel before it is
+	// written ends the task cancelled whatever the upstream: nothing was
+	// sent).
+	lines.wait(t, chargeStarted, 1, 60*time.Second)
 	p.result("tasks/cancel", map[string]any{"taskId": id}, true)
 	done := p.waitTask(id, 30*time.Second)
+	// The upstream's charge, deaf to the cancel, wakes after its delay and
+	// tries to commit; it has ended once it says so.
+	lines.wait(t, chargeEnded, 1, 30*time.Second)
+	charges := countRows(t, f.db, `SELECT count(*) FROM charges`)
 	if cooperating {
 		if done["status"] != "cancelled" {
 			t.Fatalf("cooperating task after tasks/cancel = %v, want cancelled", done)
 		}
-		// The upstream's charge wakes after its delay and tries to commit:
-		// the fence must refuse it.
-		deadline := time.Now().Add(5 * time.Second)
-		for time.Now().Before(deadline) {
-			if n := countRows(t, f.db, `SELECT count(*) FROM charges`); n != 0 {
-				t.Fatalf("charges = %d after the task was cancelled", n)
-			}
-			time.Sleep(100 * time.Millisecond)
+		if charges != 0 { // the fence refused the commit
+			t.Fatalf("charges = %d after the task was cancelled", charges)
 		}
 		return
 	}
@@ -366,45 +356,80 @@ func testProxyTasksCancel(t *testing.T, up upstreamKind, cooperating bool) {
 	}
 	// Why not "cancelled": this upstream's charge is deaf to the cancel and
 	// happens all the same.
-	deadline := time.Now().Add(30 * time.Second)
-	for countRows(t, f.db, `SELECT count(*) FROM charges`) != 1 {
-		if time.Now().After(deadline) {
-			t.Fatal("the upstream's charge never happened: the case does not show why the task is not cancelled")
-		}
-		time.Sleep(50 * time.Millisecond)
+	if charges != 1 {
+		t.Fatalf("charges = %d, want 1: the case does not show why the task is not cancelled", charges)
 	}
 }
 
-// readyLines passes a proxy's stderr on and closes two once the upstream's
-// ready line has been seen twice.
-type readyLines struct {
-	w      io.Writer
-	prefix string
-	two    chan struct{}
+// The lines the upstreams print around a charge with
+// UPSTREAM_ANNOUNCE_CHARGES=1, after the proxy's "[upstream] " prefix and
+// the upstream's name.
+const (
+	chargeStarted = ": charge started"
+	chargeEnded   = ": charge ended"
+)
 
-	mu   sync.Mutex
-	buf  string
-	seen int
+// upstreamLines passes a proxy's stderr on and counts the upstream's lines
+// by what they end with, for a test to wait on.
+type upstreamLines struct {
+	w io.Writer
+
+	mu      sync.Mutex
+	buf     string
+	counts  map[string]int
+	changed chan struct{} // closed, and replaced, at each counted line
 }
 
-func (r *readyLines) Write(p []byte) (int, error) {
-	r.mu.Lock()
-	r.buf += string(p)
+// watchUpstream puts an upstreamLines in front of cmd's stderr.
+func watchUpstream(cmd *exec.Cmd) *upstreamLines {
+	l := &upstreamLines{w: cmd.Stderr, counts: map[string]int{}, changed: make(chan struct{})}
+	cmd.Stderr = l
+	return l
+}
+
+func (l *upstreamLines) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	l.buf += string(p)
 	for {
-		line, rest, ok := strings.Cut(r.buf, "\n")
+		line, rest, ok := strings.Cut(l.buf, "\n")
 		if !ok {
 			break
 		}
-		r.buf = rest
-		if strings.HasPrefix(line, r.prefix) {
-			r.seen++
-			if r.seen == 2 {
-				close(r.two)
+		l.buf = rest
+		if !strings.HasPrefix(line, "[upstream] ") {
+			continue
+		}
+		for _, end := range []string{chargeStarted, chargeEnded} {
+			if strings.HasSuffix(line, end) {
+				l.counts[end]++
+				close(l.changed)
+				l.changed = make(chan struct{})
 			}
 		}
 	}
-	r.mu.Unlock()
-	return r.w.Write(p)
+	l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// wait returns once n lines ending with end have been seen, and fails the
+// test after timeout.
+func (l *upstreamLines) wait(t *testing.T, end string, n int, timeout time.Duration) {
+	t.Helper()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	for {
+		l.mu.Lock()
+		seen, changed := l.counts[end], l.changed
+		l.mu.Unlock()
+		if seen >= n {
+			return
+		}
+		select {
+		case <-changed:
+		case <-deadline.C:
+			t.Fatalf("the upstream printed %q %d times in %v, want %d", end, seen, timeout, n)
+		}
+	}
 }
 
 // TestProxyTaskFlag: --task is refused when it cannot mean anything, and

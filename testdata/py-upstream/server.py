@@ -29,6 +29,11 @@ Environment:
                                           does not end when the call is cancelled: the
                                           charge then still tries to commit, and the
                                           fence decides. Default 0.
+  UPSTREAM_ANNOUNCE_CHARGES               "1": print "py-upstream: charge started"
+                                          and "py-upstream: charge ended" to stderr
+                                          around each charge, so that a test knows
+                                          a forwarded call has arrived (or is done)
+                                          without sleeping on a guess. Default off.
   UPSTREAM_HTTP_PORT                      serve Streamable HTTP (stateful sessions)
                                           on 127.0.0.1:PORT at /mcp instead of
                                           stdio; 0 picks a free port.
@@ -99,6 +104,7 @@ charge_delay_env = os.environ.get("UPSTREAM_CHARGE_DELAY_MS") or "0"
 if not re.fullmatch(r"[0-9]+", charge_delay_env):
     fail(f"UPSTREAM_CHARGE_DELAY_MS={json.dumps(charge_delay_env)}: want a number of milliseconds")
 charge_delay_ms = int(charge_delay_env)
+announce_charges = os.environ.get("UPSTREAM_ANNOUNCE_CHARGES") == "1"
 
 # --- database ---------------------------------------------------------------
 
@@ -213,7 +219,21 @@ async def slow_work() -> None:
             await anyio.sleep(charge_delay_ms / 1000)
 
 
+def announce(what: str) -> None:
+    if announce_charges:
+        sys.stderr.write(f"py-upstream: charge {what}\n")
+        sys.stderr.flush()
+
+
 async def charge(ctx: Context, customer: str, amount_cents: int) -> CallToolResult:
+    announce("started")
+    try:
+        return await charge_once(ctx, customer, amount_cents)
+    finally:
+        announce("ended")
+
+
+async def charge_once(ctx: Context, customer: str, amount_cents: int) -> CallToolResult:
     crash_once(crash_before_commit_file, "before the commit of a charge")
     await slow_work()
 

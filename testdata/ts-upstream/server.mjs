@@ -25,6 +25,11 @@
 //                                           does not end when the call is cancelled: the
 //                                           charge then still tries to commit, and the
 //                                           fence decides. Default 0.
+//   UPSTREAM_ANNOUNCE_CHARGES               "1": print "ts-upstream: charge started"
+//                                           and "ts-upstream: charge ended" to stderr
+//                                           around each charge, so that a test knows
+//                                           a forwarded call has arrived (or is done)
+//                                           without sleeping on a guess. Default off.
 //   UPSTREAM_HTTP_PORT                      serve Streamable HTTP (stateful sessions)
 //                                           on 127.0.0.1:PORT at /mcp instead of
 //                                           stdio; 0 picks a free port.
@@ -63,6 +68,7 @@ const cooperate = cooperateEnv === '1';
 const crashAfterCommitFile = process.env.UPSTREAM_CRASH_ONCE_FILE || '';
 const crashBeforeCommitFile = process.env.UPSTREAM_CRASH_BEFORE_COMMIT_ONCE_FILE || '';
 const httpPort = process.env.UPSTREAM_HTTP_PORT;
+const announceCharges = process.env.UPSTREAM_ANNOUNCE_CHARGES === '1';
 const chargeDelayEnv = process.env.UPSTREAM_CHARGE_DELAY_MS || '0';
 const chargeDelayMs = Number(chargeDelayEnv);
 if (!Number.isInteger(chargeDelayMs) || chargeDelayMs < 0) {
@@ -119,6 +125,18 @@ function crashOnce(file, when) {
 }
 
 async function charge(extra, customer, amountCents) {
+  if (!announceCharges) {
+    return chargeOnce(extra, customer, amountCents);
+  }
+  process.stderr.write('ts-upstream: charge started\n');
+  try {
+    return await chargeOnce(extra, customer, amountCents);
+  } finally {
+    process.stderr.write('ts-upstream: charge ended\n');
+  }
+}
+
+async function chargeOnce(extra, customer, amountCents) {
   crashOnce(crashBeforeCommitFile, 'before the commit of a charge');
   if (chargeDelayMs > 0) {
     // Slow work (UPSTREAM_CHARGE_DELAY_MS), deliberately deaf to cancellation.
