@@ -390,7 +390,7 @@ func runExtTasksCase(t *testing.T, client extTasksClient, protocol string, tc ex
 	if tc.name == "crash" {
 		plan.CreatedFile, plan.ResumeFile = filepath.Join(tmp, "created.json"), filepath.Join(tmp, "resume")
 		during = func(t *testing.T, exited <-chan struct{}) string {
-			return extTasksCrash(t, plan, db, tr, cmd, fake, exited)
+			return extTasksCrash(t, plan, db, tr, cmd, fake, exited, nil)
 		}
 	}
 
@@ -558,7 +558,11 @@ func runExtTasks(t *testing.T, client extTasksClient, plan *extTasksPlan, during
 // nothing committed, restarts the server (over HTTP: at the same address;
 // over stdio the program starts it) and tells the program to resume. It
 // returns what it did; a failed premise fails the test.
-func extTasksCrash(t *testing.T, plan extTasksPlan, db string, tr matrixTransport, cmd *exec.Cmd, fake *downstream.Server, exited <-chan struct{}) string {
+//
+// restart, when set, makes the command that serves again at host over HTTP
+// (`proxy --http host`, say); nil restarts serve.
+func extTasksCrash(t *testing.T, plan extTasksPlan, db string, tr matrixTransport, cmd *exec.Cmd, fake *downstream.Server, exited <-chan struct{},
+	restart func(host string) *exec.Cmd) string {
 	t.Helper()
 	var created struct {
 		TaskID string `json:"taskId"`
@@ -601,10 +605,15 @@ func extTasksCrash(t *testing.T, plan extTasksPlan, db string, tr matrixTranspor
 		if err != nil {
 			t.Fatal(err)
 		}
-		again := extTasksServe(db, fake, true, true)
-		for i, a := range again.Args[:len(again.Args)-1] {
-			if a == "--http" {
-				again.Args[i+1] = u.Host
+		var again *exec.Cmd
+		if restart != nil {
+			again = restart(u.Host)
+		} else {
+			again = extTasksServe(db, fake, true, true)
+			for i, a := range again.Args[:len(again.Args)-1] {
+				if a == "--http" {
+					again.Args[i+1] = u.Host
+				}
 			}
 		}
 		if got := startHTTPCommand(t, again); got != plan.URL {

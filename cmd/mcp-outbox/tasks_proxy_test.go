@@ -489,7 +489,7 @@ func TestProxyTasksInterop(t *testing.T) {
 			if name == "crash" {
 				plan.CreatedFile, plan.ResumeFile = filepath.Join(tmp, "created.json"), filepath.Join(tmp, "resume")
 				during = func(t *testing.T, exited <-chan struct{}) string {
-					return extTasksCrash(t, plan, f.dbPath, overStdio, cmd, f.fake, exited)
+					return extTasksCrash(t, plan, f.dbPath, overStdio, cmd, f.fake, exited, nil)
 				}
 			}
 			rep := runExtTasks(t, client, &plan, during)
