@@ -203,10 +203,10 @@ const requestTaskCancel = `UPDATE calls SET task_cancel = 1 WHERE id = $1 AND st
 // task ends cancelled. A terminal task stays as it is.
 func (l *Layer) cancelTask(ctx context.Context, principal, id string) error {
 	var (
-		callID int64
-		state  string
+		callID      int64
+		state, tool string
 	)
-	err := l.db.Read.QueryRowContext(ctx, `SELECT id, state FROM calls WHERE principal = $1 AND task_id = $2`, principal, id).Scan(&callID, &state)
+	err := l.db.Read.QueryRowContext(ctx, `SELECT id, state, tool FROM calls WHERE principal = $1 AND task_id = $2`, principal, id).Scan(&callID, &state, &tool)
 	if errors.Is(err, sql.ErrNoRows) {
 		return errTaskNotFound
 	}
@@ -232,6 +232,9 @@ func (l *Layer) cancelTask(ctx context.Context, principal, id string) error {
 	_, xerr := u.exec(requestTaskCancel, callID)
 	if err := errors.Join(xerr, u.leave(xerr == nil).wait()); err != nil {
 		return fmt.Errorf("cancel task: %w", err)
+	}
+	if a == nil {
+		return l.cancelRemoteTask(ctx, callID, tool) // task_remote.go
 	}
 	return nil
 }

@@ -107,6 +107,50 @@ func (r *remoteTool) enableTasks(opts remote.TaskOptions, stored func(context.Co
 	}
 }
 
+// endRemoteTaskCancelled ends a cooperating remote task cancelled, whoever
+// owns it: its claim goes with it (owner ”), so the upstream's fence
+// (owner and state, schema/README.md) refuses a commit that comes later,
+// and the upstream rolls its attempt back. An upstream that committed
+// first made the task terminal, and this changes nothing.
+const endRemoteTaskCancelled = `
+UPDATE calls SET state = 'failed', task_end = 'cancelled', result = $1, completed_at = $2,
+    expires_at = $2 + coalesce(task_ttl_ms, expires_at - created_at), owner = '', lease_until = 0, task_params = NULL
+WHERE id = $3 AND state = 'in_flight' AND task_cancel = 1 AND on_lost <> 'unknown'`
+
+// cancelRemoteTask ends a task of a cooperating upstream cancelled at once
+// when tasks/cancel reached a process that does not run it: another proxy
+// on the database, or one that restarted since. The owner, if alive, is
+// not told (it is another process); taking its claim is enough, as the
+// upstream fences its commit by the owner. The upstream contract needs no
+// change for it: the fence it has already refuses a call whose claim is
+// gone. The owner's own wait then ends with the upstream's "claim lost"
+// answer, finds the row terminal, and changes nothing.
+//
+// A non-cooperating upstream's task is left to its owner (its row says
+// on_lost 'unknown'): its work may happen whatever the database says, so
+// it must not read "cancelled"; the owner's commit fails on task_cancel
+// and the call becomes unknown. A task of the layer's own tools is left to
+// its owner too, whose commit refuses on task_cancel (endTask).
+func (l *Layer) cancelRemoteTask(ctx context.Context, callID int64, tool string) error {
+	t := l.remoteTaskTool(tool)
+	if t == nil || t.runStored == nil || t.onLost == onLostUnknown {
+		return nil
+	}
+	cancelled, err := encodeResult(toolError(codeNotRecorded, "the task was cancelled before its commit; nothing of it was kept."))
+	if err != nil {
+		return err
+	}
+	u, err := l.group.enter(background(ctx), true)
+	if err != nil {
+		return fmt.Errorf("cancel task: %w", err)
+	}
+	_, xerr := u.exec(endRemoteTaskCancelled, cancelled, l.nowMS(), callID)
+	if err := errors.Join(xerr, u.leave(xerr == nil).wait()); err != nil {
+		return fmt.Errorf("cancel task: %w", err)
+	}
+	return nil
+}
+
 // maxTaskReforwards bounds how often a cooperating task whose answer was
 // lost is forwarded again within one attempt.
 const maxTaskReforwards = 4

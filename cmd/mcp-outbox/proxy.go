@@ -154,21 +154,29 @@ func upstreamEnv(env *environment, db string) []string {
 }
 
 // proxyTasksHelp is the Tasks paragraph of proxy's --help.
-const proxyTasksHelp = `Tasks (MCP 2026-07-28, extension io.modelcontextprotocol/tasks), for an
+const proxyTasksHelp = `Tasks (MCP 2026-07-28, extension io.modelcontextprotocol/tasks; and the
+experimental Tasks of 2025-11-25, on a session made with initialize), for an
 upstream that knows nothing of tasks:
   --task TOOL=MODE makes calls of the upstream's TOOL tasks, repeatable; MODE is
-    always          a task whenever the request declares the extension
-    required        only as a task: a request without it gets error -32021
+    always          a task whenever the request asks for one
+    required        only as a task: a request that does not ask gets error
+                    -32021 (2026-07-28) or -32601 (2025-11-25)
     after:DURATION  a plain answer if the call finishes within DURATION,
-                    else a task (e.g. --task charge=after:500ms)
+                    else a task (e.g. --task charge=after:500ms); at
+                    2025-11-25 the client decides, and gets a task at once
   [MCP_OUTBOX_TASKS=charge=after:500ms,refund=always]; a flag replaces the
-  variable. server/discover then lists the extension; a request that does not
-  declare it never gets a task. The task is committed (with an fsync) before
-  its handle is sent, then forwarded over an upstream session of the proxy's
-  own (for a command, one more process), detached from the client's request.
-  tasks/get, tasks/update and tasks/cancel are answered from the database by
-  any proxy on it, never forwarded. A retry of the same call (same key, or same
-  tool and arguments without one) gets the same task. If the proxy dies:
+  variable. A request asks for a task by declaring the extension in its _meta
+  (2026-07-28: server/discover then lists the extension), or by sending
+  params.task to a tool that tools/list shows with execution.taskSupport
+  optional or required (2025-11-25: initialize then lists capabilities.tasks);
+  one that does not ask never gets a task. The task is committed (with an
+  fsync) before its handle is sent, then forwarded over an upstream session
+  of the proxy's own (for a command, one more process), detached from the
+  client's request. tasks/get, tasks/update and tasks/cancel (2026-07-28), and
+  tasks/get, tasks/result, tasks/list and tasks/cancel (2025-11-25), are
+  answered from the database by any proxy on it, never forwarded. A retry of
+  the same call (same key, or same tool and arguments without one) gets the
+  same task. If the proxy dies:
   --cooperating  the next proxy on the database forwards the task again, and
                  the upstream's fence lets only one attempt commit: it
                  completes, once. So does the proxy itself when the upstream

@@ -361,6 +361,45 @@ func testProxyTasksCancel(t *testing.T, up upstreamKind, cooperating bool) {
 	}
 }
 
+// TestProxyTasks_CancelElsewhere: tasks/cancel of a cooperating task
+// reaches a second proxy on the database while the first one's upstream
+// runs the charge. The second proxy takes the task's claim away (it ends
+// cancelled at once), so the upstream's fence refuses its commit when the
+// charge wakes: no charge, no effect, and both proxies say cancelled.
+func TestProxyTasks_CancelElsewhere(t *testing.T) {
+	forEachUpstream(t, upstreamKinds, func(t *testing.T, up upstreamKind) {
+		t.Parallel()
+		f := newProxyFixture(t, up)
+		env := []string{"UPSTREAM_CHARGE_DELAY_MS=2000", "UPSTREAM_ANNOUNCE_CHARGES=1"}
+		args := []string{"--cooperating", "--task", "charge=always"}
+		cmd := f.proxyCommand(t, bin, env, args...)
+		lines := watchUpstream(cmd)
+		owner := startTaskProxy(t, cmd)
+		created := owner.result("tools/call", taskCharge("elsewhere-1", "ada", 600), true)
+		id, _ := created["taskId"].(string)
+		if created["resultType"] != "task" || id == "" {
+			t.Fatalf("CreateTaskResult = %v", created)
+		}
+		lines.wait(t, chargeStarted, 1, 60*time.Second)
+
+		other := startTaskProxy(t, f.proxyCommand(t, bin, env, args...))
+		other.result("tasks/cancel", map[string]any{"taskId": id}, true)
+		if got := other.result("tasks/get", map[string]any{"taskId": id}, true); got["status"] != "cancelled" {
+			t.Fatalf("tasks/get after the cancel, on the proxy that took it: %v, want cancelled", got)
+		}
+		lines.wait(t, chargeEnded, 1, 30*time.Second) // the charge woke and tried to commit
+		if n := countRows(t, f.db, `SELECT count(*) FROM charges`); n != 0 {
+			t.Fatalf("charges = %d: the upstream committed a cancelled task", n)
+		}
+		if n := countRows(t, f.db, `SELECT count(*) FROM effects`); n != 0 {
+			t.Errorf("effects = %d after a cancelled task", n)
+		}
+		if got := owner.waitTask(id, 30*time.Second); got["status"] != "cancelled" {
+			t.Fatalf("tasks/get on the owner: %v, want cancelled", got)
+		}
+	})
+}
+
 // The lines the upstreams print around a charge with
 // UPSTREAM_ANNOUNCE_CHARGES=1, after the proxy's "[upstream] " prefix and
 // the upstream's name.

@@ -27,7 +27,12 @@
 //     client's request and session; tasks/get, tasks/update and
 //     tasks/cancel are answered from the database, scoped by principal,
 //     never forwarded (over HTTP, before the go-sdk's transport, which
-//     refuses methods it does not know: task_http.go). Without
+//     refuses methods it does not know: task_http.go). A session made by
+//     initialize at 2025-11-25 gets that revision's Tasks instead
+//     (task_2025.go): initialize lists capabilities.tasks, tools/list
+//     execution.taskSupport, a tools/call with params.task becomes a task,
+//     and tasks/get, tasks/result, tasks/list and tasks/cancel are answered
+//     from the database, in the layer's 2025-11-25 shapes. Without
 //     Options.Tasks they pass through to the upstream, whose own tasks
 //     they may be.
 //
@@ -46,7 +51,10 @@
 // a cooperating upstream's commit then fails its fence (the claim is
 // released) and the task ends cancelled, unless it committed first; any
 // other upstream may do the work all the same, so the task ends unknown,
-// never cancelled.
+// never cancelled. A cancel that reaches another proxy on the database (or
+// the same one after a restart) takes a cooperating task's claim there and
+// ends it cancelled at once: the upstream's fence, which checks the owner,
+// then refuses its commit.
 //
 // Request ids towards the upstream are the proxy's own, so that its own
 // requests (re-initializing a restarted upstream) never collide with the
