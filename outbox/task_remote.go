@@ -108,7 +108,7 @@ func (r *remoteTool) enableTasks(opts remote.TaskOptions, stored func(context.Co
 }
 
 // endRemoteTaskCancelled ends a cooperating remote task cancelled, whoever
-// owns it: its claim goes with it (owner ”), so the upstream's fence
+// owns it: its claim goes with it (the owner is emptied), so the upstream's fence
 // (owner and state, schema/README.md) refuses a commit that comes later,
 // and the upstream rolls its attempt back. An upstream that committed
 // first made the task terminal, and this changes nothing.
