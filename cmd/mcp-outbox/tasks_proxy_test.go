@@ -501,46 +501,63 @@ func TestProxyTaskFlag(t *testing.T) {
 // TestProxyTasksInterop: the official Tasks client (@modelcontextprotocol/
 // ext-tasks over @modelcontextprotocol/client, 2026-07-28) against `proxy
 // --cooperating --task charge=always` in front of the Python upstream on mcp
-// 2.3.0 (the "newest" venv), over stdio. That upstream answers
+// 2.3.0 (the "newest" venv), over stdio and over the proxy's Streamable
+// HTTP (its stateless path: http_stateless.go). That upstream answers
 // server/discover, which the proxy amends with the extension; the
 // TypeScript upstream (SDK 1.x) answers it -32601, and the client then
-// falls back to initialize at 2025-11-25, whose Tasks the proxy does not
-// speak. Cases: a task completes; a lost handle is recovered by a retry with
-// the same key; the proxy is SIGKILLed while the upstream runs the charge,
-// and the client resumes the task from a new proxy process, which forwards
-// it again.
+// falls back to initialize at 2025-11-25, whose Tasks
+// TestProxyTasksInterop2025 covers. Cases: a task completes; a lost handle
+// is recovered by a retry with the same key; the proxy is SIGKILLed while
+// the upstream runs the charge, and the client resumes the task from a new
+// proxy process, which forwards it again.
 func TestProxyTasksInterop(t *testing.T) {
 	skipShortInterop(t, "the Tasks interop tests")
 	client := extTasksClients()[0]
 	up := pyUpstreamKindVenv("newest")
 	up.check(t)
-	for _, name := range []string{"complete", "lost-handle", "crash"} {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			f := newProxyFixture(t, up)
-			cmd := f.proxyCommand(t, bin, []string{"UPSTREAM_CHARGE_DELAY_MS=1500"}, "--cooperating", "--task", "charge=always")
-			tmp := t.TempDir()
-			plan := extTasksBasePlan("2026-07-28", name, "proxy-tasks-"+name+"-"+contractHex(t, 8))
-			plan.Arguments = map[string]any{"customer": "ada", "amount_cents": 4200}
-			plan.ChargeIDField = "chargeId"
-			plan.Server = stdioPlan(cmd)
-			var during func(t *testing.T, exited <-chan struct{}) string
-			if name == "crash" {
-				plan.CreatedFile, plan.ResumeFile = filepath.Join(tmp, "created.json"), filepath.Join(tmp, "resume")
-				during = func(t *testing.T, exited <-chan struct{}) string {
-					return extTasksCrash(t, plan, f.dbPath, overStdio, cmd, f.fake, exited, nil)
+	for _, tr := range []matrixTransport{overStdio, overHTTP} {
+		for _, name := range []string{"complete", "lost-handle", "crash"} {
+			t.Run(name+"/"+extTasksTransportName(tr), func(t *testing.T) {
+				t.Parallel()
+				f := newProxyFixture(t, up)
+				proxy := func(host string) *exec.Cmd {
+					args := []string{"--cooperating", "--task", "charge=always"}
+					if tr == overHTTP {
+						args = append(args, "--http", host)
+					}
+					return f.proxyCommand(t, bin, []string{"UPSTREAM_CHARGE_DELAY_MS=1500"}, args...)
 				}
-			}
-			rep := runExtTasks(t, client, &plan, during)
-			checkExtTasksReport(t, extTasksCase{name: name, keyed: true, charges: 1}, rep)
-			if n := countRows(t, f.db, `SELECT count(*) FROM charges`); n != 1 {
-				t.Fatalf("%d charges, want 1", n)
-			}
-			if out := runCLI(t, nil, "drain", "--db", f.dbPath, "--dest", paymentsDest(f.fake), "--timeout", "30s"); out.code != 0 {
-				t.Fatalf("drain: exit %d: %s%s", out.code, out.stdout, out.stderr)
-			}
-			wantExactlyOnce(t, f.db, f.fake, 1)
-		})
+				cmd := proxy("127.0.0.1:0")
+				tmp := t.TempDir()
+				plan := extTasksBasePlan("2026-07-28", name, "proxy-tasks-"+name+"-"+contractHex(t, 8))
+				plan.Arguments = map[string]any{"customer": "ada", "amount_cents": 4200}
+				plan.ChargeIDField = "chargeId"
+				if tr == overHTTP {
+					plan.URL = startHTTPCommand(t, cmd)
+				} else {
+					plan.Server = stdioPlan(cmd)
+				}
+				var during func(t *testing.T, exited <-chan struct{}) string
+				if name == "crash" {
+					plan.CreatedFile, plan.ResumeFile = filepath.Join(tmp, "created.json"), filepath.Join(tmp, "resume")
+					during = func(t *testing.T, exited <-chan struct{}) string {
+						return extTasksCrash(t, plan, f.dbPath, tr, cmd, f.fake, exited, proxy)
+					}
+				}
+				rep := runExtTasks(t, client, &plan, during)
+				checkExtTasksReport(t, extTasksCase{name: name, keyed: true, charges: 1}, rep)
+				if rep.ProtocolVersion != "2026-07-28" {
+					t.Errorf("negotiated %q, want 2026-07-28", rep.ProtocolVersion)
+				}
+				if n := countRows(t, f.db, `SELECT count(*) FROM charges`); n != 1 {
+					t.Fatalf("%d charges, want 1", n)
+				}
+				if out := runCLI(t, nil, "drain", "--db", f.dbPath, "--dest", paymentsDest(f.fake), "--timeout", "30s"); out.code != 0 {
+					t.Fatalf("drain: exit %d: %s%s", out.code, out.stdout, out.stderr)
+				}
+				wantExactlyOnce(t, f.db, f.fake, 1)
+			})
+		}
 	}
 }
 

@@ -56,6 +56,12 @@
 // ends it cancelled at once: the upstream's fence, which checks the owner,
 // then refuses its commit.
 //
+// Over Streamable HTTP, a session is made by initialize (2025-11-25 and
+// before); a 2026-07-28 request, which has no session, is answered over
+// one long-lived session of the proxy's own for all of them
+// (http_stateless.go), with an upstream connection that is not
+// initialized, as on stdio.
+//
 // Request ids towards the upstream are the proxy's own, so that its own
 // requests (re-initializing a restarted upstream) never collide with the
 // client's, and answers are mapped back to the client's ids.

@@ -37,6 +37,7 @@ type httpSessions struct {
 
 	mu       sync.Mutex
 	sessions map[string]*httpSession
+	mux      *muxClient // the stateless session's, once started (http_stateless.go)
 }
 
 type httpSession struct {
@@ -62,6 +63,12 @@ func (h *httpSessions) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := r.Header.Get(sessionHeader)
+	if id == "" && r.Method == http.MethodPost {
+		if body, ok := peekBody(r); ok && statelessRequest(r, body) {
+			h.serveStateless(w, r, body)
+			return
+		}
+	}
 	if id == "" {
 		if r.Method != http.MethodPost {
 			http.Error(w, "a session starts with a POST of initialize", http.StatusBadRequest)

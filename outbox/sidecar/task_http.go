@@ -1,10 +1,8 @@
 package sidecar
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
-	"io"
 	"net/http"
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
@@ -28,17 +26,13 @@ const maxTaskBody = 1 << 20
 // database; a request naming a session must still name one of its
 // principal's.
 func (h *httpSessions) serveTaskMethod(w http.ResponseWriter, r *http.Request) bool {
-	if r.Method != http.MethodPost || !h.p.anyTasks() || r.Body == nil {
+	if r.Method != http.MethodPost || !h.p.anyTasks() {
 		return false
 	}
 	// The transport reads the body after this: it gets what was read here,
-	// then the rest (the server closes the original when the request ends).
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxTaskBody+1))
-	r.Body = struct {
-		io.Reader
-		io.Closer
-	}{io.MultiReader(bytes.NewReader(body), r.Body), r.Body}
-	if err != nil || len(body) > maxTaskBody {
+	// then the rest.
+	body, ok := peekBody(r)
+	if !ok {
 		return false // the transport reports it
 	}
 	var req struct {

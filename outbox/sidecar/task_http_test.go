@@ -24,6 +24,7 @@ type httpTaskPeer struct {
 	url     string
 	token   string
 	session string
+	version string // the Mcp-Protocol-Version header, if set
 	id      int
 }
 
@@ -37,6 +38,9 @@ func (c *httpTaskPeer) post(method string, params any) map[string]any {
 	req.Header.Set("Authorization", "Bearer "+c.token)
 	if c.session != "" {
 		req.Header.Set(sessionHeader, c.session)
+	}
+	if c.version != "" {
+		req.Header.Set("Mcp-Protocol-Version", c.version)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -127,5 +131,84 @@ func TestTaskPrincipalOverHTTP(t *testing.T) {
 	theirs := bob.post("tools/call", call2025("work", "a-1", 5))
 	if r, _ := theirs["result"].(map[string]any); r["task"] == nil || r["task"].(map[string]any)["taskId"] == id {
 		t.Errorf("bob's call with alice's key: %v", theirs)
+	}
+}
+
+// TestTaskPrincipalOverStatelessHTTP: 2026-07-28 requests (no session, the
+// envelope in _meta) over the proxy's Streamable HTTP, which go-sdk's
+// stateful transport would refuse: server/discover lists the extension, a
+// task is made and read to its end by its principal, and another
+// principal, whose requests carry the same JSON-RPC ids, gets -32602 "Task
+// not found" from tasks/get, tasks/update and tasks/cancel.
+func TestTaskPrincipalOverStatelessHTTP(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	db, err := schema.Open(ctx, filepath.Join(t.TempDir(), "proxy.db"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	layer, err := outbox.New(db, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(Options{Layer: layer, Upstream: newUpstream(), Logger: testLogger(t), MinBackoff: time.Millisecond,
+		Tasks: map[string]outbox.TaskOptions{"work": {Mode: outbox.TasksAlways}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	verify := func(_ context.Context, token string, _ *http.Request) (*auth.TokenInfo, error) {
+		return &auth.TokenInfo{UserID: token, Expiration: time.Now().Add(time.Hour)}, nil
+	}
+	hctx, stop := context.WithCancel(ctx)
+	defer stop()
+	srv := httptest.NewServer(auth.RequireBearerToken(verify, nil)(p.HTTPHandler(hctx)))
+	defer srv.Close()
+	alice := &httpTaskPeer{t: t, url: srv.URL, token: "alice", version: "2026-07-28"}
+	bob := &httpTaskPeer{t: t, url: srv.URL, token: "bob", version: "2026-07-28"}
+
+	d := alice.post("server/discover", envelope(""))
+	dr, _ := d["result"].(map[string]any)
+	caps, _ := dr["capabilities"].(map[string]any)
+	if ext, _ := caps["extensions"].(map[string]any); ext == nil || ext[outbox.ExtensionTasks] == nil {
+		t.Fatalf("server/discover: %v", d)
+	}
+	created := alice.post("tools/call", taskCall("work", "s-1", 5))
+	res, _ := created["result"].(map[string]any)
+	id, _ := res["taskId"].(string)
+	if res["resultType"] != "task" || id == "" || alice.session != "" {
+		t.Fatalf("alice's call: %v (session %q)", created, alice.session)
+	}
+	for _, method := range []string{"tasks/get", "tasks/cancel", "tasks/update"} {
+		got := bob.post(method, envelope(id))
+		e, _ := got["error"].(map[string]any)
+		if e == nil || e["code"] != float64(-32602) || e["message"] != "Task not found" {
+			t.Errorf("bob's %s of alice's task: %v, want -32602 Task not found", method, got)
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got := alice.post("tasks/get", envelope(id))
+		r, _ := got["result"].(map[string]any)
+		if r["status"] == "completed" {
+			if b, _ := json.Marshal(r["result"]); !strings.Contains(string(b), "work 5 run 1") {
+				t.Fatalf("alice's completed task: %s", b)
+			}
+			break
+		}
+		if r["status"] != "working" || time.Now().After(deadline) {
+			t.Fatalf("alice's tasks/get: %v", got)
+		}
+		select { // the next poll, as a client makes it
+		case <-time.After(10 * time.Millisecond):
+		case <-ctx.Done():
+			t.Fatal(ctx.Err())
+		}
+	}
+	// A plain tools/list of bob's, under the id his first request had.
+	bob.id = 0
+	if got := bob.post("tools/list", envelope("")); got["result"] == nil || got["id"] != float64(1) {
+		t.Fatalf("bob's tools/list: %v", got)
 	}
 }

@@ -105,13 +105,20 @@ func taskCall(tool, key string, n int) map[string]any {
 	return map[string]any{"name": tool, "arguments": map[string]any{"n": n}, "_meta": map[string]any{
 		outbox.MetaKeyIdempotency:     key,
 		mcp.MetaKeyProtocolVersion:    "2026-07-28",
+		mcp.MetaKeyClientInfo:         map[string]any{"name": "raw", "version": "0"},
 		mcp.MetaKeyClientCapabilities: map[string]any{"extensions": map[string]any{outbox.ExtensionTasks: map[string]any{}}},
 	}}
 }
 
-// envelope is the params of a 2026-07-28 tasks/* request for id.
+// envelope is the params of a 2026-07-28 request: of tasks/* for id, or,
+// with id "", of a request without params of its own.
 func envelope(id string) map[string]any {
-	return map[string]any{"taskId": id, "_meta": map[string]any{mcp.MetaKeyProtocolVersion: "2026-07-28"}}
+	p := map[string]any{"_meta": map[string]any{mcp.MetaKeyProtocolVersion: "2026-07-28",
+		mcp.MetaKeyClientInfo: map[string]any{"name": "raw", "version": "0"}, mcp.MetaKeyClientCapabilities: map[string]any{}}}
+	if id != "" {
+		p["taskId"] = id
+	}
+	return p
 }
 
 // waitTask polls tasks/get until the task leaves working.

@@ -1,0 +1,216 @@
+package sidecar
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"sync"
+
+	"github.com/modelcontextprotocol/go-sdk/auth"
+	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+// 2026-07-28 over the proxy's Streamable HTTP. That revision has no
+// sessions and no initialize: every request stands alone and carries its
+// protocol version (the Mcp-Protocol-Version header and params._meta).
+// go-sdk v1.8.0's StreamableServerTransport serves it only when stateless,
+// and a stateful one (the proxy's sessions, made by initialize) answers any
+// such request but server/discover with -32022 "protocol version ... is not
+// supported by this server". Nor would a transport, and an upstream
+// process, per request do: a command upstream would be started for every
+// tools/list.
+//
+// So the proxy answers these requests itself, over one long-lived proxy
+// session of their own (statelessSession) whose client end is a
+// multiplexer: each HTTP request's message goes in under an id of the
+// multiplexer's (the clients' own ids repeat, "1" from every one of them),
+// and its answer comes back to that request. The upstream connection
+// behind it is not initialized, exactly as for a 2026-07-28 client on
+// stdio: the requests pass with their envelope, for an upstream that
+// speaks 2026-07-28 itself (an older one answers server/discover -32601,
+// and its client falls back to initialize, which opens a stateful
+// session). tools/call goes through the layer with the request's token as
+// principal; tasks/* never get here (serveTaskMethod).
+//
+// A request whose client went away before its answer (a dropped response
+// stream, which 2026-07-28 counts as a cancel) is not cancelled if it is a
+// tool call: the call runs to its end and is recorded, for the client's
+// retry (a new request, which the revision demands) to join or replay.
+// Any other request is cancelled at the upstream. The upstream cannot send
+// a stateless request anything: its notifications are dropped, and its
+// requests (sampling, elicitation, roots) refused with -32601.
+
+// protocolStateless is the first revision without sessions.
+const protocolStateless = "2026-07-28"
+
+// statelessRequest reports whether a POST without a session speaks
+// 2026-07-28 or later, by its header or by the envelope in its body.
+func statelessRequest(r *http.Request, body []byte) bool {
+	if v := r.Header.Get("Mcp-Protocol-Version"); v >= protocolStateless {
+		return true
+	}
+	var msg struct {
+		Params json.RawMessage `json:"params"`
+	}
+	return json.Unmarshal(body, &msg) == nil && hasEnvelope(msg.Params)
+}
+
+// peekBody reads up to maxTaskBody of r's body and puts it back for
+// whoever reads it next; ok is false when it is larger or unreadable.
+func peekBody(r *http.Request) (body []byte, ok bool) {
+	if r.Body == nil {
+		return nil, false
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxTaskBody+1))
+	// The server closes the original when the request ends.
+	r.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(body), r.Body), r.Body}
+	return body, err == nil && len(body) <= maxTaskBody
+}
+
+// serveStateless answers a 2026-07-28 POST over the stateless session.
+func (h *httpSessions) serveStateless(w http.ResponseWriter, r *http.Request, body []byte) {
+	msg, err := jsonrpc.DecodeMessage(body)
+	if err != nil {
+		http.Error(w, "a 2026-07-28 request is one JSON-RPC message: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	mux := h.stateless()
+	if mux == nil {
+		http.Error(w, "the proxy is stopping", http.StatusServiceUnavailable)
+		return
+	}
+	req, ok := msg.(*jsonrpc.Request)
+	if !ok {
+		w.WriteHeader(http.StatusAccepted) // an answer to a request the upstream cannot have sent
+		return
+	}
+	extra := &mcp.RequestExtra{TokenInfo: auth.TokenInfoFromContext(r.Context()), Header: r.Header}
+	if !req.IsCall() {
+		if req.Method != "notifications/cancelled" { // names the client's id, which no one here knows
+			mux.deliver(r.Context(), &jsonrpc.Request{Method: req.Method, Params: req.Params, Extra: extra})
+		}
+		w.WriteHeader(http.StatusAccepted)
+		return
+	}
+	id, answer := mux.open()
+	defer mux.close(id)
+	if !mux.deliver(r.Context(), &jsonrpc.Request{ID: mustID(id), Method: req.Method, Params: req.Params, Extra: extra}) {
+		return
+	}
+	select {
+	case resp := <-answer:
+		resp.ID = req.ID
+		b, err := jsonrpc.EncodeMessage(resp)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(b)
+	case <-r.Context().Done():
+		if req.Method != "tools/call" {
+			params, _ := json.Marshal(map[string]any{"requestId": id, "reason": "the client's response stream closed"})
+			mux.deliver(context.Background(), &jsonrpc.Request{Method: "notifications/cancelled", Params: params})
+		}
+	}
+}
+
+// stateless returns the stateless session's multiplexer, starting the
+// session on first use; nil once the proxy's context has ended.
+func (h *httpSessions) stateless() *muxClient {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.ctx.Err() != nil {
+		return nil
+	}
+	if h.mux == nil {
+		h.mux = &muxClient{ctx: h.ctx, in: make(chan jsonrpc.Message, 64), waiting: map[int64]chan *jsonrpc.Response{}}
+		go func() {
+			if err := h.p.Serve(h.ctx, h.mux); err != nil {
+				h.p.logger.Warn("stateless session ended", "error", err)
+			}
+		}()
+	}
+	return h.mux
+}
+
+// muxClient is the client end of the stateless session: the HTTP requests'
+// messages, each request's answer back to it.
+type muxClient struct {
+	ctx context.Context
+	in  chan jsonrpc.Message
+
+	mu      sync.Mutex
+	next    int64
+	waiting map[int64]chan *jsonrpc.Response
+}
+
+// open makes an id for a request, and the channel its answer comes on.
+func (c *muxClient) open() (int64, <-chan *jsonrpc.Response) {
+	ch := make(chan *jsonrpc.Response, 1)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.next++
+	c.waiting[c.next] = ch
+	return c.next, ch
+}
+
+// close forgets a request: an answer that comes later is dropped.
+func (c *muxClient) close(id int64) {
+	c.mu.Lock()
+	delete(c.waiting, id)
+	c.mu.Unlock()
+}
+
+// deliver hands m to the session, and reports whether it took it before
+// ctx or the session ended.
+func (c *muxClient) deliver(ctx context.Context, m jsonrpc.Message) bool {
+	select {
+	case c.in <- m:
+		return true
+	case <-ctx.Done():
+	case <-c.ctx.Done():
+	}
+	return false
+}
+
+func (c *muxClient) Read(ctx context.Context) (jsonrpc.Message, error) {
+	select {
+	case m := <-c.in:
+		return m, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-c.ctx.Done():
+		return nil, c.ctx.Err()
+	}
+}
+
+func (c *muxClient) Write(ctx context.Context, m jsonrpc.Message) error {
+	switch m := m.(type) {
+	case *jsonrpc.Response:
+		n, ok := m.ID.Raw().(int64)
+		c.mu.Lock()
+		ch := c.waiting[n]
+		delete(c.waiting, n)
+		c.mu.Unlock()
+		if ok && ch != nil {
+			ch <- m
+		}
+	case *jsonrpc.Request:
+		if m.IsCall() {
+			resp := &jsonrpc.Response{ID: m.ID, Error: &jsonrpc.Error{Code: -32601,
+				Message: "no client to ask: a 2026-07-28 request through mcp-outbox proxy's HTTP has no channel back but its answer"}}
+			c.deliver(ctx, resp)
+		}
+	}
+	return nil
+}
+
+func (c *muxClient) Close() error      { return nil }
+func (c *muxClient) SessionID() string { return "" }
