@@ -498,6 +498,10 @@ func TestProxyTaskFlag(t *testing.T) {
 	}
 }
 
+// proxyTasksModernCases are TestProxyTasksInterop's cases, each over stdio
+// and over HTTP.
+var proxyTasksModernCases = []string{"complete", "lost-handle", "crash"}
+
 // TestProxyTasksInterop: the official Tasks client (@modelcontextprotocol/
 // ext-tasks over @modelcontextprotocol/client, 2026-07-28) against `proxy
 // --cooperating --task charge=always` in front of the Python upstream on mcp
@@ -511,12 +515,13 @@ func TestProxyTaskFlag(t *testing.T) {
 // the upstream runs the charge, and the client resumes the task from a new
 // proxy process, which forwards it again.
 func TestProxyTasksInterop(t *testing.T) {
+	// The Python upstream of the "newest" venv speaks 2026-07-28.
 	skipShortInterop(t, "the Tasks interop tests")
 	client := extTasksClients()[0]
 	up := pyUpstreamKindVenv("newest")
 	up.check(t)
 	for _, tr := range []matrixTransport{overStdio, overHTTP} {
-		for _, name := range []string{"complete", "lost-handle", "crash"} {
+		for _, name := range proxyTasksModernCases {
 			t.Run(name+"/"+extTasksTransportName(tr), func(t *testing.T) {
 				t.Parallel()
 				f := newProxyFixture(t, up)
