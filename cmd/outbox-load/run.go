@@ -33,6 +33,12 @@ alternating rounds and each on a fresh database,
             nothing, its HTTP routed exactly as serve routes it
   careful   the same bare server writing each charge in one transaction
             of its own: what a careful user writes without the layer
+  expert    SQLite: the same bare server as an expert writes it, one
+            writer goroutine committing every waiting call in one
+            transaction (group commit), answering each after the commit
+  pgx       PostgreSQL: the same bare server on pgxpool, three round
+            trips per call (BEGIN; INSERT … RETURNING; the effect's
+            INSERT and COMMIT in one batch)
   layer     mcp-outbox serve (one replica; on PostgreSQL also --replicas)
 
 and prints calls per second, p50, p99 and the largest latency, and the servers' CPU
@@ -43,7 +49,12 @@ and with that many calls in flight on its one pipe (--quick skips those).
 
 --store sqlite (the default) uses files in a temporary directory;
 --store postgres starts a throwaway PostgreSQL cluster (initdb, fsync on)
-and adds a side of --replicas replicas sharing one database.
+and adds a side of --replicas replicas sharing one database. --rtt 0,1ms
+puts a proxy between every server and PostgreSQL that delays each
+direction by half the RTT, and measures each cell at each RTT; the proxy
+counts the round trips per call (RT/call), and pg_stat_database the
+commits per call (over the warm-up and the measured time, read once the
+servers are gone).
 mcp-outbox is built unless --mcp-outbox names a binary. Every server runs
 with GOGC=400 (serve's default, which the bare servers share) unless
 --gogc gives another value for all of them.
