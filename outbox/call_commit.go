@@ -272,7 +272,7 @@ func (a *attempt) abandon(ctx context.Context) {
 	a.unit, a.tx = nil, nil
 	var err error
 	if u != nil {
-		err = u.undo()
+		err = u.undoAll()
 	} else {
 		u, err = a.layer.group.enter(background(ctx), false)
 	}

@@ -137,7 +137,12 @@ func (a *attempt) openTx(ctx context.Context) error {
 		a.readConn, a.tx = conn, tx
 		return nil
 	}
-	u, err := a.layer.group.enter(ctx, true)
+	redo := func(*unit) error { return nil }
+	if a.recorded() {
+		// Undo takes the fence again when it has to begin anew (enterRedo).
+		redo = a.fence
+	}
+	u, err := a.layer.group.enterRedo(ctx, true, redo)
 	if err != nil {
 		return err
 	}
@@ -219,6 +224,10 @@ func (a *attempt) discardWork(ctx context.Context) error {
 	if err := a.unit.undo(); err != nil {
 		return a.wrap(fmt.Errorf("roll back handler: %w", err))
 	}
+	// A unit without a savepoint undoes by beginning anew: a handler that
+	// runs again in this attempt (tool.go, input required) works in the
+	// new transaction.
+	a.tx = a.unit.tx()
 	a.effects = 0
 	return nil
 }
