@@ -228,7 +228,7 @@ func (a *attempt) discardWork(ctx context.Context) error {
 	// runs again in this attempt (tool.go, input required) works in the
 	// new transaction.
 	a.tx = a.unit.tx()
-	a.effects = 0
+	a.effects, a.pending = 0, nil
 	return nil
 }
 
@@ -423,6 +423,11 @@ func (a *attempt) Enqueue(ctx context.Context, e Effect) (string, error) {
 	a.effects++
 	key := callkey.EffectKey(a.uid, a.effects)
 	now := a.layer.nowMS()
+	if a.defersEffects() {
+		a.pending = append(a.pending, pendingEffect{seq: a.effects, destination: e.Destination, method: e.Method, path: e.Path,
+			headers: headers, body: e.Body, key: key, at: now, traceparent: traceparentOf(ctx)})
+		return key, nil
+	}
 	var callID any
 	if a.recorded() {
 		callID = a.callID
