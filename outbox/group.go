@@ -491,7 +491,7 @@ func (u *unit) leave(keep bool) *batch {
 		// A transaction of its own (PostgreSQL) commits next: COMMIT
 		// releases the savepoint and answers for a transaction an error
 		// ended (pgx: ErrTxCommitRollback), so RELEASE would only cost a
-		// round trip, one of the seven of a call's outcome.
+		// round trip, one of the five of a call's outcome.
 		if err == nil && !b.own {
 			_, err = u.exec(`RELEASE unit`)
 		}
