@@ -53,7 +53,15 @@ func serveBare(args []string) int {
 	case *dbArg == "":
 		ledger.RegisterNothingKept(s, nil)
 	case *mode == "pgx":
-		pool, err := pgxpool.New(ctx, *dbArg)
+		pc, err := pgxpool.ParseConfig(*dbArg)
+		if err != nil {
+			return fail(err)
+		}
+		// pgxpool's default is 4 connections (or the CPUs, if more), which
+		// would queue 32 callers behind 4 transactions: as many as the
+		// layer's pool holds.
+		pc.MaxConns = schema.DefaultPostgresConns
+		pool, err := pgxpool.NewWithConfig(ctx, pc)
 		if err != nil {
 			return fail(err)
 		}
