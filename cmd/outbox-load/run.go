@@ -105,7 +105,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&cfg.before, "before", "", "another mcp-outbox binary, measured as side \"before\" beside the layer (before and after a change)")
 	fs.StringVar(&cfg.gogc, "gogc", "", "GOGC for every server (default: each server's own, which for serve and the bare servers alike is 400)")
 	rtts := fs.String("rtt", "", "with --store postgres, round-trip times to put between every server and PostgreSQL, comma-separated (e.g. 0,1ms): each server then reaches it through a delaying proxy, which counts round trips per call")
-	only := fs.String("sides", "", "measure only these sides, comma-separated (limit, careful, layer; for profiling one)")
+	only := fs.String("sides", "", "measure only these sides, comma-separated (limit, careful, expert or pgx, layer, before, layer-xN; for profiling one)")
 	fs.BoolVar(&cfg.tasks, "tasks", false, "measure MCP Tasks instead: plain charge vs a charge answered with a task, and tasks/get polls (default --clients 1,8)")
 	fs.StringVar(&cfg.binary, "mcp-outbox", "", "the mcp-outbox binary (default: go build ./cmd/mcp-outbox)")
 	if err := fs.Parse(args); err != nil {
