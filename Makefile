@@ -159,9 +159,12 @@ bench: ## Measure the targets against their baselines: the in-process table, wha
 	@# as another, against the limit (nothing kept) and a careful bare server.
 	@go run ./cmd/outbox-load $(LOAD_ARGS)
 
+# The PostgreSQL matrix: each server reaches PostgreSQL through a proxy
+# that delays each direction by half the RTT and counts round trips.
+PG_LOAD_ARGS ?= --rtt 0,1ms --clients 1,32
 .PHONY: bench/postgres
-bench/postgres: ## From outside over HTTP on PostgreSQL: the layer vs the limit and a bare server writing it, 1 replica vs 3 (ARGS=--help; ARGS=--tasks: a task vs a plain call, and tasks/get polls)
-	go run ./cmd/outbox-load --store postgres $(ARGS)
+bench/postgres: ## From outside over HTTP on PostgreSQL at 0 and 1 ms RTT, 1 and 32 clients: the layer vs the limit, a careful bare server, a pgx one, 3 replicas; round trips and commits per call (ARGS=--help; ARGS=--tasks: a task vs a plain call)
+	go run ./cmd/outbox-load --store postgres $(PG_LOAD_ARGS) $(ARGS)
 
 .PHONY: bench/go
 bench/go: ## Run the go test benchmarks of the hot paths (compare runs with benchstat)

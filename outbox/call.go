@@ -47,6 +47,9 @@ type attempt struct {
 	// is logged and never recorded or shown to the client.
 	handlerErr error
 	effects    int // effects enqueued so far
+	// pending: on PostgreSQL, the effects enqueued and not yet written,
+	// which the outcome's statement inserts (effects_postgres.go).
+	pending []pendingEffect
 
 	completedAt int64  // unix ms of the recorded outcome
 	stored      string // the result as recorded (see confirmCommit)

@@ -213,8 +213,12 @@ func (a *attempt) commit(ctx context.Context, cr *mcp.CallToolResult) error {
 	a.stored = stored
 	now := a.layer.nowMS()
 	a.completedAt = now
-	r, err := a.unit.exec(recordOutcome,
-		stateOf(cr), stored, now, now+a.retention().Milliseconds(), a.callID, a.owner)
+	args := []any{stateOf(cr), stored, now, now + a.retention().Milliseconds(), a.callID, a.owner}
+	q := recordOutcome
+	if len(a.pending) > 0 {
+		q, args = recordOutcomeWithEffects, append(args, effectColumns(a.pending)...)
+	}
+	r, err := a.unit.exec(q, args...)
 	if err != nil {
 		return fmt.Errorf("record outcome: %w", err)
 	}
@@ -269,10 +273,10 @@ func (a *attempt) abandon(ctx context.Context) {
 		a.closeTx(false)
 	}
 	u := a.unit
-	a.unit, a.tx = nil, nil
+	a.unit, a.tx, a.pending = nil, nil, nil
 	var err error
 	if u != nil {
-		err = u.undo()
+		err = u.undoAll()
 	} else {
 		u, err = a.layer.group.enter(background(ctx), false)
 	}

@@ -100,6 +100,13 @@ func (l *Layer) claim(ctx context.Context, a *attempt, deadline time.Time) (clai
 	// A task's claim is the task: the extension forbids answering with it
 	// before it is durable, so it commits with an fsync and is waited for.
 	durable := a.tool.onLostPolicy() == onLostUnknown || a.task != nil
+	if l.db.Dialect == schema.Postgres && a.task == nil {
+		// Committed when it returns: durable, or visible to a cooperating
+		// upstream, as the waits below make the transactional claim.
+		if res, ok, err := l.claimOneTrip(ctx, a, durable); err != nil || ok {
+			return res, err
+		}
+	}
 	u, err := l.group.enterBy(ctx, durable, deadline)
 	if err != nil {
 		return claimResult{}, err

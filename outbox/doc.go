@@ -370,9 +370,18 @@
 //   - No group commit. Each unit (a claim, an outcome, a release) is a
 //     transaction of its own on a pooled connection: PostgreSQL runs them
 //     side by side and shares WAL flushes among concurrent commits itself.
-//     A unit's work still sits in a savepoint, and a claim or a release
-//     commits with synchronous_commit off, the counterpart of SQLite's
-//     relaxed claims.
+//     A claim or a release commits with synchronous_commit off, the
+//     counterpart of SQLite's relaxed claims.
+//   - Round trips, not CPU, are what a call costs across a network, so
+//     each step takes as few as it can through database/sql. The claim of
+//     a call that is no task is one statement on its own (INSERT … ON
+//     CONFLICT DO NOTHING, and the read of the row it found): one round
+//     trip for a fresh key, and one for a replay. The outcome's
+//     transaction sets no savepoint (it is the unit's own; undoing it
+//     means beginning anew and taking the fence again), and the call's
+//     effects are inserted by the outcome's statement, not at Enqueue. A
+//     fresh-key call thus costs six round trips: the claim, BEGIN, the
+//     fence, the handler's statements, the outcome, COMMIT.
 //   - Claims are compare-and-set writes. Replicas claim at the same time,
 //     so every transition of a call row names the state it read (and, for
 //     a takeover or an abandoned forwarded call, the owner): a write that
@@ -401,10 +410,9 @@
 //   - Waiting. A duplicate on another replica cannot be woken by the
 //     original: it polls the row with backoff, as one in another process
 //     does on SQLite.
-//   - A handler statement that fails ends PostgreSQL's transaction up to
-//     the last savepoint: the handler gets the error and should return
-//     it; further statements fail until the layer rolls back to the
-//     call's savepoint.
+//   - A handler statement that fails ends PostgreSQL's transaction: the
+//     handler gets the error and should return it; further statements
+//     fail until the layer rolls the call's transaction back.
 //   - A lost answer to COMMIT (the connection broke while PostgreSQL
 //     committed) leaves the outcome unknown to the attempt: it reads the
 //     call's row again, and answers the result if its outcome is there,

@@ -115,6 +115,10 @@ type unit struct {
 	durable bool
 	outcome bool // the unit records a call's outcome: it counts toward MaxBatchCalls
 	ended   bool
+	// redo, when not nil, marks a unit of its own transaction (PostgreSQL)
+	// that has no savepoint: undo rolls the whole transaction back, begins
+	// another and runs redo in it (see enterRedo).
+	redo func(*unit) error
 }
 
 func newGroupCommit(db *schema.DB, maxCalls int, maxWait time.Duration, now func() time.Time) *groupCommit {
@@ -127,6 +131,19 @@ func newGroupCommit(db *schema.DB, maxCalls int, maxWait time.Duration, now func
 // committed with synchronous=FULL; the others' may commit with NORMAL.
 func (g *groupCommit) enter(ctx context.Context, durable bool) (*unit, error) {
 	return g.enterBy(ctx, durable, time.Time{})
+}
+
+// enterRedo is enter for a unit that can restore, by redo, what it holds
+// at its start. On PostgreSQL such a unit sets no savepoint, which saves a
+// round trip (a durable unit without a deadline then sends nothing before
+// its first statement but BEGIN): undo rolls the whole transaction back
+// and begins another, in which redo runs. SQLite's units share a batch,
+// where only a savepoint undoes one unit's work, so there it is enter.
+func (g *groupCommit) enterRedo(ctx context.Context, durable bool, redo func(*unit) error) (*unit, error) {
+	if !g.own {
+		return g.enter(ctx, durable)
+	}
+	return g.enterOwnWith(ctx, durable, time.Time{}, redo)
 }
 
 // enterBy is enter for a unit that waits for another connection's write
@@ -216,6 +233,10 @@ func (g *groupCommit) join(ctx context.Context, durable bool, deadline time.Time
 // then fails as busy, like SQLite's SQLITE_BUSY, and is tried again until
 // the in-flight wait ends.
 func (g *groupCommit) enterOwn(ctx context.Context, durable bool, deadline time.Time) (*unit, error) {
+	return g.enterOwnWith(ctx, durable, deadline, nil)
+}
+
+func (g *groupCommit) enterOwnWith(ctx context.Context, durable bool, deadline time.Time, redo func(*unit) error) (*unit, error) {
 	conn, err := g.db.Write.Conn(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("take database connection: %w", err)
@@ -234,8 +255,13 @@ func (g *groupCommit) enterOwn(ctx context.Context, durable bool, deadline time.
 	if !deadline.IsZero() {
 		set = append(set, "SET LOCAL lock_timeout = "+strconv.FormatInt(max(time.Until(deadline).Milliseconds(), 1), 10))
 	}
-	set = append(set, "SAVEPOINT unit")
-	u := &unit{g: g, b: b, durable: durable}
+	if redo == nil {
+		set = append(set, "SAVEPOINT unit")
+	}
+	u := &unit{g: g, b: b, durable: durable, redo: redo}
+	if len(set) == 0 {
+		return u, nil
+	}
 	// One round trip: without arguments pgx sends the statements as one
 	// simple query.
 	if _, err := tx.ExecContext(context.Background(), strings.Join(set, "; ")); err != nil {
@@ -391,9 +417,51 @@ func (u *unit) queryRow(query string, args ...any) *sql.Row {
 
 // undo rolls the unit's work back to its savepoint and keeps the unit.
 func (u *unit) undo() error {
+	if u.redo != nil {
+		return u.again(u.redo)
+	}
+	return u.rollbackToSavepoint()
+}
+
+// undoAll is undo for a unit whose next statements need nothing of what it
+// held at its start: a unit without a savepoint begins anew without redo.
+// (abandon's release of the claim is a compare-and-set of its own, and
+// must not depend on the fence that made the attempt give up.)
+func (u *unit) undoAll() error {
+	if u.redo != nil {
+		return u.again(nil)
+	}
+	return u.rollbackToSavepoint()
+}
+
+func (u *unit) rollbackToSavepoint() error {
 	if _, err := u.exec(`ROLLBACK TO unit`); err != nil {
 		u.b.broken = savepointFailed("roll back to savepoint", err)
 		return u.b.broken
+	}
+	return nil
+}
+
+// again is undo for a unit without a savepoint: its transaction is its
+// own, so rolling all of it back undoes the unit's work and nobody else's.
+// The new transaction has lost what the unit held (the fence's row lock),
+// which redo takes again; the unit's SET LOCALs need nothing, as enterRedo
+// sets none.
+func (u *unit) again(redo func(*unit) error) error {
+	b := u.b
+	_ = b.tx.Rollback()
+	tx, err := b.conn.BeginTx(context.Background(), nil)
+	if err != nil {
+		b.broken = fmt.Errorf("begin again: %w", err)
+		return b.broken
+	}
+	b.tx = tx
+	if redo == nil {
+		return nil
+	}
+	if err := redo(u); err != nil {
+		b.broken = err
+		return err
 	}
 	return nil
 }
@@ -413,13 +481,17 @@ func (u *unit) leave(keep bool) *batch {
 		// error, can end the whole transaction; the savepoint is then gone
 		// and this fails, which is how the batch learns it is broken.
 		var err error
-		if !keep {
+		switch {
+		case !keep && u.redo != nil:
+			// No savepoint: the whole transaction, the unit's own, rolls back.
+			b.broken = errUnitDiscarded
+		case !keep:
 			_, err = u.exec(`ROLLBACK TO unit`)
 		}
 		// A transaction of its own (PostgreSQL) commits next: COMMIT
 		// releases the savepoint and answers for a transaction an error
 		// ended (pgx: ErrTxCommitRollback), so RELEASE would only cost a
-		// round trip, one of the seven of a call's outcome.
+		// round trip, one of the five of a call's outcome.
 		if err == nil && !b.own {
 			_, err = u.exec(`RELEASE unit`)
 		}
@@ -462,6 +534,10 @@ func savepointFailed(op string, err error) error {
 	}
 	return fmt.Errorf("%s: %w", op, err)
 }
+
+// errUnitDiscarded: the unit of a transaction of its own was left without
+// keeping its work, so the transaction rolls back.
+var errUnitDiscarded = errors.New("the unit's work was discarded")
 
 // errOwnTxEnded is why a unit's own transaction (PostgreSQL) did not
 // commit although no statement of the unit reported an error: one did

@@ -137,7 +137,12 @@ func (a *attempt) openTx(ctx context.Context) error {
 		a.readConn, a.tx = conn, tx
 		return nil
 	}
-	u, err := a.layer.group.enter(ctx, true)
+	redo := func(*unit) error { return nil }
+	if a.recorded() {
+		// Undo takes the fence again when it has to begin anew (enterRedo).
+		redo = a.fence
+	}
+	u, err := a.layer.group.enterRedo(ctx, true, redo)
 	if err != nil {
 		return err
 	}
@@ -219,7 +224,11 @@ func (a *attempt) discardWork(ctx context.Context) error {
 	if err := a.unit.undo(); err != nil {
 		return a.wrap(fmt.Errorf("roll back handler: %w", err))
 	}
-	a.effects = 0
+	// A unit without a savepoint undoes by beginning anew: a handler that
+	// runs again in this attempt (tool.go, input required) works in the
+	// new transaction.
+	a.tx = a.unit.tx()
+	a.effects, a.pending = 0, nil
 	return nil
 }
 
@@ -414,6 +423,11 @@ func (a *attempt) Enqueue(ctx context.Context, e Effect) (string, error) {
 	a.effects++
 	key := callkey.EffectKey(a.uid, a.effects)
 	now := a.layer.nowMS()
+	if a.defersEffects() {
+		a.pending = append(a.pending, pendingEffect{seq: a.effects, destination: e.Destination, method: e.Method, path: e.Path,
+			headers: headers, body: e.Body, key: key, at: now, traceparent: traceparentOf(ctx)})
+		return key, nil
+	}
 	var callID any
 	if a.recorded() {
 		callID = a.callID

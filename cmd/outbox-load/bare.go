@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -36,6 +37,7 @@ func serveBare(args []string) int {
 	fs := flag.NewFlagSet(serveBareCommand, flag.ContinueOnError)
 	dbArg := fs.String("db", "", "database (path or postgres:// URL); empty keeps nothing")
 	addr := fs.String("http", "", "listen address; empty serves stdio")
+	mode := fs.String("mode", "tx", "with --db: tx (database/sql, one transaction per call), group (SQLite: one writer committing every waiting call at once) or pgx (PostgreSQL: pgxpool)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -47,9 +49,46 @@ func serveBare(args []string) int {
 		return 1
 	}
 	s := mcp.NewServer(&mcp.Implementation{Name: "bare", Version: "v0"}, nil)
-	if *dbArg == "" {
+	switch {
+	case *dbArg == "":
 		ledger.RegisterNothingKept(s, nil)
-	} else {
+	case *mode == "pgx":
+		pc, err := pgxpool.ParseConfig(*dbArg)
+		if err != nil {
+			return fail(err)
+		}
+		// pgxpool's default is 4 connections (or the CPUs, if more), which
+		// would queue 32 callers behind 4 transactions: as many as the
+		// layer's pool holds.
+		pc.MaxConns = schema.DefaultPostgresConns
+		pool, err := pgxpool.NewWithConfig(ctx, pc)
+		if err != nil {
+			return fail(err)
+		}
+		defer pool.Close()
+		d, err := schema.Open(ctx, *dbArg, nil) // the same tables as the layer's
+		if err != nil {
+			return fail(err)
+		}
+		err = ledger.Migrate(ctx, d)
+		d.Close()
+		if err != nil {
+			return fail(err)
+		}
+		registerPgx(pool, s)
+	case *mode == "group":
+		d, err := schema.Open(ctx, *dbArg, nil)
+		if err != nil {
+			return fail(err)
+		}
+		defer d.Close()
+		if err := ledger.Migrate(ctx, d); err != nil {
+			return fail(err)
+		}
+		if err := registerGroupCommit(ctx, d.Write, s); err != nil {
+			return fail(err)
+		}
+	case *mode == "tx":
 		d, err := schema.Open(ctx, *dbArg, nil)
 		if err != nil {
 			return fail(err)
@@ -59,6 +98,8 @@ func serveBare(args []string) int {
 			return fail(err)
 		}
 		ledger.RegisterBareTransactional(d, s, nil)
+	default:
+		return fail(fmt.Errorf("--mode %q: want tx, group or pgx", *mode))
 	}
 	if *addr == "" {
 		if err := s.Run(ctx, &mcp.StdioTransport{}); err != nil && ctx.Err() == nil {

@@ -97,24 +97,24 @@ func TestRunPlanSQLite(t *testing.T) {
 		t.Errorf("%d cells, want %d\n%s", len(got), len(wantCells), out.String())
 	}
 	for _, c := range wantCells {
-		for _, side := range []string{"limit", "careful", "layer"} {
+		for _, side := range []string{"limit", "careful", "expert", "layer"} {
 			f := got[c][side]
-			if len(f) != 12 {
+			if len(f) != 15 {
 				t.Errorf("%s, %s: row %q\n%s", c, side, f, out.String())
 				continue
 			}
 			if rate, _ := strconv.ParseFloat(f[0], 64); rate <= 0 {
 				t.Errorf("%s, %s: %s calls/s", c, side, f[0])
 			}
-			if f[11] != "0" {
-				t.Errorf("%s, %s: %s errors", c, side, f[11])
+			if f[14] != "0" {
+				t.Errorf("%s, %s: %s errors", c, side, f[14])
 			}
-			p99, err1 := time.ParseDuration(f[4])
-			most, err2 := time.ParseDuration(f[5])
+			p99, err1 := time.ParseDuration(f[5])
+			most, err2 := time.ParseDuration(f[6])
 			if err1 != nil || err2 != nil || most < p99 || p99 <= 0 {
-				t.Errorf("%s, %s: p99 %q, max %q", c, side, f[4], f[5])
+				t.Errorf("%s, %s: p99 %q, max %q", c, side, f[5], f[6])
 			}
-			allocs := f[9]
+			allocs := f[10]
 			if strings.HasPrefix(c, "stdio") != (allocs == "n/a") {
 				t.Errorf("%s, %s: allocs/call %q", c, side, allocs)
 			}
@@ -137,14 +137,26 @@ func TestRunPostgres(t *testing.T) {
 	bin := mcpOutbox(t)
 	var out, log bytes.Buffer
 	code := run(context.Background(), []string{"--store", "postgres", "--clients", "4", "--duration", "300ms", "--warmup", "100ms",
-		"--rounds", "1", "--replicas", "2", "--mcp-outbox", bin}, &out, &log)
+		"--rounds", "1", "--replicas", "2", "--rtt", "2ms", "--mcp-outbox", bin}, &out, &log)
 	if code != 0 {
 		t.Fatalf("exit %d\n%s", code, log.String())
 	}
-	got := rows(out.String())["http stateless, keyed, 4 clients"]
-	for _, side := range []string{"limit", "careful", "layer", "layer-x2"} {
-		if f := got[side]; len(f) != 12 || f[11] != "0" || f[9] == "n/a" {
+	got := rows(out.String())["http stateless, keyed, 4 clients, 2ms RTT to PostgreSQL"]
+	for _, side := range []string{"limit", "careful", "pgx", "layer", "layer-x2"} {
+		if f := got[side]; len(f) != 15 || f[14] != "0" || f[10] == "n/a" {
 			t.Errorf("side %q: row %q (want calls, allocations and 0 errors)\n%s", side, f, out.String())
+		}
+	}
+	// Round trips and commits per call, for every side that writes.
+	for _, side := range []string{"careful", "pgx", "layer", "layer-x2"} {
+		f := got[side]
+		if len(f) != 15 {
+			continue
+		}
+		rts, err1 := strconv.ParseFloat(f[12], 64)
+		commits, err2 := strconv.ParseFloat(f[13], 64)
+		if err1 != nil || err2 != nil || rts < 1 || commits < 1 {
+			t.Errorf("side %q: %q round trips and %q commits per call", side, f[12], f[13])
 		}
 	}
 }
@@ -153,6 +165,7 @@ func TestRunPostgres(t *testing.T) {
 func TestRunRefusesBadFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"--clients", "0"}, {"--clients", "8,x"}, {"--store", "mysql"}, {"--rounds", "0"}, {"extra"},
+		{"--rtt", "1ms"}, {"--store", "postgres", "--rtt", "fast"},
 	} {
 		var out, log bytes.Buffer
 		if code := run(context.Background(), args, &out, &log); code != 2 {

@@ -5,6 +5,7 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
+	"time"
 )
 
 // transport is how the load reaches a server.
@@ -27,12 +28,18 @@ type cell struct {
 	transport transport
 	keyed     bool // a fresh _meta.idempotencyKey per call, or none
 	clients   int  // concurrent callers (HTTP: each its own client; stdio: calls in flight on one pipe)
+	// rtt is the round-trip time between each server and PostgreSQL
+	// through the delaying proxy; -1: no proxy (SQLite, or --rtt not given).
+	rtt time.Duration
 }
 
 func (c cell) String() string {
 	key := "keyed"
 	if !c.keyed {
 		key = "keyless"
+	}
+	if c.rtt >= 0 {
+		return fmt.Sprintf("%s, %s, %d clients, %v RTT to PostgreSQL", c.transport, key, c.clients, c.rtt)
 	}
 	return fmt.Sprintf("%s, %s, %d clients", c.transport, key, c.clients)
 }
@@ -55,15 +62,24 @@ const (
 	roleLimit   role = iota // nothing kept: what the go-sdk and the tool cost
 	roleCareful             // the best a careful user writes without the layer
 	roleLayer
+	roleExpert // the best an expert writes by hand for the store, without the layer
 )
 
 // plan lists the cells of a run: the HTTP stateless keyed load at every
 // concurrency level (the headline), and at the level nearest 32 the other
 // ways a load arrives.
-func plan(levels []int, store string, quick bool) []cell {
+func plan(levels []int, store string, quick bool, rtts []time.Duration) []cell {
 	var cells []cell
+	if len(rtts) > 0 {
+		for _, rtt := range rtts {
+			for _, n := range levels {
+				cells = append(cells, cell{transport: httpStateless, keyed: true, clients: n, rtt: rtt})
+			}
+		}
+		return cells
+	}
 	for _, n := range levels {
-		cells = append(cells, cell{transport: httpStateless, keyed: true, clients: n})
+		cells = append(cells, cell{transport: httpStateless, keyed: true, clients: n, rtt: -1})
 	}
 	if quick || store == "postgres" {
 		return cells
@@ -75,10 +91,10 @@ func plan(levels []int, store string, quick bool) []cell {
 		}
 	}
 	cells = append(cells,
-		cell{transport: httpStateful, keyed: true, clients: mid},
-		cell{transport: httpStateless, keyed: false, clients: mid},
-		cell{transport: stdio, keyed: true, clients: 1},
-		cell{transport: stdio, keyed: true, clients: mid},
+		cell{transport: httpStateful, keyed: true, clients: mid, rtt: -1},
+		cell{transport: httpStateless, keyed: false, clients: mid, rtt: -1},
+		cell{transport: stdio, keyed: true, clients: 1, rtt: -1},
+		cell{transport: stdio, keyed: true, clients: mid, rtt: -1},
 	)
 	return slices.CompactFunc(cells, func(a, b cell) bool { return a == b })
 }

@@ -20,6 +20,14 @@ type result struct {
 	mallocs      float64       // the servers' heap allocations while measured
 	mallocsKnown bool
 	peakRSS      int64 // the servers' peak resident memory, summed
+	// roundTrips: client bursts to PostgreSQL that got an answer, counted
+	// by the delaying proxy while measured (--rtt).
+	roundTrips      int64
+	roundTripsKnown bool
+	// commits: pg_stat_database's xact_commit over the warm-up and the
+	// measured time, whose calls commitCalls counts.
+	commits     int64
+	commitCalls int
 }
 
 func (r *result) rate() float64 {
@@ -58,11 +66,15 @@ func (rep *report) write(w io.Writer) {
 	}
 	limit := slices.IndexFunc(rep.sides, func(s side) bool { return s.role == roleLimit })
 	careful := slices.IndexFunc(rep.sides, func(s side) bool { return s.role == roleCareful })
+	expert := slices.IndexFunc(rep.sides, func(s side) bool { return s.role == roleExpert })
 	for _, c := range rep.cells {
 		fmt.Fprintf(w, "\n%s\n", c.cell)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "side\tcalls/s\tvs limit\tvs careful\tp50\tp99\tmax\tp99 vs limit\tCPU/call\tload CPU/call\tallocs/call\tpeak RSS\terrors\t")
-		lr, cr := &result{}, &result{}
+		fmt.Fprintln(tw, "side\tcalls/s\tvs limit\tvs careful\tvs expert\tp50\tp99\tmax\tp99 vs limit\tCPU/call\tload CPU/call\tallocs/call\tpeak RSS\tRT/call\tcommits/call\terrors\t")
+		lr, cr, er := &result{}, &result{}, &result{}
+		if expert >= 0 {
+			er = c.results[expert]
+		}
 		if limit >= 0 {
 			lr = c.results[limit]
 		}
@@ -82,10 +94,17 @@ func (rep *report) write(w io.Writer) {
 			if r.calls > 0 {
 				cpu, loadCPU = r.cpu/time.Duration(r.calls), r.loadCPU/time.Duration(r.calls)
 			}
-			fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%dMiB\t%d\t\n", s.short, r.rate(),
-				ratio(r.rate(), lr.rate()), ratio(r.rate(), cr.rate()),
+			rts, commits := "-", "-"
+			if r.roundTripsKnown && r.calls > 0 {
+				rts = fmt.Sprintf("%.1f", float64(r.roundTrips)/float64(r.calls))
+			}
+			if r.commitCalls > 0 {
+				commits = fmt.Sprintf("%.2f", float64(r.commits)/float64(r.commitCalls))
+			}
+			fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%dMiB\t%s\t%s\t%d\t\n", s.short, r.rate(),
+				ratio(r.rate(), lr.rate()), ratio(r.rate(), cr.rate()), ratio(r.rate(), er.rate()),
 				round(r.p(0.5)), round(r.p(0.99)), round(r.p(1)), ratio(float64(r.p(0.99)), float64(lr.p(0.99))),
-				cpu.Round(time.Microsecond), loadCPU.Round(time.Microsecond), allocs, r.peakRSS>>20, r.errors)
+				cpu.Round(time.Microsecond), loadCPU.Round(time.Microsecond), allocs, r.peakRSS>>20, rts, commits, r.errors)
 		}
 		tw.Flush()
 	}

@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	neturl "net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/netdelay"
 	"github.com/mcp-outbox/mcp-outbox/internal/pgtest"
 )
 
@@ -31,6 +33,12 @@ alternating rounds and each on a fresh database,
             nothing, its HTTP routed exactly as serve routes it
   careful   the same bare server writing each charge in one transaction
             of its own: what a careful user writes without the layer
+  expert    SQLite: the same bare server as an expert writes it, one
+            writer goroutine committing every waiting call in one
+            transaction (group commit), answering each after the commit
+  pgx       PostgreSQL: the same bare server on pgxpool, three round
+            trips per call (BEGIN; INSERT … RETURNING; the effect's
+            INSERT and COMMIT in one batch)
   layer     mcp-outbox serve (one replica; on PostgreSQL also --replicas)
 
 and prints calls per second, p50, p99 and the largest latency, and the servers' CPU
@@ -41,7 +49,12 @@ and with that many calls in flight on its one pipe (--quick skips those).
 
 --store sqlite (the default) uses files in a temporary directory;
 --store postgres starts a throwaway PostgreSQL cluster (initdb, fsync on)
-and adds a side of --replicas replicas sharing one database.
+and adds a side of --replicas replicas sharing one database. --rtt 0,1ms
+puts a proxy between every server and PostgreSQL that delays each
+direction by half the RTT, and measures each cell at each RTT; the proxy
+counts the round trips per call (RT/call), and pg_stat_database the
+commits per call (over the warm-up and the measured time, read once the
+servers are gone).
 mcp-outbox is built unless --mcp-outbox names a binary. Every server runs
 with GOGC=400 (serve's default, which the bare servers share) unless
 --gogc gives another value for all of them.
@@ -68,6 +81,7 @@ type config struct {
 	gogc      string
 	before    string
 	serveArgs []string
+	rtts      []time.Duration // PostgreSQL: the round-trip times put between servers and the database
 	binary    string
 	tasks     bool
 }
@@ -90,7 +104,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	serveArgs := fs.String("serve-args", "", "extra flags for every mcp-outbox serve, space-separated (e.g. \"--durability normal\")")
 	fs.StringVar(&cfg.before, "before", "", "another mcp-outbox binary, measured as side \"before\" beside the layer (before and after a change)")
 	fs.StringVar(&cfg.gogc, "gogc", "", "GOGC for every server (default: each server's own, which for serve and the bare servers alike is 400)")
-	only := fs.String("sides", "", "measure only these sides, comma-separated (limit, careful, layer; for profiling one)")
+	rtts := fs.String("rtt", "", "with --store postgres, round-trip times to put between every server and PostgreSQL, comma-separated (e.g. 0,1ms): each server then reaches it through a delaying proxy, which counts round trips per call")
+	only := fs.String("sides", "", "measure only these sides, comma-separated (limit, careful, expert or pgx, layer, before, layer-xN; for profiling one)")
 	fs.BoolVar(&cfg.tasks, "tasks", false, "measure MCP Tasks instead: plain charge vs a charge answered with a task, and tasks/get polls (default --clients 1,8)")
 	fs.StringVar(&cfg.binary, "mcp-outbox", "", "the mcp-outbox binary (default: go build ./cmd/mcp-outbox)")
 	if err := fs.Parse(args); err != nil {
@@ -105,6 +120,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if cfg.levels, err = parseLevels(*levels); err != nil {
 		fmt.Fprintln(stderr, "outbox-load:", err)
 		return 2
+	}
+	if *rtts != "" {
+		if cfg.rtts, err = parseRTTs(*rtts); err != nil {
+			fmt.Fprintln(stderr, "outbox-load:", err)
+			return 2
+		}
+		if cfg.store != "postgres" {
+			fmt.Fprintln(stderr, "outbox-load: --rtt needs --store postgres")
+			return 2
+		}
 	}
 	if cfg.store != "sqlite" && cfg.store != "postgres" {
 		fmt.Fprintf(stderr, "outbox-load: --store %q: want sqlite or postgres\n", cfg.store)
@@ -149,21 +174,88 @@ type store struct {
 	n    int
 }
 
-func (s *store) fresh(ctx context.Context) (string, error) {
+func (s *store) fresh(ctx context.Context) (url, name string, err error) {
 	s.n++
 	if s.pg == nil {
-		return filepath.Join(s.dir, fmt.Sprintf("load_%d.db", s.n)), nil
+		return filepath.Join(s.dir, fmt.Sprintf("load_%d.db", s.n)), "", nil
 	}
-	name := fmt.Sprintf("load_%d", s.n)
+	name = fmt.Sprintf("load_%d", s.n)
 	db, err := sql.Open("pgx", s.pg.URL)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	defer db.Close()
 	if _, err := db.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
-		return "", err
+		return "", "", err
 	}
-	return pgtest.WithDatabase(s.pg.URL, name), nil
+	return pgtest.WithDatabase(s.pg.URL, name), name, nil
+}
+
+// commits reads the transactions committed in database name since it was
+// created, once the count stops moving: backends that exit report theirs
+// as they go.
+func (s *store) commits(ctx context.Context, name string) (int64, error) {
+	db, err := sql.Open("pgx", s.pg.URL)
+	if err != nil {
+		return 0, err
+	}
+	defer db.Close()
+	read := func() (int64, error) {
+		var n int64
+		err := db.QueryRowContext(ctx, `SELECT xact_commit FROM pg_stat_database WHERE datname = $1`, name).Scan(&n)
+		return n, err
+	}
+	last, err := read()
+	if err != nil {
+		return 0, err
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	tick := time.NewTicker(300 * time.Millisecond)
+	defer tick.Stop()
+	for time.Now().Before(deadline) {
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+		n, err := read()
+		if err != nil {
+			return 0, err
+		}
+		if n == last {
+			return n, nil
+		}
+		last = n
+	}
+	return last, nil
+}
+
+// viaProxy points a postgres:// URL at addr.
+func viaProxy(u, addr string) string {
+	p, err := neturl.Parse(u)
+	if err != nil {
+		return u
+	}
+	p.Host = addr
+	return p.String()
+}
+
+// parseRTTs reads "0,1ms".
+func parseRTTs(s string) ([]time.Duration, error) {
+	var rtts []time.Duration
+	for f := range strings.SplitSeq(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "0" {
+			rtts = append(rtts, 0)
+			continue
+		}
+		d, err := time.ParseDuration(f)
+		if err != nil || d < 0 {
+			return nil, fmt.Errorf("--rtt: %q is not a duration", f)
+		}
+		rtts = append(rtts, d)
+	}
+	return rtts, nil
 }
 
 func measure(ctx context.Context, cfg config, logw io.Writer) (*report, error) {
@@ -194,7 +286,7 @@ func measure(ctx context.Context, cfg config, logw io.Writer) (*report, error) {
 		}
 	}
 	rep := &report{cfg: cfg, sides: sides}
-	for _, c := range plan(cfg.levels, cfg.store, cfg.quick) {
+	for _, c := range plan(cfg.levels, cfg.store, cfg.quick, cfg.rtts) {
 		row := &cellResult{cell: c, results: make([]*result, len(sides))}
 		for i := range sides {
 			row.results[i] = &result{}
@@ -247,13 +339,16 @@ func openStore(_ context.Context, kind, dir string, logf func(string, ...any)) (
 // sidesFor lists the sides: this binary re-run as the bare servers, and
 // mcp-outbox serve.
 func sidesFor(cfg config, self string) []side {
-	bare := func(db, addr string) *exec.Cmd {
-		args := []string{serveBareCommand, "--db", db}
-		if addr != "" {
-			args = append(args, "--http", addr)
+	bareMode := func(mode string) func(db, addr string) *exec.Cmd {
+		return func(db, addr string) *exec.Cmd {
+			args := []string{serveBareCommand, "--db", db, "--mode", mode}
+			if addr != "" {
+				args = append(args, "--http", addr)
+			}
+			return exec.Command(self, args...)
 		}
-		return exec.Command(self, args...)
 	}
+	bare := bareMode("tx")
 	serveWith := func(binary string) func(db, addr string) *exec.Cmd {
 		return func(db, addr string) *exec.Cmd {
 			args := append([]string{"serve", "--db", db, "--log-level", "error"}, cfg.serveArgs...)
@@ -268,8 +363,17 @@ func sidesFor(cfg config, self string) []side {
 		{name: "limit: bare go-sdk server, nothing kept", short: "limit", replicas: 1, role: roleLimit,
 			command: func(_, addr string) *exec.Cmd { return bare("", addr) }},
 		{name: "careful: bare go-sdk server, one transaction per call", short: "careful", replicas: 1, role: roleCareful, command: bare, needsDB: true},
-		{name: "layer: mcp-outbox serve", short: "layer", replicas: 1, role: roleLayer, command: layer, needsDB: true},
 	}
+	if cfg.store == "postgres" {
+		sides = append(sides, side{name: "pgx: bare go-sdk server on pgxpool, BEGIN / INSERT … RETURNING / the effect's INSERT and COMMIT in one batch",
+			short: "pgx", replicas: 1, role: roleExpert, command: bareMode("pgx"), needsDB: true})
+	} else {
+		sides = append(sides, side{name: "expert: bare go-sdk server, one writer goroutine committing every waiting call in one transaction",
+			short: "expert", replicas: 1, role: roleExpert, command: bareMode("group"), needsDB: true})
+	}
+	sides = append(sides,
+		side{name: "layer: mcp-outbox serve", short: "layer", replicas: 1, role: roleLayer, command: layer, needsDB: true},
+	)
 	if cfg.before != "" {
 		sides = append(sides, side{name: "before: mcp-outbox serve of " + cfg.before, short: "before", replicas: 1,
 			role: roleLayer, command: serveWith(cfg.before), needsDB: true})
@@ -284,11 +388,21 @@ func sidesFor(cfg config, self string) []side {
 // runSide starts the side's servers, loads them for the warm-up and the
 // measured time, and adds the figures to res.
 func runSide(ctx context.Context, cfg config, st *store, c cell, s side, res *result) error {
-	db := ""
+	db, dbName := "", ""
+	var proxy *netdelay.Proxy
 	if s.needsDB {
 		var err error
-		if db, err = st.fresh(ctx); err != nil {
+		if db, dbName, err = st.fresh(ctx); err != nil {
 			return err
+		}
+		if st.pg != nil && c.rtt >= 0 {
+			// Every server reaches PostgreSQL through the proxy, at 0 RTT
+			// too, so that its round trips are counted in every cell.
+			if proxy, err = netdelay.Start(fmt.Sprintf("127.0.0.1:%d", st.pg.Port), &netdelay.Options{Delay: c.rtt / 2}); err != nil {
+				return err
+			}
+			defer proxy.Close()
+			db = viaProxy(db, proxy.Addr())
 		}
 	}
 	var (
@@ -297,7 +411,12 @@ func runSide(ctx context.Context, cfg config, st *store, c cell, s side, res *re
 		cl      *caller
 		err     error
 	)
+	stopped := false
 	stop := func() {
+		if stopped {
+			return
+		}
+		stopped = true
 		if cl != nil {
 			cl.close() // a stdio server exits when its stdin closes
 		}
@@ -332,8 +451,13 @@ func runSide(ctx context.Context, cfg config, st *store, c cell, s side, res *re
 			return err
 		}
 	}
-	if _, _, _, err := load(ctx, cl, c.keyed, cfg.warmup); err != nil {
+	warm, _, _, err := load(ctx, cl, c.keyed, cfg.warmup)
+	if err != nil {
 		return err
+	}
+	var rt0 int64
+	if proxy != nil {
+		rt0 = proxy.RoundTrips()
 	}
 	cpu0, self0 := cpuOf(procs), selfCPU()
 	m0, mok0 := mallocsOf(ctx, metrics)
@@ -350,7 +474,23 @@ func runSide(ctx context.Context, cfg config, st *store, c cell, s side, res *re
 		res.mallocs += m1 - m0
 		res.mallocsKnown = true
 	}
+	if proxy != nil {
+		res.roundTrips += proxy.RoundTrips() - rt0
+		res.roundTripsKnown = true
+	}
 	res.peakRSS = max(res.peakRSS, peakRSSOf(procs))
+	if st.pg != nil && dbName != "" {
+		// pg_stat_database is written by each backend at most once a
+		// second, and at its exit: read it once the servers are gone, and
+		// count the warm-up's calls with the measured ones.
+		stop()
+		n, err := st.commits(ctx, dbName)
+		if err != nil {
+			return err
+		}
+		res.commits += n
+		res.commitCalls += warm + calls
+	}
 	res.calls += calls
 	res.errors += errs
 	res.latencies = append(res.latencies, lat...)

@@ -274,7 +274,7 @@ func measureTasks(ctx context.Context, cfg config, command string, logw io.Write
 		rep.results = append(rep.results, row)
 	}
 	for round := range cfg.rounds {
-		db, err := st.fresh(ctx)
+		db, _, err := st.fresh(ctx)
 		if err != nil {
 			return nil, err
 		}
