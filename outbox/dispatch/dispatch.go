@@ -147,6 +147,10 @@ type Dispatcher struct {
 	lastReclaim time.Time     // wall clock of the last reclaim; rounds run one at a time
 	inflight    sync.WaitGroup
 	active      atomic.Int64 // attempts started and not yet recorded (inflight also counts the outcomes' writer)
+	// sending holds the ids of effects whose attempt has started and whose
+	// outcome is not yet written: reclaim never takes these back, whatever
+	// this process's clock says (see heldIDs).
+	sending sync.Map
 	stopping    atomic.Bool  // Run or Drain is ending: claim nothing more
 	stmts       atomic.Pointer[dispatchStmts]
 
