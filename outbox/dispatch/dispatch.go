@@ -150,9 +150,9 @@ type Dispatcher struct {
 	// sending holds the ids of effects whose attempt has started and whose
 	// outcome is not yet written: reclaim never takes these back, whatever
 	// this process's clock says (see heldIDs).
-	sending sync.Map
-	stopping    atomic.Bool  // Run or Drain is ending: claim nothing more
-	stmts       atomic.Pointer[dispatchStmts]
+	sending  sync.Map
+	stopping atomic.Bool // Run or Drain is ending: claim nothing more
+	stmts    atomic.Pointer[dispatchStmts]
 
 	recMu    sync.Mutex // guards recQueue and writing: see record
 	recQueue []*pendingRecord
