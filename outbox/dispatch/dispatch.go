@@ -424,14 +424,26 @@ func (d *Dispatcher) Drain(ctx context.Context, progress func(query.Counts)) (qu
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	var lastProgress time.Time
+	failures := 0
 	for {
 		next, err := d.round(ctx, ctx)
-		if err != nil {
-			return query.Counts{}, err
+		open := true
+		if err == nil {
+			open, err = d.openEffects(ctx)
 		}
-		open, err := d.openEffects(ctx)
 		if err != nil {
-			return query.Counts{}, err
+			if !d.transient(err) || ctx.Err() != nil {
+				return query.Counts{}, err
+			}
+			// A database restarting or failing over, or a lock held by
+			// another process, passes: drain is for deploy hooks, which
+			// run exactly when such things happen. Its timeout (ctx)
+			// bounds the waiting.
+			failures++
+			next = backoff(failures, drainRetryFirst, drainRetryLast, d.opts.Rand())
+			d.logger.WarnContext(ctx, "drain: database error; trying again", "error", err, "failures", failures, "wait", next)
+		} else {
+			failures = 0
 		}
 		if progress != nil && time.Since(lastProgress) >= drainProgressEvery {
 			lastProgress = time.Now()
@@ -441,7 +453,9 @@ func (d *Dispatcher) Drain(ctx context.Context, progress func(query.Counts)) (qu
 		}
 		if !open {
 			d.inflight.Wait()
-			if open, err = d.openEffects(ctx); err != nil || !open {
+			if open, err = d.openEffects(ctx); err != nil && d.transient(err) && ctx.Err() == nil {
+				open = true // counted below, once the store answers again
+			} else if err != nil || !open {
 				c, cerr := query.CountEffects(context.WithoutCancel(ctx), d.db)
 				return c, errors.Join(err, cerr)
 			}
@@ -456,6 +470,32 @@ func (d *Dispatcher) Drain(ctx context.Context, progress func(query.Counts)) (qu
 		case <-timer.C:
 		}
 	}
+}
+
+// Waits of Drain between rounds that failed with a transient database
+// error: doubling from drainRetryFirst up to drainRetryLast, jittered.
+const (
+	drainRetryFirst = 100 * time.Millisecond
+	drainRetryLast  = 5 * time.Second
+)
+
+// transient reports whether err is the database failing for a while rather
+// than the statement: PostgreSQL unreachable, restarting or out of
+// resources (schema.DB.Unavailable), or SQLite's lock held by another
+// process past busy_timeout (SQLITE_BUSY, SQLITE_LOCKED) or an I/O error.
+func (d *Dispatcher) transient(err error) bool {
+	if d.db.Unavailable(err) {
+		return true
+	}
+	var e interface{ Code() int } // modernc.org/sqlite's *Error
+	if !errors.As(err, &e) {
+		return false
+	}
+	switch e.Code() & 0xff { // the primary code
+	case 5, 6, 10: // SQLITE_BUSY, SQLITE_LOCKED, SQLITE_IOERR
+		return true
+	}
+	return false
 }
 
 // settle stops claiming, releases the queued claims, and waits for the

@@ -236,3 +236,71 @@ func TestFault_ClockDispatcher(t *testing.T) {
 		}
 	})
 }
+
+// TestFault_DrainRetries: Drain, run by deploy hooks exactly when the
+// database restarts or another process holds its lock, gets through
+// transient errors on its claims and its reads instead of returning the
+// first one; a statement error that is no store failure still ends it.
+func TestFault_DrainRetries(t *testing.T) {
+	t.Parallel()
+	for _, kind := range []faultdb.Kind{faultdb.Busy, faultdb.IOErr} {
+		t.Run(kind.String(), func(t *testing.T) {
+			t.Parallel()
+			const n = 3
+			fb := faultSetup(t, 1, 1, nil)
+			for j := range n {
+				if res := callCharge(t, fb.session, fmt.Sprint("drain-", j), 100+j); res.IsError {
+					t.Fatal(text(res))
+				}
+			}
+			fake := downstream.Start(t, nil)
+			u, _ := url.Parse(fake.URL())
+			d, err := dispatch.New(fb.db, &dispatch.Options{
+				Destinations: []dispatch.Destination{{Name: "payments", URL: u}},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Every claim, and every look for open effects, fails three
+			// times before the store answers again.
+			fb.inj.Set(
+				faultdb.Rule{Name: "claim", Stmt: faultdb.Contains("UPDATE effects SET state = 'in_flight'"), Kind: kind, Rate: 1, Max: 3},
+				faultdb.Rule{Name: "open", Stmt: faultdb.Contains("SELECT EXISTS (SELECT 1 FROM effects"), Kind: kind, Rate: 1, Max: 3},
+			)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			c, err := d.Drain(ctx, nil)
+			if err != nil {
+				t.Fatalf("Drain: %v", err)
+			}
+			if c.Delivered != n || c.Open() != 0 {
+				t.Errorf("counts %+v, want %d delivered", c, n)
+			}
+			if fb.inj.Faults("claim") != 3 {
+				t.Errorf("claim faults = %d, want 3", fb.inj.Faults("claim"))
+			}
+			if got := len(fake.Applied()); got != n {
+				t.Errorf("applied %d, want %d", got, n)
+			}
+		})
+	}
+	t.Run("readonly", func(t *testing.T) {
+		t.Parallel()
+		fb := faultSetup(t, 1, 1, nil)
+		if res := callCharge(t, fb.session, "drain-ro", 100); res.IsError {
+			t.Fatal(text(res))
+		}
+		fake := downstream.Start(t, nil)
+		u, _ := url.Parse(fake.URL())
+		d, err := dispatch.New(fb.db, &dispatch.Options{Destinations: []dispatch.Destination{{Name: "payments", URL: u}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fb.inj.Set(faultdb.Rule{Name: "claim", Stmt: faultdb.Contains("UPDATE effects SET state = 'in_flight'"), Kind: faultdb.ReadOnly, Rate: 1})
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := d.Drain(ctx, nil); err == nil || ctx.Err() != nil {
+			t.Fatalf("Drain on a read-only database: %v (ctx %v), want its error at once", err, ctx.Err())
+		}
+	})
+}
