@@ -16,6 +16,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/dbclock"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/metrics"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/otelattr"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/owner"
@@ -202,6 +203,14 @@ func New(db *schema.DB, opts *Options) (*Dispatcher, error) {
 	if o.ResponseLimit <= 0 {
 		o.ResponseLimit = DefaultResponseLimit
 	}
+	now := o.Now
+	if db.Dialect == schema.Postgres {
+		// Leases and due times are written and judged by every replica:
+		// in the server's clock (see dbclock), never in this machine's.
+		now = dbclock.New(db.Read, o.Now).Now
+	} else if now == nil {
+		now = time.Now
+	}
 	if o.Now == nil {
 		o.Now = time.Now
 	}
@@ -220,7 +229,7 @@ func New(db *schema.DB, opts *Options) (*Dispatcher, error) {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	d := &Dispatcher{
-		db: db, opts: o, dests: map[string]*destState{}, now: o.Now,
+		db: db, opts: o, dests: map[string]*destState{}, now: now,
 		logger: logger.With("subsystem", "dispatch"),
 		self:   owner.Current(),
 		wake:   make(chan struct{}, 1),
