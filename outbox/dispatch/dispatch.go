@@ -490,11 +490,17 @@ const (
 
 // transient reports whether err is the database failing for a while rather
 // than the statement: PostgreSQL unreachable, restarting or out of
-// resources (schema.DB.Unavailable), or SQLite's lock held by another
-// process past busy_timeout (SQLITE_BUSY, SQLITE_LOCKED) or an I/O error.
+// resources (schema.DB.Unavailable) or losing to another transaction
+// (serialization failure, deadlock, lock timeout), or SQLite's lock held by
+// another process past busy_timeout (SQLITE_BUSY, SQLITE_LOCKED) or an I/O
+// error.
 func (d *Dispatcher) transient(err error) bool {
 	if d.db.Unavailable(err) {
 		return true
+	}
+	switch schema.PgCode(err) {
+	case schema.PgSerializationFailure, schema.PgDeadlockDetected, schema.PgLockNotAvailable:
+		return true // another transaction won this time
 	}
 	var e interface{ Code() int } // modernc.org/sqlite's *Error
 	if !errors.As(err, &e) {
