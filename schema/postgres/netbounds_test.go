@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
@@ -84,6 +85,17 @@ func TestNetBounds_OnTheSocket(t *testing.T) {
 			}
 			if user != tc.userMS || keep != 1 || idle != tc.idleS {
 				t.Errorf("TCP_USER_TIMEOUT %d ms, SO_KEEPALIVE %d, TCP_KEEPIDLE %d s; want %d, 1, %d", user, keep, idle, tc.userMS, tc.idleS)
+			}
+			// The server's end of the same connection has them too.
+			var sIdle, sUser string
+			if err := conn.QueryRowContext(ctx, `SELECT current_setting('tcp_keepalives_idle'), current_setting('tcp_user_timeout')`).Scan(&sIdle, &sUser); err != nil {
+				t.Fatal(err)
+			}
+			if want := fmt.Sprint(tc.idleS); sIdle != want && sIdle != want+"s" {
+				t.Errorf("server's tcp_keepalives_idle = %q, want %s", sIdle, want)
+			}
+			if want := fmt.Sprint(tc.userMS); sUser != want && sUser != want+"ms" && sUser != fmt.Sprint(tc.userMS/1000)+"s" {
+				t.Errorf("server's tcp_user_timeout = %q, want %s ms", sUser, want)
 			}
 		})
 	}

@@ -120,6 +120,7 @@ func (store) DSN(target string, d schema.Durability) (string, error) {
 	}
 	bounds.connect = pcfg.ConnectTimeout
 	pcfg.DialFunc = bounds.dial
+	pcfg.AfterConnect = bounds.serverSide
 	name := stdlib.RegisterConnConfig(pcfg)
 	registered.Store(name, pcfg)
 	return name, nil
@@ -164,6 +165,34 @@ func netBoundsOf(q url.Values) (netBounds, error) {
 		}
 	}
 	return b, nil
+}
+
+// serverKeepAlive sets the same bounds on the server's end of the
+// connection. A partition is silent to both ends: without them the
+// server keeps a cut-off replica's session, and the row locks its
+// transaction holds (a call's row, from its first statement to its
+// commit), until the server's system keepalive notices, two hours by
+// default on Linux, and every other replica's attempt at that call
+// answers in_progress meanwhile. Set by a statement after connecting, not
+// as start-up parameters, which a pooler such as PgBouncer refuses; a
+// server or pooler that refuses the statement keeps its own settings.
+const serverKeepAlive = `SELECT set_config('tcp_keepalives_idle', $1, false), set_config('tcp_keepalives_interval', $2, false),
+    set_config('tcp_keepalives_count', $3, false), set_config('tcp_user_timeout', $4, false)`
+
+func (b netBounds) serverSide(ctx context.Context, c *pgconn.PgConn) error {
+	if !b.keepAlive.Enable {
+		return nil
+	}
+	secs := func(d time.Duration) string { return strconv.Itoa(int(d / time.Second)) }
+	rr := c.ExecParams(ctx, serverKeepAlive, [][]byte{
+		[]byte(secs(b.keepAlive.Idle)), []byte(secs(b.keepAlive.Interval)),
+		[]byte(strconv.Itoa(b.keepAlive.Count)), []byte(strconv.Itoa(int(b.userTimeout.Milliseconds()))),
+	}, nil, nil, nil)
+	_, err := rr.Close()
+	if err != nil && !c.IsClosed() && schema.PgCode(err) != "" {
+		return nil // refused by the server (an old version, a pooler): not fatal
+	}
+	return err
 }
 
 // dial connects with the bounds: keepalive on the socket, and
