@@ -12,6 +12,14 @@
 // do: build the connection string, read pgx's errors, and hold the
 // connection that LISTENs for new effects.
 //
+// Every connection is bounded on the network (see DefaultConnectTimeout
+// and the constants after it): a connect timeout, TCP keepalive and
+// TCP_USER_TIMEOUT on both ends, so that a partition that drops packets
+// fails a connection within seconds instead of hanging it. libpq's URL
+// settings connect_timeout, keepalives, keepalives_idle,
+// keepalives_interval, keepalives_count and tcp_user_timeout override the
+// defaults.
+//
 // An instrumented pool works as it is: register a driver that wraps
 // "pgx" (otelsql.Register("pgx") returns its name) and give that name as
 // [schema.Options].Driver. The dialect comes from the URL, so every
