@@ -122,6 +122,10 @@ type attemptTask struct {
 	// legacy: the request speaks the 2025-11-25 generation (task_2025.go),
 	// which shapes the answers; the row is the same.
 	legacy bool
+	// session: the 2025-11-25 session that asked for the task, which gets
+	// its notifications/tasks/status from this process (notifyTaskEnd);
+	// nil for a task taken over from a process that died.
+	session *mcp.ServerSession
 
 	mu sync.Mutex
 	id string // the task's id; a takeover of a task's row adopts the row's

@@ -12,6 +12,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/paramskey"
+	"github.com/mcp-outbox/mcp-outbox/internal/tasknote"
 )
 
 // The 2025-11-25 generation of Tasks (experimental in that revision's
@@ -440,4 +441,47 @@ func advertiseToolTasks2025(r *serverTools, res mcp.Result, err error) (mcp.Resu
 		return res, err
 	}
 	return listTools2025{lr, support}, nil
+}
+
+// notifyTaskEnd sends notifications/tasks/status (2025-11-25: a server
+// MAY send it when a task's status changes) to the session that asked for
+// the task, once its attempt ended in this process and the task is
+// terminal. ext-tasks 0.2.2 acts on it: its poll loop wakes at once, reads
+// the terminal status and fetches tasks/result, instead of waiting out
+// pollInterval. The TypeScript SDK 1.32.2's client only hands it to a
+// notification handler the application set.
+//
+// Only this process's session hears it: a task finished by another process
+// (after its owner died, or on another replica) has no session here, and
+// its client learns the end from its next tasks/get or tasks/result, which
+// read the row from any process. Over Streamable HTTP it goes on the
+// session's standalone stream, the client's GET, where go-sdk puts a
+// notification related to no request; a client without that stream polls.
+// The 2026-07-28 extension's notifications/tasks is not sent: see
+// doc.go ("Tasks").
+func (l *Layer) notifyTaskEnd(a *attempt) {
+	task := a.task
+	if task == nil || task.session == nil || task.shutdown.Load() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	t, err := l.getTask(ctx, a.id.principal, task.taskID(), false)
+	if err != nil {
+		l.logger.WarnContext(ctx, "task status notification: read task", "call_id", a.uid, "error", err)
+		return
+	}
+	w := t.as2025()
+	if !terminal2025(w.Status) {
+		return // left in flight for the next process: nothing to tell yet
+	}
+	p, err := tasknote.Progress("notifications/tasks/status", w)
+	if err == nil {
+		err = task.session.NotifyProgress(ctx, p)
+	}
+	if err != nil {
+		// The session may be gone: its client polls, or retries the call
+		// and finds the task.
+		l.logger.DebugContext(ctx, "task status notification not sent", "call_id", a.uid, "error", err)
+	}
 }

@@ -29,6 +29,11 @@ func (l *Layer) callAsTask(ctx context.Context, t *toolInfo, req *mcp.CallToolRe
 		return nil, err
 	}
 	task := &attemptTask{opts: t.tasks, params: params, id: newTaskID(), legacy: legacy}
+	if legacy && asksForTask(req) {
+		// params.task reached the layer lifted into _meta, which only the
+		// fronts do: they also write the status notification (tasknote).
+		task.session = req.Session
+	}
 	return l.run(ctx, t, req, task, func(ctx context.Context, a *attempt) (mcp.Result, error) {
 		if a.task == nil {
 			// Not recorded (no key, fingerprints off): no row, no task.
@@ -93,6 +98,7 @@ func (l *Layer) startTask(ctx context.Context, a *attempt, req *mcp.CallToolRequ
 			delete(l.tasks, id)
 			l.mu.Unlock()
 			l.leave(a)
+			l.notifyTaskEnd(a)
 		}()
 		res, err := a.tool.runStored(tctx, a, req)
 		var wire *jsonrpc.Error

@@ -9,6 +9,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/cancelnote"
 	"github.com/mcp-outbox/mcp-outbox/internal/paramskey"
+	"github.com/mcp-outbox/mcp-outbox/internal/tasknote"
 )
 
 // Options configure [NewTransport]. A nil *Options, like the zero value,
@@ -93,12 +94,13 @@ func (c *liftConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 // Write sends msg, except the response to a request the client cancelled:
 // the spec says a receiver should not answer one, and Claude Code 2.1.332,
 // given such an answer over stdio, logs "Received a response for an
-// unknown message ID".
+// unknown message ID". A notification the layer could not send through
+// go-sdk (a task's status, see tasknote) is written as itself.
 func (c *liftConn) Write(ctx context.Context, msg jsonrpc.Message) error {
 	if c.tracker.Answer(msg) {
 		return nil
 	}
-	return c.Connection.Write(ctx, msg)
+	return c.Connection.Write(ctx, tasknote.Rewrite(msg))
 }
 
 func (c *liftConn) Close() error {
