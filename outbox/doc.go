@@ -216,7 +216,26 @@
 // process that has it. Runner.Stop waits for running tasks until its
 // context ends, then stops them: they stay in flight for the next start.
 // A task is kept, like its call, for the key's retention ([TaskOptions.TTL]
-// overrides it): ttlMs says how long.
+// overrides it): ttlMs says how long. A 2025-11-25 client may ask for less
+// (params.task.ttl) and gets it, though at least [MinTaskTTL]; the row,
+// and the key that finds the task again, expire by the ttl granted.
+//
+// Status notifications. A 2025-11-25 session that asked for a task gets
+// notifications/tasks/status (the task, as tasks/get shows it) when the
+// task ends in the process that serves the session, over stdio and, over
+// Streamable HTTP, on the session's standalone stream (the client's GET).
+// A task finished by another process (its owner died, another replica took
+// it) has no session there: its client learns the end from its next poll.
+// @modelcontextprotocol/ext-tasks 0.2.2 wakes on the notification instead
+// of waiting out pollInterval. The 2026-07-28 extension's notifications/tasks
+// is not sent: the extension delivers it only on a subscriptions/listen
+// stream that asked for the task (notifications.taskIds), and go-sdk
+// v1.8.0 answers subscriptions/listen itself, decoding the filter into a
+// type without taskIds (so the ids are gone before any middleware sees
+// them), acknowledging only what it knows, and ending a listen at once
+// when nothing it knows was asked. Nor does ext-tasks 0.2.2 open such a
+// listen by itself: a 2026-07-28 client polls tasks/get, which answers
+// from any process.
 //
 // The same tasks speak the experimental Tasks of MCP 2025-11-25 to a
 // session made with initialize at that revision (the TypeScript SDK

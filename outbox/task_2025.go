@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"reflect"
 	"strconv"
 	"time"
@@ -67,6 +68,26 @@ func asksForTask(req *mcp.CallToolRequest) bool {
 	}
 	_, ok := req.Params.Meta[paramskey.TaskMetaKey]
 	return ok
+}
+
+// askedTTL is the ttl a 2025-11-25 request asked for in params.task
+// (lifted into _meta), zero when it asked for none (or for nonsense: the
+// default then applies). attempt.retention grants it within bounds.
+func askedTTL(req *mcp.CallToolRequest) time.Duration {
+	if req.Params == nil {
+		return 0
+	}
+	b, err := json.Marshal(req.Params.Meta[paramskey.TaskMetaKey])
+	if err != nil {
+		return 0
+	}
+	var p struct {
+		TTL *float64 `json:"ttl"`
+	}
+	if json.Unmarshal(b, &p) != nil || p.TTL == nil || *p.TTL < 1 || *p.TTL > float64(math.MaxInt64/int64(time.Millisecond)) {
+		return 0
+	}
+	return time.Duration(*p.TTL) * time.Millisecond
 }
 
 // taskSupport is a tool's execution.taskSupport of 2025-11-25: "" (absent,
@@ -476,12 +497,20 @@ func (l *Layer) notifyTaskEnd(a *attempt) {
 		return // left in flight for the next process: nothing to tell yet
 	}
 	p, err := tasknote.Progress("notifications/tasks/status", w)
-	if err == nil {
-		err = task.session.NotifyProgress(ctx, p)
-	}
 	if err != nil {
-		// The session may be gone: its client polls, or retries the call
-		// and finds the task.
-		l.logger.DebugContext(ctx, "task status notification not sent", "call_id", a.uid, "error", err)
+		l.logger.WarnContext(ctx, "task status notification", "call_id", a.uid, "error", err)
+		return
 	}
+	// On its own goroutine, outside the task's: a write to a session
+	// whose client reads nothing (a stdio pipe nobody drains) blocks until
+	// the session closes, and ctx does not bound it; the task is done.
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := task.session.NotifyProgress(ctx, p); err != nil {
+			// The session may be gone: its client polls, or retries
+			// the call and finds the task.
+			l.logger.DebugContext(ctx, "task status notification not sent", "call_id", a.uid, "error", err)
+		}
+	}()
 }

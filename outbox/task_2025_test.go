@@ -190,7 +190,8 @@ func TestTask2025_CreateResultGetList(t *testing.T) {
 	p := stdio2025(t, b.server)
 	task := created2025(t, p.charge(true, "t25-1", 700))
 	id, _ := task["taskId"].(string)
-	if task["status"] != "working" || task["pollInterval"] != float64(20) || task["ttl"] != float64(outbox.DefaultKeyRetention.Milliseconds()) {
+	// charge asks for a ttl of 60 s, which it gets (TestTask2025_TTL).
+	if task["status"] != "working" || task["pollInterval"] != float64(20) || task["ttl"] != float64(60000) {
 		t.Fatalf("task = %v", task)
 	}
 	g.waitReached(t)
@@ -425,5 +426,46 @@ func TestTask2025_BothGenerationsOneServer(t *testing.T) {
 	}
 	if got := charges(t, b); got != 1 {
 		t.Errorf("charges = %d, want 1", got)
+	}
+}
+
+// TestTask2025_TTL: a requested params.task.ttl is granted within
+// [MinTaskTTL, the task's retention without one], the answer says what was
+// granted, and the call's row (its key with it) expires by it.
+func TestTask2025_TTL(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	b := taskSetup(t, db, outbox.TasksAlways, nil)
+	p := stdio2025(t, b.server)
+	for i, tc := range []struct {
+		asked any
+		want  time.Duration
+	}{
+		{90_000, 90 * time.Second},
+		{1, outbox.MinTaskTTL},
+		{(10 * outbox.DefaultKeyRetention).Milliseconds(), outbox.DefaultKeyRetention},
+		{nil, outbox.DefaultKeyRetention}, // params.task without a ttl
+		{"soon", outbox.DefaultKeyRetention},
+	} {
+		key := fmt.Sprintf("t25-ttl-%d", i)
+		params := map[string]any{"name": "charge", "arguments": map[string]any{"amount": 100 + i},
+			"_meta": map[string]any{"idempotencyKey": key}, "task": map[string]any{}}
+		if tc.asked != nil {
+			params["task"] = map[string]any{"ttl": tc.asked}
+		}
+		task := created2025(t, p.request("tools/call", params))
+		if task["ttl"] != float64(tc.want.Milliseconds()) {
+			t.Errorf("asked %v: ttl %v, want %d", tc.asked, task["ttl"], tc.want.Milliseconds())
+		}
+		id := task["taskId"].(string)
+		if r := result(t, p.task("tasks/result", id)); r["isError"] == true {
+			t.Fatalf("tasks/result = %v", r)
+		}
+		if got := result(t, p.task("tasks/get", id)); got["ttl"] != task["ttl"] {
+			t.Errorf("asked %v: tasks/get ttl %v, want %v", tc.asked, got["ttl"], task["ttl"])
+		}
+		if n := count(t, db.Read, `SELECT count(*) FROM calls WHERE task_id = $1 AND expires_at = completed_at + $2`, id, tc.want.Milliseconds()); n != 1 {
+			t.Errorf("asked %v: the row does not expire %v after it completed", tc.asked, tc.want)
+		}
 	}
 }
