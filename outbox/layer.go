@@ -134,6 +134,9 @@ type Layer struct {
 	// taskOrphans: tasks in flight whose tool this layer does not have,
 	// logged once each (task_runner.go); guarded by mu.
 	taskOrphans map[string]bool
+	// warnedNoFront: a session without a transport front was logged
+	// (task_2025.go, fronted).
+	warnedNoFront atomic.Bool
 	// remoteTasks: the proxy's tools that run tasks (task_remote.go);
 	// guarded by mu.
 	remoteTasks *serverTools

@@ -109,8 +109,11 @@ func (l *Layer) middlewareFor(r *serverTools) mcp.Middleware {
 				return advertiseTasks(r, res, err)
 			case method == "initialize":
 				res, err := next(ctx, method, req)
+				if !l.fronted(ctx, r, frontMarked(req.GetParams())) {
+					return res, err
+				}
 				return advertiseTasks2025(r, res, err)
-			case method == "tools/list" && speaks2025(req):
+			case method == "tools/list" && speaks2025(req) && sessionFronted(req):
 				res, err := next(ctx, method, req)
 				return advertiseToolTasks2025(r, res, err)
 			}

@@ -90,6 +90,42 @@ func askedTTL(req *mcp.CallToolRequest) time.Duration {
 	return time.Duration(*p.TTL) * time.Millisecond
 }
 
+// frontMarked reports whether the params of an initialize came through a
+// front of this module (mcpstdio, mcphttp), which marks them
+// (paramskey.FrontMetaKey) and lifts params.task on every tools/call.
+func frontMarked(p mcp.Params) bool {
+	if p == nil || reflect.ValueOf(p).IsNil() {
+		return false
+	}
+	v, _ := p.GetMeta()[paramskey.FrontMetaKey].(bool)
+	return v
+}
+
+// sessionFronted reports whether req's session was made by an initialize
+// that came through a front.
+func sessionFronted(req mcp.Request) bool {
+	ss, ok := req.GetSession().(*mcp.ServerSession)
+	if !ok || ss == nil {
+		return false
+	}
+	ip := ss.InitializeParams()
+	return ip != nil && frontMarked(ip)
+}
+
+// fronted reports marked, and, the first time a server with tasks is
+// reached through no front, logs why its 2025-11-25 clients get no tasks.
+func (l *Layer) fronted(ctx context.Context, r *serverTools, marked bool) bool {
+	if marked || !r.anyTasks() {
+		return marked
+	}
+	if l.warnedNoFront.CompareAndSwap(false, true) {
+		l.logger.WarnContext(ctx, "a session of a server with task tools was made without the outbox's transport front "+
+			"(mcpstdio.NewTransport around the transport, or mcphttp.NewHandler / mcphttp.LiftParamsKey): go-sdk drops "+
+			"the params.task of 2025-11-25 clients, so that revision's Tasks are not offered on it (2026-07-28 Tasks work)")
+	}
+	return false
+}
+
 // taskSupport is a tool's execution.taskSupport of 2025-11-25: "" (absent,
 // which means forbidden) for a tool that never becomes a task.
 func (t *toolInfo) taskSupport() string {
@@ -107,6 +143,15 @@ func (t *toolInfo) taskSupport() string {
 // the call is a plain one, for call to go on with.
 func (l *Layer) call2025(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest) (res mcp.Result, err error, done bool) {
 	support := t.taskSupport()
+	if !sessionFronted(req) {
+		// No front lifted params.task (and none was offered: see
+		// fronted): the call cannot be a task.
+		if support == "required" {
+			return nil, &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: fmt.Sprintf(
+				"tool %q runs only as a task, and this server offers 2025-11-25 Tasks only through the outbox's transport fronts (mcpstdio, mcphttp). Nothing was executed.", t.name)}, true
+		}
+		return nil, nil, false
+	}
 	switch {
 	case asksForTask(req) && support == "":
 		// The revision: a server SHOULD answer -32601 to a task asked of

@@ -1,6 +1,8 @@
 package outbox_test
 
 import (
+	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -466,6 +468,53 @@ func TestTask2025_TTL(t *testing.T) {
 		}
 		if n := count(t, db.Read, `SELECT count(*) FROM calls WHERE task_id = $1 AND expires_at = completed_at + $2`, id, tc.want.Milliseconds()); n != 1 {
 			t.Errorf("asked %v: the row does not expire %v after it completed", tc.asked, tc.want)
+		}
+	}
+}
+
+// TestTask2025_NoFront: a server of the layer on a bare go-sdk transport
+// (no mcpstdio.NewTransport around it) offers 2025-11-25 Tasks to no one:
+// go-sdk would drop a client's params.task, and the client, which asked
+// for a task, would get a plain result it cannot read after the call had
+// run. 2026-07-28 Tasks need no front.
+func TestTask2025_NoFront(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	for _, mode := range []outbox.TaskMode{outbox.TasksAlways, outbox.TasksRequired} {
+		b := taskSetup(t, db, mode, nil)
+		cr, sw := io.Pipe()
+		sr, cw := io.Pipe()
+		ss, err := b.server.Connect(context.Background(), &mcp.IOTransport{Reader: sr, Writer: sw}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cw.Close(); cr.Close(); ss.Close() })
+		tp := &taskPeer{t: t, w: cw, r: bufio.NewScanner(cr)}
+		tp.r.Buffer(nil, 1<<20)
+		p := &peer2025{t: t, stdio: tp}
+		if caps := p.initialize()["capabilities"].(map[string]any); caps["tasks"] != nil {
+			t.Errorf("%v: initialize without a front offers tasks: %v", mode, caps["tasks"])
+		}
+		for _, tool := range result(t, p.request("tools/list", map[string]any{}))["tools"].([]any) {
+			if ex := tool.(map[string]any)["execution"]; ex != nil {
+				t.Errorf("%v: tools/list without a front: %v has execution %v", mode, tool.(map[string]any)["name"], ex)
+			}
+		}
+		key := fmt.Sprintf("t25-nofront-%d", mode)
+		r := p.charge(true, key, 9)
+		if mode == outbox.TasksRequired {
+			// go-sdk v1.8.0 sends any -32601 as `method not found:
+			// "tools/call"`, whatever its message said.
+			if code, msg := rpcError(t, r); code != -32601 {
+				t.Errorf("TasksRequired without a front: %v %s", code, msg)
+			}
+			if n := count(t, db.Read, `SELECT count(*) FROM calls WHERE key = $1`, key); n != 0 {
+				t.Errorf("a refused call was recorded")
+			}
+			continue
+		}
+		if res := result(t, r); res["task"] != nil || res["isError"] == true {
+			t.Errorf("TasksAlways without a front: %v, want the plain result", res)
 		}
 	}
 }

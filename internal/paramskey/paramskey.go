@@ -87,3 +87,41 @@ func lift(params json.RawMessage, fields ...field) (json.RawMessage, bool) {
 	}
 	return out, true
 }
+
+// FrontMetaKey is the params._meta member the fronts set on every
+// initialize: it tells the layer that the session's requests come through
+// a front, which lifts params.task. Over a bare go-sdk transport the
+// go-sdk drops params.task, so a 2025-11-25 client that asked for a task
+// would get a plain result it cannot read: the layer then offers that
+// revision's Tasks to no one. A client that sends the member itself only
+// fools itself, and a front overwrites it.
+const FrontMetaKey = "io.github.mcp-outbox/front"
+
+// MarkFront sets params._meta[FrontMetaKey] to true and reports whether it
+// did; params that are not an object (or null), or whose _meta is not one,
+// are returned unchanged.
+func MarkFront(params json.RawMessage) (json.RawMessage, bool) {
+	p := map[string]json.RawMessage{}
+	if len(params) > 0 && string(params) != "null" {
+		if json.Unmarshal(params, &p) != nil || p == nil {
+			return params, false
+		}
+	}
+	meta := map[string]json.RawMessage{}
+	if raw, ok := p["_meta"]; ok && string(raw) != "null" {
+		if json.Unmarshal(raw, &meta) != nil || meta == nil {
+			return params, false
+		}
+	}
+	meta[FrontMetaKey] = json.RawMessage("true")
+	mb, err := json.Marshal(meta)
+	if err != nil {
+		return params, false
+	}
+	p["_meta"] = mb
+	out, err := json.Marshal(p)
+	if err != nil {
+		return params, false
+	}
+	return out, true
+}

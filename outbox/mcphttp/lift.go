@@ -86,10 +86,17 @@ func liftMessage(m json.RawMessage) (json.RawMessage, bool) {
 		return m, false
 	}
 	var method string
-	if json.Unmarshal(msg["method"], &method) != nil || method != "tools/call" {
+	if json.Unmarshal(msg["method"], &method) != nil {
 		return m, false
 	}
-	p, changed := paramskey.LiftCall(msg["params"])
+	var p json.RawMessage
+	changed := false
+	switch method {
+	case "tools/call":
+		p, changed = paramskey.LiftCall(msg["params"])
+	case "initialize":
+		p, changed = paramskey.MarkFront(msg["params"])
+	}
 	if !changed {
 		return m, false
 	}

@@ -83,9 +83,16 @@ func (c *liftConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 	if err != nil {
 		return msg, err
 	}
-	if req, ok := msg.(*jsonrpc.Request); ok && req.Method == "tools/call" {
-		if p, changed := paramskey.LiftCall(req.Params); changed {
-			req.Params = p
+	if req, ok := msg.(*jsonrpc.Request); ok {
+		switch req.Method {
+		case "tools/call":
+			if p, changed := paramskey.LiftCall(req.Params); changed {
+				req.Params = p
+			}
+		case "initialize":
+			if p, changed := paramskey.MarkFront(req.Params); changed {
+				req.Params = p
+			}
 		}
 	}
 	return c.tracker.Read(msg), nil
