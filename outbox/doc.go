@@ -227,15 +227,19 @@
 // A task finished by another process (its owner died, another replica took
 // it) has no session there: its client learns the end from its next poll.
 // @modelcontextprotocol/ext-tasks 0.2.2 wakes on the notification instead
-// of waiting out pollInterval. The 2026-07-28 extension's notifications/tasks
-// is not sent: the extension delivers it only on a subscriptions/listen
-// stream that asked for the task (notifications.taskIds), and go-sdk
-// v1.8.0 answers subscriptions/listen itself, decoding the filter into a
-// type without taskIds (so the ids are gone before any middleware sees
-// them), acknowledging only what it knows, and ending a listen at once
-// when nothing it knows was asked. Nor does ext-tasks 0.2.2 open such a
-// listen by itself: a 2026-07-28 client polls tasks/get, which answers
-// from any process.
+// of waiting out pollInterval. At 2026-07-28 a client asks for
+// notifications/tasks by opening subscriptions/listen with the extension's
+// filter, {"notifications":{"taskIds":[...]}}: the acknowledgement lists
+// the ids the principal may watch, then each change of their status comes
+// as notifications/tasks (the task as tasks/get shows it, the result with
+// a completed one, so the client needs no tasks/get), from whichever
+// process or replica ends the task (the listen reads the rows, at once for
+// an end in its own process, else within a second); the listen ends when
+// every task it watches has. ext-tasks 0.2.2 settles a task on it, but
+// does not open the listen itself: the application does
+// (Client.listen({taskIds}) of @modelcontextprotocol/client 2.x). go-sdk
+// v1.8.0 would drop taskIds from the filter, so the fronts lift them: a
+// listen that asks for list changes too is go-sdk's, without tasks.
 //
 // The same tasks speak the experimental Tasks of MCP 2025-11-25 to a
 // session made with initialize at that revision (the TypeScript SDK

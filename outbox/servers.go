@@ -107,6 +107,13 @@ func (l *Layer) middlewareFor(r *serverTools) mcp.Middleware {
 			case method == "server/discover":
 				res, err := next(ctx, method, req)
 				return advertiseTasks(r, res, err)
+			case method == "subscriptions/listen":
+				if lr, ok := req.(*mcp.SubscriptionsListenRequest); ok && lr.Params != nil {
+					if lift, ok := takeListen(lr.Params); ok {
+						return l.listenTasks(ctx, scopedPrincipal(r.tenant, requestPrincipal(req)), lr, lift)
+					}
+				}
+				return next(ctx, method, req)
 			case method == "initialize":
 				res, err := next(ctx, method, req)
 				if !l.fronted(ctx, r, frontMarked(req.GetParams())) {

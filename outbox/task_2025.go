@@ -523,8 +523,9 @@ func advertiseToolTasks2025(r *serverTools, res mcp.Result, err error) (mcp.Resu
 // read the row from any process. Over Streamable HTTP it goes on the
 // session's standalone stream, the client's GET, where go-sdk puts a
 // notification related to no request; a client without that stream polls.
-// The 2026-07-28 extension's notifications/tasks is not sent: see
-// doc.go ("Tasks").
+// The 2026-07-28 extension's notifications/tasks goes on the
+// subscriptions/listen stream a client opens for its tasks instead
+// (task_listen.go).
 func (l *Layer) notifyTaskEnd(a *attempt) {
 	task := a.task
 	if task == nil || task.session == nil || task.shutdown.Load() {

@@ -233,5 +233,6 @@ func (l *Layer) cancelTask(ctx context.Context, principal, id string) error {
 	if err := errors.Join(xerr, u.leave(xerr == nil).wait()); err != nil {
 		return fmt.Errorf("cancel task: %w", err)
 	}
+	l.tickTasks()
 	return nil
 }

@@ -102,6 +102,7 @@ func (l *Layer) startTask(ctx context.Context, a *attempt, req *mcp.CallToolRequ
 			delete(l.tasks, id)
 			l.mu.Unlock()
 			l.leave(a)
+			l.tickTasks()
 			l.notifyTaskEnd(a)
 		}()
 		res, err := a.tool.runStored(tctx, a, req)

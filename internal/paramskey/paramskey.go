@@ -125,3 +125,49 @@ func MarkFront(params json.RawMessage) (json.RawMessage, bool) {
 	}
 	return out, true
 }
+
+// ListenMetaKey is the params._meta member the fronts lift a
+// subscriptions/listen's notifications.taskIds into (the 2026-07-28 Tasks
+// extension's filter), with the request's id: {"id": ID, "taskIds": [...]}.
+// go-sdk v1.8.0 decodes the filter into NotificationSubscriptions, which
+// has no taskIds, and keeps the request's id from middleware.
+const ListenMetaKey = "io.github.mcp-outbox/listenTasks"
+
+// LiftListen copies the taskIds of a subscriptions/listen's params, with
+// the request's id, into params._meta[ListenMetaKey], and reports whether
+// it did.
+func LiftListen(id, params json.RawMessage) (json.RawMessage, bool) {
+	var p map[string]json.RawMessage
+	if json.Unmarshal(params, &p) != nil || p == nil {
+		return params, false
+	}
+	var n map[string]json.RawMessage
+	if json.Unmarshal(p["notifications"], &n) != nil {
+		return params, false
+	}
+	ids, ok := n["taskIds"]
+	if !ok || len(id) == 0 {
+		return params, false
+	}
+	meta := map[string]json.RawMessage{}
+	if raw, ok := p["_meta"]; ok && string(raw) != "null" {
+		if json.Unmarshal(raw, &meta) != nil || meta == nil {
+			return params, false
+		}
+	}
+	v, err := json.Marshal(map[string]json.RawMessage{"id": id, "taskIds": ids})
+	if err != nil {
+		return params, false
+	}
+	meta[ListenMetaKey] = v
+	mb, err := json.Marshal(meta)
+	if err != nil {
+		return params, false
+	}
+	p["_meta"] = mb
+	out, err := json.Marshal(p)
+	if err != nil {
+		return params, false
+	}
+	return out, true
+}

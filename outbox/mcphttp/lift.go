@@ -96,6 +96,8 @@ func liftMessage(m json.RawMessage) (json.RawMessage, bool) {
 		p, changed = paramskey.LiftCall(msg["params"])
 	case "initialize":
 		p, changed = paramskey.MarkFront(msg["params"])
+	case "subscriptions/listen":
+		p, changed = paramskey.LiftListen(msg["id"], msg["params"])
 	}
 	if !changed {
 		return m, false

@@ -2,6 +2,7 @@ package mcpstdio
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -92,6 +93,12 @@ func (c *liftConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 		case "initialize":
 			if p, changed := paramskey.MarkFront(req.Params); changed {
 				req.Params = p
+			}
+		case "subscriptions/listen":
+			if id, err := json.Marshal(req.ID.Raw()); err == nil && req.ID.IsValid() {
+				if p, changed := paramskey.LiftListen(id, req.Params); changed {
+					req.Params = p
+				}
 			}
 		}
 	}
