@@ -42,6 +42,11 @@ import (
 // for ends this process does not see.
 const listenPoll = time.Second
 
+// maxListenTasks bounds the tasks one listen watches (each is a read per
+// listenPoll); ids past it are left out of the acknowledgement, which
+// tells the client so.
+const maxListenTasks = 100
+
 // listenLift is what the fronts lifted from a subscriptions/listen.
 type listenLift struct {
 	ID      any      `json:"id"`
@@ -103,7 +108,7 @@ func (l *Layer) listenTasks(ctx context.Context, who string, req *mcp.Subscripti
 	pending := map[string]string{} // id -> the status last sent
 	accepted := []string{}
 	for _, id := range lift.TaskIDs {
-		if _, dup := pending[id]; dup {
+		if _, dup := pending[id]; dup || len(pending) == maxListenTasks {
 			continue
 		}
 		if _, err := l.getTask(ctx, who, id, false); err == nil {
