@@ -119,3 +119,28 @@ func TestTask_Listen(t *testing.T) {
 		t.Errorf("alice's listen ended with %v, want its result", end)
 	}
 }
+
+// TestTask_ListenOtherReplica: a listen served by one layer reports a task
+// that another layer on the same database runs and ends (another process,
+// or a replica on PostgreSQL), from the row, within listenPoll.
+func TestTask_ListenOtherReplica(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	g := newGate()
+	runner := taskSetup(t, db, outbox.TasksAlways, &ledger.Options{Gate: g.hold})
+	other := taskSetup(t, db, outbox.TasksAlways, nil)
+	created := result(t, httpPeer(t, httpTaskServer(t, runner.server), "alice").charge(true, "listen-replica", 8))
+	id, _ := created["taskId"].(string)
+	g.waitReached(t)
+	msgs := listen(t, httpTaskServer(t, other.server), "alice", id)
+	if ack := nextMsg(t, msgs); ack["method"] != "notifications/subscriptions/acknowledged" {
+		t.Fatalf("first message %v, want the acknowledgement", ack)
+	}
+	if n := nextMsg(t, msgs); n["params"].(map[string]any)["status"] != "working" {
+		t.Fatalf("got %v, want the task working", n)
+	}
+	close(g.release)
+	if n := nextMsg(t, msgs); n["method"] != "notifications/tasks" || n["params"].(map[string]any)["status"] != "completed" {
+		t.Fatalf("got %v, want the task completed", n)
+	}
+}
