@@ -518,3 +518,42 @@ func TestTask2025_NoFront(t *testing.T) {
 		}
 	}
 }
+
+// TestTask2025_TTLSurvivesTakeover: a task taken over after its owner died
+// keeps the ttl it was granted, not the one its new runner would grant.
+func TestTask2025_TTLSurvivesTakeover(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	g := newGate()
+	a := taskSetup(t, db, outbox.TasksAlways, &ledger.Options{Gate: g.hold})
+	params := map[string]any{"name": "charge", "arguments": map[string]any{"amount": 11},
+		"_meta": map[string]any{"idempotencyKey": "t25-ttl-takeover"}, "task": map[string]any{"ttl": 120_000}}
+	task := created2025(t, stdio2025(t, a.server).request("tools/call", params))
+	id := task["taskId"].(string)
+	if task["ttl"] != float64(120_000) {
+		t.Fatalf("ttl %v, want 120000", task["ttl"])
+	}
+	g.waitReached(t)
+	if onPostgres() {
+		mustExec(t, db, `UPDATE calls SET owner = 'gone/1#1', lease_until = 0 WHERE task_id = $1`, id)
+	} else {
+		mustExec(t, db, `UPDATE calls SET owner = $1 WHERE task_id = $2`, deadOwner(t), id)
+	}
+	b := taskSetup(t, db, outbox.TasksAlways, nil)
+	running, err := b.layer.Start(context.Background(), &outbox.StartOptions{NoDispatcher: true, ReapInterval: outbox.ReaperOff})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := stdioPeer(t, b.server).waitTask(id)
+	if err := running.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	close(g.release)
+	outbox.WaitTasks(a.layer)
+	if done["status"] != "completed" {
+		t.Fatalf("recovered task = %v", done)
+	}
+	if n := count(t, db.Read, `SELECT count(*) FROM calls WHERE task_id = $1 AND expires_at = completed_at + 120000`, id); n != 1 {
+		t.Errorf("the recovered task's row does not expire 2 minutes after it completed")
+	}
+}
