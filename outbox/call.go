@@ -92,13 +92,17 @@ func (a *attempt) recorded() bool { return a.tool.record && a.id.source != "" }
 // retention is how long the call's key names it: the tool's fingerprint
 // window for a derived key, the layer's key retention for a client's key.
 func (a *attempt) retention() time.Duration {
-	if a.task != nil && a.task.opts.TTL > 0 {
-		return a.task.opts.TTL
+	d := a.layer.opts.KeyRetention
+	switch {
+	case a.task != nil && a.task.opts.TTL > 0:
+		d = a.task.opts.TTL
+	case a.id.source == callkey.SourceFingerprint:
+		d = a.tool.window
 	}
-	if a.id.source == callkey.SourceFingerprint {
-		return a.tool.window
+	if a.task != nil && a.task.ttl > 0 {
+		return grantTTL(a.task.ttl, d)
 	}
-	return a.layer.opts.KeyRetention
+	return d
 }
 
 type attemptKey struct{}

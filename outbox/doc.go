@@ -216,7 +216,30 @@
 // process that has it. Runner.Stop waits for running tasks until its
 // context ends, then stops them: they stay in flight for the next start.
 // A task is kept, like its call, for the key's retention ([TaskOptions.TTL]
-// overrides it): ttlMs says how long.
+// overrides it): ttlMs says how long. A 2025-11-25 client may ask for less
+// (params.task.ttl) and gets it, though at least [MinTaskTTL]; the row,
+// and the key that finds the task again, expire by the ttl granted.
+//
+// Status notifications. A 2025-11-25 session that asked for a task gets
+// notifications/tasks/status (the task, as tasks/get shows it) when the
+// task ends in the process that serves the session, over stdio and, over
+// Streamable HTTP, on the session's standalone stream (the client's GET).
+// A task finished by another process (its owner died, another replica took
+// it) has no session there: its client learns the end from its next poll.
+// @modelcontextprotocol/ext-tasks 0.2.2 wakes on the notification instead
+// of waiting out pollInterval. At 2026-07-28 a client asks for
+// notifications/tasks by opening subscriptions/listen with the extension's
+// filter, {"notifications":{"taskIds":[...]}}: the acknowledgement lists
+// the ids the principal may watch, then each change of their status comes
+// as notifications/tasks (the task as tasks/get shows it, the result with
+// a completed one, so the client needs no tasks/get), from whichever
+// process or replica ends the task (the listen reads the rows, at once for
+// an end in its own process, else within a second); the listen ends when
+// every task it watches has. ext-tasks 0.2.2 settles a task on it, but
+// does not open the listen itself: the application does
+// (Client.listen({taskIds}) of @modelcontextprotocol/client 2.x). go-sdk
+// v1.8.0 would drop taskIds from the filter, so the fronts lift them: a
+// listen that asks for list changes too is go-sdk's, without tasks.
 //
 // The same tasks speak the experimental Tasks of MCP 2025-11-25 to a
 // session made with initialize at that revision (the TypeScript SDK

@@ -135,6 +135,13 @@ type Layer struct {
 	// taskOrphans: tasks in flight whose tool this layer does not have,
 	// logged once each (task_runner.go); guarded by mu.
 	taskOrphans map[string]bool
+	// warnedNoFront: a session without a transport front was logged
+	// (task_2025.go, fronted).
+	warnedNoFront atomic.Bool
+	// taskTick is closed when a task of this layer ends or is asked to
+	// cancel, waking the listens that watch tasks (task_listen.go);
+	// guarded by mu.
+	taskTick chan struct{}
 	// remoteTasks: the proxy's tools that run tasks (task_remote.go);
 	// guarded by mu.
 	remoteTasks *serverTools

@@ -107,10 +107,20 @@ func (l *Layer) middlewareFor(r *serverTools) mcp.Middleware {
 			case method == "server/discover":
 				res, err := next(ctx, method, req)
 				return advertiseTasks(r, res, err)
+			case method == "subscriptions/listen":
+				if lr, ok := req.(*mcp.SubscriptionsListenRequest); ok && lr.Params != nil {
+					if lift, ok := takeListen(lr.Params); ok {
+						return l.listenTasks(ctx, scopedPrincipal(r.tenant, requestPrincipal(req)), lr, lift)
+					}
+				}
+				return next(ctx, method, req)
 			case method == "initialize":
 				res, err := next(ctx, method, req)
+				if !l.fronted(ctx, r, frontMarked(req.GetParams())) {
+					return res, err
+				}
 				return advertiseTasks2025(r, res, err)
-			case method == "tools/list" && speaks2025(req):
+			case method == "tools/list" && speaks2025(req) && sessionFronted(req):
 				res, err := next(ctx, method, req)
 				return advertiseToolTasks2025(r, res, err)
 			}

@@ -55,7 +55,20 @@ const (
 	DefaultTaskAfter = time.Second
 	// DefaultTaskPollInterval is the pollIntervalMs told to clients.
 	DefaultTaskPollInterval = 500 * time.Millisecond
+	// MinTaskTTL is the shortest ttl a client's request gets (2025-11-25
+	// params.task.ttl): a task kept for less could be gone before its
+	// client read its result.
+	MinTaskTTL = time.Minute
 )
+
+// grantTTL is the ttl a task gets when its client asked for asked: at
+// most ceiling, the retention the task has without asking (a task outlives
+// neither its tool's TTL nor the key that finds it again), at least
+// MinTaskTTL (or ceiling, if shorter). Asking shortens how long the call's
+// record is kept, its key with it: after the ttl a retry runs it again.
+func grantTTL(asked, ceiling time.Duration) time.Duration {
+	return min(ceiling, max(asked, min(MinTaskTTL, ceiling)))
+}
 
 // TaskOptions configure the tasks of one tool ([ToolOptions.Tasks]).
 type TaskOptions struct {
@@ -72,6 +85,10 @@ type TaskOptions struct {
 	// (Options.KeyRetention for a client's key, the fingerprint window for
 	// a call made without one), so a task lives exactly as long as the key
 	// that finds it again.
+	// A client of the 2025-11-25 generation may ask for a shorter ttl
+	// (params.task.ttl): it gets it, though never less than MinTaskTTL,
+	// and the answered ttl says what it got. The 2026-07-28 extension
+	// lets a client ask for none.
 	TTL time.Duration
 }
 
@@ -122,6 +139,14 @@ type attemptTask struct {
 	// legacy: the request speaks the 2025-11-25 generation (task_2025.go),
 	// which shapes the answers; the row is the same.
 	legacy bool
+	// session: the 2025-11-25 session that asked for the task, which gets
+	// its notifications/tasks/status from this process (notifyTaskEnd);
+	// nil for a task taken over from a process that died.
+	session *mcp.ServerSession
+	// ttl: what the client asked for (params.task.ttl), or, for a task
+	// taken over, what its row was granted; zero for the default.
+	// attempt.retention grants it.
+	ttl time.Duration
 
 	mu sync.Mutex
 	id string // the task's id; a takeover of a task's row adopts the row's

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"reflect"
 	"strconv"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/paramskey"
+	"github.com/mcp-outbox/mcp-outbox/internal/tasknote"
 )
 
 // The 2025-11-25 generation of Tasks (experimental in that revision's
@@ -68,6 +70,62 @@ func asksForTask(req *mcp.CallToolRequest) bool {
 	return ok
 }
 
+// askedTTL is the ttl a 2025-11-25 request asked for in params.task
+// (lifted into _meta), zero when it asked for none (or for nonsense: the
+// default then applies). attempt.retention grants it within bounds.
+func askedTTL(req *mcp.CallToolRequest) time.Duration {
+	if req.Params == nil {
+		return 0
+	}
+	b, err := json.Marshal(req.Params.Meta[paramskey.TaskMetaKey])
+	if err != nil {
+		return 0
+	}
+	var p struct {
+		TTL *float64 `json:"ttl"`
+	}
+	if json.Unmarshal(b, &p) != nil || p.TTL == nil || *p.TTL < 1 || *p.TTL > float64(math.MaxInt64/int64(time.Millisecond)) {
+		return 0
+	}
+	return time.Duration(*p.TTL) * time.Millisecond
+}
+
+// frontMarked reports whether the params of an initialize came through a
+// front of this module (mcpstdio, mcphttp), which marks them
+// (paramskey.FrontMetaKey) and lifts params.task on every tools/call.
+func frontMarked(p mcp.Params) bool {
+	if p == nil || reflect.ValueOf(p).IsNil() {
+		return false
+	}
+	v, _ := p.GetMeta()[paramskey.FrontMetaKey].(bool)
+	return v
+}
+
+// sessionFronted reports whether req's session was made by an initialize
+// that came through a front.
+func sessionFronted(req mcp.Request) bool {
+	ss, ok := req.GetSession().(*mcp.ServerSession)
+	if !ok || ss == nil {
+		return false
+	}
+	ip := ss.InitializeParams()
+	return ip != nil && frontMarked(ip)
+}
+
+// fronted reports marked, and, the first time a server with tasks is
+// reached through no front, logs why its 2025-11-25 clients get no tasks.
+func (l *Layer) fronted(ctx context.Context, r *serverTools, marked bool) bool {
+	if marked || !r.anyTasks() {
+		return marked
+	}
+	if l.warnedNoFront.CompareAndSwap(false, true) {
+		l.logger.WarnContext(ctx, "a session of a server with task tools was made without the outbox's transport front "+
+			"(mcpstdio.NewTransport around the transport, or mcphttp.NewHandler / mcphttp.LiftParamsKey): go-sdk drops "+
+			"the params.task of 2025-11-25 clients, so that revision's Tasks are not offered on it (2026-07-28 Tasks work)")
+	}
+	return false
+}
+
 // taskSupport is a tool's execution.taskSupport of 2025-11-25: "" (absent,
 // which means forbidden) for a tool that never becomes a task.
 func (t *toolInfo) taskSupport() string {
@@ -85,6 +143,15 @@ func (t *toolInfo) taskSupport() string {
 // the call is a plain one, for call to go on with.
 func (l *Layer) call2025(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest) (res mcp.Result, err error, done bool) {
 	support := t.taskSupport()
+	if !sessionFronted(req) {
+		// No front lifted params.task (and none was offered: see
+		// fronted): the call cannot be a task.
+		if support == "required" {
+			return nil, &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: fmt.Sprintf(
+				"tool %q runs only as a task, and this server offers 2025-11-25 Tasks only through the outbox's transport fronts (mcpstdio, mcphttp). Nothing was executed.", t.name)}, true
+		}
+		return nil, nil, false
+	}
 	switch {
 	case asksForTask(req) && support == "":
 		// The revision: a server SHOULD answer -32601 to a task asked of
@@ -449,4 +516,56 @@ func advertiseToolTasks2025(r *serverTools, res mcp.Result, err error) (mcp.Resu
 		return res, err
 	}
 	return listTools2025{lr, support}, nil
+}
+
+// notifyTaskEnd sends notifications/tasks/status (2025-11-25: a server
+// MAY send it when a task's status changes) to the session that asked for
+// the task, once its attempt ended in this process and the task is
+// terminal. ext-tasks 0.2.2 acts on it: its poll loop wakes at once, reads
+// the terminal status and fetches tasks/result, instead of waiting out
+// pollInterval. The TypeScript SDK 1.32.2's client only hands it to a
+// notification handler the application set.
+//
+// Only this process's session hears it: a task finished by another process
+// (after its owner died, or on another replica) has no session here, and
+// its client learns the end from its next tasks/get or tasks/result, which
+// read the row from any process. Over Streamable HTTP it goes on the
+// session's standalone stream, the client's GET, where go-sdk puts a
+// notification related to no request; a client without that stream polls.
+// The 2026-07-28 extension's notifications/tasks goes on the
+// subscriptions/listen stream a client opens for its tasks instead
+// (task_listen.go).
+func (l *Layer) notifyTaskEnd(a *attempt) {
+	task := a.task
+	if task == nil || task.session == nil || task.shutdown.Load() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	t, err := l.getTask(ctx, a.id.principal, task.taskID(), false)
+	if err != nil {
+		l.logger.WarnContext(ctx, "task status notification: read task", "call_id", a.uid, "error", err)
+		return
+	}
+	w := t.as2025()
+	if !terminal2025(w.Status) {
+		return // left in flight for the next process: nothing to tell yet
+	}
+	p, err := tasknote.Progress("notifications/tasks/status", w)
+	if err != nil {
+		l.logger.WarnContext(ctx, "task status notification", "call_id", a.uid, "error", err)
+		return
+	}
+	// On its own goroutine, outside the task's: a write to a session
+	// whose client reads nothing (a stdio pipe nobody drains) blocks until
+	// the session closes, and ctx does not bound it; the task is done.
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := task.session.NotifyProgress(ctx, p); err != nil {
+			// The session may be gone: its client polls, or retries
+			// the call and finds the task.
+			l.logger.DebugContext(ctx, "task status notification not sent", "call_id", a.uid, "error", err)
+		}
+	}()
 }

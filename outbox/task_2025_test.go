@@ -1,6 +1,8 @@
 package outbox_test
 
 import (
+	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -190,7 +192,8 @@ func TestTask2025_CreateResultGetList(t *testing.T) {
 	p := stdio2025(t, b.server)
 	task := created2025(t, p.charge(true, "t25-1", 700))
 	id, _ := task["taskId"].(string)
-	if task["status"] != "working" || task["pollInterval"] != float64(20) || task["ttl"] != float64(outbox.DefaultKeyRetention.Milliseconds()) {
+	// charge asks for a ttl of 60 s, which it gets (TestTask2025_TTL).
+	if task["status"] != "working" || task["pollInterval"] != float64(20) || task["ttl"] != float64(60000) {
 		t.Fatalf("task = %v", task)
 	}
 	g.waitReached(t)
@@ -425,5 +428,132 @@ func TestTask2025_BothGenerationsOneServer(t *testing.T) {
 	}
 	if got := charges(t, b); got != 1 {
 		t.Errorf("charges = %d, want 1", got)
+	}
+}
+
+// TestTask2025_TTL: a requested params.task.ttl is granted within
+// [MinTaskTTL, the task's retention without one], the answer says what was
+// granted, and the call's row (its key with it) expires by it.
+func TestTask2025_TTL(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	b := taskSetup(t, db, outbox.TasksAlways, nil)
+	p := stdio2025(t, b.server)
+	for i, tc := range []struct {
+		asked any
+		want  time.Duration
+	}{
+		{90_000, 90 * time.Second},
+		{1, outbox.MinTaskTTL},
+		{(10 * outbox.DefaultKeyRetention).Milliseconds(), outbox.DefaultKeyRetention},
+		{nil, outbox.DefaultKeyRetention}, // params.task without a ttl
+		{"soon", outbox.DefaultKeyRetention},
+	} {
+		key := fmt.Sprintf("t25-ttl-%d", i)
+		params := map[string]any{"name": "charge", "arguments": map[string]any{"amount": 100 + i},
+			"_meta": map[string]any{"idempotencyKey": key}, "task": map[string]any{}}
+		if tc.asked != nil {
+			params["task"] = map[string]any{"ttl": tc.asked}
+		}
+		task := created2025(t, p.request("tools/call", params))
+		if task["ttl"] != float64(tc.want.Milliseconds()) {
+			t.Errorf("asked %v: ttl %v, want %d", tc.asked, task["ttl"], tc.want.Milliseconds())
+		}
+		id := task["taskId"].(string)
+		if r := result(t, p.task("tasks/result", id)); r["isError"] == true {
+			t.Fatalf("tasks/result = %v", r)
+		}
+		if got := result(t, p.task("tasks/get", id)); got["ttl"] != task["ttl"] {
+			t.Errorf("asked %v: tasks/get ttl %v, want %v", tc.asked, got["ttl"], task["ttl"])
+		}
+		if n := count(t, db.Read, `SELECT count(*) FROM calls WHERE task_id = $1 AND expires_at = completed_at + $2`, id, tc.want.Milliseconds()); n != 1 {
+			t.Errorf("asked %v: the row does not expire %v after it completed", tc.asked, tc.want)
+		}
+	}
+}
+
+// TestTask2025_NoFront: a server of the layer on a bare go-sdk transport
+// (no mcpstdio.NewTransport around it) offers 2025-11-25 Tasks to no one:
+// go-sdk would drop a client's params.task, and the client, which asked
+// for a task, would get a plain result it cannot read after the call had
+// run. 2026-07-28 Tasks need no front.
+func TestTask2025_NoFront(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	for _, mode := range []outbox.TaskMode{outbox.TasksAlways, outbox.TasksRequired} {
+		b := taskSetup(t, db, mode, nil)
+		cr, sw := io.Pipe()
+		sr, cw := io.Pipe()
+		ss, err := b.server.Connect(context.Background(), &mcp.IOTransport{Reader: sr, Writer: sw}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cw.Close(); cr.Close(); ss.Close() })
+		tp := &taskPeer{t: t, w: cw, r: bufio.NewScanner(cr)}
+		tp.r.Buffer(nil, 1<<20)
+		p := &peer2025{t: t, stdio: tp}
+		if caps := p.initialize()["capabilities"].(map[string]any); caps["tasks"] != nil {
+			t.Errorf("%v: initialize without a front offers tasks: %v", mode, caps["tasks"])
+		}
+		for _, tool := range result(t, p.request("tools/list", map[string]any{}))["tools"].([]any) {
+			if ex := tool.(map[string]any)["execution"]; ex != nil {
+				t.Errorf("%v: tools/list without a front: %v has execution %v", mode, tool.(map[string]any)["name"], ex)
+			}
+		}
+		key := fmt.Sprintf("t25-nofront-%d", mode)
+		r := p.charge(true, key, 9)
+		if mode == outbox.TasksRequired {
+			// go-sdk v1.8.0 sends any -32601 as `method not found:
+			// "tools/call"`, whatever its message said.
+			if code, msg := rpcError(t, r); code != -32601 {
+				t.Errorf("TasksRequired without a front: %v %s", code, msg)
+			}
+			if n := count(t, db.Read, `SELECT count(*) FROM calls WHERE key = $1`, key); n != 0 {
+				t.Errorf("a refused call was recorded")
+			}
+			continue
+		}
+		if res := result(t, r); res["task"] != nil || res["isError"] == true {
+			t.Errorf("TasksAlways without a front: %v, want the plain result", res)
+		}
+	}
+}
+
+// TestTask2025_TTLSurvivesTakeover: a task taken over after its owner died
+// keeps the ttl it was granted, not the one its new runner would grant.
+func TestTask2025_TTLSurvivesTakeover(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	g := newGate()
+	a := taskSetup(t, db, outbox.TasksAlways, &ledger.Options{Gate: g.hold})
+	params := map[string]any{"name": "charge", "arguments": map[string]any{"amount": 11},
+		"_meta": map[string]any{"idempotencyKey": "t25-ttl-takeover"}, "task": map[string]any{"ttl": 120_000}}
+	task := created2025(t, stdio2025(t, a.server).request("tools/call", params))
+	id := task["taskId"].(string)
+	if task["ttl"] != float64(120_000) {
+		t.Fatalf("ttl %v, want 120000", task["ttl"])
+	}
+	g.waitReached(t)
+	if onPostgres() {
+		mustExec(t, db, `UPDATE calls SET owner = 'gone/1#1', lease_until = 0 WHERE task_id = $1`, id)
+	} else {
+		mustExec(t, db, `UPDATE calls SET owner = $1 WHERE task_id = $2`, deadOwner(t), id)
+	}
+	b := taskSetup(t, db, outbox.TasksAlways, nil)
+	running, err := b.layer.Start(context.Background(), &outbox.StartOptions{NoDispatcher: true, ReapInterval: outbox.ReaperOff})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := stdioPeer(t, b.server).waitTask(id)
+	if err := running.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	close(g.release)
+	outbox.WaitTasks(a.layer)
+	if done["status"] != "completed" {
+		t.Fatalf("recovered task = %v", done)
+	}
+	if n := count(t, db.Read, `SELECT count(*) FROM calls WHERE task_id = $1 AND expires_at = completed_at + 120000`, id); n != 1 {
+		t.Errorf("the recovered task's row does not expire 2 minutes after it completed")
 	}
 }

@@ -234,7 +234,10 @@ func (l *Layer) cancelTask(ctx context.Context, principal, id string) error {
 		return fmt.Errorf("cancel task: %w", err)
 	}
 	if a == nil {
-		return l.cancelRemoteTask(ctx, callID, tool) // task_remote.go
+		if err := l.cancelRemoteTask(ctx, callID, tool); err != nil { // task_remote.go
+			return err
+		}
 	}
+	l.tickTasks()
 	return nil
 }

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -29,6 +30,14 @@ func (l *Layer) callAsTask(ctx context.Context, t *toolInfo, req *mcp.CallToolRe
 		return nil, err
 	}
 	task := &attemptTask{opts: t.tasks, params: params, id: newTaskID(), legacy: legacy}
+	if legacy {
+		task.ttl = askedTTL(req)
+	}
+	if legacy && asksForTask(req) {
+		// params.task reached the layer lifted into _meta, which only the
+		// fronts do: they also write the status notification (tasknote).
+		task.session = req.Session
+	}
 	return l.run(ctx, t, req, task, func(ctx context.Context, a *attempt) (mcp.Result, error) {
 		if a.task == nil {
 			// Not recorded (no key, fingerprints off): no row, no task.
@@ -93,6 +102,8 @@ func (l *Layer) startTask(ctx context.Context, a *attempt, req *mcp.CallToolRequ
 			delete(l.tasks, id)
 			l.mu.Unlock()
 			l.leave(a)
+			l.tickTasks()
+			l.notifyTaskEnd(a)
 		}()
 		res, err := a.tool.runStored(tctx, a, req)
 		var wire *jsonrpc.Error
@@ -130,6 +141,15 @@ func (a *attempt) writeTask(u *unit, existing string) error {
 	}
 	if existing != "" {
 		a.task.setID(existing)
+		// The row keeps the ttl it was granted: the attempt's outcome
+		// expires by it, not by what this attempt would be granted.
+		var ttl sql.NullInt64
+		if err := u.queryRow(`SELECT task_ttl_ms FROM calls WHERE id = $1`, a.callID).Scan(&ttl); err != nil {
+			return fmt.Errorf("read task: %w", err)
+		}
+		if ttl.Valid && ttl.Int64 > 0 {
+			a.task.ttl = time.Duration(ttl.Int64) * time.Millisecond
+		}
 		return nil
 	}
 	ttl := a.retention().Milliseconds()

@@ -44,7 +44,10 @@ func stdioPeer(t testing.TB, s *mcp.Server) *taskPeer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cw.Close(); ss.Close() })
+	// The client goes away whole: a session whose client stopped reading
+	// (a task's status notification nobody reads) closes only once its
+	// writes fail.
+	t.Cleanup(func() { cw.Close(); cr.Close(); ss.Close() })
 	p := &taskPeer{t: t, w: cw, r: bufio.NewScanner(cr)}
 	p.r.Buffer(nil, 1<<20)
 	return p

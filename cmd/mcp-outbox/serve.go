@@ -71,6 +71,7 @@ type appConfig struct {
 	dests        []string
 	demoDelay    time.Duration
 	tasks        []string // --task TOOL=MODE (serve_tasks.go)
+	taskPoll     time.Duration
 	fingerprint  time.Duration
 	inFlightWait time.Duration
 	lease        time.Duration
@@ -169,6 +170,7 @@ func (cfg *appConfig) ledgerFlags(env *environment, fs *flag.FlagSet) error {
 	fs.DurationVar(&cfg.demoDelay, "demo-delay", delay, "simulated processing time inside charge, to reproduce client timeouts [MCP_OUTBOX_DEMO_DELAY]")
 	fs.BoolVar(&cfg.bare, "bare", false, "run the ledger WITHOUT the outbox layer: every retry charges again (for demonstrations)")
 	fs.Var((*multiFlag)(&cfg.tasks), "task", "make calls of a tool MCP tasks: `TOOL=always|required|after:DURATION`, repeatable; see Tasks above [MCP_OUTBOX_TASKS]")
+	fs.DurationVar(&cfg.taskPoll, "task-poll", outbox.DefaultTaskPollInterval, "how often Tasks clients are told to poll a task (pollIntervalMs)")
 	return nil
 }
 
@@ -250,6 +252,14 @@ func openApp(ctx context.Context, env *environment, cfg *appConfig) (*app, error
 	if err != nil {
 		a.Close()
 		return nil, err
+	}
+	if cfg.taskPoll <= 0 {
+		a.Close()
+		return nil, usagef("--task-poll %v: want a positive duration", cfg.taskPoll)
+	}
+	for tool, o := range tasks {
+		o.PollInterval = cfg.taskPoll
+		tasks[tool] = o
 	}
 	lopts := &ledger.Options{Delay: cfg.demoDelay, Tasks: tasks}
 	if a.layer == nil {

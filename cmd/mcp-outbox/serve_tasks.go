@@ -28,8 +28,15 @@ experimental Tasks of 2025-11-25, on a session made with initialize):
   PostgreSQL), once: nothing of an uncommitted attempt was kept. tasks/get,
   tasks/update and tasks/cancel (2026-07-28), and tasks/get, tasks/result,
   tasks/list and tasks/cancel (2025-11-25), answer from any serve on the
-  database, for the principal whose task it is. balance is read-only and
-  is never a task. Given, --task replaces MCP_OUTBOX_TASKS.
+  database, for the principal whose task it is. A task is kept (ttl) as
+  long as the key that finds it again; a 2025-11-25 client may ask for less
+  in params.task.ttl, and gets at least a minute. Status notifications: a
+  2025-11-25 session that asked for a task gets notifications/tasks/status
+  when it ends here (on stdio, and over HTTP on the session's GET stream);
+  a 2026-07-28 client gets notifications/tasks, from any serve on the
+  database, on a subscriptions/listen it opens with {"taskIds": [...]}.
+  --task-poll sets the pollIntervalMs clients are told. balance is
+  read-only and is never a task. Given, --task replaces MCP_OUTBOX_TASKS.
 `
 
 // parseTasks turns --task values into the ledger's task options.

@@ -84,6 +84,7 @@ type extTasksPlan struct {
 	CreatedFile      string         `json:"createdFile,omitempty"`
 	ResumeFile       string         `json:"resumeFile,omitempty"`
 	KeepFirstOpen    bool           `json:"keepFirstOpen,omitempty"`
+	Listen           bool           `json:"listen,omitempty"` // 2026-07-28: subscriptions/listen for the task
 	RequestTimeoutMS int64          `json:"requestTimeoutMs"`
 	DeadlineMS       int64          `json:"deadlineMs"`
 }
@@ -98,6 +99,7 @@ type extTasksReport struct {
 	Case            string            `json:"case"`
 	Calls           []extTasksCall    `json:"calls"`
 	NoTask          string            `json:"noTask"` // why the first call was not made a task
+	Listen          string            `json:"listen"` // what plan.Listen's subscriptions/listen did
 	OtherPrincipal  *struct {
 		Status    string `json:"status"`
 		Error     string `json:"error"`

@@ -87,3 +87,87 @@ func lift(params json.RawMessage, fields ...field) (json.RawMessage, bool) {
 	}
 	return out, true
 }
+
+// FrontMetaKey is the params._meta member the fronts set on every
+// initialize: it tells the layer that the session's requests come through
+// a front, which lifts params.task. Over a bare go-sdk transport the
+// go-sdk drops params.task, so a 2025-11-25 client that asked for a task
+// would get a plain result it cannot read: the layer then offers that
+// revision's Tasks to no one. A client that sends the member itself only
+// fools itself, and a front overwrites it.
+const FrontMetaKey = "io.github.mcp-outbox/front"
+
+// MarkFront sets params._meta[FrontMetaKey] to true and reports whether it
+// did; params that are not an object (or null), or whose _meta is not one,
+// are returned unchanged.
+func MarkFront(params json.RawMessage) (json.RawMessage, bool) {
+	p := map[string]json.RawMessage{}
+	if len(params) > 0 && string(params) != "null" {
+		if json.Unmarshal(params, &p) != nil || p == nil {
+			return params, false
+		}
+	}
+	meta := map[string]json.RawMessage{}
+	if raw, ok := p["_meta"]; ok && string(raw) != "null" {
+		if json.Unmarshal(raw, &meta) != nil || meta == nil {
+			return params, false
+		}
+	}
+	meta[FrontMetaKey] = json.RawMessage("true")
+	mb, err := json.Marshal(meta)
+	if err != nil {
+		return params, false
+	}
+	p["_meta"] = mb
+	out, err := json.Marshal(p)
+	if err != nil {
+		return params, false
+	}
+	return out, true
+}
+
+// ListenMetaKey is the params._meta member the fronts lift a
+// subscriptions/listen's notifications.taskIds into (the 2026-07-28 Tasks
+// extension's filter), with the request's id: {"id": ID, "taskIds": [...]}.
+// go-sdk v1.8.0 decodes the filter into NotificationSubscriptions, which
+// has no taskIds, and keeps the request's id from middleware.
+const ListenMetaKey = "io.github.mcp-outbox/listenTasks"
+
+// LiftListen copies the taskIds of a subscriptions/listen's params, with
+// the request's id, into params._meta[ListenMetaKey], and reports whether
+// it did.
+func LiftListen(id, params json.RawMessage) (json.RawMessage, bool) {
+	var p map[string]json.RawMessage
+	if json.Unmarshal(params, &p) != nil || p == nil {
+		return params, false
+	}
+	var n map[string]json.RawMessage
+	if json.Unmarshal(p["notifications"], &n) != nil {
+		return params, false
+	}
+	ids, ok := n["taskIds"]
+	if !ok || len(id) == 0 {
+		return params, false
+	}
+	meta := map[string]json.RawMessage{}
+	if raw, ok := p["_meta"]; ok && string(raw) != "null" {
+		if json.Unmarshal(raw, &meta) != nil || meta == nil {
+			return params, false
+		}
+	}
+	v, err := json.Marshal(map[string]json.RawMessage{"id": id, "taskIds": ids})
+	if err != nil {
+		return params, false
+	}
+	meta[ListenMetaKey] = v
+	mb, err := json.Marshal(meta)
+	if err != nil {
+		return params, false
+	}
+	p["_meta"] = mb
+	out, err := json.Marshal(p)
+	if err != nil {
+		return params, false
+	}
+	return out, true
+}

@@ -11,6 +11,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/paramskey"
+	"github.com/mcp-outbox/mcp-outbox/internal/tasknote"
 )
 
 // LiftParamsKey is HTTP middleware for a Streamable HTTP endpoint: it
@@ -18,13 +19,16 @@ import (
 // in a POST body, a single message or a batch, into a _meta member of the
 // layer's own, where the layer finds it: the go-sdk would drop it. It lifts
 // params.task (a 2025-11-25 client asking for a task) the same way. Bodies it cannot parse pass through unchanged, for the SDK to
-// reject.
+// reject. It also writes a task's status notification, which the layer
+// cannot send through go-sdk, as itself (see writer): the layer sends one
+// only to a session whose task request came through it.
 //
 // [NewHandler] applies it already. Wrap it around an endpoint of your own,
 // such as an mcp.StreamableHTTPHandler whose getServer picks a server per
 // tenant.
 func LiftParamsKey(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w = &noteWriter{ResponseWriter: w}
 		if r.Method != http.MethodPost || r.Body == nil {
 			next.ServeHTTP(w, r)
 			return
@@ -82,10 +86,19 @@ func liftMessage(m json.RawMessage) (json.RawMessage, bool) {
 		return m, false
 	}
 	var method string
-	if json.Unmarshal(msg["method"], &method) != nil || method != "tools/call" {
+	if json.Unmarshal(msg["method"], &method) != nil {
 		return m, false
 	}
-	p, changed := paramskey.LiftCall(msg["params"])
+	var p json.RawMessage
+	changed := false
+	switch method {
+	case "tools/call":
+		p, changed = paramskey.LiftCall(msg["params"])
+	case "initialize":
+		p, changed = paramskey.MarkFront(msg["params"])
+	case "subscriptions/listen":
+		p, changed = paramskey.LiftListen(msg["id"], msg["params"])
+	}
 	if !changed {
 		return m, false
 	}
@@ -96,3 +109,32 @@ func liftMessage(m json.RawMessage) (json.RawMessage, bool) {
 	}
 	return out, true
 }
+
+// noteWriter writes the layer's marker notifications (tasknote) as the
+// notifications they stand for. go-sdk writes each Server-Sent Event in
+// one Write (writeEvent in its event.go), so an event is rewritten whole.
+// A task's notifications/tasks/status of a 2025-11-25 session goes out on
+// the session's standalone stream (the client's GET), which is where
+// go-sdk puts a notification related to no request.
+type noteWriter struct {
+	http.ResponseWriter
+}
+
+func (w *noteWriter) Write(p []byte) (int, error) {
+	out, changed := tasknote.RewriteEvent(p)
+	if !changed {
+		return w.ResponseWriter.Write(p)
+	}
+	if _, err := w.ResponseWriter.Write(out); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// Flush and Unwrap keep http.ResponseController working through the
+// wrapper: go-sdk flushes every event with it.
+func (w *noteWriter) Flush() {
+	_ = http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+func (w *noteWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

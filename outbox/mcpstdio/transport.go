@@ -2,6 +2,7 @@ package mcpstdio
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/cancelnote"
 	"github.com/mcp-outbox/mcp-outbox/internal/paramskey"
+	"github.com/mcp-outbox/mcp-outbox/internal/tasknote"
 )
 
 // Options configure [NewTransport]. A nil *Options, like the zero value,
@@ -82,9 +84,22 @@ func (c *liftConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 	if err != nil {
 		return msg, err
 	}
-	if req, ok := msg.(*jsonrpc.Request); ok && req.Method == "tools/call" {
-		if p, changed := paramskey.LiftCall(req.Params); changed {
-			req.Params = p
+	if req, ok := msg.(*jsonrpc.Request); ok {
+		switch req.Method {
+		case "tools/call":
+			if p, changed := paramskey.LiftCall(req.Params); changed {
+				req.Params = p
+			}
+		case "initialize":
+			if p, changed := paramskey.MarkFront(req.Params); changed {
+				req.Params = p
+			}
+		case "subscriptions/listen":
+			if id, err := json.Marshal(req.ID.Raw()); err == nil && req.ID.IsValid() {
+				if p, changed := paramskey.LiftListen(id, req.Params); changed {
+					req.Params = p
+				}
+			}
 		}
 	}
 	return c.tracker.Read(msg), nil
@@ -93,12 +108,13 @@ func (c *liftConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 // Write sends msg, except the response to a request the client cancelled:
 // the spec says a receiver should not answer one, and Claude Code 2.1.332,
 // given such an answer over stdio, logs "Received a response for an
-// unknown message ID".
+// unknown message ID". A notification the layer could not send through
+// go-sdk (a task's status, see tasknote) is written as itself.
 func (c *liftConn) Write(ctx context.Context, msg jsonrpc.Message) error {
 	if c.tracker.Answer(msg) {
 		return nil
 	}
-	return c.Connection.Write(ctx, msg)
+	return c.Connection.Write(ctx, tasknote.Rewrite(msg))
 }
 
 func (c *liftConn) Close() error {

@@ -34,6 +34,11 @@
 //   other-principal    (HTTP) create a task with plan.token, read it with
 //                      plan.otherToken (must be "Task not found"), then settle
 //                      it with the first token.
+// With plan.listen (2026-07-28, case complete) the client opens
+// subscriptions/listen for the task once it has it (Client.listen with the
+// extension's filter, {taskIds: [id]}), so that the server's
+// notifications/tasks reach ext-tasks; report.listen says what the listen
+// did.
 // Over stdio plan.server is spawned directly (no shell); over Streamable HTTP
 // the client connects to plan.url. plan.key, when set, is sent as
 // params._meta.idempotencyKey of tools/call.
@@ -84,6 +89,7 @@ const report = {
   case: '',
   calls: [],
   noTask: '',
+  listen: '',
   error: '',
 };
 
@@ -492,10 +498,21 @@ async function runComplete(plan, signal) {
   try {
     await conn.listTools(plan);
     const { c, ex } = await firstCall(conn, plan, 'call (slow: becomes a task)', signal);
+    let sub = null;
+    if (ex && plan.listen && conn.modern) {
+      try {
+        sub = await conn.client.listen({ taskIds: [c.taskId] }, { timeout: plan.requestTimeoutMs });
+        report.listen = 'acknowledged';
+        sub.closed.then((how) => log(`listen closed: ${how}`));
+      } catch (err) {
+        report.listen = `failed: ${errorOf(err).error}`;
+      }
+    }
     if (ex) {
       await settle(ex, plan, c, signal);
       endCall(c);
     }
+    await sub?.close();
   } finally {
     await conn.close();
   }
