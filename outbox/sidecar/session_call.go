@@ -35,11 +35,16 @@ func (s *session) callTool(ctx context.Context, c *clientCall, m *jsonrpc.Reques
 		// SDK does not), which would turn a result that arrives a moment
 		// later into an unknown call. Waiting records the answer, and a
 		// retry that joined the call gets it. Only the end of the session
-		// (its upstream goes with it) ends the wait.
+		// (its upstream goes with it) or CallTimeout ends the wait: an
+		// upstream that never answers must not hold the call, its row and
+		// the session forever, whether or not a client still waits.
 		waitCtx := ctx
 		if claim != nil && !s.p.opts.Cooperating {
 			waitCtx = s.ctx
 		}
+		d := s.p.opts.CallTimeout
+		waitCtx, cancel := context.WithTimeoutCause(waitCtx, d, errCallTimeout(d))
+		defer cancel()
 		return s.forwardTraced(ctx, waitCtx, m.Params, claim, params.Name)
 	})
 	cr, _ := res.(*mcp.CallToolResult)
@@ -106,8 +111,18 @@ func (s *session) forwardCall(ctx, waitCtx context.Context, clientParams json.Ra
 		return &res, nil
 	case <-waitCtx.Done():
 		s.dropPending(p)
-		s.queue(newOutgoing(cancelNotification(p.id, json.RawMessage(`{"reason":"cancelled by the client"}`)), nil))
-		return nil, waitCtx.Err()
+		// Say why: the call timeout, the session's end, or the client's
+		// cancel.
+		err, reason := context.Cause(waitCtx), "cancelled by the client"
+		switch {
+		case errors.As(err, new(errCallTimeout)):
+			reason = "the proxy's call timeout passed"
+		case s.ctx.Err() != nil:
+			err, reason = errSessionEnded, "the proxy's session ended"
+		}
+		note, _ := json.Marshal(map[string]string{"reason": reason})
+		s.queue(newOutgoing(cancelNotification(p.id, note), nil))
+		return nil, err
 	}
 }
 

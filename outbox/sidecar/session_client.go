@@ -61,7 +61,9 @@ func (s *session) onClientCall(m *jsonrpc.Request) {
 		// The proxy's tasks live in the database: answered here, from any
 		// proxy process on it, never forwarded.
 		extra, _ := m.Extra.(*mcp.RequestExtra)
+		s.work.Add(1)
 		go func() {
+			defer s.work.Done()
 			res, err := s.p.layer.TaskMethod(s.ctx, m.Method, m.Params, extra)
 			var wire *jsonrpc.Error
 			switch {
@@ -86,12 +88,20 @@ func (s *session) onClientCall(m *jsonrpc.Request) {
 		s.mu.Lock()
 		s.calls[m.ID] = c
 		s.mu.Unlock()
+		s.work.Add(1)
+		if s.act != nil {
+			s.act.begin()
+		}
 		go func() {
 			defer func() {
 				s.mu.Lock()
 				delete(s.calls, m.ID)
 				s.mu.Unlock()
 				cancel()
+				if s.act != nil {
+					s.act.end()
+				}
+				s.work.Done()
 			}()
 			s.callTool(ctx, c, m, params)
 		}()
