@@ -54,8 +54,8 @@ func writeSilentUpstream(t *testing.T) string {
 
 // lockedBuffer collects a process's stderr, to the test log too.
 type lockedBuffer struct {
-	t   *testing.T
-	mu  sync.Mutex
+	t    *testing.T
+	mu   sync.Mutex
 	buf  strings.Builder
 	url  chan string // the address the proxy serves at, once
 	sent bool

@@ -77,7 +77,7 @@ func rawPost(t *testing.T, url, token, session string, msg string) (*http.Respon
 }
 
 const rawInitialize = `{"jsonrpc":"2.0","id":7,"method":"initialize","params":{"protocolVersion":"2025-11-25",` +
-	`"capabilities":{"roots":{"listChanged":true}},"clientInfo":{"name":"raw","version":"0"}}}`
+	`"capabilities":{"elicitation":{"form":{}}},"clientInfo":{"name":"raw","version":"0"}}}`
 
 // openRaw opens a session as token and returns its id, or the refusal.
 func openRaw(t *testing.T, url, token string) (session string, status int, body string) {
@@ -261,7 +261,8 @@ func TestUpstreamRequestAtInitialized(t *testing.T) {
 			go func() {
 				ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 				defer cancel()
-				_, err := req.Session.ListRoots(ctx, nil)
+				_, err := req.Session.Elicit(ctx, &mcp.ElicitParams{Message: "name?",
+					RequestedSchema: map[string]any{"type": "object", "properties": map[string]any{"name": map[string]any{"type": "string"}}}})
 				asked <- err
 			}()
 		},
@@ -277,20 +278,20 @@ func TestUpstreamRequestAtInitialized(t *testing.T) {
 		if status != http.StatusOK {
 			t.Fatalf("session %d: %d %s", i, status, body)
 		}
-		if rootsRequested(t, bp.url, session, asked) {
+		if elicited(t, bp.url, session, asked) {
 			got++
 		}
 	}
 	if got != sessions {
-		t.Errorf("%d of %d roots/list requests reached the client", got, sessions)
+		t.Errorf("%d of %d elicitations reached the client", got, sessions)
 	}
 }
 
-// rootsRequested opens the session's standalone stream, and answers the
-// roots/list that should come on it. It reports whether the request came;
+// elicited opens the session's standalone stream, and answers the
+// elicitation that should come on it. It reports whether the request came;
 // the upstream's end of it (asked) says when it never will: the upstream
 // gets the client's answer, or an error when it could not send it.
-func rootsRequested(t *testing.T, url, session string, asked <-chan error) bool {
+func elicited(t *testing.T, url, session string, asked <-chan error) bool {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -307,7 +308,7 @@ func rootsRequested(t *testing.T, url, session string, asked <-chan error) bool 
 	go func() {
 		sc := bufio.NewScanner(resp.Body)
 		for sc.Scan() {
-			if data, ok := strings.CutPrefix(sc.Text(), "data: "); ok && strings.Contains(data, `"roots/list"`) {
+			if data, ok := strings.CutPrefix(sc.Text(), "data: "); ok && strings.Contains(data, `"elicitation/create"`) {
 				requests <- data
 				return
 			}
@@ -320,16 +321,16 @@ func rootsRequested(t *testing.T, url, session string, asked <-chan error) bool 
 		}
 		json.Unmarshal([]byte(data), &m)
 		id, _ := json.Marshal(m.ID)
-		rawPost(t, url, "alice", session, `{"jsonrpc":"2.0","id":`+string(id)+`,"result":{"roots":[]}}`)
-		if err := recv(t, asked, "the upstream's roots/list answered"); err != nil {
-			t.Errorf("the upstream's roots/list, answered: %v", err)
+		rawPost(t, url, "alice", session, `{"jsonrpc":"2.0","id":`+string(id)+`,"result":{"action":"decline"}}`)
+		if err := recv(t, asked, "the upstream's elicitation answered"); err != nil {
+			t.Errorf("the upstream's elicitation, answered: %v", err)
 		}
 		return true
 	case err := <-asked:
-		t.Logf("the upstream's roots/list: %v", err)
+		t.Logf("the upstream's elicitation: %v", err)
 		return false
 	case <-time.After(waitFor):
-		t.Fatalf("no roots/list, and no error at the upstream, after %v", waitFor)
+		t.Fatalf("no elicitation, and no error at the upstream, after %v", waitFor)
 		return false
 	}
 }
