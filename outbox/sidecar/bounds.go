@@ -27,6 +27,7 @@ type serving struct {
 	closed  bool
 	cancels map[*session]context.CancelFunc
 	wg      sync.WaitGroup
+	ended   chan struct{} // closed by end: stops the HTTP handlers' reapers
 }
 
 // add registers a session; false once the proxy is closed.
@@ -54,6 +55,9 @@ func (v *serving) done(s *session) {
 // end ends every session and waits until each has settled its calls.
 func (v *serving) end() {
 	v.mu.Lock()
+	if !v.closed {
+		close(v.ended)
+	}
 	v.closed = true
 	for _, cancel := range v.cancels {
 		cancel()
@@ -102,7 +106,7 @@ func (a *activity) idleFor(now time.Time) time.Duration {
 }
 
 // reap ends the sessions idle for longer than Options.SessionIdleTimeout
-// until ctx ends. The clients that never end theirs are the reason: the
+// until the handler's ctx ends or the proxy is closed. The clients that never end theirs are the reason: the
 // official conformance suite's and the TypeScript SDK's close() leave the
 // session open, each with an upstream process of its own.
 func (h *httpSessions) reap() {
@@ -113,6 +117,8 @@ func (h *httpSessions) reap() {
 	for {
 		select {
 		case <-h.ctx.Done():
+			return
+		case <-h.p.serving.ended:
 			return
 		case now := <-t.C:
 			var stale []string

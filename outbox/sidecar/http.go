@@ -30,7 +30,8 @@ const sessionHeader = "Mcp-Session-Id"
 //
 // Sessions are bounded (bounds.go): one idle for Options.SessionIdleTimeout
 // ends, with its upstream, and a new one beyond Options.MaxSessions, or
-// Options.MaxSessionsPerPrincipal for its principal, is refused.
+// Options.MaxSessionsPerPrincipal for its principal, is refused. Every
+// session ends when ctx ends or at [Proxy.Close].
 func (p *Proxy) HTTPHandler(ctx context.Context) http.Handler {
 	// The event store gives every SSE event an id, so that a client whose
 	// stream broke resumes it with Last-Event-ID (2025-11-25), and keeps

@@ -141,7 +141,7 @@ func New(opts Options) (*Proxy, error) {
 	}
 	layer := remote.Of(opts.Layer)
 	p := &Proxy{opts: opts, layer: layer, logger: logger.With("subsystem", "proxy"), tools: map[string]remote.Tool{},
-		tracer: layer.TracerProvider().Tracer(tracerName)}
+		tracer: layer.TracerProvider().Tracer(tracerName), serving: serving{ended: make(chan struct{})}}
 	// The task runner of the layer's Start looks for the tools of tasks
 	// whose owner died before any client lists them: register them now.
 	for name := range opts.Tasks {
