@@ -256,9 +256,9 @@ func TestProxySessionsBounded(t *testing.T) {
 	}
 	const (
 		total    = 1000
-		limit    = 40
+		limit    = 50
 		workers  = 8
-		idleTime = 300 * time.Millisecond
+		idleTime = time.Second
 	)
 	db := filepath.Join(t.TempDir(), "proxy.db")
 	cmd, stderr := startBoundedProxy(t, db, "--http", "127.0.0.1:0", "--log-level", "warn",
@@ -399,7 +399,12 @@ func openSession(client *http.Client, url string) (int, string, error) {
 	if err != nil {
 		return 0, "", err
 	}
-	if r2.StatusCode != http.StatusAccepted {
+	switch r2.StatusCode {
+	case http.StatusAccepted:
+	case http.StatusNotFound:
+		// Reaped already: on a loaded machine the idle timeout can pass
+		// between the two requests. Opened and abandoned all the same.
+	default:
 		return 0, "", fmt.Errorf("initialized: %s %s", r2.Status, body2)
 	}
 	return http.StatusOK, body, nil
