@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -42,9 +43,7 @@ func (s *session) callTool(ctx context.Context, c *clientCall, m *jsonrpc.Reques
 		if claim != nil && !s.p.opts.Cooperating {
 			waitCtx = s.ctx
 		}
-		d := s.p.opts.CallTimeout
-		waitCtx, cancel := context.WithTimeoutCause(waitCtx, d, errCallTimeout(d))
-		defer cancel()
+		waitCtx = context.WithValue(waitCtx, callTimeoutKey{}, s.p.opts.CallTimeout)
 		return s.forwardTraced(ctx, waitCtx, m.Params, claim, params.Name)
 	})
 	cr, _ := res.(*mcp.CallToolResult)
@@ -92,6 +91,14 @@ func (s *session) forwardCall(ctx, waitCtx context.Context, clientParams json.Ra
 	if err := failpoint.Inject(failpoint.ProxyAfterForward); err != nil {
 		return nil, err
 	}
+	// The call timeout runs from the write, not from the client's request:
+	// a call queued while the upstream restarts is not given up on the
+	// moment it is sent.
+	if d, ok := waitCtx.Value(callTimeoutKey{}).(time.Duration); ok {
+		var cancel context.CancelFunc
+		waitCtx, cancel = context.WithTimeoutCause(waitCtx, d, errCallTimeout(d))
+		defer cancel()
+	}
 	select {
 	case resp, ok := <-p.reply:
 		if !ok {
@@ -125,6 +132,10 @@ func (s *session) forwardCall(ctx, waitCtx context.Context, clientParams json.Ra
 		return nil, err
 	}
 }
+
+// callTimeoutKey carries, in a forward's waitCtx, how long it waits for
+// the answer once written (Options.CallTimeout); a task's forward has none.
+type callTimeoutKey struct{}
 
 // withClaim adds the claim to params._meta, keeping everything else of the
 // client's params as it was.
