@@ -23,7 +23,7 @@ func (b *proxyBounds) flags(env *environment, fs *flag.FlagSet) error {
 		usage     string
 	}{
 		{&b.callTimeout, "call-timeout", "MCP_OUTBOX_CALL_TIMEOUT", sidecar.DefaultCallTimeout,
-			"how long a forwarded tool call waits for the upstream's answer, whether or not its client still waits; then it is settled as a lost answer (unknown, unless --cooperating and recorded) and the client gets an error"},
+			"how long a forwarded tool call waits for the upstream's answer, whether or not its client still waits; then it is settled as a lost answer (unknown; with --cooperating, what the upstream recorded, or released for a retry) and the client gets an error"},
 		{&b.idleTimeout, "session-idle-timeout", "MCP_OUTBOX_SESSION_IDLE_TIMEOUT", sidecar.DefaultSessionIdleTimeout,
 			"with --http: a session with no request open and no call running for this long ends, and its upstream (process) is stopped"},
 	} {

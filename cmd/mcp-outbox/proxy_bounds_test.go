@@ -459,3 +459,40 @@ func processEnded(pid int) bool {
 	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
 	return len(fields) > 0 && fields[0] == "Z"
 }
+
+// TestProxyBoundsUsage: a bound cannot be turned off or misspelt: each bad
+// value is a usage error naming its flag or variable, and --help lists the
+// bounds with their variables.
+func TestProxyBoundsUsage(t *testing.T) {
+	t.Parallel()
+	db := filepath.Join(t.TempDir(), "never.db")
+	for _, tc := range []struct {
+		args []string
+		vars map[string]string
+		want string
+	}{
+		{[]string{"--call-timeout", "0s"}, nil, "--call-timeout 0s: want a positive duration"},
+		{[]string{"--session-idle-timeout", "-1m"}, nil, "--session-idle-timeout -1m0s: want a positive duration"},
+		{[]string{"--max-sessions", "0"}, nil, "--max-sessions 0: want a positive number"},
+		{[]string{"--max-sessions-per-principal", "-3"}, nil, "--max-sessions-per-principal -3: want a positive number"},
+		{nil, map[string]string{"MCP_OUTBOX_MAX_SESSIONS": "many"}, `MCP_OUTBOX_MAX_SESSIONS="many"`},
+		{nil, map[string]string{"MCP_OUTBOX_CALL_TIMEOUT": "soon"}, `MCP_OUTBOX_CALL_TIMEOUT="soon"`},
+	} {
+		args := append(append([]string{"proxy", "--db", db}, tc.args...), "--", "true")
+		r := runCLI(t, tc.vars, args...)
+		if r.code != 2 || !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("mcp-outbox %v %v: exit %d, stderr %q; want exit 2 and %q", tc.vars, tc.args, r.code, r.stderr, tc.want)
+		}
+	}
+	if _, err := os.Stat(db); err == nil {
+		t.Error("a usage error created the database")
+	}
+	r := runCLI(t, nil, "proxy", "--help")
+	for _, want := range []string{"-call-timeout", "MCP_OUTBOX_CALL_TIMEOUT", "-session-idle-timeout", "MCP_OUTBOX_SESSION_IDLE_TIMEOUT",
+		"-max-sessions", "MCP_OUTBOX_MAX_SESSIONS", "-max-sessions-per-principal", "MCP_OUTBOX_MAX_SESSIONS_PER_PRINCIPAL",
+		"capabilities.experimental.idempotency"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("proxy --help does not mention %s", want)
+		}
+	}
+}
