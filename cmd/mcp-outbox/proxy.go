@@ -27,7 +27,13 @@ The upstream is a command speaking MCP on stdio (restarted with backoff if it
 dies, its stderr passed through prefixed with "[upstream] "), or a Streamable
 HTTP endpoint (--upstream). The proxy serves stdio, or Streamable HTTP at /mcp
 with --http (one upstream session, and for a command one process, per client
-session).
+session). Sessions are bounded: one idle for --session-idle-timeout ends and
+its upstream stops; beyond --max-sessions (503) or --max-sessions-per-principal
+(429) a new one is refused with a JSON-RPC error naming the limit. A forwarded
+call waits at most --call-timeout for its answer, then is settled as a lost
+answer (below); on SIGTERM every open call is settled before the proxy exits.
+initialize (and server/discover) advertise the layer to clients under
+capabilities.experimental.idempotency.
 
 Calls are recorded in the database --db (an SQLite file or a postgres:// URL),
 which the upstream may share; a command upstream finds it in MCP_OUTBOX_DB:
@@ -63,9 +69,16 @@ func runProxy(ctx context.Context, env *environment, args []string) error {
 		"serve Streamable HTTP at `ADDR` (e.g. 127.0.0.1:8080) instead of stdio; a non-loopback ADDR needs --tokens or --oauth-issuer [MCP_OUTBOX_HTTP]")
 	var taskValues []string
 	fs.Var((*multiFlag)(&taskValues), "task", "make calls of an upstream tool MCP tasks: `TOOL=always|required|after:DURATION`, repeatable; see Tasks above [MCP_OUTBOX_TASKS]")
+	var bounds proxyBounds
+	if err := bounds.flags(env, fs); err != nil {
+		return err
+	}
 	var ac authConfig
 	ac.flags(env, fs)
 	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := bounds.validate(); err != nil {
 		return err
 	}
 	if len(taskValues) == 0 { // a flag wins over the environment
@@ -114,12 +127,16 @@ func runProxy(ctx context.Context, env *environment, args []string) error {
 	if h, ok := upstream.(*sidecar.HTTP); ok {
 		h.Logger = a.logger // its standalone SSE stream's warnings
 	}
-	p, err := sidecar.New(sidecar.Options{Layer: a.layer, Upstream: upstream, Cooperating: *cooperating, Logger: a.logger, Tasks: tasks})
+	popts := sidecar.Options{Layer: a.layer, Upstream: upstream, Cooperating: *cooperating, Logger: a.logger, Tasks: tasks}
+	bounds.apply(&popts)
+	p, err := sidecar.New(popts)
 	if err != nil {
 		return err
 	}
 	// Deferred before the layer's stop, so it runs after it: the tasks
 	// still running when the layer stops are forwarded over this session.
+	// And after the database's close, so it runs before it: Close returns
+	// once every client session's calls are settled in the database.
 	defer p.Close()
 	stop, err := a.start(ctx)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -26,18 +27,45 @@ const sessionHeader = "Mcp-Session-Id"
 // StreamableServerTransport per session do the protocol. A session is
 // bound to the principal that opened it: a request with another bearer
 // token gets 403, as the go-sdk does for its own sessions.
+//
+// Sessions are bounded (bounds.go): one idle for Options.SessionIdleTimeout
+// ends, with its upstream, and a new one beyond Options.MaxSessions, or
+// Options.MaxSessionsPerPrincipal for its principal, is refused. Every
+// session ends when ctx ends or at [Proxy.Close].
 func (p *Proxy) HTTPHandler(ctx context.Context) http.Handler {
-	h := &httpSessions{p: p, ctx: ctx, sessions: map[string]*httpSession{}}
+	// The event store gives every SSE event an id, so that a client whose
+	// stream broke resumes it with Last-Event-ID (2025-11-25), and keeps
+	// what goes to the standalone stream before the client's GET opens it:
+	// without a store the go-sdk drops it. The TypeScript SDK's client
+	// opens that GET only after notifications/initialized was accepted,
+	// and an upstream's request sent as soon as it is initialized
+	// (sampling, elicitation) would be lost in between. The store is
+	// bounded (the go-sdk's default, 10 MiB for all sessions, oldest
+	// purged first), and a session's events go when the session does.
+	//
+	// One thing of resumption is out of reach: the go-sdk writes a priming
+	// event (an id before any message) on a POST's stream only when it
+	// knows the protocol version of the request, which it reads from a
+	// context value that only its own StreamableHTTPHandler sets. So the
+	// proxy primes the initialize's stream alone; a later POST's stream
+	// gets its first id with its first message, and a stream that breaks
+	// before that cannot be resumed (the call's outcome is still recorded,
+	// for the client's retry or call_status).
+	h := &httpSessions{p: p, ctx: ctx, sessions: map[string]*httpSession{}, perUser: map[string]int{},
+		events: mcp.NewMemoryEventStore(nil)}
+	go h.reap()
 	return mcphttp.LiftParamsKey(h)
 }
 
 type httpSessions struct {
-	p   *Proxy
-	ctx context.Context
+	p      *Proxy
+	ctx    context.Context
+	events mcp.EventStore
 
 	mu       sync.Mutex
 	sessions map[string]*httpSession
-	mux      *muxClient // the stateless session's, once started (http_stateless.go)
+	mux      *muxClient     // the stateless session's, once started (http_stateless.go)
+	perUser  map[string]int // open sessions by principal
 }
 
 type httpSession struct {
@@ -45,6 +73,7 @@ type httpSession struct {
 	user   string
 	cancel context.CancelFunc
 	s      *session // the proxy's session over t; set under httpSessions.mu once it runs
+	act    activity
 }
 
 func userOf(r *http.Request) string {
@@ -74,12 +103,17 @@ func (h *httpSessions) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, "a session starts with a POST of initialize", http.StatusBadRequest)
 			return
 		}
-		s, err := h.open(userOf(r))
-		if err != nil {
+		s, lim, err := h.open(userOf(r))
+		switch {
+		case lim != nil:
+			h.p.logger.Warn("refuse http session", "reason", lim.msg)
+			refuse(w, r, lim)
+			return
+		case err != nil:
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}
-		s.t.ServeHTTP(w, r)
+		s.serve(w, r)
 		return
 	}
 	h.mu.Lock()
@@ -98,41 +132,61 @@ func (h *httpSessions) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
 		return
 	}
+	s.serve(w, r)
+}
+
+func (s *httpSession) serve(w http.ResponseWriter, r *http.Request) {
+	s.act.begin()
+	defer s.act.end()
 	s.t.ServeHTTP(w, r)
 }
 
 // open starts a session: its transport, and a proxy session over it that
-// runs until the client deletes it or the server stops.
-func (h *httpSessions) open(user string) (*httpSession, error) {
+// runs until the client deletes it, it is idle too long, or the server
+// stops. A limit refuses it with lim.
+func (h *httpSessions) open(user string) (_ *httpSession, lim *limitError, _ error) {
 	id := rand.Text()
-	t := &mcp.StreamableServerTransport{SessionID: id}
-	conn, err := t.Connect(h.ctx)
-	if err != nil {
-		return nil, err
-	}
+	t := &mcp.StreamableServerTransport{SessionID: id, EventStore: h.events}
 	ctx, cancel := context.WithCancel(h.ctx)
 	s := &httpSession{t: t, user: user, cancel: cancel}
+	s.act.last.Store(time.Now().UnixNano())
 	h.mu.Lock()
+	if lim := h.admit(user); lim != nil {
+		h.mu.Unlock()
+		cancel()
+		return nil, lim, nil
+	}
 	h.sessions[id] = s
+	h.perUser[user]++
 	h.mu.Unlock()
+	conn, err := t.Connect(ctx)
+	if err != nil {
+		h.close(id)
+		return nil, nil, err
+	}
 	go func() {
 		started := func(ps *session) {
 			h.mu.Lock()
 			s.s = ps
 			h.mu.Unlock()
 		}
-		if err := h.p.serve(ctx, conn, started); err != nil {
+		if err := h.p.serve(ctx, conn, &s.act, started); err != nil {
 			h.p.logger.Warn("http session ended", "error", err)
 		}
 		h.close(id)
 	}()
-	return s, nil
+	return s, nil, nil
 }
 
 func (h *httpSessions) close(id string) {
 	h.mu.Lock()
 	s := h.sessions[id]
-	delete(h.sessions, id)
+	if s != nil {
+		delete(h.sessions, id)
+		if h.perUser[s.user]--; h.perUser[s.user] <= 0 {
+			delete(h.perUser, s.user)
+		}
+	}
 	h.mu.Unlock()
 	if s != nil {
 		s.cancel()

@@ -21,6 +21,18 @@ const (
 	DefaultMaxBackoff = 10 * time.Second
 	// DefaultInitTimeout bounds the re-initialization of a restarted upstream.
 	DefaultInitTimeout = 30 * time.Second
+	// DefaultCallTimeout bounds the wait for the upstream's answer to a
+	// forwarded tools/call.
+	DefaultCallTimeout = 10 * time.Minute
+	// DefaultSessionIdleTimeout ends an HTTP session (and its upstream)
+	// that saw no request for this long.
+	DefaultSessionIdleTimeout = 10 * time.Minute
+	// DefaultMaxSessions and DefaultMaxSessionsPerPrincipal bound the HTTP
+	// sessions open at once. A node upstream costs about 90 MB a session;
+	// the official conformance suite opens 32 in one run, all of one
+	// principal, and closes none.
+	DefaultMaxSessions             = 100
+	DefaultMaxSessionsPerPrincipal = 50
 )
 
 // A Dialer makes a new connection to the upstream: for a command, it starts
@@ -47,6 +59,21 @@ type Options struct {
 	MinBackoff, MaxBackoff time.Duration
 	// InitTimeout bounds re-initializing a restarted upstream.
 	InitTimeout time.Duration
+	// CallTimeout bounds the wait for the upstream's answer to a client's
+	// forwarded tools/call, whether or not the client still waits; 0 means
+	// DefaultCallTimeout. When it passes, the call is settled as for a lost
+	// answer (unknown, unless a cooperating upstream recorded its outcome)
+	// and the client gets an error saying so. Tasks are not bounded by it.
+	CallTimeout time.Duration
+	// SessionIdleTimeout ends an HTTP session (see [Proxy.HTTPHandler]),
+	// and stops its upstream, once it has had no request open and no
+	// tools/call running for this long; 0 means DefaultSessionIdleTimeout.
+	SessionIdleTimeout time.Duration
+	// MaxSessions and MaxSessionsPerPrincipal bound the HTTP sessions open
+	// at once, in all and per principal; 0 means the defaults. A new
+	// session beyond either is refused (503 and 429) with a JSON-RPC error
+	// that names the limit.
+	MaxSessions, MaxSessionsPerPrincipal int
 	// Tasks makes the named tools' calls tasks of the 2026-07-28 Tasks
 	// extension (see outbox.TaskOptions and "Tasks" in the outbox package
 	// doc): the proxy answers with CreateTaskResult once the task is
@@ -71,6 +98,10 @@ type Proxy struct {
 	stopTasks context.CancelFunc
 	closed    bool
 	taskWG    sync.WaitGroup
+
+	// The client sessions being served, which Close ends and waits for
+	// (bounds.go).
+	serving serving
 }
 
 // New returns a proxy.
@@ -87,6 +118,18 @@ func New(opts Options) (*Proxy, error) {
 	if opts.InitTimeout <= 0 {
 		opts.InitTimeout = DefaultInitTimeout
 	}
+	if opts.CallTimeout <= 0 {
+		opts.CallTimeout = DefaultCallTimeout
+	}
+	if opts.SessionIdleTimeout <= 0 {
+		opts.SessionIdleTimeout = DefaultSessionIdleTimeout
+	}
+	if opts.MaxSessions <= 0 {
+		opts.MaxSessions = DefaultMaxSessions
+	}
+	if opts.MaxSessionsPerPrincipal <= 0 {
+		opts.MaxSessionsPerPrincipal = DefaultMaxSessionsPerPrincipal
+	}
 	logger := opts.Logger
 	if logger == nil {
 		logger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -98,7 +141,7 @@ func New(opts Options) (*Proxy, error) {
 	}
 	layer := remote.Of(opts.Layer)
 	p := &Proxy{opts: opts, layer: layer, logger: logger.With("subsystem", "proxy"), tools: map[string]remote.Tool{},
-		tracer: layer.TracerProvider().Tracer(tracerName)}
+		tracer: layer.TracerProvider().Tracer(tracerName), serving: serving{ended: make(chan struct{})}}
 	// The task runner of the layer's Start looks for the tools of tasks
 	// whose owner died before any client lists them: register them now.
 	for name := range opts.Tasks {

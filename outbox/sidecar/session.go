@@ -22,6 +22,10 @@ const (
 // it died or its connection broke.
 var errUpstreamGone = errors.New("the tool server went away before answering")
 
+// errSessionEnded is the fate of a call still waiting for the upstream
+// when its session ends: the client went away, or the proxy stopped.
+var errSessionEnded = errors.New("the proxy's session with the tool server ended (its client went away, or the proxy stopped) before the tool server answered")
+
 // session is one client connection and the upstream connection behind it.
 type session struct {
 	p      *Proxy
@@ -54,17 +58,27 @@ type session struct {
 	// its own.
 	nextDown int64
 	downward map[int64]downRequest
+
+	// work counts what the session runs off the reader (the tool calls the
+	// layer runs, the task methods): its end waits for them, so that each
+	// is settled in the database before the caller may close it.
+	work sync.WaitGroup
+	act  *activity // the HTTP session's, or nil
 }
 
-// Serve proxies client until it closes or ctx ends, connecting (and, after
-// a failure, reconnecting) to the upstream on its own.
+// Serve proxies client until it closes, ctx ends or the proxy is closed,
+// connecting (and, after a failure, reconnecting) to the upstream on its
+// own. It returns once the session's tool calls are settled: a call still
+// waiting for the upstream then is settled as a lost answer (see
+// Options.CallTimeout).
 func (p *Proxy) Serve(ctx context.Context, client mcp.Connection) error {
-	return p.serve(ctx, client, nil)
+	return p.serve(ctx, client, nil, nil)
 }
 
-// serve is Serve, calling started (if set) with the session before it
-// reads from the client.
-func (p *Proxy) serve(ctx context.Context, client mcp.Connection, started func(*session)) error {
+// serve is Serve, counting the session's activity in act (if set, for
+// the idle timeout) and calling started (if set) with the session before
+// it reads from the client.
+func (p *Proxy) serve(ctx context.Context, client mcp.Connection, act *activity, started func(*session)) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	s := &session{
@@ -74,7 +88,13 @@ func (p *Proxy) serve(ctx context.Context, client mcp.Connection, started func(*
 		pending:   map[int64]*pending{},
 		forwarded: map[jsonrpc.ID]int64{},
 		calls:     map[jsonrpc.ID]*clientCall{},
+		act:       act,
 	}
+	if !p.serving.add(s, cancel) {
+		client.Close()
+		return errProxyClosed
+	}
+	defer p.serving.done(s)
 	if started != nil {
 		started(s)
 	}
@@ -91,6 +111,7 @@ func (p *Proxy) serve(ctx context.Context, client mcp.Connection, started func(*
 	}
 	s.mu.Unlock()
 	wg.Wait()
+	s.work.Wait()
 	if errors.Is(err, io.EOF) || ctx.Err() != nil {
 		return nil
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -39,11 +40,14 @@ func (s *session) callTool(ctx context.Context, c *clientCall, m *jsonrpc.Reques
 		// SDK does not), which would turn a result that arrives a moment
 		// later into an unknown call. Waiting records the answer, and a
 		// retry that joined the call gets it. Only the end of the session
-		// (its upstream goes with it) ends the wait.
+		// (its upstream goes with it) or CallTimeout ends the wait: an
+		// upstream that never answers must not hold the call, its row and
+		// the session forever, whether or not a client still waits.
 		waitCtx := ctx
 		if claim != nil && !s.p.opts.Cooperating {
 			waitCtx = s.ctx
 		}
+		waitCtx = context.WithValue(waitCtx, callTimeoutKey{}, s.p.opts.CallTimeout)
 		return s.forwardTraced(ctx, waitCtx, m.Params, claim, params.Name)
 	})
 	cr, _ := res.(*mcp.CallToolResult)
@@ -112,6 +116,14 @@ func (s *session) forwardCall(ctx, waitCtx context.Context, clientParams json.Ra
 	if err := failpoint.Inject(failpoint.ProxyAfterForward); err != nil {
 		return nil, err
 	}
+	// The call timeout runs from the write, not from the client's request:
+	// a call queued while the upstream restarts is not given up on the
+	// moment it is sent.
+	if d, ok := waitCtx.Value(callTimeoutKey{}).(time.Duration); ok {
+		var cancel context.CancelFunc
+		waitCtx, cancel = context.WithTimeoutCause(waitCtx, d, errCallTimeout(d))
+		defer cancel()
+	}
 	select {
 	case resp, ok := <-p.reply:
 		if !ok {
@@ -131,10 +143,24 @@ func (s *session) forwardCall(ctx, waitCtx context.Context, clientParams json.Ra
 		return &res, nil
 	case <-waitCtx.Done():
 		s.dropPending(p)
-		s.queue(newOutgoing(cancelNotification(p.id, json.RawMessage(`{"reason":"cancelled by the client"}`)), nil))
-		return nil, waitCtx.Err()
+		// Say why: the call timeout, the session's end, or the client's
+		// cancel.
+		err, reason := context.Cause(waitCtx), "cancelled by the client"
+		switch {
+		case errors.As(err, new(errCallTimeout)):
+			reason = "the proxy's call timeout passed"
+		case s.ctx.Err() != nil:
+			err, reason = errSessionEnded, "the proxy's session ended"
+		}
+		note, _ := json.Marshal(map[string]string{"reason": reason})
+		s.queue(newOutgoing(cancelNotification(p.id, note), nil))
+		return nil, err
 	}
 }
+
+// callTimeoutKey carries, in a forward's waitCtx, how long it waits for
+// the answer once written (Options.CallTimeout); a task's forward has none.
+type callTimeoutKey struct{}
 
 // withClaim adds the claim to params._meta, keeping everything else of the
 // client's params as it was.

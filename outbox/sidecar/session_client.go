@@ -64,7 +64,9 @@ func (s *session) onClientCall(m *jsonrpc.Request) {
 		// lasts.
 		extra, _ := m.Extra.(*mcp.RequestExtra)
 		ctx := s.taskContext(s.ctx, m.Params)
+		s.work.Add(1)
 		go func() {
+			defer s.work.Done()
 			res, err := s.p.layer.TaskMethod(ctx, m.Method, m.Params, extra)
 			var wire *jsonrpc.Error
 			switch {
@@ -89,12 +91,20 @@ func (s *session) onClientCall(m *jsonrpc.Request) {
 		s.mu.Lock()
 		s.calls[m.ID] = c
 		s.mu.Unlock()
+		s.work.Add(1)
+		if s.act != nil {
+			s.act.begin()
+		}
 		go func() {
 			defer func() {
 				s.mu.Lock()
 				delete(s.calls, m.ID)
 				s.mu.Unlock()
 				cancel()
+				if s.act != nil {
+					s.act.end()
+				}
+				s.work.Done()
 			}()
 			s.callTool(ctx, c, m, params)
 		}()

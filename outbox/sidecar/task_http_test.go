@@ -52,7 +52,8 @@ func (c *httpTaskPeer) post(method string, params any) map[string]any {
 	}
 	raw, _ := io.ReadAll(resp.Body)
 	text := string(raw)
-	if i := strings.Index(text, "data: "); i >= 0 {
+	// The first event with data: a priming event (an id, no data) may come first.
+	if i := strings.Index(text, "data: {"); i >= 0 {
 		text = strings.TrimSpace(strings.SplitN(text[i+len("data: "):], "\n", 2)[0])
 	}
 	var m map[string]any

@@ -109,10 +109,14 @@ func handshakeEra(params json.RawMessage) (json.RawMessage, error) {
 	return json.Marshal(p)
 }
 
-// Close stops the proxy's own upstream session (and, for a command, its
-// process), which forwards tasks. Close it after the layer's Runner has
-// stopped: a task still running then loses its upstream.
+// Close ends the client sessions of Serve and HTTPHandler, and returns
+// once their calls are settled in the database (a call still waiting for
+// the upstream as a lost answer); then it stops the proxy's own upstream
+// session (and, for a command, its process), which forwards tasks. Close
+// it after the layer's Runner has stopped (a task still running then loses
+// its upstream), and before the database closes.
 func (p *Proxy) Close() error {
+	p.serving.end()
 	p.mu.Lock()
 	p.closed = true
 	s, stop := p.tasks, p.stopTasks

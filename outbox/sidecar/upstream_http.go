@@ -134,9 +134,9 @@ func (t *versionTransport) sessionID() string {
 
 // httpConn is the go-sdk's connection to a Streamable HTTP upstream, with
 // the standalone SSE stream that the go-sdk opens only for its own client
-// session (see [HTTP.Dial]). Once the initialized notification went
-// through under a protocol version before 2026-07-28, it opens the stream
-// with a GET, as the go-sdk client would, and keeps it open until Close:
+// session (see [HTTP.Dial]). Before the initialized notification goes
+// under a protocol version before 2026-07-28, it opens the stream with a
+// GET, as the go-sdk client does, and keeps it open until Close:
 // its messages come out of Read with the answers to the POSTs, so the
 // proxy passes them on like any other (the client's answers to the
 // upstream's requests go back through Write, in POSTs, as the protocol
@@ -180,18 +180,31 @@ func (c *httpConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 }
 
 func (c *httpConn) Write(ctx context.Context, msg jsonrpc.Message) error {
-	if err := c.Connection.Write(ctx, msg); err != nil {
-		return err
-	}
-	// The go-sdk client opens the stream before it sends initialized; a
-	// server may well want that notification first (the go-sdk's does
-	// not: a GET needs just the session id), so the stream waits for it
-	// here, after the upstream took it.
+	// The stream opens before initialized goes, as the go-sdk client opens
+	// it: an upstream may send a request (sampling, elicitation) the moment
+	// it is initialized, and the go-sdk's and the TypeScript SDK's servers
+	// drop what goes to the standalone stream while no GET holds it open.
+	// Opened after, the proxy lost such requests now and then (4 of 40 in
+	// a run with a TypeScript upstream). The wait is bounded, and a stream
+	// the upstream refuses does not hold initialized back.
 	if req, ok := msg.(*jsonrpc.Request); ok && req.Method == "notifications/initialized" {
-		c.startStream()
+		if opened := c.startStream(); opened != nil {
+			t := time.NewTimer(streamOpenWait)
+			select {
+			case <-opened:
+			case <-t.C:
+				c.logger.Warn("the upstream's standalone SSE stream did not open in time; sending initialized all the same", "waited", streamOpenWait)
+			case <-ctx.Done():
+			}
+			t.Stop()
+		}
 	}
-	return nil
+	return c.Connection.Write(ctx, msg)
 }
+
+// streamOpenWait bounds the wait for the standalone stream's first answer
+// before initialized is sent.
+const streamOpenWait = 5 * time.Second
 
 func (c *httpConn) Close() error {
 	c.closeOnce.Do(func() {
@@ -255,26 +268,31 @@ func (c *httpConn) learnVersion(msg jsonrpc.Message) {
 }
 
 // startStream starts the standalone stream, once, unless the protocol
-// version has none.
-func (c *httpConn) startStream() {
+// version has none. The channel it returns (nil without a stream) is
+// closed once the upstream answered the first GET, whatever it answered.
+func (c *httpConn) startStream() <-chan struct{} {
 	if v := c.rt.protocolVersion(); v >= protocolNoStandalone {
 		c.logger.Debug("no standalone SSE stream under this protocol version", "version", v)
-		return
+		return nil
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed || c.streamDone != nil {
-		return
+		return nil
 	}
 	c.streamDone = make(chan struct{})
-	go c.stream(c.streamDone)
+	opened := make(chan struct{})
+	go c.stream(c.streamDone, opened)
+	return opened
 }
 
 // stream keeps the standalone stream open until Close: it reopens a
 // dropped stream, from the last event id the upstream gave if it gave any,
 // and stops for good when the upstream says it offers none.
-func (c *httpConn) stream(done chan struct{}) {
+func (c *httpConn) stream(done, firstAnswer chan struct{}) {
 	defer close(done)
+	answered := sync.OnceFunc(func() { close(firstAnswer) })
+	defer answered()
 	var lastID string
 	serverRetry := time.Duration(-1) // the reconnection time the upstream set, if it did
 	backoff := c.minRetry            // the wait after a failure; doubles with each
@@ -282,6 +300,7 @@ func (c *httpConn) stream(done chan struct{}) {
 	for {
 		wait, failed := backoff, true
 		resp, err := c.get(lastID)
+		answered()
 		switch {
 		case c.ctx.Err() != nil:
 			if err == nil {
