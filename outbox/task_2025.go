@@ -140,10 +140,12 @@ func (t *toolInfo) taskSupport() string {
 }
 
 // call2025 decides a tools/call of a 2025-11-25 session; done is false when
-// the call is a plain one, for call to go on with.
-func (l *Layer) call2025(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest) (res mcp.Result, err error, done bool) {
+// the call is a plain one, for call to go on with. fronted says whether a
+// front lifted the request's params.task (sessionFronted; the proxy's
+// sessions always do).
+func (l *Layer) call2025(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest, fronted bool) (res mcp.Result, err error, done bool) {
 	support := t.taskSupport()
-	if !sessionFronted(req) {
+	if !fronted {
 		// No front lifted params.task (and none was offered: see
 		// fronted): the call cannot be a task.
 		if support == "required" {

@@ -188,7 +188,8 @@ func (r *remoteTool) callTask(ctx context.Context, req *mcp.CallToolRequest) (re
 		return nil, nil, false
 	}
 	if remote.Tasks2025(ctx) {
-		return r.layer.call2025(ctx, t, req)
+		// The proxy's session lifts params.task itself: it is a front.
+		return r.layer.call2025(ctx, t, req, true)
 	}
 	switch {
 	case declaresTasks(req):
