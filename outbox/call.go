@@ -150,7 +150,7 @@ func (l *Layer) run(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest, 
 	// hashing its arguments on every call.
 	id, err := callIdentity{principal: t.principalOf(req)}, error(nil)
 	if t.record {
-		id, err = identify(req, t, t.window > 0)
+		id, err = identify(req, t, t.window > 0, l.opts.Sealer)
 	}
 	if err != nil {
 		return l.refuse(ctx, t, req, start, toolError(codeInvalidKey, "%v; nothing was executed.", err))

@@ -210,6 +210,11 @@ func (a *attempt) commit(ctx context.Context, cr *mcp.CallToolResult) error {
 	if err != nil {
 		return err
 	}
+	// Sealed in the unit: a principal's first data key commits with it.
+	stored, err = a.layer.opts.Sealer.SealString(context.Background(), a.unit.tx(), callRef(a.callID, "result", a.id.principal), stored)
+	if err != nil {
+		return fmt.Errorf("seal result: %w", err)
+	}
 	a.stored = stored
 	now := a.layer.nowMS()
 	a.completedAt = now

@@ -47,6 +47,8 @@ type callRow struct {
 	expiresAt   int64
 	onLost      string
 	taskID      string // "" for a call that is no task
+	// unreadable: the result is sealed and cannot be opened (sealed.go).
+	unreadable error
 }
 
 type claimResult struct {
@@ -209,13 +211,14 @@ func (l *Layer) claimOnce(ctx context.Context, u *unit, a *attempt) (claimResult
 		return claimResult{kind: claimed}, nil
 	}
 
-	if r.tool != a.tool.name || r.argsHash != a.id.argsHash {
+	if r.tool != a.tool.name || !a.id.matches(r.argsHash) {
 		return claimResult{kind: conflict, row: r}, nil
 	}
 	if r.state == "unknown" {
 		return claimResult{kind: lost, row: r}, nil
 	}
 	if r.state != "in_flight" {
+		l.openResult(context.Background(), u.tx(), a.id.principal, &r)
 		return claimResult{kind: finished, row: r}, nil
 	}
 	if a.task != nil && a.task.recover && r.taskID != a.task.taskID() {

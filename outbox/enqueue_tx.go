@@ -56,8 +56,13 @@ func (l *Layer) EnqueueTx(ctx context.Context, tx *sql.Tx, e Effect) (string, er
 	now := l.nowMS()
 	// No call: call_id is NULL, and the effect is the first and only of
 	// its sequence, so nothing orders it behind another effect.
+	// No call, so no principal: the layer's own data key ('') seals it.
+	headers, body, err := l.sealEffect(tx, key, "", headers, e.Body)
+	if err != nil {
+		return "", err
+	}
 	if _, err := tx.ExecContext(ctx, insertEffect,
-		nil, 1, e.Destination, e.Method, e.Path, headers, e.Body, key, now, now, now, traceparentOf(ctx)); err != nil {
+		nil, 1, e.Destination, e.Method, e.Path, headers, body, key, now, now, now, traceparentOf(ctx)); err != nil {
 		return "", fmt.Errorf("outbox: enqueue effect: %w", err)
 	}
 	return key, nil

@@ -17,6 +17,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/metrics"
+	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -96,6 +97,12 @@ type Options struct {
 	// a no-op until the program installs an SDK. With LogSensitive the
 	// spans carry arguments and results too.
 	TracerProvider trace.TracerProvider
+	// Sealer, if not nil, encrypts what the layer stores that may hold
+	// personal data (results, task arguments, effect bodies and headers)
+	// and keys the hashes of arguments (package seal). Nil stores them in
+	// plaintext, and reads values sealed before as an error naming the
+	// data key (never running the call again).
+	Sealer *seal.Sealer
 }
 
 // A Layer is the idempotent execution layer of MCP servers on one
@@ -173,6 +180,9 @@ func New(db *schema.DB, opts *Options) (*Layer, error) {
 	logger := o.Logger
 	if logger == nil {
 		logger = slog.New(minLevel{slog.LevelWarn, slog.Default().Handler()})
+	}
+	if err := checkSealer(context.Background(), db, o.Sealer, logger); err != nil {
+		return nil, err
 	}
 	group := newGroupCommit(db, o.MaxBatchCalls, o.MaxBatchWait, time.Now)
 	group.onCommit = func(calls int) { metrics.Commit(o.Metrics, metrics.CommitCalls, calls) }

@@ -418,8 +418,13 @@ func (a *attempt) Enqueue(ctx context.Context, e Effect) (string, error) {
 	if a.recorded() {
 		callID = a.callID
 	}
+	headers, body, err := a.layer.sealEffect(a.tx, key, a.id.principal, headers, e.Body)
+	if err != nil {
+		a.effects--
+		return "", err
+	}
 	_, err = a.unit.exec(insertEffect,
-		callID, a.effects, e.Destination, e.Method, e.Path, headers, e.Body, key, now, now, now, traceparentOf(ctx))
+		callID, a.effects, e.Destination, e.Method, e.Path, headers, body, key, now, now, now, traceparentOf(ctx))
 	if err != nil {
 		a.effects--
 		return "", a.wrap(fmt.Errorf("enqueue effect: %w", err))

@@ -1,0 +1,84 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"log/slog"
+	"strconv"
+
+	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
+	"github.com/mcp-outbox/mcp-outbox/schema"
+)
+
+// checkSealer readies s for the layer's keyed hashes and says at start-up
+// what cannot be read: with a key file, the key ids that wrap data keys and
+// that the file lacks; without one, that the database holds encrypted
+// values. Either way the layer serves: such a call's answer names the key,
+// and the call never runs again (its row exists).
+func checkSealer(ctx context.Context, db *schema.DB, s *seal.Sealer, logger *slog.Logger) error {
+	missing, err := seal.MissingKeys(ctx, db.Read, s.Ring())
+	if err != nil {
+		return err
+	}
+	if s == nil {
+		if len(missing) > 0 {
+			logger.Warn("the database holds encrypted values and no key file was given (--encryption-key-file): "+
+				"their calls answer an error and are not run again; new values are stored in plaintext",
+				"key_ids", missing)
+		}
+		return nil
+	}
+	if len(missing) > 0 {
+		logger.Warn("encryption keys named by the database are not in the key file: values under them cannot be read "+
+			"(their calls answer an error naming the key, and are never run again)", "key_ids", missing)
+	}
+	return s.LoadHashKey(ctx, db.Write)
+}
+
+// callRef names a call's column for sealing: the call's id binds the value
+// to its row.
+func callRef(callID int64, column, principal string) seal.Ref {
+	return seal.Ref{Row: strconv.FormatInt(callID, 10), Column: column, Principal: principal}
+}
+
+// effectRef names an effect's column: its Idempotency-Key, unique and
+// known before the row is inserted, binds the value to the row.
+func effectRef(key, column, principal string) seal.Ref {
+	return seal.Ref{Row: key, Column: column, Principal: principal}
+}
+
+// openResult replaces a recorded result read from q by its plaintext; one
+// that cannot be opened (erased, tampered, a missing key) keeps r.unreadable
+// for the answer, which names the reason and never runs the call again.
+func (l *Layer) openResult(ctx context.Context, q seal.Querier, principal string, r *callRow) {
+	if !r.result.Valid {
+		return
+	}
+	plain, err := l.opts.Sealer.OpenString(ctx, q, callRef(r.id, "result", principal), r.result.String)
+	if err != nil {
+		r.unreadable = err
+		return
+	}
+	r.result = sql.NullString{String: plain, Valid: true}
+}
+
+// sealEffect seals an effect's headers and body in q, the transaction
+// that inserts it. Statements there never take a call's context (group.go).
+func (l *Layer) sealEffect(q seal.Querier, key, principal, headers string, body []byte) (string, []byte, error) {
+	s := l.opts.Sealer
+	if s == nil {
+		return headers, body, nil
+	}
+	ctx := context.Background()
+	h, err := s.SealString(ctx, q, effectRef(key, "headers", principal), headers)
+	if err != nil {
+		return "", nil, fmt.Errorf("seal effect headers: %w", err)
+	}
+	if body != nil {
+		if body, err = s.Seal(ctx, q, effectRef(key, "body", principal), body); err != nil {
+			return "", nil, fmt.Errorf("seal effect body: %w", err)
+		}
+	}
+	return h, body, nil
+}
