@@ -79,8 +79,16 @@ func identify(req *mcp.CallToolRequest, t *toolInfo, window bool, s *seal.Sealer
 
 // matches reports whether a row's args_hash is this call's: keyed, or
 // plain for a row recorded before encryption was on.
+//
+// A layer without a key file cannot compute a keyed hash: a row recorded
+// with encryption on (before 'outbox decrypt') matches on its key alone
+// until it expires. The key names the call; the hash only catches a key
+// reused for other arguments.
 func (id callIdentity) matches(rowHash string) bool {
-	return rowHash == id.argsHash || (id.plainHash != "" && rowHash == id.plainHash)
+	if rowHash == id.argsHash || (id.plainHash != "" && rowHash == id.plainHash) {
+		return true
+	}
+	return id.plainHash == "" && strings.HasPrefix(rowHash, seal.HashPrefix)
 }
 
 func explicitKey(req *mcp.CallToolRequest, t *toolInfo) (string, callkey.Source, error) {

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -33,7 +34,15 @@ func checkSealer(ctx context.Context, db *schema.DB, s *seal.Sealer, logger *slo
 		logger.Warn("encryption keys named by the database are not in the key file: values under them cannot be read "+
 			"(their calls answer an error naming the key, and are never run again)", "key_ids", missing)
 	}
-	return s.LoadHashKey(ctx, db.Write)
+	if err := s.LoadHashKey(ctx, db.Write); err != nil {
+		var missing *seal.MissingKeyError
+		if !errors.As(err, &missing) {
+			return err
+		}
+		logger.Warn("the key that wraps the hash key is not in the key file: arguments and fingerprints are hashed "+
+			"without a key until it is back (calls recorded with keyed hashes match on their key alone)", "key_id", missing.KeyID)
+	}
+	return nil
 }
 
 // callRef names a call's column for sealing: the call's id binds the value
@@ -53,6 +62,11 @@ func effectRef(key, column, principal string) seal.Ref {
 // for the answer, which names the reason and never runs the call again.
 func (l *Layer) openResult(ctx context.Context, q seal.Querier, principal string, r *callRow) {
 	if !r.result.Valid {
+		if r.state == "completed" || r.state == "failed" {
+			// Every outcome is recorded with its result; only
+			// admin.ForgetPrincipal deletes one (and sets erased_at).
+			r.unreadable = seal.ErrErased
+		}
 		return
 	}
 	plain, err := l.opts.Sealer.OpenString(ctx, q, callRef(r.id, "result", principal), r.result.String)

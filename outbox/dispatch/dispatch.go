@@ -19,8 +19,8 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/metrics"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/otelattr"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/owner"
-	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
+	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 

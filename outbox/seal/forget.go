@@ -20,4 +20,3 @@ func Forget(ctx context.Context, q Querier, principal string, now time.Time) (in
 	}
 	return r.RowsAffected()
 }
-

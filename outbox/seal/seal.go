@@ -35,6 +35,7 @@ var (
 // Querier runs statements: a *sql.DB, a *sql.Tx or a *sql.Conn.
 type Querier interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
 	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
 }
 
@@ -95,10 +96,10 @@ func (s *Sealer) Ring() KeyRing {
 }
 
 const (
-	selectLiveDEK = `SELECT id, key_id, wrapped FROM data_keys WHERE principal = $1 AND purpose = $2 AND erased_at IS NULL`
-	selectDEK     = `SELECT principal, purpose, key_id, wrapped, erased_at FROM data_keys WHERE id = $1`
-	insertDEK     = `INSERT INTO data_keys (id, principal, purpose, key_id, wrapped, created_at) VALUES ($1, $2, $3, $4, $5, $6)
-ON CONFLICT (principal, purpose) WHERE erased_at IS NULL DO NOTHING`
+	selectLiveDEK = `SELECT id, key_id, wrapped FROM data_keys WHERE principal = $1 AND purpose = $2 AND erased_at IS NULL
+ORDER BY created_at DESC, id`
+	selectDEK = `SELECT principal, purpose, key_id, wrapped, erased_at FROM data_keys WHERE id = $1`
+	insertDEK = `INSERT INTO data_keys (id, principal, purpose, key_id, wrapped, created_at) VALUES ($1, $2, $3, $4, $5, $6)`
 )
 
 // Purposes of data keys.
@@ -170,23 +171,60 @@ func (s *Sealer) OpenString(ctx context.Context, q Querier, ref Ref, v string) (
 	return string(p), err
 }
 
+// liveKey is the principal's newest live data key that the ring can
+// unwrap, created when there is none: a data key under a key the key file
+// lacks is left for when the key is back, and the principal's new values
+// go under a new one.
 func (s *Sealer) liveKey(ctx context.Context, q Querier, principal, purpose string) (string, cipher.AEAD, error) {
 	for range 2 {
-		var id, keyID string
-		var wrapped []byte
-		err := q.QueryRowContext(ctx, selectLiveDEK, principal, purpose).Scan(&id, &keyID, &wrapped)
-		if err == nil {
-			aead, err := s.unwrap(ctx, id, principal, purpose, keyID, wrapped)
+		id, aead, err := s.findLive(ctx, q, principal, purpose)
+		if err != nil || aead != nil {
 			return id, aead, err
-		}
-		if !errors.Is(err, sql.ErrNoRows) {
-			return "", nil, fmt.Errorf("read data key: %w", err)
 		}
 		if err := s.create(ctx, q, principal, purpose); err != nil {
 			return "", nil, err
 		}
 	}
 	return "", nil, errors.New("data key: created, then not found")
+}
+
+func (s *Sealer) findLive(ctx context.Context, q Querier, principal, purpose string) (string, cipher.AEAD, error) {
+	type dk struct {
+		id, keyID string
+		wrapped   []byte
+	}
+	var live []dk
+	rows, err := q.QueryContext(ctx, selectLiveDEK, principal, purpose)
+	if err != nil {
+		return "", nil, fmt.Errorf("read data key: %w", err)
+	}
+	for rows.Next() {
+		var d dk
+		if err := rows.Scan(&d.id, &d.keyID, &d.wrapped); err != nil {
+			rows.Close()
+			return "", nil, fmt.Errorf("read data key: %w", err)
+		}
+		live = append(live, d)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return "", nil, fmt.Errorf("read data key: %w", err)
+	}
+	var missing error
+	for _, d := range live {
+		if !s.ring.Has(d.keyID) {
+			missing = &MissingKeyError{KeyID: d.keyID}
+			continue
+		}
+		aead, err := s.unwrap(ctx, d.id, principal, purpose, d.keyID, d.wrapped)
+		return d.id, aead, err
+	}
+	if missing != nil && purpose == purposeHash {
+		// A new hash key would change every hash: fail, and the layer
+		// goes on with plain hashes (see LoadHashKey).
+		return "", nil, missing
+	}
+	return "", nil, nil
 }
 
 func (s *Sealer) create(ctx context.Context, q Querier, principal, purpose string) error {
@@ -204,8 +242,9 @@ func (s *Sealer) create(ctx context.Context, q Querier, principal, purpose strin
 	if err != nil {
 		return fmt.Errorf("wrap data key: %w", err)
 	}
-	// Another process may create the principal's key at the same time: the
-	// partial unique index keeps one, and the caller reads it back.
+	// Another process may create a key for the principal at the same
+	// time: both are live, values name the one they are under, and Forget
+	// erases both.
 	if _, err := q.ExecContext(ctx, insertDEK, id, principal, purpose, keyID, wrapped, s.now().UnixMilli()); err != nil {
 		return fmt.Errorf("store data key: %w", err)
 	}
@@ -260,38 +299,31 @@ func (s *Sealer) unwrap(ctx context.Context, id, principal, purpose, keyID strin
 const HashPrefix = "h1:"
 
 // LoadHashKey reads (or creates) the hash key; call it once before Hash.
+// It fails with a *MissingKeyError when the key file lacks the key that
+// wraps it: Hash then gives nil, and callers fall back to plain hashes.
 func (s *Sealer) LoadHashKey(ctx context.Context, q Querier) error {
-	if s == nil {
+	if s == nil || s.Keyed() {
 		return nil
+	}
+	id, _, err := s.liveKey(ctx, q, "", purposeHash)
+	if err != nil {
+		return fmt.Errorf("hash key: %w", err)
+	}
+	// The hash key is used as an HMAC key, not as an AEAD: unwrap it again
+	// for its bytes.
+	var keyID string
+	var wrapped []byte
+	if err := q.QueryRowContext(ctx, `SELECT key_id, wrapped FROM data_keys WHERE id = $1`, id).Scan(&keyID, &wrapped); err != nil {
+		return fmt.Errorf("hash key: %w", err)
+	}
+	k, err := s.ring.Unwrap(ctx, keyID, wrapped, dekAD(id, "", purposeHash))
+	if err != nil {
+		return fmt.Errorf("hash key: %w", err)
 	}
 	s.mu.Lock()
-	loaded := s.hashK != nil
+	s.hashK = k
 	s.mu.Unlock()
-	if loaded {
-		return nil
-	}
-	for range 2 {
-		var id, keyID string
-		var wrapped []byte
-		err := q.QueryRowContext(ctx, selectLiveDEK, "", purposeHash).Scan(&id, &keyID, &wrapped)
-		if err == nil {
-			k, err := s.ring.Unwrap(ctx, keyID, wrapped, dekAD(id, "", purposeHash))
-			if err != nil {
-				return fmt.Errorf("hash key: %w", err)
-			}
-			s.mu.Lock()
-			s.hashK = k
-			s.mu.Unlock()
-			return nil
-		}
-		if !errors.Is(err, sql.ErrNoRows) {
-			return fmt.Errorf("read hash key: %w", err)
-		}
-		if err := s.create(ctx, q, "", purposeHash); err != nil {
-			return err
-		}
-	}
-	return errors.New("hash key: created, then not found")
+	return nil
 }
 
 // Keyed reports whether Hash gives keyed hashes (the hash key is loaded).

@@ -11,8 +11,10 @@
 --            (crypto-erasure); the row stays, so that a value under it
 --            reads as erased rather than as tampered
 --
--- One live key per principal and purpose; a principal forgotten and seen
--- again gets a new one.
+-- A principal has one live key of each purpose, or a few: two processes
+-- that seal its first value at once both create one, and a key wrapped by
+-- a key the key file lacks is passed over for a new one. A principal
+-- forgotten and seen again gets a new one.
 CREATE TABLE data_keys (
     id         TEXT    PRIMARY KEY,
     principal  TEXT    NOT NULL,
@@ -22,7 +24,7 @@ CREATE TABLE data_keys (
     created_at INTEGER NOT NULL,  -- unix ms
     erased_at  INTEGER            -- unix ms of the erase
 );
-CREATE UNIQUE INDEX data_keys_live ON data_keys (principal, purpose) WHERE erased_at IS NULL;
+CREATE INDEX data_keys_live ON data_keys (principal, purpose) WHERE erased_at IS NULL;
 
 -- calls.erased_at: when the call's principal was forgotten. The row keeps
 -- its key, tool, state and times, so a retry replays nothing and runs

@@ -9,6 +9,6 @@ CREATE TABLE data_keys (
     created_at BIGINT NOT NULL,
     erased_at  BIGINT
 );
-CREATE UNIQUE INDEX data_keys_live ON data_keys (principal, purpose) WHERE erased_at IS NULL;
+CREATE INDEX data_keys_live ON data_keys (principal, purpose) WHERE erased_at IS NULL;
 
 ALTER TABLE calls ADD COLUMN erased_at BIGINT;
