@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"os"
+	"net/url"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -15,9 +16,11 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/downstream"
 	"github.com/mcp-outbox/mcp-outbox/internal/outboxtest"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
+	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
 	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
@@ -380,4 +383,68 @@ func unsealedEffects(t *testing.T, db *schema.DB) int {
 		}
 	}
 	return n
+}
+
+// TestSeal_Rotation: after a new key leads the key file and reencrypt ran,
+// the old key leaves the file and everything still replays, and the
+// effects sealed under it are delivered with their body and headers.
+func TestSeal_Rotation(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	runs := new(atomic.Int64)
+	k1, k2 := newKeyLine(t, "k1"), newKeyLine(t, "k2")
+	b := setupNote(t, db, sealerOf(t, k1), runs)
+	for _, k := range []string{"r1", "r2", ""} {
+		if res := note(t, b, k, marker+k); res.IsError {
+			t.Fatal(text(res))
+		}
+	}
+	both := sealerOf(t, k2, k1)
+	var progress bytes.Buffer
+	r, err := outbox.Reencrypt(context.Background(), db, both, &outbox.ReencryptOptions{Batch: 1, Progress: &progress})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.DataKeys != 2 || r.Calls != 0 || r.Effects != 0 {
+		t.Errorf("reencrypt %+v, want the principal's and the hash key rewrapped, no value rewritten", r)
+	}
+	if !strings.Contains(progress.String(), "rewrapped") {
+		t.Errorf("progress %q", progress.String())
+	}
+	if n := count(t, db.Read, `SELECT count(*) FROM data_keys WHERE key_id <> 'k2'`); n != 0 {
+		t.Errorf("%d data keys still under k1", n)
+	}
+	// Run again: nothing left to do.
+	if r, err := outbox.Reencrypt(context.Background(), db, both, nil); err != nil || r.DataKeys != 0 {
+		t.Errorf("second reencrypt: %+v %v", r, err)
+	}
+
+	b2 := setupNote(t, db, sealerOf(t, k2), runs)
+	for _, k := range []string{"r1", "r2", ""} {
+		if res := note(t, b2, k, marker+k); res.IsError || !strings.Contains(text(res), "noted "+marker+k) {
+			t.Errorf("replay of %q with k1 gone: %s", k, text(res))
+		}
+	}
+	if got := runs.Load(); got != 3 {
+		t.Errorf("%d runs, want 3", got)
+	}
+	fake := downstream.Start(t, nil)
+	u, _ := url.Parse(fake.URL())
+	start(t, b2.bundle, &outbox.StartOptions{Dispatcher: &dispatch.Options{Destinations: []dispatch.Destination{{Name: "notes", URL: u}}}})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := fake.WaitRequests(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	for _, req := range fake.Requests() {
+		if !bytes.Contains(req.Body, []byte(marker)) || !strings.HasPrefix(req.Header.Get("X-Note"), marker) {
+			t.Errorf("delivered %q with X-Note %q, want the marker in both", req.Body, req.Header.Get("X-Note"))
+		}
+	}
+	pollUntil(t, "effects delivered", func() bool {
+		return count(t, db.Read, `SELECT count(*) FROM effects WHERE state = 'delivered'`) == 3
+	})
+	if n := count(t, db.Read, `SELECT count(*) FROM effects WHERE response IS NOT NULL AND response <> ''`); n != 0 {
+		t.Errorf("%d destination responses kept, want none with encryption on", n)
+	}
 }
