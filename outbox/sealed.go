@@ -45,6 +45,10 @@ func checkSealer(ctx context.Context, db *schema.DB, s *seal.Sealer, logger *slo
 	return nil
 }
 
+// Sealer is the layer's Options.Sealer: what an operator surface on the
+// same database needs to show its results.
+func (l *Layer) Sealer() *seal.Sealer { return l.opts.Sealer }
+
 // callRef names a call's column for sealing: the call's id binds the value
 // to its row.
 func callRef(callID int64, column, principal string) seal.Ref {
