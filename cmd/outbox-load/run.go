@@ -1,6 +1,8 @@
 package main
 
 import (
+	"crypto/rand"
+	"encoding/base64"
 	"bufio"
 	"context"
 	"database/sql"
@@ -70,6 +72,9 @@ type config struct {
 	serveArgs []string
 	binary    string
 	tasks     bool
+	// keyFile, with --encrypt, is the key file of the side "encrypted":
+	// serve with --encryption-key-file, beside the layer without.
+	keyFile string
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -92,6 +97,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&cfg.gogc, "gogc", "", "GOGC for every server (default: each server's own, which for serve and the bare servers alike is 400)")
 	only := fs.String("sides", "", "measure only these sides, comma-separated (limit, careful, layer; for profiling one)")
 	fs.BoolVar(&cfg.tasks, "tasks", false, "measure MCP Tasks instead: plain charge vs a charge answered with a task, and tasks/get polls (default --clients 1,8)")
+	encrypt := fs.Bool("encrypt", false, "add the side \"encrypted\": mcp-outbox serve with --encryption-key-file (a fresh key), beside the layer without")
 	fs.StringVar(&cfg.binary, "mcp-outbox", "", "the mcp-outbox binary (default: go build ./cmd/mcp-outbox)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -101,6 +107,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	cfg.only = *only
 	cfg.serveArgs = strings.Fields(*serveArgs)
+	if *encrypt {
+		dir, err := os.MkdirTemp("", "outbox-load-keys")
+		if err != nil {
+			fmt.Fprintln(stderr, "outbox-load:", err)
+			return 1
+		}
+		defer os.RemoveAll(dir)
+		if cfg.keyFile, err = writeKeyFile(dir); err != nil {
+			fmt.Fprintln(stderr, "outbox-load:", err)
+			return 1
+		}
+	}
 	var err error
 	if cfg.levels, err = parseLevels(*levels); err != nil {
 		fmt.Fprintln(stderr, "outbox-load:", err)
@@ -270,6 +288,15 @@ func sidesFor(cfg config, self string) []side {
 		{name: "careful: bare go-sdk server, one transaction per call", short: "careful", replicas: 1, role: roleCareful, command: bare, needsDB: true},
 		{name: "layer: mcp-outbox serve", short: "layer", replicas: 1, role: roleLayer, command: layer, needsDB: true},
 	}
+	if cfg.keyFile != "" {
+		encrypted := func(db, addr string) *exec.Cmd {
+			cmd := layer(db, addr)
+			cmd.Args = append(cmd.Args, "--encryption-key-file", cfg.keyFile)
+			return cmd
+		}
+		sides = append(sides, side{name: "encrypted: mcp-outbox serve --encryption-key-file", short: "encrypted", replicas: 1,
+			role: roleLayer, command: encrypted, needsDB: true})
+	}
 	if cfg.before != "" {
 		sides = append(sides, side{name: "before: mcp-outbox serve of " + cfg.before, short: "before", replicas: 1,
 			role: roleLayer, command: serveWith(cfg.before), needsDB: true})
@@ -394,4 +421,14 @@ func withGOGC(cmd *exec.Cmd, gogc string) *exec.Cmd {
 	}
 	cmd.Env = env
 	return cmd
+}
+
+// writeKeyFile writes a key file of one fresh key into dir.
+func writeKeyFile(dir string) (string, error) {
+	k := make([]byte, 32)
+	if _, err := rand.Read(k); err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, "keys")
+	return path, os.WriteFile(path, []byte("load:"+base64.StdEncoding.EncodeToString(k)+"\n"), 0o600)
 }
