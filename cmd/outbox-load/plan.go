@@ -27,12 +27,18 @@ type cell struct {
 	transport transport
 	keyed     bool // a fresh _meta.idempotencyKey per call, or none
 	clients   int  // concurrent callers (HTTP: each its own client; stdio: calls in flight on one pipe)
+	// replay: each caller cycles through replayKeys keys of its own, so
+	// that after the warm-up every measured call is a replay (--replay).
+	replay bool
 }
 
 func (c cell) String() string {
 	key := "keyed"
 	if !c.keyed {
 		key = "keyless"
+	}
+	if c.replay {
+		key = "replays"
 	}
 	return fmt.Sprintf("%s, %s, %d clients", c.transport, key, c.clients)
 }
@@ -60,10 +66,15 @@ const (
 // plan lists the cells of a run: the HTTP stateless keyed load at every
 // concurrency level (the headline), and at the level nearest 32 the other
 // ways a load arrives.
-func plan(levels []int, store string, quick bool) []cell {
+func plan(levels []int, store string, quick, replay bool) []cell {
 	var cells []cell
 	for _, n := range levels {
 		cells = append(cells, cell{transport: httpStateless, keyed: true, clients: n})
+	}
+	if replay {
+		for _, n := range levels {
+			cells = append(cells, cell{transport: httpStateless, keyed: true, replay: true, clients: n})
+		}
 	}
 	if quick || store == "postgres" {
 		return cells

@@ -1,11 +1,11 @@
 package main
 
 import (
-	"crypto/rand"
-	"encoding/base64"
 	"bufio"
 	"context"
+	"crypto/rand"
 	"database/sql"
+	"encoding/base64"
 	"errors"
 	"flag"
 	"fmt"
@@ -72,6 +72,7 @@ type config struct {
 	serveArgs []string
 	binary    string
 	tasks     bool
+	replay    bool
 	// keyFile, with --encrypt, is the key file of the side "encrypted":
 	// serve with --encryption-key-file, beside the layer without.
 	keyFile string
@@ -97,6 +98,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&cfg.gogc, "gogc", "", "GOGC for every server (default: each server's own, which for serve and the bare servers alike is 400)")
 	only := fs.String("sides", "", "measure only these sides, comma-separated (limit, careful, layer; for profiling one)")
 	fs.BoolVar(&cfg.tasks, "tasks", false, "measure MCP Tasks instead: plain charge vs a charge answered with a task, and tasks/get polls (default --clients 1,8)")
+	fs.BoolVar(&cfg.replay, "replay", false, "add a cell of replays at each --clients level: each caller cycles through 16 keys, so every measured call is a replay")
 	encrypt := fs.Bool("encrypt", false, "add the side \"encrypted\": mcp-outbox serve with --encryption-key-file (a fresh key), beside the layer without")
 	fs.StringVar(&cfg.binary, "mcp-outbox", "", "the mcp-outbox binary (default: go build ./cmd/mcp-outbox)")
 	if err := fs.Parse(args); err != nil {
@@ -212,7 +214,7 @@ func measure(ctx context.Context, cfg config, logw io.Writer) (*report, error) {
 		}
 	}
 	rep := &report{cfg: cfg, sides: sides}
-	for _, c := range plan(cfg.levels, cfg.store, cfg.quick) {
+	for _, c := range plan(cfg.levels, cfg.store, cfg.quick, cfg.replay) {
 		row := &cellResult{cell: c, results: make([]*result, len(sides))}
 		for i := range sides {
 			row.results[i] = &result{}
@@ -359,13 +361,13 @@ func runSide(ctx context.Context, cfg config, st *store, c cell, s side, res *re
 			return err
 		}
 	}
-	if _, _, _, err := load(ctx, cl, c.keyed, cfg.warmup); err != nil {
+	if _, _, _, err := load(ctx, cl, c.keyed, c.replay, cfg.warmup); err != nil {
 		return err
 	}
 	cpu0, self0 := cpuOf(procs), selfCPU()
 	m0, mok0 := mallocsOf(ctx, metrics)
 	start := time.Now()
-	calls, errs, lat, err := load(ctx, cl, c.keyed, cfg.duration)
+	calls, errs, lat, err := load(ctx, cl, c.keyed, c.replay, cfg.duration)
 	if err != nil {
 		return err
 	}
