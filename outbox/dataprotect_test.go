@@ -17,6 +17,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/downstream"
+	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
 	"github.com/mcp-outbox/mcp-outbox/internal/outboxtest"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
@@ -446,5 +447,61 @@ func TestSeal_Rotation(t *testing.T) {
 	})
 	if n := count(t, db.Read, `SELECT count(*) FROM effects WHERE response IS NOT NULL AND response <> ''`); n != 0 {
 		t.Errorf("%d destination responses kept, want none with encryption on", n)
+	}
+}
+
+// TestSeal_TaskRecovered: a task's stored arguments are sealed while it
+// runs, and a layer with the key file takes over the task of a dead owner
+// from them and completes it; its result reads back through tasks/get.
+func TestSeal_TaskRecovered(t *testing.T) {
+	t.Parallel()
+	db := mustLedger(t, openDB(t))
+	s := sealerOf(t, newKeyLine(t, "k1"))
+	setupSealed := func(lopts *ledger.Options) *bundle {
+		if lopts == nil {
+			lopts = &ledger.Options{}
+		}
+		lopts.Tasks = map[string]outbox.TaskOptions{"charge": {Mode: outbox.TasksAlways, After: 50 * time.Millisecond, PollInterval: 20 * time.Millisecond}}
+		return setupOn(t, db, &outbox.Options{Sealer: s}, lopts)
+	}
+	g := newGate()
+	a := setupSealed(&ledger.Options{Gate: g.hold})
+	id := result(t, stdioPeer(t, a.server).charge(true, "sealed-task", 9))["taskId"].(string)
+	g.waitReached(t)
+	var params string
+	if err := db.Read.QueryRow(`SELECT task_params FROM calls WHERE task_id = $1`, id).Scan(&params); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(params, seal.Prefix) {
+		t.Errorf("task_params stored as %.40q, want sealed", params)
+	}
+	if onPostgres() {
+		mustExec(t, db, `UPDATE calls SET owner = 'gone/1#1', lease_until = 0 WHERE task_id = $1`, id)
+	} else {
+		mustExec(t, db, `UPDATE calls SET owner = $1 WHERE task_id = $2`, deadOwner(t), id)
+	}
+	b := setupSealed(nil)
+	running, err := b.layer.Start(context.Background(), &outbox.StartOptions{NoDispatcher: true, ReapInterval: outbox.ReaperOff})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := stdioPeer(t, b.server).waitTask(id)
+	if err := running.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if done["status"] != "completed" {
+		t.Fatalf("recovered task = %v", done)
+	}
+	close(g.release)
+	outbox.WaitTasks(a.layer)
+	if got := charges(t, a); got != 1 {
+		t.Errorf("charges = %d, want exactly 1", got)
+	}
+	var res string
+	if err := db.Read.QueryRow(`SELECT result FROM calls WHERE task_id = $1`, id).Scan(&res); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(res, seal.Prefix) {
+		t.Errorf("task's result stored as %.40q, want sealed", res)
 	}
 }
