@@ -162,12 +162,6 @@ func TestSeal_NoMarkerAtRest(t *testing.T) {
 	}
 }
 
-// callID is the id of the call with key.
-func callIDOf(t *testing.T, db *schema.DB, key string) int64 {
-	t.Helper()
-	return int64(count(t, db.Read, `SELECT id FROM calls WHERE key = $1`, key))
-}
-
 func resultOf(t *testing.T, db *schema.DB, key string) string {
 	t.Helper()
 	var r string
