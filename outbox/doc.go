@@ -373,10 +373,10 @@
 // paths stay in plaintext: they are what finds a call. A value that cannot be
 // opened (changed, copied from another row, erased, or under a key the key
 // file lacks) is answered as an error that says why, and the call is never
-// run again: its row exists. The function ForgetPrincipal of package admin
-// erases a principal
-// (crypto-erasure, see package seal); [Reencrypt] rotates keys and seals the
-// rows of a database used without encryption; [Decrypt] turns it off.
+// run again: its row exists. ForgetPrincipal of package admin erases a
+// principal (crypto-erasure, see package seal); [Reencrypt] rotates keys
+// and seals the rows of a database used without encryption; [Decrypt]
+// turns it off.
 // Rows written without a Sealer stay readable with one.
 //
 // # On PostgreSQL
