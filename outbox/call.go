@@ -14,6 +14,7 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/internal/cancelnote"
 	"github.com/mcp-outbox/mcp-outbox/internal/failpoint"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/metrics"
+	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 )
 
 type localKey struct{ principal, key string }
@@ -47,6 +48,9 @@ type attempt struct {
 	// is logged and never recorded or shown to the client.
 	handlerErr error
 	effects    int // effects enqueued so far
+	// sealKey is the principal's data key as tx found it (sealed.go).
+	sealKey   *seal.DataKey
+	sealKeyTx *sql.Tx
 
 	completedAt int64  // unix ms of the recorded outcome
 	stored      string // the result as recorded (see confirmCommit)

@@ -211,10 +211,11 @@ func (a *attempt) commit(ctx context.Context, cr *mcp.CallToolResult) error {
 		return err
 	}
 	// Sealed in the unit: a principal's first data key commits with it.
-	stored, err = a.layer.opts.Sealer.SealString(context.Background(), a.unit.tx(), callRef(a.callID, "result", a.id.principal), stored)
+	sealed, err := a.seal(a.unit.tx(), callRef(a.callID, "result", a.id.principal), []byte(stored))
 	if err != nil {
 		return fmt.Errorf("seal result: %w", err)
 	}
+	stored = string(sealed)
 	a.stored = stored
 	now := a.layer.nowMS()
 	a.completedAt = now

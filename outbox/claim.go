@@ -218,7 +218,7 @@ func (l *Layer) claimOnce(ctx context.Context, u *unit, a *attempt) (claimResult
 		return claimResult{kind: lost, row: r}, nil
 	}
 	if r.state != "in_flight" {
-		l.openResult(context.Background(), u.tx(), a.id.principal, &r)
+		l.openResult(context.Background(), u.querier(), a.id.principal, &r)
 		return claimResult{kind: finished, row: r}, nil
 	}
 	if a.task != nil && a.task.recover && r.taskID != a.task.taskID() {

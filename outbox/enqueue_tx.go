@@ -8,6 +8,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+
+	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 )
 
 // EnqueueTx adds an effect to the outbox inside tx, a transaction the
@@ -57,7 +59,9 @@ func (l *Layer) EnqueueTx(ctx context.Context, tx *sql.Tx, e Effect) (string, er
 	// No call: call_id is NULL, and the effect is the first and only of
 	// its sequence, so nothing orders it behind another effect.
 	// No call, so no principal: the layer's own data key ('') seals it.
-	headers, body, err := l.sealEffect(tx, key, "", headers, e.Body)
+	headers, body, err := sealEffect(func(ref seal.Ref, v []byte) ([]byte, error) {
+		return l.opts.Sealer.Seal(context.Background(), tx, ref, v)
+	}, key, "", headers, e.Body)
 	if err != nil {
 		return "", err
 	}

@@ -81,22 +81,70 @@ func (l *Layer) openResult(ctx context.Context, q seal.Querier, principal string
 	r.result = sql.NullString{String: plain, Valid: true}
 }
 
-// sealEffect seals an effect's headers and body in q, the transaction
-// that inserts it. Statements there never take a call's context (group.go).
-func (l *Layer) sealEffect(q seal.Querier, key, principal, headers string, body []byte) (string, []byte, error) {
-	s := l.opts.Sealer
-	if s == nil {
-		return headers, body, nil
-	}
-	ctx := context.Background()
-	h, err := s.SealString(ctx, q, effectRef(key, "headers", principal), headers)
+// sealEffect seals an effect's headers and body with sealFn.
+func sealEffect(sealFn func(seal.Ref, []byte) ([]byte, error), key, principal, headers string, body []byte) (string, []byte, error) {
+	h, err := sealFn(effectRef(key, "headers", principal), []byte(headers))
 	if err != nil {
 		return "", nil, fmt.Errorf("seal effect headers: %w", err)
 	}
 	if body != nil {
-		if body, err = s.Seal(ctx, q, effectRef(key, "body", principal), body); err != nil {
+		if body, err = sealFn(effectRef(key, "body", principal), body); err != nil {
 			return "", nil, fmt.Errorf("seal effect body: %w", err)
 		}
 	}
-	return h, body, nil
+	return string(h), body, nil
+}
+
+// seal seals a value of the attempt's call in q, its transaction, looking
+// the principal's data key up once per transaction: a call's result and
+// its effects' headers and bodies are sealed under one key, found by one
+// query. Statements there never take a call's context (group.go).
+func (a *attempt) seal(q *sql.Tx, ref seal.Ref, plain []byte) ([]byte, error) {
+	s := a.layer.opts.Sealer
+	if s == nil {
+		return plain, nil
+	}
+	if a.sealKey == nil || a.sealKeyTx != q || a.sealKey.Principal() != ref.Principal {
+		var sq seal.Querier = q
+		if a.unit != nil && a.unit.tx() == q {
+			sq = a.unit.querier()
+		}
+		k, err := s.Key(context.Background(), sq, ref.Principal)
+		if err != nil {
+			return nil, err
+		}
+		a.sealKey, a.sealKeyTx = k, q
+	}
+	return a.sealKey.Seal(ref, plain)
+}
+
+// unitQuerier runs the seal package's statements in a unit's transaction
+// through the group's prepared statements, as the unit's own run: SQLite
+// would otherwise parse them again for every call.
+type unitQuerier struct {
+	tx *sql.Tx
+	c  *stmtCache
+}
+
+func (u *unit) querier() unitQuerier { return unitQuerier{u.tx(), u.g.stmts} }
+
+func (q unitQuerier) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	if st := q.c.lookup(query); st != nil {
+		return q.tx.StmtContext(ctx, st).ExecContext(ctx, args...)
+	}
+	return q.tx.ExecContext(ctx, query, args...)
+}
+
+func (q unitQuerier) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	if st := q.c.lookup(query); st != nil {
+		return q.tx.StmtContext(ctx, st).QueryContext(ctx, args...)
+	}
+	return q.tx.QueryContext(ctx, query, args...)
+}
+
+func (q unitQuerier) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	if st := q.c.lookup(query); st != nil {
+		return q.tx.StmtContext(ctx, st).QueryRowContext(ctx, args...)
+	}
+	return q.tx.QueryRowContext(ctx, query, args...)
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
+	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -418,7 +419,8 @@ func (a *attempt) Enqueue(ctx context.Context, e Effect) (string, error) {
 	if a.recorded() {
 		callID = a.callID
 	}
-	headers, body, err := a.layer.sealEffect(a.tx, key, a.id.principal, headers, e.Body)
+	headers, body, err := sealEffect(func(ref seal.Ref, v []byte) ([]byte, error) { return a.seal(a.tx, ref, v) },
+		key, a.id.principal, headers, e.Body)
 	if err != nil {
 		a.effects--
 		return "", err

@@ -118,11 +118,41 @@ func (s *Sealer) Seal(ctx context.Context, q Querier, ref Ref, plain []byte) ([]
 	if s == nil {
 		return plain, nil
 	}
-	id, aead, err := s.liveKey(ctx, q, ref.Principal, purposeSeal)
+	k, err := s.Key(ctx, q, ref.Principal)
 	if err != nil {
 		return nil, err
 	}
-	ct, err := sealAEAD(aead, plain, ref.ad())
+	return k.Seal(ref, plain)
+}
+
+// A DataKey is a principal's live data key as one transaction found it:
+// a caller that seals several values in one transaction (a call's result
+// and its effects) looks the key up once. It must not outlive the
+// transaction: an erase commits in between.
+type DataKey struct {
+	id, principal string
+	aead          cipher.AEAD
+}
+
+// Principal is whose key it is.
+func (k *DataKey) Principal() string { return k.principal }
+
+// Key finds (or creates) principal's live data key in q.
+func (s *Sealer) Key(ctx context.Context, q Querier, principal string) (*DataKey, error) {
+	id, aead, err := s.liveKey(ctx, q, principal, purposeSeal)
+	if err != nil {
+		return nil, err
+	}
+	return &DataKey{id: id, principal: principal, aead: aead}, nil
+}
+
+// Seal encrypts plain for ref, whose Principal must be the key's.
+func (k *DataKey) Seal(ref Ref, plain []byte) ([]byte, error) {
+	if ref.Principal != k.principal {
+		return nil, fmt.Errorf("seal: data key of %q used for a value of %q", k.principal, ref.Principal)
+	}
+	id := k.id
+	ct, err := sealAEAD(k.aead, plain, ref.ad())
 	if err != nil {
 		return nil, err
 	}
