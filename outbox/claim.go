@@ -163,6 +163,16 @@ func (l *Layer) claimOnce(ctx context.Context, u *unit, a *attempt) (claimResult
 	err := u.queryRow(selectCallForClaim, a.id.principal, a.id.key).Scan(
 		&r.id, &r.uid, &r.tool, &r.argsHash, &r.state, &r.owner, &r.leaseUntil,
 		&r.result, &r.createdAt, &r.completedAt, &r.expiresAt, &r.onLost, &r.taskID)
+	if errors.Is(err, sql.ErrNoRows) && a.id.plainKey != "" && now < l.plainFingerprintsUntil.Load() {
+		// Encryption was turned on within a fingerprint window: an
+		// identical call made before it is under its plain fingerprint.
+		err = u.queryRow(selectCallForClaim, a.id.principal, a.id.plainKey).Scan(
+			&r.id, &r.uid, &r.tool, &r.argsHash, &r.state, &r.owner, &r.leaseUntil,
+			&r.result, &r.createdAt, &r.completedAt, &r.expiresAt, &r.onLost, &r.taskID)
+		if err == nil && r.state == "unknown" && r.expiresAt <= now {
+			err = sql.ErrNoRows // past its window it names no call; it stays for the operator under its own key
+		}
+	}
 	found := err == nil
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return claimResult{}, fmt.Errorf("read call: %w", err)

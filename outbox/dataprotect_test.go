@@ -499,3 +499,26 @@ func TestSeal_TaskRecovered(t *testing.T) {
 		t.Errorf("task's result stored as %.40q, want sealed", res)
 	}
 }
+
+// TestSeal_FingerprintAcrossTurnOn: a call without a key made just before
+// encryption was turned on still names its identical call, within its
+// window, for the claim and for call_status.
+func TestSeal_FingerprintAcrossTurnOn(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	runs := new(atomic.Int64)
+	if res := note(t, setupNote(t, db, nil, runs), "", marker); res.IsError {
+		t.Fatal(text(res))
+	}
+	b := setupNote(t, db, sealerOf(t, newKeyLine(t, "k1")), runs)
+	if res := note(t, b, "", marker); res.IsError || !strings.Contains(text(res), "noted "+marker) {
+		t.Fatalf("identical call after turning encryption on: %s", text(res))
+	}
+	if got := runs.Load(); got != 1 {
+		t.Errorf("%d runs, want 1: the identical call replays", got)
+	}
+	st := outboxtest.Status(t, b.session, map[string]any{"tool": "note", "arguments": map[string]any{"text": marker}})
+	if st.State != query.Completed {
+		t.Errorf("call_status by arguments: %s, want completed", st.State)
+	}
+}

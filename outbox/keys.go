@@ -34,6 +34,10 @@ type callIdentity struct {
 	// plainHash is the plain SHA-256 args_hash when argsHash is keyed: a
 	// row recorded before encryption was turned on still matches it.
 	plainHash string
+	// plainKey is the plain fingerprint of a call without a key when key
+	// is keyed: an identical call made before encryption was turned on is
+	// found under it while its window lasts (claim.go).
+	plainKey string
 }
 
 // principalOf is the authenticated user of an HTTP request, else the local
@@ -72,6 +76,9 @@ func identify(req *mcp.CallToolRequest, t *toolInfo, window bool, s *seal.Sealer
 	}
 	if window {
 		id.key = query.Fingerprint(s, id.principal, t.name, canonical)
+		if s.Keyed() {
+			id.plainKey = callkey.Fingerprint(id.principal, t.name, canonical)
+		}
 		id.source = callkey.SourceFingerprint
 	}
 	return id, nil

@@ -134,6 +134,11 @@ type Layer struct {
 
 	renewing bool // the lease renewal loop runs (PostgreSQL; renew.go)
 
+	// plainFingerprintsUntil: until this unix ms, calls without a key made
+	// before encryption was turned on may still name identical calls under
+	// their plain fingerprint (sealed.go); 0 when there are none.
+	plainFingerprintsUntil atomic.Int64
+
 	// tasks: the tasks this layer runs, by id (task_run.go); guarded by mu.
 	tasks map[string]*attempt
 	// taskRuns counts the goroutines running tasks, for Runner.Stop.
@@ -181,12 +186,13 @@ func New(db *schema.DB, opts *Options) (*Layer, error) {
 	if logger == nil {
 		logger = slog.New(minLevel{slog.LevelWarn, slog.Default().Handler()})
 	}
-	if err := checkSealer(context.Background(), db, o.Sealer, logger); err != nil {
+	plainUntil, err := checkSealer(context.Background(), db, o.Sealer, logger)
+	if err != nil {
 		return nil, err
 	}
 	group := newGroupCommit(db, o.MaxBatchCalls, o.MaxBatchWait, time.Now)
 	group.onCommit = func(calls int) { metrics.Commit(o.Metrics, metrics.CommitCalls, calls) }
-	return &Layer{
+	l := &Layer{
 		db:     db,
 		group:  group,
 		opts:   o,
@@ -195,7 +201,9 @@ func New(db *schema.DB, opts *Options) (*Layer, error) {
 		self:   currentProcess(),
 		tracer: tracerOf(o.TracerProvider),
 		local:  map[localKey]*attempt{},
-	}, nil
+	}
+	l.plainFingerprintsUntil.Store(plainUntil)
+	return l, nil
 }
 
 // OnEnqueue adds f to the functions called after each commit that enqueued

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"time"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 	"github.com/mcp-outbox/mcp-outbox/schema"
@@ -17,10 +18,14 @@ import (
 // that the file lacks; without one, that the database holds encrypted
 // values. Either way the layer serves: such a call's answer names the key,
 // and the call never runs again (its row exists).
-func checkSealer(ctx context.Context, db *schema.DB, s *seal.Sealer, logger *slog.Logger) error {
+//
+// With a key file it also returns until when a call without a key made
+// before encryption was on may still name an identical call (the latest
+// expiry of a plain fingerprint), 0 if none may.
+func checkSealer(ctx context.Context, db *schema.DB, s *seal.Sealer, logger *slog.Logger) (int64, error) {
 	missing, err := seal.MissingKeys(ctx, db.Read, s.Ring())
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if s == nil {
 		if len(missing) > 0 {
@@ -28,7 +33,7 @@ func checkSealer(ctx context.Context, db *schema.DB, s *seal.Sealer, logger *slo
 				"their calls answer an error and are not run again; new values are stored in plaintext",
 				"key_ids", missing)
 		}
-		return nil
+		return 0, nil
 	}
 	if len(missing) > 0 {
 		logger.Warn("encryption keys named by the database are not in the key file: values under them cannot be read "+
@@ -37,13 +42,24 @@ func checkSealer(ctx context.Context, db *schema.DB, s *seal.Sealer, logger *slo
 	if err := s.LoadHashKey(ctx, db.Write); err != nil {
 		var missing *seal.MissingKeyError
 		if !errors.As(err, &missing) {
-			return err
+			return 0, err
 		}
 		logger.Warn("the key that wraps the hash key is not in the key file: arguments and fingerprints are hashed "+
 			"without a key until it is back (calls recorded with keyed hashes match on their key alone)", "key_id", missing.KeyID)
+		return 0, nil
 	}
-	return nil
+	var until sql.NullInt64
+	if err := db.Read.QueryRowContext(ctx, selectPlainFingerprints, time.Now().UnixMilli()).Scan(&until); err != nil {
+		return 0, fmt.Errorf("read plain fingerprints: %w", err)
+	}
+	return until.Int64, nil
 }
+
+// selectPlainFingerprints finds the latest expiry of a call recorded under
+// a plain fingerprint ('fp_'; keyed ones are 'fk_').
+const selectPlainFingerprints = `
+SELECT max(expires_at) FROM calls
+WHERE expires_at > $1 AND key_source = 'fingerprint' AND key LIKE 'fp~_%' ESCAPE '~'`
 
 // Sealer is the layer's Options.Sealer: what an operator surface on the
 // same database needs to show its results.

@@ -185,6 +185,10 @@ func LookupArgsSealed(ctx context.Context, db *schema.DB, s *seal.Sealer, princi
 		return nil, err
 	}
 	st, err := LookupSealed(ctx, db, s, principal, Fingerprint(s, principal, tool, canonical), now)
+	if err == nil && st.State == NotFound && s.Keyed() {
+		// Made before encryption was turned on: under its plain fingerprint.
+		st, err = LookupSealed(ctx, db, s, principal, callkey.Fingerprint(principal, tool, canonical), now)
+	}
 	if err == nil && st.State == NotFound {
 		// The client sent no key: speak of what it sent.
 		st.KeySource = string(callkey.SourceFingerprint)
