@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
@@ -41,7 +42,10 @@ func runOutboxForget(ctx context.Context, env *environment, s outboxSub, args []
 	if len(pos) != 1 || pos[0] == "" {
 		return usagef("forget-principal: give one PRINCIPAL")
 	}
-	principal := callkey.ParsePrincipal(pos[0])
+	principal := pos[0]
+	if !strings.HasPrefix(principal, "tenant:") { // a tenant's principal is given as stored
+		principal = callkey.ParsePrincipal(principal)
+	}
 	db, err := openExisting(ctx, *dbPath)
 	if err != nil {
 		return err

@@ -148,8 +148,9 @@ which no other call ever has. Only an unknown call can be resolved.`, runOutboxR
 		{"forget-principal", `Usage: mcp-outbox outbox forget-principal [--db FILE] PRINCIPAL
 
 Erases every recorded argument, result and effect body of PRINCIPAL (local,
-or a token's principal: alice or user:alice), for a request to be forgotten
-(GDPR Art. 17). With encryption on it is crypto-erasure: the principal's data
+or a token's principal: alice or user:alice; within a tenant, as the operator
+page shows it: tenant:NAME/user:alice, once per tenant), for a request to be
+forgotten (GDPR Art. 17). With encryption on it is crypto-erasure: the principal's data
 keys are deleted, so nothing sealed under them can be read again from the
 database, its WAL, or any backup taken from now on; the values themselves are
 deleted too, and undelivered effects are cancelled. Every key of the principal

@@ -329,7 +329,10 @@ func (h *adminHandler) forgetPrincipal(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, operate.BadInputf("give the principal to forget"))
 		return
 	}
-	principal := callkey.ParsePrincipal(body.Principal)
+	principal := body.Principal
+	if !strings.HasPrefix(principal, "tenant:") { // a tenant's principal is given as stored
+		principal = callkey.ParsePrincipal(principal)
+	}
 	res, err := admin.ForgetPrincipal(r.Context(), h.db, principal, time.Now())
 	if err != nil {
 		h.fail(w, r, err)
