@@ -296,8 +296,9 @@ func (d *Dispatcher) claimIn(ctx context.Context, stmt *sql.Stmt, dest string, l
 		return nil, fmt.Errorf("claim effects: %w", err)
 	}
 	rows.Close()
+	b := d.opts.Sealer.Batch()
 	for _, e := range out {
-		d.openEffect(ctx, e)
+		d.openEffect(ctx, b, e)
 	}
 	return out, nil
 }
@@ -334,18 +335,20 @@ func (d *Dispatcher) markSent(ctx context.Context, e *claimedEffect) (bool, erro
 // openEffect opens a claimed effect's sealed headers and body. The
 // principal is not known here: the data key's own counts, and the
 // Idempotency-Key in the associated data still binds each value to its row.
-func (d *Dispatcher) openEffect(ctx context.Context, e *claimedEffect) {
-	s := d.opts.Sealer
-	headers, err := s.OpenString(ctx, d.db.Read, seal.Ref{Row: e.key, Column: "headers"}, e.rawHeaders)
+//
+// The claim's effects share a Batch: their data keys are read once each,
+// not once per value.
+func (d *Dispatcher) openEffect(ctx context.Context, b *seal.Batch, e *claimedEffect) {
+	headers, err := b.Open(ctx, d.db.Read, seal.Ref{Row: e.key, Column: "headers"}, []byte(e.rawHeaders))
 	if err == nil {
-		e.body, err = s.Open(ctx, d.db.Read, seal.Ref{Row: e.key, Column: "body"}, e.body)
+		e.body, err = b.Open(ctx, d.db.Read, seal.Ref{Row: e.key, Column: "body"}, e.body)
 	}
 	if err != nil {
 		e.unreadable = err
 		e.body = nil
 		return
 	}
-	if err := json.Unmarshal([]byte(headers), &e.headers); err != nil {
+	if err := json.Unmarshal(headers, &e.headers); err != nil {
 		e.headers = nil // recorded by the layer as a JSON object; tolerate damage
 	}
 }

@@ -184,6 +184,50 @@ func (s *Sealer) Open(ctx context.Context, q Querier, ref Ref, v []byte) ([]byte
 	if err != nil {
 		return nil, err
 	}
+	return openWith(aead, principal, ref, b64)
+}
+
+// A Batch opens the values of one short read (a dispatcher's claim of
+// effects) looking each data key up once. It must not outlive that read:
+// an erase commits in between.
+type Batch struct {
+	s    *Sealer
+	keys map[string]batchKey
+}
+
+type batchKey struct {
+	principal string
+	aead      cipher.AEAD
+	err       error
+}
+
+// Batch starts a Batch.
+func (s *Sealer) Batch() *Batch { return &Batch{s: s} }
+
+// Open is Sealer.Open with the batch's data keys.
+func (b *Batch) Open(ctx context.Context, q Querier, ref Ref, v []byte) ([]byte, error) {
+	if !IsSealed(v) {
+		return v, nil
+	}
+	dekID, b64, _ := strings.Cut(string(v[len(Prefix):]), ":")
+	if b.s == nil {
+		return nil, fmt.Errorf("data key %s: %w", dekID, ErrNoKeyRing)
+	}
+	k, ok := b.keys[dekID]
+	if !ok {
+		k.principal, k.aead, k.err = b.s.keyByID(ctx, q, dekID)
+		if b.keys == nil {
+			b.keys = map[string]batchKey{}
+		}
+		b.keys[dekID] = k
+	}
+	if k.err != nil {
+		return nil, k.err
+	}
+	return openWith(k.aead, k.principal, ref, b64)
+}
+
+func openWith(aead cipher.AEAD, principal string, ref Ref, b64 string) ([]byte, error) {
 	if ref.Principal != "" && ref.Principal != principal {
 		return nil, ErrTampered
 	}
