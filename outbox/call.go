@@ -14,6 +14,7 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/internal/cancelnote"
 	"github.com/mcp-outbox/mcp-outbox/internal/failpoint"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/metrics"
+	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 )
 
 type localKey struct{ principal, key string }
@@ -50,6 +51,9 @@ type attempt struct {
 	// pending: on PostgreSQL, the effects enqueued and not yet written,
 	// which the outcome's statement inserts (effects_postgres.go).
 	pending []pendingEffect
+	// sealKey is the principal's data key as tx found it (sealed.go).
+	sealKey   *seal.DataKey
+	sealKeyTx *sql.Tx
 
 	completedAt int64  // unix ms of the recorded outcome
 	stored      string // the result as recorded (see confirmCommit)
@@ -160,7 +164,7 @@ func (l *Layer) run(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest, 
 	// hashing its arguments on every call.
 	id, err := callIdentity{principal: t.principalOf(req)}, error(nil)
 	if t.record {
-		id, err = identify(req, t, t.window > 0)
+		id, err = identify(req, t, t.window > 0, l.opts.Sealer)
 	}
 	if err != nil {
 		return l.refuse(ctx, t, req, start, toolError(codeInvalidKey, "%v; nothing was executed.", err))

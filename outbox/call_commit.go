@@ -210,6 +210,12 @@ func (a *attempt) commit(ctx context.Context, cr *mcp.CallToolResult) error {
 	if err != nil {
 		return err
 	}
+	// Sealed in the unit: a principal's first data key commits with it.
+	sealed, err := a.seal(a.unit.tx(), callRef(a.callID, "result", a.id.principal), []byte(stored))
+	if err != nil {
+		return fmt.Errorf("seal result: %w", err)
+	}
+	stored = string(sealed)
 	a.stored = stored
 	now := a.layer.nowMS()
 	a.completedAt = now

@@ -47,6 +47,8 @@ type callRow struct {
 	expiresAt   int64
 	onLost      string
 	taskID      string // "" for a call that is no task
+	// unreadable: the result is sealed and cannot be opened (sealed.go).
+	unreadable error
 }
 
 type claimResult struct {
@@ -168,6 +170,16 @@ func (l *Layer) claimOnce(ctx context.Context, u *unit, a *attempt) (claimResult
 	err := u.queryRow(selectCallForClaim, a.id.principal, a.id.key).Scan(
 		&r.id, &r.uid, &r.tool, &r.argsHash, &r.state, &r.owner, &r.leaseUntil,
 		&r.result, &r.createdAt, &r.completedAt, &r.expiresAt, &r.onLost, &r.taskID)
+	if errors.Is(err, sql.ErrNoRows) && a.id.plainKey != "" && now < l.plainFingerprintsUntil.Load() {
+		// Encryption was turned on within a fingerprint window: an
+		// identical call made before it is under its plain fingerprint.
+		err = u.queryRow(selectCallForClaim, a.id.principal, a.id.plainKey).Scan(
+			&r.id, &r.uid, &r.tool, &r.argsHash, &r.state, &r.owner, &r.leaseUntil,
+			&r.result, &r.createdAt, &r.completedAt, &r.expiresAt, &r.onLost, &r.taskID)
+		if err == nil && r.state == "unknown" && r.expiresAt <= now {
+			err = sql.ErrNoRows // past its window it names no call; it stays for the operator under its own key
+		}
+	}
 	found := err == nil
 	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return claimResult{}, fmt.Errorf("read call: %w", err)
@@ -216,13 +228,14 @@ func (l *Layer) claimOnce(ctx context.Context, u *unit, a *attempt) (claimResult
 		return claimResult{kind: claimed}, nil
 	}
 
-	if r.tool != a.tool.name || r.argsHash != a.id.argsHash {
+	if r.tool != a.tool.name || !a.id.matches(r.argsHash) {
 		return claimResult{kind: conflict, row: r}, nil
 	}
 	if r.state == "unknown" {
 		return claimResult{kind: lost, row: r}, nil
 	}
 	if r.state != "in_flight" {
+		l.openResult(context.Background(), u.querier(), a.id.principal, &r)
 		return claimResult{kind: finished, row: r}, nil
 	}
 	if a.task != nil && a.task.recover && r.taskID != a.task.taskID() {

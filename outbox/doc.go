@@ -384,6 +384,24 @@
 // operator surface are built on it. Finished records are purged
 // continuously by the reaper (see Lifecycle), which keeps what [Retention] says.
 //
+// # Data protection
+//
+// With [Options].Sealer (package [github.com/mcp-outbox/mcp-outbox/outbox/seal];
+// serve's --encryption-key-file) the layer seals, under a data key of the
+// call's principal, every recorded result (error texts and structured
+// content included), a task's stored arguments, and each effect's headers
+// and body, and keeps no destination response; args_hash and fingerprints
+// become HMACs under a key of the database's own, wrapped like the data
+// keys. Keys, principals, tool names, states, times, effect destinations and
+// paths stay in plaintext: they are what finds a call. A value that cannot be
+// opened (changed, copied from another row, erased, or under a key the key
+// file lacks) is answered as an error that says why, and the call is never
+// run again: its row exists. ForgetPrincipal of package admin erases a
+// principal (crypto-erasure, see package seal); [Reencrypt] rotates keys
+// and seals the rows of a database used without encryption; [Decrypt]
+// turns it off.
+// Rows written without a Sealer stay readable with one.
+//
 // # On PostgreSQL
 //
 // The invariant is the same: a call's writes, its effects and its outcome

@@ -8,6 +8,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+
+	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 )
 
 // EnqueueTx adds an effect to the outbox inside tx, a transaction the
@@ -56,8 +58,15 @@ func (l *Layer) EnqueueTx(ctx context.Context, tx *sql.Tx, e Effect) (string, er
 	now := l.nowMS()
 	// No call: call_id is NULL, and the effect is the first and only of
 	// its sequence, so nothing orders it behind another effect.
+	// No call, so no principal: the layer's own data key ('') seals it.
+	headers, body, err := sealEffect(func(ref seal.Ref, v []byte) ([]byte, error) {
+		return l.opts.Sealer.Seal(context.Background(), tx, ref, v)
+	}, key, "", headers, e.Body)
+	if err != nil {
+		return "", err
+	}
 	if _, err := tx.ExecContext(ctx, insertEffect,
-		nil, 1, e.Destination, e.Method, e.Path, headers, e.Body, key, now, now, now, traceparentOf(ctx)); err != nil {
+		nil, 1, e.Destination, e.Method, e.Path, headers, body, key, now, now, now, traceparentOf(ctx)); err != nil {
 		return "", fmt.Errorf("outbox: enqueue effect: %w", err)
 	}
 	return key, nil

@@ -9,6 +9,8 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/internal/paramskey"
+	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
+	"github.com/mcp-outbox/mcp-outbox/query"
 )
 
 // Names a key travels under.
@@ -29,6 +31,13 @@ type callIdentity struct {
 	key       string
 	source    callkey.Source
 	argsHash  string
+	// plainHash is the plain SHA-256 args_hash when argsHash is keyed: a
+	// row recorded before encryption was turned on still matches it.
+	plainHash string
+	// plainKey is the plain fingerprint of a call without a key when key
+	// is keyed: an identical call made before encryption was turned on is
+	// found under it while its window lasts (claim.go).
+	plainKey string
 }
 
 // principalOf is the authenticated user of an HTTP request, else the local
@@ -43,13 +52,16 @@ func principalOf(req *mcp.CallToolRequest) string {
 
 // identify finds the key of a call. It returns source "" when the call
 // carries no key and fingerprints are off for the tool.
-func identify(req *mcp.CallToolRequest, t *toolInfo, window bool) (callIdentity, error) {
+func identify(req *mcp.CallToolRequest, t *toolInfo, window bool, s *seal.Sealer) (callIdentity, error) {
 	id := callIdentity{principal: t.principalOf(req)}
 	canonical, err := callkey.Canonical(req.Params.Arguments)
 	if err != nil {
 		return id, fmt.Errorf("arguments are not valid JSON: %w", err)
 	}
-	id.argsHash = callkey.ArgsHash(canonical)
+	id.argsHash = query.ArgsHash(s, canonical)
+	if s.Keyed() {
+		id.plainHash = callkey.ArgsHash(canonical)
+	}
 
 	key, source, err := explicitKey(req, t)
 	if err != nil {
@@ -63,10 +75,27 @@ func identify(req *mcp.CallToolRequest, t *toolInfo, window bool) (callIdentity,
 		return id, nil
 	}
 	if window {
-		id.key = callkey.Fingerprint(id.principal, t.name, canonical)
+		id.key = query.Fingerprint(s, id.principal, t.name, canonical)
+		if s.Keyed() {
+			id.plainKey = callkey.Fingerprint(id.principal, t.name, canonical)
+		}
 		id.source = callkey.SourceFingerprint
 	}
 	return id, nil
+}
+
+// matches reports whether a row's args_hash is this call's: keyed, or
+// plain for a row recorded before encryption was on.
+//
+// A layer without a key file cannot compute a keyed hash: a row recorded
+// with encryption on (before 'outbox decrypt') matches on its key alone
+// until it expires. The key names the call; the hash only catches a key
+// reused for other arguments.
+func (id callIdentity) matches(rowHash string) bool {
+	if rowHash == id.argsHash || (id.plainHash != "" && rowHash == id.plainHash) {
+		return true
+	}
+	return id.plainHash == "" && strings.HasPrefix(rowHash, seal.HashPrefix)
 }
 
 func explicitKey(req *mcp.CallToolRequest, t *toolInfo) (string, callkey.Source, error) {

@@ -72,7 +72,7 @@ func FuzzIdentify(f *testing.F) {
 			}
 		}
 		tool := &toolInfo{name: "charge", keyArgument: keyArg}
-		id, err := identify(req, tool, window)
+		id, err := identify(req, tool, window, nil)
 
 		principal := callkey.LocalPrincipal
 		if user != "" {

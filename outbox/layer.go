@@ -18,6 +18,7 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/dbclock"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/metrics"
+	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -97,6 +98,12 @@ type Options struct {
 	// a no-op until the program installs an SDK. With LogSensitive the
 	// spans carry arguments and results too.
 	TracerProvider trace.TracerProvider
+	// Sealer, if not nil, encrypts what the layer stores that may hold
+	// personal data (results, task arguments, effect bodies and headers)
+	// and keys the hashes of arguments (package seal). Nil stores them in
+	// plaintext, and reads values sealed before as an error naming the
+	// data key (never running the call again).
+	Sealer *seal.Sealer
 }
 
 // A Layer is the idempotent execution layer of MCP servers on one
@@ -127,6 +134,11 @@ type Layer struct {
 	servers map[weak.Pointer[mcp.Server]]*serverTools
 
 	renewing bool // the lease renewal loop runs (PostgreSQL; renew.go)
+
+	// plainFingerprintsUntil: until this unix ms, calls without a key made
+	// before encryption was turned on may still name identical calls under
+	// their plain fingerprint (sealed.go); 0 when there are none.
+	plainFingerprintsUntil atomic.Int64
 
 	// tasks: the tasks this layer runs, by id (task_run.go); guarded by mu.
 	tasks map[string]*attempt
@@ -198,9 +210,13 @@ func New(db *schema.DB, opts *Options) (*Layer, error) {
 	if logger == nil {
 		logger = slog.New(minLevel{slog.LevelWarn, slog.Default().Handler()})
 	}
+	plainUntil, err := checkSealer(context.Background(), db, o.Sealer, logger)
+	if err != nil {
+		return nil, err
+	}
 	group := newGroupCommit(db, o.MaxBatchCalls, o.MaxBatchWait, time.Now)
 	group.onCommit = func(calls int) { metrics.Commit(o.Metrics, metrics.CommitCalls, calls) }
-	return &Layer{
+	l := &Layer{
 		db:     db,
 		group:  group,
 		opts:   o,
@@ -209,7 +225,9 @@ func New(db *schema.DB, opts *Options) (*Layer, error) {
 		self:   currentProcess(),
 		tracer: tracerOf(o.TracerProvider),
 		local:  map[localKey]*attempt{},
-	}, nil
+	}
+	l.plainFingerprintsUntil.Store(plainUntil)
+	return l, nil
 }
 
 // OnEnqueue adds f to the functions called after each commit that enqueued

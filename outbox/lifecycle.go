@@ -150,6 +150,9 @@ func (l *Layer) Start(ctx context.Context, opts *StartOptions) (*Runner, error) 
 		if do.Now == nil {
 			do.Now = l.now
 		}
+		if do.Sealer == nil {
+			do.Sealer = l.opts.Sealer
+		}
 		d, err := dispatch.New(l.db, &do)
 		if err != nil {
 			return fail(fmt.Errorf("start dispatcher: %w", err))

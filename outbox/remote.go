@@ -262,6 +262,7 @@ func (a *attempt) readRow(ctx context.Context) (callRow, error) {
 	if err != nil {
 		return callRow{}, fmt.Errorf("read call: %w", err)
 	}
+	a.layer.openResult(ctx, a.layer.db.Read, a.id.principal, &r)
 	return r, nil
 }
 

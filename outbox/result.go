@@ -69,6 +69,9 @@ func replay(r callRow, a *attempt) *mcp.CallToolResult {
 // decodeRecorded rebuilds the result stored with a call. Each call returns
 // a new object: the SDK writes into a returned result's _meta.
 func decodeRecorded(r callRow) (*mcp.CallToolResult, error) {
+	if r.unreadable != nil {
+		return nil, r.unreadable
+	}
 	var res mcp.CallToolResult
 	if err := json.Unmarshal([]byte(r.result.String), &res); err != nil {
 		return nil, err

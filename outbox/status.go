@@ -82,9 +82,9 @@ func (l *Layer) lookupStatus(ctx context.Context, principal string, in StatusInp
 	)
 	switch {
 	case in.Key != "" && in.Tool == "":
-		st, err = query.Lookup(ctx, l.db, principal, in.Key, l.now())
+		st, err = query.LookupSealed(ctx, l.db, l.opts.Sealer, principal, in.Key, l.now())
 	case in.Key == "" && in.Tool != "":
-		st, err = query.LookupArgs(ctx, l.db, principal, in.Tool, in.Arguments, l.now())
+		st, err = query.LookupArgsSealed(ctx, l.db, l.opts.Sealer, principal, in.Tool, in.Arguments, l.now())
 	default:
 		err = errors.New("give either key, or tool with arguments")
 	}

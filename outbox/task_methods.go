@@ -132,6 +132,15 @@ func (l *Layer) getTask(ctx context.Context, principal, id string, withResult bo
 	if err != nil {
 		return nil, fmt.Errorf("read task: %w", err)
 	}
+	if result.Valid {
+		plain, err := l.opts.Sealer.OpenString(ctx, l.db.Read, callRef(callID, "result", principal), result.String)
+		if err != nil {
+			// Erased, tampered or under a missing key: the task's result
+			// says so; the task is never run again.
+			plain, _ = encodeResult(toolError(codeNotRecorded, "the recorded result of this task cannot be read (%v).", err))
+		}
+		result.String = plain
+	}
 	t := &taskResult{ResultType: "complete", TaskID: id, CreatedAt: taskTime(created), LastUpdatedAt: taskTime(created),
 		PollIntervalMs: poll}
 	if ttl.Valid {

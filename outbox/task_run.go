@@ -153,8 +153,12 @@ func (a *attempt) writeTask(u *unit, existing string) error {
 		return nil
 	}
 	ttl := a.retention().Milliseconds()
-	_, err := u.exec(`UPDATE calls SET task_id = $1, task_params = $2, task_ttl_ms = $3, task_poll_ms = $4 WHERE id = $5`,
-		a.task.taskID(), a.task.params, ttl, a.task.opts.PollInterval.Milliseconds(), a.callID)
+	params, err := a.layer.opts.Sealer.SealString(context.Background(), u.querier(), callRef(a.callID, "task_params", a.id.principal), a.task.params)
+	if err != nil {
+		return fmt.Errorf("seal task params: %w", err)
+	}
+	_, err = u.exec(`UPDATE calls SET task_id = $1, task_params = $2, task_ttl_ms = $3, task_poll_ms = $4 WHERE id = $5`,
+		a.task.taskID(), params, ttl, a.task.opts.PollInterval.Milliseconds(), a.callID)
 	if err != nil {
 		return fmt.Errorf("write task: %w", err)
 	}
@@ -186,6 +190,10 @@ func (a *attempt) endTask(ctx context.Context, u *unit) error {
 		asked = 1
 	}
 	cancelled, _ := encodeResult(toolError(codeNotRecorded, "the task was cancelled before its commit; nothing of it was kept."))
+	cancelled, err := a.layer.opts.Sealer.SealString(context.Background(), u.querier(), callRef(a.callID, "result", a.id.principal), cancelled)
+	if err != nil {
+		return err
+	}
 	r, err := u.exec(endTaskCancelled, cancelled, now, expires, a.callID, a.owner, asked)
 	if err != nil {
 		return err
@@ -206,6 +214,9 @@ func (a *attempt) endTask(ctx context.Context, u *unit) error {
 		code, msg = e.Code, e.Message
 	}
 	failed, _ := encodeResult(toolError(codeNotRecorded, "%s", msg))
+	if failed, err = a.layer.opts.Sealer.SealString(context.Background(), u.querier(), callRef(a.callID, "result", a.id.principal), failed); err != nil {
+		return err
+	}
 	_, err = u.exec(endTaskFailed, code, failed, now, expires, a.callID, a.owner)
 	return err
 }

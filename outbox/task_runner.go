@@ -16,12 +16,12 @@ import (
 const DefaultTaskScanInterval = 10 * time.Second
 
 const selectOrphanTasks = `
-SELECT principal, key, key_source, tool, args_hash, owner, lease_until, task_id, coalesce(task_params, ''), task_cancel
+SELECT id, principal, key, key_source, tool, args_hash, owner, lease_until, task_id, coalesce(task_params, ''), task_cancel
 FROM calls WHERE state = 'in_flight' AND task_id IS NOT NULL`
 
 type orphanTask struct {
 	principal, key, source, tool, argsHash, owner, taskID, params string
-	leaseUntil, cancel                                            int64
+	id, leaseUntil, cancel                                        int64
 }
 
 // runTaskRecovery takes over the tasks whose owner is gone (its process
@@ -55,7 +55,7 @@ func (l *Layer) recoverTasks(ctx context.Context) error {
 	var found []orphanTask
 	for rows.Next() {
 		var o orphanTask
-		if err := rows.Scan(&o.principal, &o.key, &o.source, &o.tool, &o.argsHash, &o.owner, &o.leaseUntil,
+		if err := rows.Scan(&o.id, &o.principal, &o.key, &o.source, &o.tool, &o.argsHash, &o.owner, &o.leaseUntil,
 			&o.taskID, &o.params, &o.cancel); err != nil {
 			rows.Close()
 			return fmt.Errorf("read tasks in flight: %w", err)
@@ -100,6 +100,12 @@ func (l *Layer) recoverTask(ctx context.Context, o orphanTask) {
 		}
 		return
 	}
+	params, err := l.opts.Sealer.OpenString(ctx, l.db.Read, callRef(o.id, "task_params", o.principal), o.params)
+	if err != nil {
+		l.logger.ErrorContext(ctx, "task's stored params cannot be opened; left in flight", "tool", o.tool, "error", err)
+		return
+	}
+	o.params = params
 	var p storedParams
 	if err := json.Unmarshal([]byte(o.params), &p); err != nil || o.params == "" {
 		l.logger.ErrorContext(ctx, "task's stored params unreadable; left in flight", "tool", o.tool, "error", err)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
+	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -472,8 +473,14 @@ func (a *attempt) Enqueue(ctx context.Context, e Effect) (string, error) {
 	if a.recorded() {
 		callID = a.callID
 	}
+	headers, body, err := sealEffect(func(ref seal.Ref, v []byte) ([]byte, error) { return a.seal(a.tx, ref, v) },
+		key, a.id.principal, headers, e.Body)
+	if err != nil {
+		a.effects--
+		return "", err
+	}
 	_, err = a.unit.exec(insertEffect,
-		callID, a.effects, e.Destination, e.Method, e.Path, headers, e.Body, key, now, now, now, traceparentOf(ctx))
+		callID, a.effects, e.Destination, e.Method, e.Path, headers, body, key, now, now, now, traceparentOf(ctx))
 	if err != nil {
 		a.effects--
 		return "", a.wrap(fmt.Errorf("enqueue effect: %w", err))

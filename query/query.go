@@ -13,12 +13,14 @@ package query
 import (
 	"context"
 	"database/sql"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
+	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -41,6 +43,10 @@ const (
 	// never run again automatically: a retry gets an "outcome unknown"
 	// error until an operator settles it.
 	OutcomeUnknown State = "unknown"
+	// Erased: the call's principal was forgotten (mcp-outbox outbox
+	// forget-principal): its result and arguments are gone for good, and
+	// the key stays used, so a retry runs nothing.
+	Erased State = "erased"
 )
 
 // Status is the answer for one key.
@@ -88,7 +94,7 @@ type EffectStatus struct {
 
 const selectCall = `
 SELECT id, uid, key_source, tool, state, attempts, result, created_at, completed_at, expires_at, tool_call_id,
-       coalesce(task_id, ''), task_end
+       coalesce(task_id, ''), task_end, erased_at
 FROM calls WHERE principal = $1 AND key = $2`
 
 const selectEffects = `
@@ -99,6 +105,12 @@ FROM effects WHERE call_id = $1 ORDER BY seq`
 // Lookup reports the status of principal's call with key at time now. A
 // principal sees only its own calls: another principal's key is not found.
 func Lookup(ctx context.Context, db *schema.DB, principal, key string, now time.Time) (*Status, error) {
+	return LookupSealed(ctx, db, nil, principal, key, now)
+}
+
+// LookupSealed is Lookup on a database whose results s sealed (nil: no
+// key file); a result s cannot open is left out and the message says why.
+func LookupSealed(ctx context.Context, db *schema.DB, s *seal.Sealer, principal, key string, now time.Time) (*Status, error) {
 	if err := callkey.Validate(key); err != nil {
 		return nil, err
 	}
@@ -110,10 +122,11 @@ func Lookup(ctx context.Context, db *schema.DB, principal, key string, now time.
 		completed         sql.NullInt64
 		state, source, tl string
 		taskEnd           string
+		erased            sql.NullInt64
 	)
 	err := db.Read.QueryRowContext(ctx, selectCall, principal, key).Scan(
 		&id, &st.CallID, &source, &tl, &state, &st.Attempts, &result, &created, &completed, &expires, &st.ToolCallID,
-		&st.TaskID, &taskEnd)
+		&st.TaskID, &taskEnd, &erased)
 	// An in_flight or unknown call is reported whatever its expiry: the
 	// first is running, the second waits for an operator, and a retry of
 	// neither would run it.
@@ -133,24 +146,49 @@ func Lookup(ctx context.Context, db *schema.DB, principal, key string, now time.
 		st.CompletedAt = ms(completed.Int64)
 	}
 	st.ExpiresAt = ms(expires)
+	var unreadable error
 	if result.Valid {
-		st.Result = json.RawMessage(result.String)
+		plain, err := s.OpenString(ctx, db.Read, seal.Ref{Row: fmt.Sprint(id), Column: "result", Principal: principal}, result.String)
+		switch {
+		case errors.Is(err, seal.ErrErased):
+			erased.Valid = true
+		case err != nil:
+			unreadable = err
+		default:
+			st.Result = json.RawMessage(plain)
+		}
+	}
+	if erased.Valid {
+		st.State = Erased
 	}
 	if st.Effects, err = effects(ctx, db, id); err != nil {
 		return nil, err
 	}
 	st.Message = message(st)
+	if unreadable != nil {
+		st.Message += " The recorded result cannot be read: " + unreadable.Error()
+	}
 	return st, nil
 }
 
 // LookupArgs finds the call a client made without a key, by the fingerprint
 // of principal, tool and arguments.
 func LookupArgs(ctx context.Context, db *schema.DB, principal, tool string, args json.RawMessage, now time.Time) (*Status, error) {
+	return LookupArgsSealed(ctx, db, nil, principal, tool, args, now)
+}
+
+// LookupArgsSealed is LookupArgs with s's keyed fingerprints and sealed
+// results (see [LookupSealed]).
+func LookupArgsSealed(ctx context.Context, db *schema.DB, s *seal.Sealer, principal, tool string, args json.RawMessage, now time.Time) (*Status, error) {
 	canonical, err := callkey.Canonical(args)
 	if err != nil {
 		return nil, err
 	}
-	st, err := Lookup(ctx, db, principal, callkey.Fingerprint(principal, tool, canonical), now)
+	st, err := LookupSealed(ctx, db, s, principal, Fingerprint(s, principal, tool, canonical), now)
+	if err == nil && st.State == NotFound && s.Keyed() {
+		// Made before encryption was turned on: under its plain fingerprint.
+		st, err = LookupSealed(ctx, db, s, principal, callkey.Fingerprint(principal, tool, canonical), now)
+	}
 	if err == nil && st.State == NotFound {
 		// The client sent no key: speak of what it sent.
 		st.KeySource = string(callkey.SourceFingerprint)
@@ -227,6 +265,8 @@ func message(st *Status) string {
 			m += fmt.Sprintf(" %d of its %d effects are not delivered yet.", pending, len(st.Effects))
 		}
 		return m
+	case Erased:
+		return "The call's principal was forgotten: its arguments and result were erased for good. The key stays used: " + retry + " runs nothing."
 	case Failed:
 		return "The tool returned an error; nothing of its work was kept. " + retryCap + " replays the error."
 	case OutcomeUnknown:
@@ -260,4 +300,23 @@ func taskStatus(state, end string) string {
 		return "failed"
 	}
 	return "completed" // a tool result, isError or not
+}
+
+// Fingerprint is the key of a call made without one: keyed with s's hash
+// key when it has one ('fk_'), so that the key of a likely call cannot be
+// computed by whoever reads the table; callkey's plain SHA-256 otherwise.
+func Fingerprint(s *seal.Sealer, principal, tool string, canonical []byte) string {
+	if h := s.Hash([]byte("fingerprint"), []byte(principal), []byte(tool), canonical); h != nil {
+		return "fk_" + hex.EncodeToString(h)
+	}
+	return callkey.Fingerprint(principal, tool, canonical)
+}
+
+// ArgsHash is a call's args_hash: keyed with s's hash key when it has one
+// (seal.HashPrefix), callkey's plain SHA-256 otherwise.
+func ArgsHash(s *seal.Sealer, canonical []byte) string {
+	if h := s.Hash([]byte("args"), canonical); h != nil {
+		return seal.HashPrefix + hex.EncodeToString(h)
+	}
+	return callkey.ArgsHash(canonical)
 }

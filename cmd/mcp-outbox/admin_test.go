@@ -417,3 +417,28 @@ func TestAdminUnknownCalls(t *testing.T) {
 		}
 	})
 }
+
+// TestAdminForgetPrincipal: POST /admin/principals/forget erases the
+// principal's results and cancels its undelivered effects; others are
+// untouched; an empty principal is refused.
+func TestAdminForgetPrincipal(t *testing.T) {
+	t.Parallel()
+	path, db := newEffectsDB(t, 2) // calls operate-1 and operate-2 of local, each with a pending effect
+	f := newAdminFixture(t, path)
+	status, m := f.do(t, http.MethodPost, "/admin/principals/forget", `{}`)
+	wantError(t, "forget without a principal", status, m, http.StatusBadRequest, "give the principal")
+	status, m = f.do(t, http.MethodPost, "/admin/principals/forget", `{"principal": "alice"}`)
+	if status != http.StatusOK || m["principal"] != "user:alice" || m["calls"] != 0.0 {
+		t.Errorf("forget alice: %d %v, want nothing erased", status, m)
+	}
+	status, m = f.do(t, http.MethodPost, "/admin/principals/forget", `{"principal": "local"}`)
+	if status != http.StatusOK || m["calls"] != 2.0 || m["effects"] != 2.0 {
+		t.Errorf("forget local: %d %v, want 2 calls and 2 effects", status, m)
+	}
+	if n := countRows(t, db, `SELECT count(*) FROM calls WHERE result IS NULL AND erased_at IS NOT NULL`); n != 2 {
+		t.Errorf("%d calls erased, want 2", n)
+	}
+	if n := countRows(t, db, `SELECT count(*) FROM effects WHERE state = 'cancelled' AND body IS NULL`); n != 2 {
+		t.Errorf("%d effects cancelled and emptied, want 2", n)
+	}
+}

@@ -55,7 +55,13 @@ func runDrain(ctx context.Context, env *environment, args []string) error {
 	timeout := fs.Duration("timeout", 5*time.Minute, "give up waiting for pending effects after this long")
 	asJSON := fs.Bool("json", false, "print the summary as JSON")
 	logLevel := fs.String("log-level", env.envDefault("MCP_OUTBOX_LOG_LEVEL", "warn"), "debug, info, warn or error [MCP_OUTBOX_LOG_LEVEL]")
+	var keyFile string
+	keyFileFlag(env, fs, &keyFile)
 	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	sealer, err := loadSealer(keyFile)
+	if err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -95,7 +101,7 @@ func runDrain(ctx context.Context, env *environment, args []string) error {
 		return err
 	}
 	defer d.Close()
-	disp, err := dispatch.New(d, &dispatch.Options{Destinations: destinations, Logger: logger, TracerProvider: tp})
+	disp, err := dispatch.New(d, &dispatch.Options{Destinations: destinations, Logger: logger, TracerProvider: tp, Sealer: sealer})
 	if err != nil {
 		return usageError{err}
 	}

@@ -44,6 +44,14 @@ Subcommands:
                            calls in state unknown, the oldest first
   resolve-call --key K [--principal P] --outcome completed|failed|rerun [--note TEXT]
                            settle an unknown call by what you found out
+  forget-principal P       erase P's recorded arguments, results and effect
+                           bodies; its keys stay used (a retry runs nothing)
+  reencrypt --encryption-key-file FILE
+                           rewrap data keys under the file's first key and
+                           encrypt plaintext rows; then older keys can go
+  decrypt --encryption-key-file FILE
+                           turn encryption off: write every value back in
+                           plaintext (stop serve first)
 
 Effect states:
 ` + operate.EffectStatesHelp() + `
@@ -137,12 +145,39 @@ what you found. The principal is "local" unless given: calls over stdio and
 unauthenticated HTTP belong to it. --call-id names the call by its call id
 instead (callId in the status tool and 'outbox calls', call_id in the logs),
 which no other call ever has. Only an unknown call can be resolved.`, runOutboxResolveCall},
+		{"forget-principal", `Usage: mcp-outbox outbox forget-principal [--db FILE] PRINCIPAL
+
+Erases every recorded argument, result and effect body of PRINCIPAL (local,
+or a token's principal: alice or user:alice; within a tenant, as the operator
+page shows it: tenant:NAME/user:alice, once per tenant), for a request to be
+forgotten (GDPR Art. 17). With encryption on it is crypto-erasure: the principal's data
+keys are deleted, so nothing sealed under them can be read again from the
+database, its WAL, or any backup taken from now on; the values themselves are
+deleted too, and undelivered effects are cancelled. Every key of the principal
+stays recorded: a retry runs nothing and the status tool answers "erased". It
+holds at once for a running serve and after a restart. Needs no key file.
+Calls in flight are left alone and counted: run it again once they ended.
+The erase is logged on stderr as an operator action and kept in data_keys.`, runOutboxForget},
+		{"reencrypt", `Usage: mcp-outbox outbox reencrypt --encryption-key-file FILE [--batch N] [--db FILE]
+
+Rotation: rewraps every data key under the first key of FILE, and encrypts
+the plaintext values of a database used before encryption was on (and the
+effects a cooperating upstream wrote itself), dropping recorded destination
+responses. Runs in batches while serve runs, with progress on stderr;
+interrupted, run it again. Afterwards the keys after the first can leave the
+key file (restart serve with the new file).`, runOutboxReencrypt},
+		{"decrypt", `Usage: mcp-outbox outbox decrypt --encryption-key-file FILE [--batch N] [--db FILE]
+
+Turns encryption off: writes every encrypted value back in plaintext and
+deletes the data keys. Stop every serve that has the key file first; then
+serve runs without one. Values that cannot be decrypted are left and counted,
+and the data keys kept.`, runOutboxDecrypt},
 	}
 }
 
 func runOutbox(ctx context.Context, env *environment, args []string) error {
 	if len(args) == 0 {
-		return usagef("give a subcommand: list, summary, retry, cancel, resolve, calls or resolve-call")
+		return usagef("give a subcommand: list, summary, retry, cancel, resolve, calls, resolve-call, forget-principal, reencrypt or decrypt")
 	}
 	name := args[0]
 	if isHelpFlag(name) || (name == "help" && len(args) == 1) {
@@ -157,7 +192,7 @@ func runOutbox(ctx context.Context, env *environment, args []string) error {
 			return s.run(ctx, env, s, args[1:])
 		}
 	}
-	return usagef("unknown subcommand %q (want list, summary, retry, cancel, resolve, calls or resolve-call)", name)
+	return usagef("unknown subcommand %q (want list, summary, retry, cancel, resolve, calls, resolve-call, forget-principal, reencrypt or decrypt)", name)
 }
 
 // subFlags is the flag set of a subcommand, with the --db every one takes.

@@ -82,6 +82,7 @@ type appConfig struct {
 	logLevel     string
 	logFormat    string
 	logSensitive bool
+	keyFile      string // --encryption-key-file (encryption.go)
 	logger       *slog.Logger
 	// service names the process in its traces (tracing.go); "" traces
 	// nothing (commands other than serve and proxy).
@@ -119,6 +120,7 @@ type app struct {
 
 func (cfg *appConfig) flags(env *environment, fs *flag.FlagSet) error {
 	fs.StringVar(&cfg.db, "db", env.envDefault("MCP_OUTBOX_DB", "./mcp-outbox.db"), "the database: an SQLite `file`, created if missing, or the postgres:// URL of a PostgreSQL database that replicas share [MCP_OUTBOX_DB]")
+	keyFileFlag(env, fs, &cfg.keyFile)
 	fs.StringVar(&cfg.durability, "durability", env.envDefault("MCP_OUTBOX_DURABILITY", "full"),
 		"full: a commit survives power loss; normal: survives a process crash, not a power loss, ~10x faster commits [MCP_OUTBOX_DURABILITY]")
 	fs.Var((*multiFlag)(&cfg.dests), "dest", "destination `NAME=URL[;SETTING=VALUE...]` for effects, repeatable; see Destinations above [MCP_OUTBOX_DEST_<NAME>=URL]")
@@ -197,6 +199,10 @@ func openStore(ctx context.Context, env *environment, cfg *appConfig) (*app, err
 	if cfg.batchCalls < 0 {
 		return nil, usagef("--batch-calls %d: must not be negative", cfg.batchCalls)
 	}
+	sealer, err := loadSealer(cfg.keyFile)
+	if err != nil {
+		return nil, err
+	}
 	logger := cfg.logger
 	if logger == nil {
 		if logger, err = newLogger(env.stderr, cfg.logLevel, cfg.logFormat); err != nil {
@@ -224,7 +230,7 @@ func openStore(ctx context.Context, env *environment, cfg *appConfig) (*app, err
 		}
 	}
 	a.layer, err = outbox.New(db, &outbox.Options{Logger: logger, FingerprintWindow: window, InFlightWait: cfg.inFlightWait, Lease: cfg.lease, KeyRetention: cfg.retention.Calls, Metrics: a.metrics, LogSensitive: cfg.logSensitive,
-		MaxBatchCalls: cfg.batchCalls, MaxBatchWait: cfg.batchWait, TracerProvider: a.tracerProvider})
+		MaxBatchCalls: cfg.batchCalls, MaxBatchWait: cfg.batchWait, TracerProvider: a.tracerProvider, Sealer: sealer})
 	if err != nil {
 		a.Close()
 		return nil, err

@@ -30,7 +30,13 @@ func runStatus(ctx context.Context, env *environment, args []string) error {
 	principal := fs.String("principal", callkey.LocalPrincipal, "whose call to look up: local, or a token's principal (alice or user:alice)")
 	tool := fs.String("tool", "", "for a call without a key: the tool's name")
 	argsJSON := fs.String("args", "{}", "for a call without a key: its arguments as JSON")
+	var keyFile string
+	keyFileFlag(env, fs, &keyFile)
 	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	sealer, err := loadSealer(keyFile)
+	if err != nil {
 		return err
 	}
 	var key string
@@ -49,15 +55,18 @@ func runStatus(ctx context.Context, env *environment, args []string) error {
 		return err
 	}
 	defer d.Close()
+	if err := sealer.LoadHashKey(ctx, d.Write); err != nil {
+		return err
+	}
 	if *principal == "" {
 		return usagef("--principal: empty")
 	}
 	*principal = callkey.ParsePrincipal(*principal)
 	var st *query.Status
 	if key != "" {
-		st, err = query.Lookup(ctx, d, *principal, key, time.Now())
+		st, err = query.LookupSealed(ctx, d, sealer, *principal, key, time.Now())
 	} else {
-		st, err = query.LookupArgs(ctx, d, *principal, *tool, json.RawMessage(*argsJSON), time.Now())
+		st, err = query.LookupArgsSealed(ctx, d, sealer, *principal, *tool, json.RawMessage(*argsJSON), time.Now())
 	}
 	if err != nil {
 		return err

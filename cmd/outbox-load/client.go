@@ -79,20 +79,22 @@ var amounts atomic.Int64
 
 // load has every caller call charge, one call at a time each, for d.
 // Errors are counted; the first is returned when no call succeeded.
-func load(ctx context.Context, c *caller, keyed bool, d time.Duration) (calls, errs int, lat []time.Duration, err error) {
+func load(ctx context.Context, c *caller, keyed, replay bool, d time.Duration) (calls, errs int, lat []time.Duration, err error) {
 	deadline := time.Now().Add(d)
 	var (
 		mu       sync.Mutex
 		wg       sync.WaitGroup
 		firstErr error
 	)
-	for _, cs := range c.sessions {
+	for i, cs := range c.sessions {
 		wg.Go(func() {
 			var mine []time.Duration
 			bad := 0
-			for time.Now().Before(deadline) && ctx.Err() == nil {
+			for n := 0; time.Now().Before(deadline) && ctx.Err() == nil; n++ {
 				p := &mcp.CallToolParams{Name: "charge", Arguments: map[string]any{"amount": 100}}
-				if keyed {
+				if replay {
+					p.Meta = mcp.Meta{"idempotencyKey": fmt.Sprintf("replay-%d-%d", i, n%replayKeys)}
+				} else if keyed {
 					p.Meta = mcp.Meta{"idempotencyKey": newKey()}
 				} else {
 					p.Arguments = map[string]any{"amount": amounts.Add(1)}
@@ -126,6 +128,9 @@ func load(ctx context.Context, c *caller, keyed bool, d time.Duration) (calls, e
 	}
 	return len(lat), errs, lat, ctx.Err()
 }
+
+// replayKeys is how many keys each caller of a replay cell cycles through.
+const replayKeys = 16
 
 func newKey() string {
 	var b [12]byte

@@ -31,12 +31,18 @@ type cell struct {
 	// rtt is the round-trip time between each server and PostgreSQL
 	// through the delaying proxy; -1: no proxy (SQLite, or --rtt not given).
 	rtt time.Duration
+	// replay: each caller cycles through replayKeys keys of its own, so
+	// that after the warm-up every measured call is a replay (--replay).
+	replay bool
 }
 
 func (c cell) String() string {
 	key := "keyed"
 	if !c.keyed {
 		key = "keyless"
+	}
+	if c.replay {
+		key = "replays"
 	}
 	if c.rtt >= 0 {
 		return fmt.Sprintf("%s, %s, %d clients, %v RTT to PostgreSQL", c.transport, key, c.clients, c.rtt)
@@ -68,7 +74,7 @@ const (
 // plan lists the cells of a run: the HTTP stateless keyed load at every
 // concurrency level (the headline), and at the level nearest 32 the other
 // ways a load arrives.
-func plan(levels []int, store string, quick bool, rtts []time.Duration) []cell {
+func plan(levels []int, store string, quick, replay bool, rtts []time.Duration) []cell {
 	var cells []cell
 	if len(rtts) > 0 {
 		for _, rtt := range rtts {
@@ -80,6 +86,11 @@ func plan(levels []int, store string, quick bool, rtts []time.Duration) []cell {
 	}
 	for _, n := range levels {
 		cells = append(cells, cell{transport: httpStateless, keyed: true, clients: n, rtt: -1})
+	}
+	if replay {
+		for _, n := range levels {
+			cells = append(cells, cell{transport: httpStateless, keyed: true, replay: true, clients: n, rtt: -1})
+		}
 	}
 	if quick || store == "postgres" {
 		return cells

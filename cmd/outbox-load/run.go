@@ -3,7 +3,9 @@ package main
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
 	"database/sql"
+	"encoding/base64"
 	"errors"
 	"flag"
 	"fmt"
@@ -84,6 +86,10 @@ type config struct {
 	rtts      []time.Duration // PostgreSQL: the round-trip times put between servers and the database
 	binary    string
 	tasks     bool
+	replay    bool
+	// keyFile, with --encrypt, is the key file of the side "encrypted":
+	// serve with --encryption-key-file, beside the layer without.
+	keyFile string
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -107,6 +113,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	rtts := fs.String("rtt", "", "with --store postgres, round-trip times to put between every server and PostgreSQL, comma-separated (e.g. 0,1ms): each server then reaches it through a delaying proxy, which counts round trips per call")
 	only := fs.String("sides", "", "measure only these sides, comma-separated (limit, careful, expert or pgx, layer, before, layer-xN; for profiling one)")
 	fs.BoolVar(&cfg.tasks, "tasks", false, "measure MCP Tasks instead: plain charge vs a charge answered with a task, and tasks/get polls (default --clients 1,8)")
+	fs.BoolVar(&cfg.replay, "replay", false, "add a cell of replays at each --clients level: each caller cycles through 16 keys, so every measured call is a replay")
+	encrypt := fs.Bool("encrypt", false, "add the side \"encrypted\": mcp-outbox serve with --encryption-key-file (a fresh key), beside the layer without")
 	fs.StringVar(&cfg.binary, "mcp-outbox", "", "the mcp-outbox binary (default: go build ./cmd/mcp-outbox)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -116,6 +124,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	cfg.only = *only
 	cfg.serveArgs = strings.Fields(*serveArgs)
+	if *encrypt {
+		dir, err := os.MkdirTemp("", "outbox-load-keys")
+		if err != nil {
+			fmt.Fprintln(stderr, "outbox-load:", err)
+			return 1
+		}
+		defer os.RemoveAll(dir)
+		if cfg.keyFile, err = writeKeyFile(dir); err != nil {
+			fmt.Fprintln(stderr, "outbox-load:", err)
+			return 1
+		}
+	}
 	var err error
 	if cfg.levels, err = parseLevels(*levels); err != nil {
 		fmt.Fprintln(stderr, "outbox-load:", err)
@@ -286,7 +306,7 @@ func measure(ctx context.Context, cfg config, logw io.Writer) (*report, error) {
 		}
 	}
 	rep := &report{cfg: cfg, sides: sides}
-	for _, c := range plan(cfg.levels, cfg.store, cfg.quick, cfg.rtts) {
+	for _, c := range plan(cfg.levels, cfg.store, cfg.quick, cfg.replay, cfg.rtts) {
 		row := &cellResult{cell: c, results: make([]*result, len(sides))}
 		for i := range sides {
 			row.results[i] = &result{}
@@ -374,6 +394,15 @@ func sidesFor(cfg config, self string) []side {
 	sides = append(sides,
 		side{name: "layer: mcp-outbox serve", short: "layer", replicas: 1, role: roleLayer, command: layer, needsDB: true},
 	)
+	if cfg.keyFile != "" {
+		encrypted := func(db, addr string) *exec.Cmd {
+			cmd := layer(db, addr)
+			cmd.Args = append(cmd.Args, "--encryption-key-file", cfg.keyFile)
+			return cmd
+		}
+		sides = append(sides, side{name: "encrypted: mcp-outbox serve --encryption-key-file", short: "encrypted", replicas: 1,
+			role: roleLayer, command: encrypted, needsDB: true})
+	}
 	if cfg.before != "" {
 		sides = append(sides, side{name: "before: mcp-outbox serve of " + cfg.before, short: "before", replicas: 1,
 			role: roleLayer, command: serveWith(cfg.before), needsDB: true})
@@ -451,7 +480,7 @@ func runSide(ctx context.Context, cfg config, st *store, c cell, s side, res *re
 			return err
 		}
 	}
-	warm, _, _, err := load(ctx, cl, c.keyed, cfg.warmup)
+	warm, _, _, err := load(ctx, cl, c.keyed, c.replay, cfg.warmup)
 	if err != nil {
 		return err
 	}
@@ -462,7 +491,7 @@ func runSide(ctx context.Context, cfg config, st *store, c cell, s side, res *re
 	cpu0, self0 := cpuOf(procs), selfCPU()
 	m0, mok0 := mallocsOf(ctx, metrics)
 	start := time.Now()
-	calls, errs, lat, err := load(ctx, cl, c.keyed, cfg.duration)
+	calls, errs, lat, err := load(ctx, cl, c.keyed, c.replay, cfg.duration)
 	if err != nil {
 		return err
 	}
@@ -534,4 +563,14 @@ func withGOGC(cmd *exec.Cmd, gogc string) *exec.Cmd {
 	}
 	cmd.Env = env
 	return cmd
+}
+
+// writeKeyFile writes a key file of one fresh key into dir.
+func writeKeyFile(dir string) (string, error) {
+	k := make([]byte, 32)
+	if _, err := rand.Read(k); err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, "keys")
+	return path, os.WriteFile(path, []byte("load:"+base64.StdEncoding.EncodeToString(k)+"\n"), 0o600)
 }

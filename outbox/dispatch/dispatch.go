@@ -20,6 +20,7 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/metrics"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/otelattr"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/owner"
+	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -98,6 +99,11 @@ type Options struct {
 	ShutdownTimeout time.Duration
 	// ResponseLimit bounds the response body recorded per attempt.
 	ResponseLimit int
+	// Sealer opens effect bodies and headers the layer sealed (package
+	// seal); nil reads plaintext ones only. With a Sealer the
+	// destination's response is not kept (it may echo the body): only its
+	// status and the error text.
+	Sealer *seal.Sealer
 	// Now and Rand are the clock and the jitter source; tests inject them.
 	Now  func() time.Time
 	Rand func() float64
@@ -396,6 +402,10 @@ type claimedEffect struct {
 	// leaseUntil is when the claim's lease passes, by this dispatcher's
 	// clock: a queued effect too close to it is released, not attempted.
 	leaseUntil time.Time
+	// unreadable: the body or headers are sealed and cannot be opened
+	// (erased, changed, or a key missing); the effect is not sent.
+	unreadable error
+	rawHeaders string
 }
 
 // String names the effect by id only: errors that carry it end up in logs,

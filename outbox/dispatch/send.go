@@ -19,6 +19,7 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/internal/failpoint"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/metrics"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/otelattr"
+	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 )
 
 // Failpoints on the delivery path.
@@ -36,6 +37,16 @@ func (d *Dispatcher) deliver(ctx context.Context, ds *destState, e *claimedEffec
 	now := d.now()
 	if age := now.Sub(time.UnixMilli(e.createdAt)); age > ds.MaxAge {
 		return d.finish(ctx, ds, e, outcome{state: "dead", err: fmt.Sprintf("gave up: effect is %s old, the limit is %s", age.Round(time.Second), ds.MaxAge)}, 0)
+	}
+	if e.unreadable != nil {
+		// Never sent: a tampered or erased value stays refused (dead, for an
+		// operator); a key missing from the key file may come back, so that
+		// effect waits and tries again.
+		var missing *seal.MissingKeyError
+		if errors.As(e.unreadable, &missing) || errors.Is(e.unreadable, seal.ErrNoKeyRing) {
+			return d.finish(ctx, ds, e, outcome{state: "pending", err: "not sent: " + e.unreadable.Error(), next: now.Add(time.Minute)}, 0)
+		}
+		return d.finish(ctx, ds, e, outcome{state: "dead", err: "not sent: " + e.unreadable.Error()}, 0)
 	}
 	if ds.AtMostOnce {
 		ok, err := d.markSent(ctx, e)

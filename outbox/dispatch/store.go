@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/owner"
+	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -318,13 +319,16 @@ func (d *Dispatcher) claimIn(ctx context.Context, stmt *sql.Stmt, dest string, l
 			&e.attempts, &e.createdAt, &e.traceparent); err != nil {
 			return nil, fmt.Errorf("claim effects: %w", err)
 		}
-		if err := json.Unmarshal([]byte(headers), &e.headers); err != nil {
-			e.headers = nil // recorded by the layer as a JSON object; tolerate damage
-		}
+		e.rawHeaders = headers
 		out = append(out, e)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("claim effects: %w", err)
+	}
+	rows.Close()
+	b := d.opts.Sealer.Batch()
+	for _, e := range out {
+		d.openEffect(ctx, b, e)
 	}
 	return out, nil
 }
@@ -356,4 +360,25 @@ func (d *Dispatcher) markSent(ctx context.Context, e *claimedEffect) (bool, erro
 	}
 	n, _ := r.RowsAffected()
 	return n == 1, nil
+}
+
+// openEffect opens a claimed effect's sealed headers and body. The
+// principal is not known here: the data key's own counts, and the
+// Idempotency-Key in the associated data still binds each value to its row.
+//
+// The claim's effects share a Batch: their data keys are read once each,
+// not once per value.
+func (d *Dispatcher) openEffect(ctx context.Context, b *seal.Batch, e *claimedEffect) {
+	headers, err := b.Open(ctx, d.db.Read, seal.Ref{Row: e.key, Column: "headers"}, []byte(e.rawHeaders))
+	if err == nil {
+		e.body, err = b.Open(ctx, d.db.Read, seal.Ref{Row: e.key, Column: "body"}, e.body)
+	}
+	if err != nil {
+		e.unreadable = err
+		e.body = nil
+		return
+	}
+	if err := json.Unmarshal(headers, &e.headers); err != nil {
+		e.headers = nil // recorded by the layer as a JSON object; tolerate damage
+	}
 }

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
@@ -39,6 +40,8 @@ import (
 //	GET  /calls/unknown?limit=        calls in state unknown, oldest first
 //	POST /calls/resolve               {"principal": P (default local), "key": K,
 //	                                   "outcome": "completed" | "failed" | "rerun", "note": TEXT}
+//	POST /principals/forget           {"principal": P}: erase P's recorded arguments,
+//	                                   results and effect bodies (admin.ForgetPrincipal)
 //
 // Errors are {"error": "..."}: 400 bad input, 403 refused, 404 no such
 // effect or call, 409 not in a state the action applies to, 413 body too
@@ -65,6 +68,7 @@ func NewAdmin(db *schema.DB, opts *Options) http.Handler {
 	}
 	r.Get("/calls/unknown", h.unknownCalls)
 	r.Post("/calls/resolve", h.resolveCall)
+	r.Post("/principals/forget", h.forgetPrincipal)
 	return underBase(o.BasePath, r)
 }
 
@@ -308,6 +312,34 @@ func (h *adminHandler) resolveCall(w http.ResponseWriter, r *http.Request) {
 	// is logged as the call log writes it: hashed, never raw.
 	h.logger.Info("admin action", "action", "resolve-call", "outcome", res.Outcome, "key", callkey.KeyHash(res.Principal, res.Key),
 		"tool", res.Tool, "from", res.PreviousState, "to", res.State, "remote", r.RemoteAddr, "by", operatorOf(r))
+	writeAdminJSON(w, http.StatusOK, res)
+}
+
+// forgetPrincipal erases a principal's recorded arguments, results and
+// effect bodies (admin.ForgetPrincipal): POST {"principal": "alice"}.
+func (h *adminHandler) forgetPrincipal(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Principal string `json:"principal"`
+	}
+	if err := readAdminBody(w, r, &body); err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if body.Principal == "" {
+		h.fail(w, r, operate.BadInputf("give the principal to forget"))
+		return
+	}
+	principal := body.Principal
+	if !strings.HasPrefix(principal, "tenant:") { // a tenant's principal is given as stored
+		principal = callkey.ParsePrincipal(principal)
+	}
+	res, err := admin.ForgetPrincipal(r.Context(), h.db, principal, time.Now())
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	h.logger.Warn("admin action", "action", "forget-principal", "principal", principal, "data_keys", res.DataKeys,
+		"calls", res.Calls, "effects", res.Effects, "in_flight", res.InFlight, "remote", r.RemoteAddr, "by", operatorOf(r))
 	writeAdminJSON(w, http.StatusOK, res)
 }
 

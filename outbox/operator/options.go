@@ -12,6 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
+
+	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 )
 
 // Options configure every constructor of this package; each reads the
@@ -21,6 +23,9 @@ import (
 type Options struct {
 	// Logger gets the operator surface's logs; nil discards them.
 	Logger *slog.Logger
+	// Sealer opens the recorded results the page shows when the layer
+	// seals them (outbox.Options.Sealer); nil shows plaintext ones only.
+	Sealer *seal.Sealer
 	// AdminTokenSHA256 is the SHA-256 of the admin token (bearer.Hash).
 	// With it, the admin API, the page and the metrics admit whoever
 	// presents the token, from any address (the page through a login

@@ -19,6 +19,7 @@ import (
 	"github.com/go-chi/chi/v5/middleware"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/operate"
+	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -69,6 +70,7 @@ const (
 // pageHandler serves the operator page for one database.
 type pageHandler struct {
 	db         *schema.DB
+	sealer     *seal.Sealer
 	logger     *slog.Logger
 	auth       *adminAuth // without an admin token: loopback only
 	dispatcher Dispatcher
@@ -116,7 +118,7 @@ func newPageHandler(ctx context.Context, db *schema.DB, o Options) (*pageHandler
 	tmpl := template.Must(pageTemplates.Clone())
 	base := o.BasePath
 	tmpl.Funcs(template.FuncMap{"base": func() string { return base }})
-	return &pageHandler{db: db, logger: o.Logger, auth: newAdminAuth(o), dispatcher: o.Dispatcher, base: base,
+	return &pageHandler{db: db, sealer: o.Sealer, logger: o.Logger, auth: newAdminAuth(o), dispatcher: o.Dispatcher, base: base,
 		templates: tmpl, now: o.Now, flashKey: subkey(key, "flash"),
 		sessions: pageSessions{key: subkey(key, "session"), adminHash: o.AdminTokenSHA256},
 		logins:   loginLimiter{byClient: map[string]loginFailures{}}}, nil

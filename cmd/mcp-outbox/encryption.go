@@ -1,0 +1,116 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
+	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
+	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
+	"github.com/mcp-outbox/mcp-outbox/schema"
+)
+
+// keyFileFlag adds --encryption-key-file to fs.
+func keyFileFlag(env *environment, fs *flag.FlagSet, p *string) {
+	fs.StringVar(p, "encryption-key-file", env.envDefault("MCP_OUTBOX_ENCRYPTION_KEY_FILE", ""),
+		"encrypt recorded results, task arguments and effect bodies and headers with the keys in `FILE` "+
+			"(ID:BASE64(32 bytes) a line; the first encrypts, all decrypt; mode 600); see 'Data protection' in the README [MCP_OUTBOX_ENCRYPTION_KEY_FILE]")
+}
+
+// loadSealer is the Sealer of --encryption-key-file; nil when not given.
+func loadSealer(path string) (*seal.Sealer, error) {
+	if path == "" {
+		return nil, nil
+	}
+	ring, err := seal.LoadKeyFile(path)
+	if err != nil {
+		return nil, usagef("--encryption-key-file: %v", err)
+	}
+	return seal.New(ring), nil
+}
+
+func runOutboxForget(ctx context.Context, env *environment, s outboxSub, args []string) error {
+	fs, dbPath := subFlags(env, s)
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 || pos[0] == "" {
+		return usagef("forget-principal: give one PRINCIPAL")
+	}
+	principal := pos[0]
+	if !strings.HasPrefix(principal, "tenant:") { // a tenant's principal is given as stored
+		principal = callkey.ParsePrincipal(principal)
+	}
+	db, err := openExisting(ctx, *dbPath)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	f, err := admin.ForgetPrincipal(ctx, db, principal, time.Now())
+	if err != nil {
+		return err
+	}
+	// The audit record: who ran it is the shell's business; what was
+	// erased, and when, is here and in data_keys.erased_at.
+	logger, err := newLogger(env.stderr, "info", "text")
+	if err != nil {
+		return err
+	}
+	logger.Warn("operator action", "action", "forget-principal", "principal", principal, "data_keys", f.DataKeys,
+		"calls", f.Calls, "effects", f.Effects, "in_flight", f.InFlight, "db", schema.Redact(*dbPath))
+	_, err = fmt.Fprintf(env.stdout, "principal %s forgotten: %d data keys erased, %d calls and %d effects cleared\n",
+		principal, f.DataKeys, f.Calls, f.Effects)
+	if err == nil && f.InFlight > 0 {
+		_, err = fmt.Fprintf(env.stdout, "%d calls were in flight and are not erased: run forget-principal again once they ended\n", f.InFlight)
+	}
+	return err
+}
+
+func runOutboxReencrypt(ctx context.Context, env *environment, s outboxSub, args []string) error {
+	return runRewrite(ctx, env, s, args, outbox.Reencrypt)
+}
+
+func runOutboxDecrypt(ctx context.Context, env *environment, s outboxSub, args []string) error {
+	return runRewrite(ctx, env, s, args, outbox.Decrypt)
+}
+
+func runRewrite(ctx context.Context, env *environment, s outboxSub, args []string,
+	rewrite func(context.Context, *schema.DB, *seal.Sealer, *outbox.ReencryptOptions) (*outbox.Reencrypted, error)) error {
+	fs, dbPath := subFlags(env, s)
+	var keyFile string
+	keyFileFlag(env, fs, &keyFile)
+	batch := fs.Int("batch", 500, "rows per transaction")
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usagef("%s: unexpected argument %q", s.name, pos[0])
+	}
+	if keyFile == "" {
+		return usagef("%s: give --encryption-key-file (or MCP_OUTBOX_ENCRYPTION_KEY_FILE)", s.name)
+	}
+	sealer, err := loadSealer(keyFile)
+	if err != nil {
+		return err
+	}
+	db, err := openExisting(ctx, *dbPath)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	r, err := rewrite(ctx, db, sealer, &outbox.ReencryptOptions{Batch: *batch, Progress: env.stderr})
+	if r != nil {
+		fmt.Fprintf(env.stdout, "%s: %d data keys rewrapped, %d calls and %d effects rewritten, %d values unreadable\n",
+			s.name, r.DataKeys, r.Calls, r.Effects, r.Unreadable)
+	}
+	if err == nil && r.Unreadable > 0 {
+		return fmt.Errorf("%s: %d values could not be decrypted (changed, or under a key missing from the key file); the data keys are kept", s.name, r.Unreadable)
+	}
+	return err
+}

@@ -1,0 +1,137 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/base64"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	_ "modernc.org/sqlite"
+)
+
+func writeKeyFile(t *testing.T, dir, name string, ids ...string) (string, map[string]string) {
+	t.Helper()
+	keys := map[string]string{}
+	var lines []string
+	for _, id := range ids {
+		k := make([]byte, 32)
+		if _, err := rand.Read(k); err != nil {
+			t.Fatal(err)
+		}
+		keys[id] = base64.StdEncoding.EncodeToString(k)
+		lines = append(lines, id+":"+keys[id])
+	}
+	path := filepath.Join(dir, name)
+	if err := os.WriteFile(path, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path, keys
+}
+
+func chargeWith(t *testing.T, cs *mcp.ClientSession, key string, amount int) *mcp.CallToolResult {
+	t.Helper()
+	res, err := cs.CallTool(context.Background(), &mcp.CallToolParams{Name: "charge",
+		Arguments: map[string]any{"amount": amount}, Meta: mcp.Meta{"idempotencyKey": key}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+// TestEncryptionCLI runs the real binary: serve with a key file seals what
+// it records; forget-principal, run while serve runs, erases a call at
+// once (its retry runs nothing and says erased, also after a restart);
+// reencrypt moves the data keys to a new key, after which serve runs with
+// the new key alone and replays.
+func TestEncryptionCLI(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	dbPath := filepath.Join(dir, "ledger.db")
+	keys1, k := writeKeyFile(t, dir, "keys1", "k1")
+	cs, _ := serveStdio(t, bin, dbPath, nil, "--encryption-key-file", keys1)
+	if res := chargeWith(t, cs, "enc-1", 4242); res.IsError {
+		t.Fatal(resultText(res))
+	}
+	if res := chargeWith(t, cs, "enc-1", 4242); res.IsError || !strings.Contains(resultText(res), "4242") {
+		t.Fatalf("replay: %s", resultText(res))
+	}
+	db, err := sql.Open("sqlite", dbPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var result string
+	if err := db.QueryRow(`SELECT result FROM calls WHERE key = 'enc-1'`).Scan(&result); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(result, "mcpo1:") {
+		t.Errorf("stored result %.40q, want sealed", result)
+	}
+	charges := func() int {
+		var n int
+		if err := db.QueryRow(`SELECT count(*) FROM charges`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+
+	vars := map[string]string{"MCP_OUTBOX_DB": dbPath}
+	r := runCLI(t, vars, "outbox", "forget-principal", "local")
+	if r.code != 0 || !strings.Contains(r.stdout, "1 data keys erased, 1 calls") || !strings.Contains(r.stderr, "operator action") {
+		t.Fatalf("forget-principal: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	erased := func(cs *mcp.ClientSession) {
+		t.Helper()
+		if res := chargeWith(t, cs, "enc-1", 4242); !res.IsError || !strings.Contains(resultText(res), "erased") {
+			t.Errorf("retry after forget: %s, want an erased error", resultText(res))
+		}
+		if n := charges(); n != 1 {
+			t.Errorf("%d charges, want 1: a forgotten call never runs again", n)
+		}
+	}
+	erased(cs) // the running serve
+	if r := runCLI(t, vars, "status", "--encryption-key-file", keys1, "enc-1"); r.code != 0 || !strings.Contains(r.stdout, `"state": "erased"`) {
+		t.Errorf("status: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	cs.Close()
+	cs, _ = serveStdio(t, bin, dbPath, nil, "--encryption-key-file", keys1)
+	erased(cs) // after a restart
+	if res := chargeWith(t, cs, "enc-2", 77); res.IsError {
+		t.Fatal(resultText(res))
+	}
+	cs.Close()
+
+	// Rotation: k2 leads, k1 still decrypts; reencrypt; then k2 alone.
+	both := filepath.Join(dir, "keys2")
+	k2line := writeKeyLine(t, dir)
+	if err := os.WriteFile(both, []byte(k2line+"\nk1:"+k["k1"]+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r = runCLI(t, vars, "outbox", "reencrypt", "--encryption-key-file", both, "--batch", "1")
+	if r.code != 0 || !strings.Contains(r.stdout, "2 data keys rewrapped") || !strings.Contains(r.stderr, "rewrapped under \"k2\"") {
+		t.Fatalf("reencrypt: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	only2 := filepath.Join(dir, "keys3")
+	if err := os.WriteFile(only2, []byte(k2line+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cs, _ = serveStdio(t, bin, dbPath, nil, "--encryption-key-file", only2)
+	if res := chargeWith(t, cs, "enc-2", 77); res.IsError || !strings.Contains(resultText(res), "77") {
+		t.Errorf("replay under k2 alone: %s", resultText(res))
+	}
+	if n := charges(); n != 2 {
+		t.Errorf("%d charges, want 2", n)
+	}
+}
+
+func writeKeyLine(t *testing.T, dir string) string {
+	t.Helper()
+	_, keys := writeKeyFile(t, dir, "scratch", "k2")
+	return "k2:" + keys["k2"]
+}

@@ -1,0 +1,167 @@
+package seal
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/aes"
+	"crypto/cipher"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+)
+
+// KeySize is the size of every key: AES-256.
+const KeySize = 32
+
+// A KeyRing wraps and unwraps data keys with key-encryption keys named by
+// id. Implementations must be safe for concurrent use.
+type KeyRing interface {
+	// Current is the id of the key that wraps new data keys.
+	Current() string
+	// Has reports whether the ring can unwrap what keyID wrapped.
+	Has(keyID string) bool
+	// Wrap encrypts a data key under keyID, bound to ad.
+	Wrap(ctx context.Context, keyID string, dek, ad []byte) ([]byte, error)
+	// Unwrap reverses Wrap; it fails with a *MissingKeyError when the ring
+	// has no key keyID.
+	Unwrap(ctx context.Context, keyID string, wrapped, ad []byte) ([]byte, error)
+}
+
+// MissingKeyError: a value needs a key the key ring lacks.
+type MissingKeyError struct{ KeyID string }
+
+func (e *MissingKeyError) Error() string {
+	return fmt.Sprintf("encryption key %q is not in the key file (it wrapped this row's data key; restore it, or run 'mcp-outbox outbox reencrypt' with it before removing it)", e.KeyID)
+}
+
+// FileKeyRing is a KeyRing of keys read from a key file.
+type FileKeyRing struct {
+	ids  []string
+	keys map[string]cipher.AEAD
+}
+
+// LoadKeyFile reads a key file: one key a line as 'ID:BASE64', BASE64 the
+// standard encoding of 32 random bytes ('openssl rand -base64 32'); blank
+// lines and lines starting with '#' are skipped. The first key wraps new
+// data keys; all of them unwrap. A file others may read is refused: it
+// holds what every stored value's secrecy rests on.
+func LoadKeyFile(path string) (*FileKeyRing, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("key file: %w", err)
+	}
+	if fi.Mode().Perm()&0o007 != 0 {
+		return nil, fmt.Errorf("key file %s: mode %v lets every user of this host read or change it; chmod 600 it", path, fi.Mode().Perm())
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("key file: %w", err)
+	}
+	r, err := ParseKeys(data)
+	if err != nil {
+		return nil, fmt.Errorf("key file %s: %w", path, err)
+	}
+	return r, nil
+}
+
+// ParseKeys reads keys in the format of a key file (see [LoadKeyFile]).
+func ParseKeys(data []byte) (*FileKeyRing, error) {
+	r := &FileKeyRing{keys: map[string]cipher.AEAD{}}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		id, b64, ok := strings.Cut(line, ":")
+		if !ok || id == "" {
+			return nil, fmt.Errorf("line %d: want ID:BASE64(32 bytes)", n)
+		}
+		if strings.ContainsAny(id, " \t:") {
+			return nil, fmt.Errorf("line %d: key id %q has a space or a colon", n, id)
+		}
+		if _, dup := r.keys[id]; dup {
+			return nil, fmt.Errorf("line %d: key id %q given twice", n, id)
+		}
+		key, err := base64.StdEncoding.DecodeString(strings.TrimSpace(b64))
+		if err != nil {
+			return nil, fmt.Errorf("line %d (key %q): not base64: %v", n, id, err)
+		}
+		if len(key) != KeySize {
+			return nil, fmt.Errorf("line %d (key %q): %d bytes, want %d", n, id, len(key), KeySize)
+		}
+		aead, err := newAEAD(key)
+		if err != nil {
+			return nil, fmt.Errorf("line %d: %w", n, err)
+		}
+		r.ids = append(r.ids, id)
+		r.keys[id] = aead
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	if len(r.ids) == 0 {
+		return nil, errors.New("no key in it")
+	}
+	return r, nil
+}
+
+// Current is the first key's id.
+func (r *FileKeyRing) Current() string { return r.ids[0] }
+
+// IDs lists the keys' ids in file order.
+func (r *FileKeyRing) IDs() []string { return append([]string(nil), r.ids...) }
+
+// Has reports whether the file has key id.
+func (r *FileKeyRing) Has(id string) bool { _, ok := r.keys[id]; return ok }
+
+// Wrap seals dek under key id.
+func (r *FileKeyRing) Wrap(_ context.Context, id string, dek, ad []byte) ([]byte, error) {
+	aead, ok := r.keys[id]
+	if !ok {
+		return nil, &MissingKeyError{KeyID: id}
+	}
+	return sealAEAD(aead, dek, ad)
+}
+
+// Unwrap opens what Wrap sealed.
+func (r *FileKeyRing) Unwrap(_ context.Context, id string, wrapped, ad []byte) ([]byte, error) {
+	aead, ok := r.keys[id]
+	if !ok {
+		return nil, &MissingKeyError{KeyID: id}
+	}
+	return openAEAD(aead, wrapped, ad)
+}
+
+func newAEAD(key []byte) (cipher.AEAD, error) {
+	block, err := aes.NewCipher(key)
+	if err != nil {
+		return nil, err
+	}
+	return cipher.NewGCM(block)
+}
+
+// sealAEAD returns nonce || ciphertext, with a fresh random nonce: 96 bits
+// from crypto/rand, safe for far more values than one data key will seal.
+func sealAEAD(aead cipher.AEAD, plain, ad []byte) ([]byte, error) {
+	out := make([]byte, aead.NonceSize(), aead.NonceSize()+len(plain)+aead.Overhead())
+	if _, err := rand.Read(out); err != nil {
+		return nil, err
+	}
+	return aead.Seal(out, out, plain, ad), nil
+}
+
+func openAEAD(aead cipher.AEAD, sealed, ad []byte) ([]byte, error) {
+	if len(sealed) < aead.NonceSize()+aead.Overhead() {
+		return nil, ErrTampered
+	}
+	plain, err := aead.Open(nil, sealed[:aead.NonceSize()], sealed[aead.NonceSize():], ad)
+	if err != nil {
+		return nil, ErrTampered
+	}
+	return plain, nil
+}

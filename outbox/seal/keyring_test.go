@@ -1,0 +1,88 @@
+package seal_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
+)
+
+func key(t *testing.T) string {
+	t.Helper()
+	k := make([]byte, seal.KeySize)
+	if _, err := rand.Read(k); err != nil {
+		t.Fatal(err)
+	}
+	return base64.StdEncoding.EncodeToString(k)
+}
+
+// TestParseKeys: bad lines are refused with their line number; comments and
+// blank lines are skipped; the first key is current.
+func TestParseKeys(t *testing.T) {
+	t.Parallel()
+	good := key(t)
+	for _, c := range []struct{ in, want string }{
+		{"", "no key"},
+		{"# only a comment\n\n", "no key"},
+		{"k1\n", "line 1: want ID:BASE64"},
+		{"\nk1:" + good + "\nk2:!!!\n", "line 3 (key \"k2\"): not base64"},
+		{"k1:" + base64.StdEncoding.EncodeToString([]byte("short")), "line 1 (key \"k1\"): 5 bytes, want 32"},
+		{"k1:" + good + "\nk1:" + good, "line 2: key id \"k1\" given twice"},
+		{":" + good, "line 1: want ID"},
+	} {
+		if _, err := seal.ParseKeys([]byte(c.in)); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("ParseKeys(%q): %v, want an error with %q", c.in, err, c.want)
+		}
+	}
+	r, err := seal.ParseKeys([]byte("# keys\nnew:" + good + "\n\nold:" + key(t) + "\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Current() != "new" || !r.Has("old") || r.Has("other") {
+		t.Errorf("current %q, ids %v", r.Current(), r.IDs())
+	}
+	w, err := r.Wrap(context.Background(), "old", []byte("data key"), []byte("ad"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Unwrap(context.Background(), "new", w, []byte("ad")); !errors.Is(err, seal.ErrTampered) {
+		t.Errorf("unwrap under another key: %v, want ErrTampered", err)
+	}
+	if _, err := r.Unwrap(context.Background(), "old", w, []byte("other ad")); !errors.Is(err, seal.ErrTampered) {
+		t.Errorf("unwrap with other associated data: %v, want ErrTampered", err)
+	}
+	var missing *seal.MissingKeyError
+	if _, err := r.Unwrap(context.Background(), "gone", w, []byte("ad")); !errors.As(err, &missing) || missing.KeyID != "gone" {
+		t.Errorf("unwrap under a missing key: %v", err)
+	}
+}
+
+// TestLoadKeyFile refuses a key file every user of the host may read.
+func TestLoadKeyFile(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "keys")
+	if err := os.WriteFile(path, []byte("k1:"+key(t)+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := seal.LoadKeyFile(path); err == nil || !strings.Contains(err.Error(), "chmod 600") {
+		t.Errorf("world-readable key file: %v, want refused", err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := seal.LoadKeyFile(path); err != nil {
+		t.Error(err)
+	}
+	if _, err := seal.LoadKeyFile(path + ".missing"); err == nil {
+		t.Error("missing key file loaded")
+	}
+}

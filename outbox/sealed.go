@@ -1,0 +1,166 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
+	"github.com/mcp-outbox/mcp-outbox/schema"
+)
+
+// checkSealer readies s for the layer's keyed hashes and says at start-up
+// what cannot be read: with a key file, the key ids that wrap data keys and
+// that the file lacks; without one, that the database holds encrypted
+// values. Either way the layer serves: such a call's answer names the key,
+// and the call never runs again (its row exists).
+//
+// With a key file it also returns until when a call without a key made
+// before encryption was on may still name an identical call (the latest
+// expiry of a plain fingerprint), 0 if none may.
+func checkSealer(ctx context.Context, db *schema.DB, s *seal.Sealer, logger *slog.Logger) (int64, error) {
+	missing, err := seal.MissingKeys(ctx, db.Read, s.Ring())
+	if err != nil {
+		return 0, err
+	}
+	if s == nil {
+		if len(missing) > 0 {
+			logger.Warn("the database holds encrypted values and no key file was given (--encryption-key-file): "+
+				"their calls answer an error and are not run again; new values are stored in plaintext",
+				"key_ids", missing)
+		}
+		return 0, nil
+	}
+	if len(missing) > 0 {
+		logger.Warn("encryption keys named by the database are not in the key file: values under them cannot be read "+
+			"(their calls answer an error naming the key, and are never run again)", "key_ids", missing)
+	}
+	if err := s.LoadHashKey(ctx, db.Write); err != nil {
+		var missing *seal.MissingKeyError
+		if !errors.As(err, &missing) {
+			return 0, err
+		}
+		logger.Warn("the key that wraps the hash key is not in the key file: arguments and fingerprints are hashed "+
+			"without a key until it is back (calls recorded with keyed hashes match on their key alone)", "key_id", missing.KeyID)
+		return 0, nil
+	}
+	var until sql.NullInt64
+	if err := db.Read.QueryRowContext(ctx, selectPlainFingerprints, time.Now().UnixMilli()).Scan(&until); err != nil {
+		return 0, fmt.Errorf("read plain fingerprints: %w", err)
+	}
+	return until.Int64, nil
+}
+
+// selectPlainFingerprints finds the latest expiry of a call recorded under
+// a plain fingerprint ('fp_'; keyed ones are 'fk_').
+const selectPlainFingerprints = `
+SELECT max(expires_at) FROM calls
+WHERE expires_at > $1 AND key_source = 'fingerprint' AND key LIKE 'fp~_%' ESCAPE '~'`
+
+// Sealer is the layer's Options.Sealer: what an operator surface on the
+// same database needs to show its results.
+func (l *Layer) Sealer() *seal.Sealer { return l.opts.Sealer }
+
+// callRef names a call's column for sealing: the call's id binds the value
+// to its row.
+func callRef(callID int64, column, principal string) seal.Ref {
+	return seal.Ref{Row: strconv.FormatInt(callID, 10), Column: column, Principal: principal}
+}
+
+// effectRef names an effect's column: its Idempotency-Key, unique and
+// known before the row is inserted, binds the value to the row.
+func effectRef(key, column, principal string) seal.Ref {
+	return seal.Ref{Row: key, Column: column, Principal: principal}
+}
+
+// openResult replaces a recorded result read from q by its plaintext; one
+// that cannot be opened (erased, tampered, a missing key) keeps r.unreadable
+// for the answer, which names the reason and never runs the call again.
+func (l *Layer) openResult(ctx context.Context, q seal.Querier, principal string, r *callRow) {
+	if !r.result.Valid {
+		if r.state == "completed" || r.state == "failed" {
+			// Every outcome is recorded with its result; only
+			// admin.ForgetPrincipal deletes one (and sets erased_at).
+			r.unreadable = seal.ErrErased
+		}
+		return
+	}
+	plain, err := l.opts.Sealer.OpenString(ctx, q, callRef(r.id, "result", principal), r.result.String)
+	if err != nil {
+		r.unreadable = err
+		return
+	}
+	r.result = sql.NullString{String: plain, Valid: true}
+}
+
+// sealEffect seals an effect's headers and body with sealFn.
+func sealEffect(sealFn func(seal.Ref, []byte) ([]byte, error), key, principal, headers string, body []byte) (string, []byte, error) {
+	h, err := sealFn(effectRef(key, "headers", principal), []byte(headers))
+	if err != nil {
+		return "", nil, fmt.Errorf("seal effect headers: %w", err)
+	}
+	if body != nil {
+		if body, err = sealFn(effectRef(key, "body", principal), body); err != nil {
+			return "", nil, fmt.Errorf("seal effect body: %w", err)
+		}
+	}
+	return string(h), body, nil
+}
+
+// seal seals a value of the attempt's call in q, its transaction, looking
+// the principal's data key up once per transaction: a call's result and
+// its effects' headers and bodies are sealed under one key, found by one
+// query. Statements there never take a call's context (group.go).
+func (a *attempt) seal(q *sql.Tx, ref seal.Ref, plain []byte) ([]byte, error) {
+	s := a.layer.opts.Sealer
+	if s == nil {
+		return plain, nil
+	}
+	if a.sealKey == nil || a.sealKeyTx != q || a.sealKey.Principal() != ref.Principal {
+		var sq seal.Querier = q
+		if a.unit != nil && a.unit.tx() == q {
+			sq = a.unit.querier()
+		}
+		k, err := s.Key(context.Background(), sq, ref.Principal)
+		if err != nil {
+			return nil, err
+		}
+		a.sealKey, a.sealKeyTx = k, q
+	}
+	return a.sealKey.Seal(ref, plain)
+}
+
+// unitQuerier runs the seal package's statements in a unit's transaction
+// through the group's prepared statements, as the unit's own run: SQLite
+// would otherwise parse them again for every call.
+type unitQuerier struct {
+	tx *sql.Tx
+	c  *stmtCache
+}
+
+func (u *unit) querier() unitQuerier { return unitQuerier{u.tx(), u.g.stmts} }
+
+func (q unitQuerier) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	if st := q.c.lookup(query); st != nil {
+		return q.tx.StmtContext(ctx, st).ExecContext(ctx, args...)
+	}
+	return q.tx.ExecContext(ctx, query, args...)
+}
+
+func (q unitQuerier) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	if st := q.c.lookup(query); st != nil {
+		return q.tx.StmtContext(ctx, st).QueryContext(ctx, args...)
+	}
+	return q.tx.QueryContext(ctx, query, args...)
+}
+
+func (q unitQuerier) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	if st := q.c.lookup(query); st != nil {
+		return q.tx.StmtContext(ctx, st).QueryRowContext(ctx, args...)
+	}
+	return q.tx.QueryRowContext(ctx, query, args...)
+}
