@@ -49,6 +49,11 @@ FROM calls WHERE principal = $2::text AND key = $3::text AND NOT EXISTS (SELECT 
 // and decides with every compare-and-set.
 func (l *Layer) claimOneTrip(ctx context.Context, a *attempt, durable bool) (res claimResult, ok bool, err error) {
 	ctx = background(ctx) // like a unit's statements: the claim commits or not as a whole
+	if a.id.plainKey != "" && l.nowMS() < l.plainFingerprintsUntil.Load() {
+		// A keyless call may stand under its plain fingerprint, made
+		// before encryption was turned on: claimIn looks there too.
+		return claimResult{}, false, nil
+	}
 	for range maxClaimReads {
 		now := l.nowMS()
 		var (
@@ -72,6 +77,10 @@ func (l *Layer) claimOneTrip(ctx context.Context, a *attempt, durable bool) (res
 			return claimResult{kind: claimed}, true, nil
 		}
 		res, ok := l.settled(a, r, now)
+		if ok && res.kind == finished {
+			// A sealed result costs a read of its data key (sealed.go).
+			l.openResult(ctx, l.db.Write, a.id.principal, &res.row)
+		}
 		return res, ok, nil
 	}
 	return claimResult{}, false, nil // let claimIn sort it out
@@ -88,7 +97,7 @@ func (l *Layer) settled(a *attempt, r callRow, now int64) (claimResult, bool) {
 		return claimResult{}, false // expired: deleted, then claimed anew
 	}
 	switch {
-	case r.tool != a.tool.name || r.argsHash != a.id.argsHash:
+	case r.tool != a.tool.name || !a.id.matches(r.argsHash):
 		return claimResult{kind: conflict, row: r}, true
 	case r.state == "unknown":
 		return claimResult{kind: lost, row: r}, true

@@ -464,20 +464,22 @@ func (a *attempt) Enqueue(ctx context.Context, e Effect) (string, error) {
 	a.effects++
 	key := callkey.EffectKey(a.uid, a.effects)
 	now := a.layer.nowMS()
-	if a.defersEffects() {
-		a.pending = append(a.pending, pendingEffect{seq: a.effects, destination: e.Destination, method: e.Method, path: e.Path,
-			headers: headers, body: e.Body, key: key, at: now, traceparent: traceparentOf(ctx)})
-		return key, nil
-	}
-	var callID any
-	if a.recorded() {
-		callID = a.callID
-	}
+	// Sealed here, on both stores: a deferred effect (PostgreSQL) is
+	// written by the outcome's statement as it stands now.
 	headers, body, err := sealEffect(func(ref seal.Ref, v []byte) ([]byte, error) { return a.seal(a.tx, ref, v) },
 		key, a.id.principal, headers, e.Body)
 	if err != nil {
 		a.effects--
 		return "", err
+	}
+	if a.defersEffects() {
+		a.pending = append(a.pending, pendingEffect{seq: a.effects, destination: e.Destination, method: e.Method, path: e.Path,
+			headers: headers, body: body, key: key, at: now, traceparent: traceparentOf(ctx)})
+		return key, nil
+	}
+	var callID any
+	if a.recorded() {
+		callID = a.callID
 	}
 	_, err = a.unit.exec(insertEffect,
 		callID, a.effects, e.Destination, e.Method, e.Path, headers, body, key, now, now, now, traceparentOf(ctx))
