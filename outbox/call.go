@@ -84,13 +84,17 @@ type attempt struct {
 func (a *attempt) recorded() bool { return a.tool.record && a.id.source != "" }
 
 // retention is how long the call's key names it: the tool's fingerprint
-// window for a derived key, the layer's key retention for a client's key.
+// window for a derived key, the tool's key retention or else the layer's
+// for a client's key.
 func (a *attempt) retention() time.Duration {
 	if a.task != nil && a.task.opts.TTL > 0 {
 		return a.task.opts.TTL
 	}
 	if a.id.source == callkey.SourceFingerprint {
 		return a.tool.window
+	}
+	if a.tool.keyRetention > 0 {
+		return a.tool.keyRetention
 	}
 	return a.layer.opts.KeyRetention
 }

@@ -44,6 +44,7 @@ Tools annotated readOnlyHint or idempotentHint pass through unrecorded.
 Runs with GOGC=400 unless GOGC is set, as serve does.
 
 ` + proxyTasksHelp + `
+` + retentionHelp + `
 
 Every flag can also be set in the environment (shown in brackets); a flag wins.
 
@@ -63,6 +64,8 @@ func runProxy(ctx context.Context, env *environment, args []string) error {
 		"serve Streamable HTTP at `ADDR` (e.g. 127.0.0.1:8080) instead of stdio; a non-loopback ADDR needs --tokens or --oauth-issuer [MCP_OUTBOX_HTTP]")
 	var taskValues []string
 	fs.Var((*multiFlag)(&taskValues), "task", "make calls of an upstream tool MCP tasks: `TOOL=always|required|after:DURATION`, repeatable; see Tasks above [MCP_OUTBOX_TASKS]")
+	var retentionValues []string
+	retentionFlag(fs, &retentionValues)
 	var ac authConfig
 	ac.flags(env, fs)
 	if err := parseFlags(fs, args); err != nil {
@@ -74,6 +77,15 @@ func runProxy(ctx context.Context, env *environment, args []string) error {
 	tasks, err := parseTaskFlags(taskValues, func(item, tool string) error {
 		if tool == outbox.StatusToolName {
 			return usagef("--task %q: %s is the proxy's own read-only tool", item, tool)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	retention, err := parseRetention(env, retentionValues, cfg.keyRetention(), func(item, tool string) error {
+		if tool == outbox.StatusToolName {
+			return usagef("--retention %q: %s is the proxy's own read-only tool", item, tool)
 		}
 		return nil
 	})
@@ -109,7 +121,8 @@ func runProxy(ctx context.Context, env *environment, args []string) error {
 	if h, ok := upstream.(*sidecar.HTTP); ok {
 		h.Logger = a.logger // its standalone SSE stream's warnings
 	}
-	p, err := sidecar.New(sidecar.Options{Layer: a.layer, Upstream: upstream, Cooperating: *cooperating, Logger: a.logger, Tasks: tasks})
+	p, err := sidecar.New(sidecar.Options{Layer: a.layer, Upstream: upstream, Cooperating: *cooperating, Logger: a.logger, Tasks: tasks,
+		Retention: retention})
 	if err != nil {
 		return err
 	}

@@ -51,7 +51,7 @@ Every 10 minutes it purges expired calls and old delivered effects (see
 
 Every flag can also be set in the environment (shown in brackets); a flag wins.
 
-` + destconfig.Help + "\n" + tasksHelp + "\n" + authHelp + "\n" + tracingHelp
+` + destconfig.Help + "\n" + tasksHelp + "\n" + retentionHelp + "\n" + authHelp + "\n" + tracingHelp
 
 // Service names in traces, unless OTEL_SERVICE_NAME says otherwise.
 const (
@@ -68,6 +68,7 @@ type appConfig struct {
 	dests        []string
 	demoDelay    time.Duration
 	tasks        []string // --task TOOL=MODE (serve_tasks.go)
+	retentions   []string // --retention TOOL=DURATION (retention.go)
 	fingerprint  time.Duration
 	inFlightWait time.Duration
 	lease        time.Duration
@@ -163,7 +164,17 @@ func (cfg *appConfig) ledgerFlags(env *environment, fs *flag.FlagSet) error {
 	fs.DurationVar(&cfg.demoDelay, "demo-delay", delay, "simulated processing time inside charge, to reproduce client timeouts [MCP_OUTBOX_DEMO_DELAY]")
 	fs.BoolVar(&cfg.bare, "bare", false, "run the ledger WITHOUT the outbox layer: every retry charges again (for demonstrations)")
 	fs.Var((*multiFlag)(&cfg.tasks), "task", "make calls of a tool MCP tasks: `TOOL=always|required|after:DURATION`, repeatable; see Tasks above [MCP_OUTBOX_TASKS]")
+	retentionFlag(fs, &cfg.retentions)
 	return nil
+}
+
+// keyRetention is the layer's Options.KeyRetention: --calls-ttl, or its
+// default for 0.
+func (cfg *appConfig) keyRetention() time.Duration {
+	if cfg.retention.Calls > 0 {
+		return cfg.retention.Calls
+	}
+	return outbox.DefaultKeyRetention
 }
 
 // openStore opens what every server command needs: the database, the
@@ -245,7 +256,20 @@ func openApp(ctx context.Context, env *environment, cfg *appConfig) (*app, error
 		a.Close()
 		return nil, err
 	}
-	lopts := &ledger.Options{Delay: cfg.demoDelay, Tasks: tasks}
+	retention, err := parseRetention(env, cfg.retentions, cfg.keyRetention(), func(item, tool string) error {
+		switch tool {
+		case "charge", "refund":
+			return nil
+		case "balance":
+			return usagef("--retention %q: balance is read-only, so its calls are never recorded", item)
+		}
+		return usagef("--retention %q: no tool %q (charge or refund)", item, tool)
+	})
+	if err != nil {
+		a.Close()
+		return nil, err
+	}
+	lopts := &ledger.Options{Delay: cfg.demoDelay, Tasks: tasks, Retention: retention}
 	if a.layer == nil {
 		a.server = mcp.NewServer(impl, sopts)
 		ledger.RegisterBare(a.db, a.server, lopts)
