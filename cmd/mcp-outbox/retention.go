@@ -38,9 +38,10 @@ func retentionFlag(fs *flag.FlagSet, values *[]string) {
 // cannot record, keyDefault is --calls-ttl (Options.KeyRetention).
 // It refuses what outbox.AddTool would, in the flag's own terms.
 func parseRetention(env *environment, values []string, keyDefault time.Duration, check func(item, tool string) error) (map[string]outbox.ToolRetention, error) {
+	name := "--retention" // what the errors name
 	if len(values) == 0 { // a flag wins over the environment
 		if v := env.envDefault("MCP_OUTBOX_RETENTION", ""); v != "" {
-			values = []string{v}
+			values, name = []string{v}, "MCP_OUTBOX_RETENTION"
 		}
 	}
 	out := map[string]outbox.ToolRetention{}
@@ -54,7 +55,7 @@ func parseRetention(env *environment, values []string, keyDefault time.Duration,
 			}
 			tool, value, ok := strings.Cut(item, "=")
 			if !ok || tool == "" || value == "" {
-				return nil, usagef("--retention %q: want TOOL=DURATION, TOOL=key:DURATION or TOOL=outcome:DURATION", item)
+				return nil, usagef("%s %q: want TOOL=DURATION, TOOL=key:DURATION or TOOL=outcome:DURATION", name, item)
 			}
 			if err := check(item, tool); err != nil {
 				return nil, err
@@ -62,13 +63,13 @@ func parseRetention(env *environment, values []string, keyDefault time.Duration,
 			parts := []string{"key", "outcome"}
 			if p, d, ok := strings.Cut(value, ":"); ok {
 				if p != "key" && p != "outcome" {
-					return nil, usagef("--retention %q: %q is not key: or outcome:", item, p+":")
+					return nil, usagef("%s %q: %q is not key: or outcome:", name, item, p+":")
 				}
 				parts, value = []string{p}, d
 			}
 			d, err := time.ParseDuration(value)
 			if err != nil || d <= 0 {
-				return nil, usagef("--retention %q: %q is not a positive duration such as 90m or 24h", item, value)
+				return nil, usagef("%s %q: %q is not a positive duration such as 90m or 24h", name, item, value)
 			}
 			if given[tool] == nil {
 				given[tool] = map[string]bool{}
@@ -76,7 +77,7 @@ func parseRetention(env *environment, values []string, keyDefault time.Duration,
 			r := out[tool]
 			for _, p := range parts {
 				if given[tool][p] {
-					return nil, usagef("--retention: the %s time of %s given twice", p, tool)
+					return nil, usagef("%s: the %s time of %s given twice", name, p, tool)
 				}
 				given[tool][p] = true
 				if p == "key" {
@@ -94,9 +95,9 @@ func parseRetention(env *environment, values []string, keyDefault time.Duration,
 			key, from = keyDefault, "--calls-ttl"
 		}
 		if r.Outcome > 0 && r.Outcome < key {
-			return nil, usagef("--retention: %s's outcome:%s is shorter than its key's time %s (%s), "+
+			return nil, usagef("%s: %s's outcome:%s is shorter than its key's time %s (%s), "+
 				"and a record is kept while its key replays it; give %s=key:%s too, or %s=%s for both",
-				tool, r.Outcome, key, from, tool, r.Outcome, tool, r.Outcome)
+				name, tool, r.Outcome, key, from, tool, r.Outcome, tool, r.Outcome)
 		}
 	}
 	return out, nil

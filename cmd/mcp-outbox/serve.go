@@ -69,6 +69,8 @@ type appConfig struct {
 	demoDelay    time.Duration
 	tasks        []string // --task TOOL=MODE (serve_tasks.go)
 	retentions   []string // --retention TOOL=DURATION (retention.go)
+	// toolRetention is retentions parsed, by tool (parseLedgerRetention).
+	toolRetention map[string]outbox.ToolRetention
 	fingerprint  time.Duration
 	inFlightWait time.Duration
 	lease        time.Duration
@@ -235,6 +237,23 @@ func openStore(ctx context.Context, env *environment, cfg *appConfig) (*app, err
 	return a, nil
 }
 
+// parseLedgerRetention parses --retention for the ledger's tools into
+// cfg.toolRetention; it runs before the database is opened, so that a
+// typo creates no file.
+func (cfg *appConfig) parseLedgerRetention(env *environment) error {
+	r, err := parseRetention(env, cfg.retentions, cfg.keyRetention(), func(item, tool string) error {
+		switch tool {
+		case "charge", "refund":
+			return nil
+		case "balance":
+			return usagef("--retention %q: balance is read-only, so its calls are never recorded", item)
+		}
+		return usagef("--retention %q: no tool %q (charge or refund)", item, tool)
+	})
+	cfg.toolRetention = r
+	return err
+}
+
 // openApp opens the example ledger server.
 func openApp(ctx context.Context, env *environment, cfg *appConfig) (*app, error) {
 	a, err := openStore(ctx, env, cfg)
@@ -256,20 +275,7 @@ func openApp(ctx context.Context, env *environment, cfg *appConfig) (*app, error
 		a.Close()
 		return nil, err
 	}
-	retention, err := parseRetention(env, cfg.retentions, cfg.keyRetention(), func(item, tool string) error {
-		switch tool {
-		case "charge", "refund":
-			return nil
-		case "balance":
-			return usagef("--retention %q: balance is read-only, so its calls are never recorded", item)
-		}
-		return usagef("--retention %q: no tool %q (charge or refund)", item, tool)
-	})
-	if err != nil {
-		a.Close()
-		return nil, err
-	}
-	lopts := &ledger.Options{Delay: cfg.demoDelay, Tasks: tasks, Retention: retention}
+	lopts := &ledger.Options{Delay: cfg.demoDelay, Tasks: tasks, Retention: cfg.toolRetention}
 	if a.layer == nil {
 		a.server = mcp.NewServer(impl, sopts)
 		ledger.RegisterBare(a.db, a.server, lopts)
@@ -305,6 +311,9 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 	}
 	if fs.NArg() > 0 {
 		return usagef("unexpected argument %q", fs.Arg(0))
+	}
+	if err := cfg.parseLedgerRetention(env); err != nil {
+		return err
 	}
 	if err := ac.prepareHTTP(env, *httpAddr); err != nil {
 		return err
