@@ -69,8 +69,6 @@ type appConfig struct {
 	demoDelay    time.Duration
 	tasks        []string // --task TOOL=MODE (serve_tasks.go)
 	retentions   []string // --retention TOOL=DURATION (retention.go)
-	// toolRetention is retentions parsed, by tool (parseLedgerRetention).
-	toolRetention map[string]outbox.ToolRetention
 	fingerprint  time.Duration
 	inFlightWait time.Duration
 	lease        time.Duration
@@ -85,6 +83,8 @@ type appConfig struct {
 	// service names the process in its traces (tracing.go); "" traces
 	// nothing (commands other than serve and proxy).
 	service string
+	// toolRetention is retentions parsed, by tool (parseLedgerRetention).
+	toolRetention map[string]outbox.ToolRetention
 }
 
 // app is a running example server: database, layer and MCP server.
