@@ -18,7 +18,8 @@ import (
 // the calls made after.
 type ToolRetention struct {
 	// Key is how long a client's idempotency key names a call of the
-	// tool: a retry with the same key within it replays the call's
+	// tool, counted from the call's completion (from its claim while it
+	// runs): a retry with the same key within it replays the call's
 	// outcome, a retry after it runs the call again, as a new call.
 	// call_status reports the end of it as expiresAt, and answers
 	// not_found after it. Zero means [Options.KeyRetention]. A call made
