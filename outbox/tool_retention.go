@@ -10,7 +10,10 @@ import (
 // sets idempotency retention per handler: a payment tool may keep its keys
 // for the 24 hours Stripe promises, a tool whose results hold personal data
 // may keep its records for an hour only. The zero value of each field keeps
-// the default documented on it.
+// the default documented on it. The two are separate: a short Key alone
+// makes retries run again sooner but leaves the row, with its result, for
+// the purge's Retention.Calls (a day by default); to keep a result only an
+// hour, set both to an hour.
 //
 // Each call's row carries the values its tool had when the call was
 // claimed (calls.expires_at and calls.retain_ms), so the purge honours
