@@ -69,9 +69,9 @@ type TaskOptions struct {
 	PollInterval time.Duration
 	// TTL is the ttlMs told to clients: how long a finished task is kept,
 	// and the call's record with it. Zero means the call's key retention
-	// (Options.KeyRetention for a client's key, the fingerprint window for
-	// a call made without one), so a task lives exactly as long as the key
-	// that finds it again.
+	// (ToolRetention.Key, else Options.KeyRetention, for a client's key;
+	// the fingerprint window for a call made without one), so a task lives
+	// exactly as long as the key that finds it again.
 	TTL time.Duration
 }
 

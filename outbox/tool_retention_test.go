@@ -9,6 +9,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
 	"github.com/mcp-outbox/mcp-outbox/internal/outboxtest"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
@@ -171,4 +172,23 @@ func TestToolRetention_Refused(t *testing.T) {
 	s := l.NewServer(&mcp.Implementation{Name: "test", Version: "v0"}, nil)
 	addCounted(l, s, &runCounter{n: map[string]int{}}, "shorter", &outbox.ToolOptions{Retention: outbox.ToolRetention{Key: time.Hour, Outcome: time.Hour}})
 	addCounted(l, s, &runCounter{n: map[string]int{}}, "longer", &outbox.ToolOptions{Retention: outbox.ToolRetention{Outcome: 30 * 24 * time.Hour}})
+}
+
+// TestToolRetention_TaskTTL: a task's ttlMs, when its tool sets no TTL, is
+// the tool's own key window, so the task lives as long as the key that
+// finds it again.
+func TestToolRetention_TaskTTL(t *testing.T) {
+	t.Parallel()
+	b := setupOn(t, mustLedger(t, openDB(t)), nil, &ledger.Options{
+		Tasks:     map[string]outbox.TaskOptions{"charge": {Mode: outbox.TasksAlways}},
+		Retention: map[string]outbox.ToolRetention{"charge": {Key: 90 * time.Minute}},
+	})
+	p := stdioPeer(t, b.server)
+	created := result(t, p.charge(true, "task-ttl", 700))
+	if got, want := created["ttlMs"], float64((90 * time.Minute).Milliseconds()); got != want {
+		t.Errorf("ttlMs %v, want the tool's key window %v", got, want)
+	}
+	if id, _ := created["taskId"].(string); id != "" {
+		p.waitTask(id)
+	}
 }
