@@ -94,7 +94,8 @@ type attempt struct {
 func (a *attempt) recorded() bool { return a.tool.record && a.id.source != "" }
 
 // retention is how long the call's key names it: the tool's fingerprint
-// window for a derived key, the layer's key retention for a client's key.
+// window for a derived key, the tool's key retention or else the layer's
+// for a client's key.
 func (a *attempt) retention() time.Duration {
 	d := a.layer.opts.KeyRetention
 	switch {
@@ -102,6 +103,8 @@ func (a *attempt) retention() time.Duration {
 		d = a.task.opts.TTL
 	case a.id.source == callkey.SourceFingerprint:
 		d = a.tool.window
+	case a.tool.keyRetention > 0:
+		d = a.tool.keyRetention
 	}
 	if a.task != nil && a.task.ttl > 0 {
 		return grantTTL(a.task.ttl, d)

@@ -61,8 +61,8 @@ SELECT id, uid, tool, args_hash, state, owner, lease_until, result, created_at, 
 FROM calls WHERE principal = $1 AND key = $2`
 
 const insertCall = `
-INSERT INTO calls (uid, principal, key, key_source, tool, args_hash, state, owner, lease_until, created_at, expires_at, on_lost, tool_call_id)
-VALUES ($1, $2, $3, $4, $5, $6, 'in_flight', $7, $8, $9, $10, $11, $12)
+INSERT INTO calls (uid, principal, key, key_source, tool, args_hash, state, owner, lease_until, created_at, expires_at, on_lost, tool_call_id, retain_ms)
+VALUES ($1, $2, $3, $4, $5, $6, 'in_flight', $7, $8, $9, $10, $11, $12, $13)
 RETURNING id`
 
 const deleteExpiredCall = `
@@ -214,7 +214,7 @@ func (l *Layer) claimOnce(ctx context.Context, u *unit, a *attempt) (claimResult
 	if !found {
 		err := u.queryRow(insertCall, a.uid, a.id.principal, a.id.key, string(a.id.source),
 			a.tool.name, a.id.argsHash, a.owner, now+l.opts.Lease.Milliseconds(), now, now+a.retention().Milliseconds(),
-			a.tool.onLostPolicy(), a.toolCallID).Scan(&a.callID)
+			a.tool.onLostPolicy(), a.toolCallID, a.tool.retainMS()).Scan(&a.callID)
 		if schema.PgCode(err) == schema.PgUniqueViolation {
 			return claimResult{}, errClaimRaced
 		}

@@ -30,8 +30,8 @@ import (
 // it too, since WAL is flushed in order).
 const claimOneTripPostgres = `
 WITH ins AS (
-  INSERT INTO calls (uid, principal, key, key_source, tool, args_hash, state, owner, lease_until, created_at, expires_at, on_lost, tool_call_id)
-  SELECT $1::text, $2::text, $3::text, $4::text, $5::text, $6::text, 'in_flight', $7::text, $8::bigint, $9::bigint, $10::bigint, $11::text, $12::text
+  INSERT INTO calls (uid, principal, key, key_source, tool, args_hash, state, owner, lease_until, created_at, expires_at, on_lost, tool_call_id, retain_ms)
+  SELECT $1::text, $2::text, $3::text, $4::text, $5::text, $6::text, 'in_flight', $7::text, $8::bigint, $9::bigint, $10::bigint, $11::text, $12::text, $14::bigint
   FROM (SELECT set_config('synchronous_commit', CASE WHEN $13::boolean THEN current_setting('synchronous_commit') ELSE 'off' END, true)) AS durability
   ON CONFLICT (principal, key) DO NOTHING
   RETURNING id)
@@ -63,7 +63,7 @@ func (l *Layer) claimOneTrip(ctx context.Context, a *attempt, durable bool) (res
 		err := l.db.Write.QueryRowContext(ctx, claimOneTripPostgres,
 			a.uid, a.id.principal, a.id.key, string(a.id.source), a.tool.name, a.id.argsHash, a.owner,
 			now+l.opts.Lease.Milliseconds(), now, now+a.retention().Milliseconds(), a.tool.onLostPolicy(), a.toolCallID,
-			durable).Scan(&fresh,
+			durable, a.tool.retainMS()).Scan(&fresh,
 			&r.id, &r.uid, &r.tool, &r.argsHash, &r.state, &r.owner, &r.leaseUntil,
 			&r.result, &r.createdAt, &r.completedAt, &r.expiresAt, &r.onLost, &r.taskID)
 		if errors.Is(err, sql.ErrNoRows) {

@@ -360,7 +360,9 @@
 // ([DefaultDeliveredRetention], [DefaultCancelledRetention]). Dead and
 // unknown effects, and calls in state unknown, are never purged: they wait
 // for an operator. [StartOptions.Retention] and [StartOptions.ReapInterval]
-// change it; [ReaperOff] leaves purging to something else (admin.Purge,
+// change it, and a tool's own [ToolOptions.Retention] (Restate's
+// per-handler retention) keeps its keys and its calls for other times than
+// the layer's; [ReaperOff] leaves purging to something else (admin.Purge,
 // or mcp-outbox purge). On PostgreSQL every replica runs a reaper; their
 // batches do not collide.
 //

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -50,7 +51,8 @@ type remoteLayer struct{ l *Layer }
 
 func (r remoteLayer) Tool(name string, t *mcp.Tool, opts remote.Options) remote.Tool {
 	l := r.l
-	info := &toolInfo{name: name, record: true, window: l.opts.FingerprintWindow, sharedClaim: true}
+	info := &toolInfo{name: name, record: true, window: l.opts.FingerprintWindow, sharedClaim: true,
+		keyRetention: opts.KeyRetention, outcomeRetention: opts.OutcomeRetention}
 	if t != nil {
 		info.annotations = annotationsOf(t.Annotations)
 		if a := t.Annotations; a != nil && (a.ReadOnlyHint || (a.IdempotentHint && !l.opts.RecordIdempotent)) {
@@ -77,6 +79,10 @@ func (r remoteLayer) Tool(name string, t *mcp.Tool, opts remote.Options) remote.
 		rt.enableTasks(opts.Tasks, opts.Stored)
 	}
 	return rt
+}
+
+func (r remoteLayer) CheckRetention(key, outcome time.Duration) error {
+	return ToolRetention{Key: key, Outcome: outcome}.check(r.l.opts.KeyRetention)
 }
 
 func (r remoteLayer) StartToolCallSpan(ctx context.Context, req *mcp.CallToolRequest, describe func() remote.RequestInfo) (_ context.Context, end func(*mcp.CallToolResult, error)) {

@@ -38,7 +38,8 @@ const (
 //
 //   - A call row in state completed or failed, once its key has expired
 //     (expires_at, when a retry would run the call again anyway) and Calls
-//     has passed since it completed, and only when none of its effects is
+//     has passed since it completed (its tool's [ToolRetention.Outcome]
+//     instead, when the tool has one), and only when none of its effects is
 //     pending, in_flight, dead or unknown: an operator settling an
 //     effect can still see which call it belongs to. Retention can never
 //     make a key be forgotten earlier than the layer promises.
@@ -65,8 +66,9 @@ const (
 // pending, in_flight, dead and unknown effects, which still need a
 // dispatcher or an operator.
 type Retention struct {
-	// Calls is the least time a call row is kept after its completion;
-	// zero means DefaultCallRetention.
+	// Calls is the least time a call row is kept after its completion,
+	// for the calls of tools without a ToolRetention.Outcome of their
+	// own; zero means DefaultCallRetention.
 	Calls time.Duration
 	// Delivered is how long a delivered effect is kept; zero means
 	// DefaultDeliveredRetention.

@@ -82,9 +82,9 @@ type TaskOptions struct {
 	PollInterval time.Duration
 	// TTL is the ttlMs told to clients: how long a finished task is kept,
 	// and the call's record with it. Zero means the call's key retention
-	// (Options.KeyRetention for a client's key, the fingerprint window for
-	// a call made without one), so a task lives exactly as long as the key
-	// that finds it again.
+	// (ToolRetention.Key, else Options.KeyRetention, for a client's key;
+	// the fingerprint window for a call made without one), so a task lives
+	// exactly as long as the key that finds it again.
 	// A client of the 2025-11-25 generation may ask for a shorter ttl
 	// (params.task.ttl): it gets it, though never less than MinTaskTTL,
 	// and the answered ttl says what it got. The 2026-07-28 extension

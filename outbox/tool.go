@@ -52,6 +52,9 @@ type ToolOptions struct {
 	// Tasks say when a call becomes a task (see "Tasks" in the package
 	// doc); the zero value never makes one.
 	Tasks TaskOptions
+	// Retention overrides how long this tool's calls are remembered and
+	// kept; the zero value keeps the layer's and the reaper's.
+	Retention ToolRetention
 }
 
 type toolInfo struct {
@@ -82,6 +85,12 @@ type toolInfo struct {
 	onCancel CancelPolicy
 	// tasks: when a call becomes a task, with defaults applied.
 	tasks TaskOptions
+	// keyRetention: how long a client's key names a call of the tool;
+	// zero means the layer's Options.KeyRetention.
+	keyRetention time.Duration
+	// outcomeRetention: the least time a completed call's row is kept
+	// (calls.retain_ms); zero leaves it to the purge's Retention.Calls.
+	outcomeRetention time.Duration
 	// runStored runs the handler for a task, from the request or from
 	// params stored in the task's row, without the SDK: it validates the
 	// arguments against the input schema, decodes them into In, and calls
@@ -137,8 +146,12 @@ func AddTool[In, Out any](l *Layer, s *mcp.Server, t *mcp.Tool, h HandlerFor[In,
 	if !o.Tasks.Mode.valid() {
 		panic(fmt.Sprintf("outbox.AddTool %q: ToolOptions.Tasks.Mode is %d, not a TaskMode", t.Name, int(o.Tasks.Mode)))
 	}
+	if err := o.Retention.check(l.opts.KeyRetention); err != nil {
+		panic(fmt.Sprintf("outbox.AddTool %q: ToolOptions: %v", t.Name, err))
+	}
 	info := &toolInfo{name: t.Name, record: true, window: l.opts.FingerprintWindow, annotations: annotationsOf(t.Annotations),
-		floatArgs: true, onCancel: o.OnCancel, tasks: o.Tasks.withDefaults()}
+		floatArgs: true, onCancel: o.OnCancel, tasks: o.Tasks.withDefaults(),
+		keyRetention: o.Retention.Key, outcomeRetention: o.Retention.Outcome}
 	if o.FingerprintWindow != 0 {
 		info.window = o.FingerprintWindow
 	}

@@ -161,6 +161,18 @@ func TestCLIBadServeConfig(t *testing.T) {
 		{"log format env", nil, map[string]string{"MCP_OUTBOX_LOG_FORMAT": "xml"}, `log format "xml"`},
 		{"http address", []string{"--http", "nonsense"}, nil, `--http "nonsense": want HOST:PORT`},
 		{"argument", []string{"extra"}, nil, `unexpected argument "extra"`},
+		{"retention without tool", []string{"--retention", "24h"}, nil, `--retention "24h": want TOOL=DURATION`},
+		{"retention not a duration", []string{"--retention", "charge=daily"}, nil, `--retention "charge=daily": "daily" is not a positive duration`},
+		{"retention negative", []string{"--retention", "charge=key:-1h"}, nil, `"-1h" is not a positive duration`},
+		{"retention bad part", []string{"--retention", "charge=keys:1h"}, nil, `"keys:" is not key: or outcome:`},
+		{"retention unknown tool", []string{"--retention", "chrage=1h"}, nil, `no tool "chrage" (charge or refund)`},
+		{"retention read-only tool", []string{"--retention", "balance=1h"}, nil, `balance is read-only`},
+		{"retention twice", []string{"--retention", "charge=1h", "--retention", "charge=outcome:2h"}, nil, `the outcome time of charge given twice`},
+		{"retention outcome shorter than key", []string{"--retention", "charge=outcome:1h"}, nil,
+			`charge's outcome:1h0m0s is shorter than its key's time 24h0m0s (--calls-ttl)`},
+		{"retention outcome shorter than calls-ttl", []string{"--calls-ttl", "48h", "--retention", "charge=outcome:30h"}, nil,
+			`shorter than its key's time 48h0m0s (--calls-ttl)`},
+		{"retention env", nil, map[string]string{"MCP_OUTBOX_RETENTION": "charge=1h,refund=soon"}, `MCP_OUTBOX_RETENTION "refund=soon"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -50,6 +50,7 @@ Tools annotated readOnlyHint or idempotentHint pass through unrecorded.
 Runs with GOGC=400 unless GOGC is set, as serve does.
 
 ` + proxyTasksHelp + `
+` + retentionHelp + `
 
 Every flag can also be set in the environment (shown in brackets); a flag wins.
 
@@ -73,6 +74,8 @@ func runProxy(ctx context.Context, env *environment, args []string) error {
 	if err := bounds.flags(env, fs); err != nil {
 		return err
 	}
+	var retentionValues []string
+	retentionFlag(fs, &retentionValues)
 	var ac authConfig
 	ac.flags(env, fs)
 	if err := parseFlags(fs, args); err != nil {
@@ -87,6 +90,15 @@ func runProxy(ctx context.Context, env *environment, args []string) error {
 	tasks, err := parseTaskFlags(taskValues, func(item, tool string) error {
 		if tool == outbox.StatusToolName {
 			return usagef("--task %q: %s is the proxy's own read-only tool", item, tool)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	retention, err := parseRetention(env, retentionValues, cfg.keyRetention(), func(item, tool string) error {
+		if tool == outbox.StatusToolName {
+			return usagef("--retention %q: %s is the proxy's own read-only tool", item, tool)
 		}
 		return nil
 	})
@@ -127,7 +139,8 @@ func runProxy(ctx context.Context, env *environment, args []string) error {
 	if h, ok := upstream.(*sidecar.HTTP); ok {
 		h.Logger = a.logger // its standalone SSE stream's warnings
 	}
-	popts := sidecar.Options{Layer: a.layer, Upstream: upstream, Cooperating: *cooperating, Logger: a.logger, Tasks: tasks}
+	popts := sidecar.Options{Layer: a.layer, Upstream: upstream, Cooperating: *cooperating, Logger: a.logger, Tasks: tasks,
+		Retention: retention}
 	bounds.apply(&popts)
 	p, err := sidecar.New(popts)
 	if err != nil {

@@ -17,7 +17,9 @@ not grow without bound, and prints how many:
 
   calls              completed or failed calls whose key has expired (a
                      retry would run them again anyway) and that completed
-                     longer than --calls-ttl ago, unless one of their effects
+                     longer than --calls-ttl ago (or their tool's own outcome
+                     time, serve --retention TOOL=outcome:DURATION, when the
+                     call was made with one), unless one of their effects
                      is still pending, in flight, dead or unknown
   delivered effects  delivered longer than --delivered-ttl ago
   cancelled effects  cancelled longer than --cancelled-ttl ago

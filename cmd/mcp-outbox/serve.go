@@ -54,7 +54,7 @@ Every 10 minutes it purges expired calls and old delivered effects (see
 
 Every flag can also be set in the environment (shown in brackets); a flag wins.
 
-` + destconfig.Help + "\n" + tasksHelp + "\n" + authHelp + "\n" + tracingHelp
+` + destconfig.Help + "\n" + tasksHelp + "\n" + retentionHelp + "\n" + authHelp + "\n" + tracingHelp
 
 // Service names in traces, unless OTEL_SERVICE_NAME says otherwise.
 const (
@@ -72,6 +72,7 @@ type appConfig struct {
 	demoDelay    time.Duration
 	tasks        []string // --task TOOL=MODE (serve_tasks.go)
 	taskPoll     time.Duration
+	retentions   []string // --retention TOOL=DURATION (retention.go)
 	fingerprint  time.Duration
 	inFlightWait time.Duration
 	lease        time.Duration
@@ -90,6 +91,8 @@ type appConfig struct {
 	// dbWaiting, if set, runs once when the database is found
 	// unavailable at start and openStore begins to wait for it.
 	dbWaiting func()
+	// toolRetention is retentions parsed, by tool (parseLedgerRetention).
+	toolRetention map[string]outbox.ToolRetention
 }
 
 // app is a running example server: database, layer and MCP server.
@@ -173,7 +176,17 @@ func (cfg *appConfig) ledgerFlags(env *environment, fs *flag.FlagSet) error {
 	fs.BoolVar(&cfg.bare, "bare", false, "run the ledger WITHOUT the outbox layer: every retry charges again (for demonstrations)")
 	fs.Var((*multiFlag)(&cfg.tasks), "task", "make calls of a tool MCP tasks: `TOOL=always|required|after:DURATION`, repeatable; see Tasks above [MCP_OUTBOX_TASKS]")
 	fs.DurationVar(&cfg.taskPoll, "task-poll", outbox.DefaultTaskPollInterval, "how often Tasks clients are told to poll a task (pollIntervalMs)")
+	retentionFlag(fs, &cfg.retentions)
 	return nil
+}
+
+// keyRetention is the layer's Options.KeyRetention: --calls-ttl, or its
+// default for 0.
+func (cfg *appConfig) keyRetention() time.Duration {
+	if cfg.retention.Calls > 0 {
+		return cfg.retention.Calls
+	}
+	return outbox.DefaultKeyRetention
 }
 
 // openStore opens what every server command needs: the database, the
@@ -238,6 +251,23 @@ func openStore(ctx context.Context, env *environment, cfg *appConfig) (*app, err
 	return a, nil
 }
 
+// parseLedgerRetention parses --retention for the ledger's tools into
+// cfg.toolRetention; it runs before the database is opened, so that a
+// typo creates no file.
+func (cfg *appConfig) parseLedgerRetention(env *environment) error {
+	r, err := parseRetention(env, cfg.retentions, cfg.keyRetention(), func(item, tool string) error {
+		switch tool {
+		case "charge", "refund":
+			return nil
+		case "balance":
+			return usagef("--retention %q: balance is read-only, so its calls are never recorded", item)
+		}
+		return usagef("--retention %q: no tool %q (charge or refund)", item, tool)
+	})
+	cfg.toolRetention = r
+	return err
+}
+
 // openApp opens the example ledger server.
 func openApp(ctx context.Context, env *environment, cfg *appConfig) (*app, error) {
 	a, err := openStore(ctx, env, cfg)
@@ -267,7 +297,7 @@ func openApp(ctx context.Context, env *environment, cfg *appConfig) (*app, error
 		o.PollInterval = cfg.taskPoll
 		tasks[tool] = o
 	}
-	lopts := &ledger.Options{Delay: cfg.demoDelay, Tasks: tasks}
+	lopts := &ledger.Options{Delay: cfg.demoDelay, Tasks: tasks, Retention: cfg.toolRetention}
 	if a.layer == nil {
 		a.server = mcp.NewServer(impl, sopts)
 		ledger.RegisterBare(a.db, a.server, lopts)
@@ -303,6 +333,9 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 	}
 	if fs.NArg() > 0 {
 		return usagef("unexpected argument %q", fs.Arg(0))
+	}
+	if err := cfg.parseLedgerRetention(env); err != nil {
+		return err
 	}
 	if err := ac.prepareHTTP(env, *httpAddr); err != nil {
 		return err

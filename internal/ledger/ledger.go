@@ -53,6 +53,9 @@ type Options struct {
 	Delay time.Duration
 	// Tasks are the task options of each tool, by name (outbox.ToolOptions.Tasks).
 	Tasks map[string]outbox.TaskOptions
+	// Retention are the retentions of each tool, by name
+	// (outbox.ToolOptions.Retention).
+	Retention map[string]outbox.ToolRetention
 	// Gate, if not nil, runs at the start of charge, before its first
 	// statement; an error it returns is charge's. Tests hold a call there.
 	Gate func(context.Context) error
@@ -143,7 +146,7 @@ func chargeSchema() json.RawMessage {
 func Register(l *outbox.Layer, s *mcp.Server, opts *Options) {
 	h := handlers{opts: optsOf(opts)}
 	topts := func(name string) *outbox.ToolOptions {
-		return &outbox.ToolOptions{Tasks: h.opts.Tasks[name]}
+		return &outbox.ToolOptions{Tasks: h.opts.Tasks[name], Retention: h.opts.Retention[name]}
 	}
 	outbox.AddTool(l, s, ChargeTool, h.charge, topts(ChargeTool.Name))
 	outbox.AddTool(l, s, RefundTool, h.refund, topts(RefundTool.Name))

@@ -3,6 +3,7 @@ package sidecar
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"sync"
@@ -81,6 +82,11 @@ type Options struct {
 	// answers tasks/get, tasks/update and tasks/cancel from the database.
 	// Call [Proxy.Close] when done.
 	Tasks map[string]outbox.TaskOptions
+	// Retention overrides, by tool name, how long the named tools' calls
+	// are remembered and kept (outbox.ToolRetention); tools not named keep
+	// the layer's and the purge's defaults. New refuses a retention that
+	// outbox.AddTool would.
+	Retention map[string]outbox.ToolRetention
 }
 
 // A Proxy serves client connections, each with its own upstream connection.
@@ -140,6 +146,11 @@ func New(opts Options) (*Proxy, error) {
 		}
 	}
 	layer := remote.Of(opts.Layer)
+	for name, r := range opts.Retention {
+		if err := layer.CheckRetention(r.Key, r.Outcome); err != nil {
+			return nil, fmt.Errorf("proxy: tool %q: %w", name, err)
+		}
+	}
 	p := &Proxy{opts: opts, layer: layer, logger: logger.With("subsystem", "proxy"), tools: map[string]remote.Tool{},
 		tracer: layer.TracerProvider().Tracer(tracerName), serving: serving{ended: make(chan struct{})}}
 	// The task runner of the layer's Start looks for the tools of tasks
@@ -181,6 +192,9 @@ func (p *Proxy) learnTools(tools []*mcp.Tool) {
 
 func (p *Proxy) remoteOptions(name string) remote.Options {
 	o := remote.Options{Cooperating: p.opts.Cooperating}
+	if r, ok := p.opts.Retention[name]; ok {
+		o.KeyRetention, o.OutcomeRetention = r.Key, r.Outcome
+	}
 	if t, ok := p.opts.Tasks[name]; ok {
 		o.Tasks = remote.TaskOptions{Mode: int(t.Mode), After: t.After, PollInterval: t.PollInterval, TTL: t.TTL}
 		o.Stored = p.forwardStored

@@ -62,6 +62,10 @@ type Options struct {
 	// not a client's (the task outlives the request, its session, and on
 	// recovery its process). Required for Tasks to take effect.
 	Stored func(ctx context.Context, params json.RawMessage, claim *Claim) (*mcp.CallToolResult, error)
+	// KeyRetention and OutcomeRetention are the tool's
+	// outbox.ToolRetention, which this package cannot name; zero keeps
+	// the defaults. Checked by Layer.CheckRetention.
+	KeyRetention, OutcomeRetention time.Duration
 }
 
 // TaskOptions are outbox.TaskOptions, which this package cannot name.
@@ -131,6 +135,11 @@ type Layer interface {
 	// unrecorded, everything else is recorded, the spec's default
 	// (destructive) included.
 	Tool(name string, t *mcp.Tool, opts Options) Tool
+
+	// CheckRetention says what is wrong with a tool's key and outcome
+	// retention (Options.KeyRetention, OutcomeRetention), as
+	// outbox.AddTool would, nil if nothing: Tool cannot refuse.
+	CheckRetention(key, outcome time.Duration) error
 
 	// StartToolCallSpan starts the SERVER span of a tools/call, with the
 	// same parent, links and attributes as the spans of a go-sdk server the

@@ -74,21 +74,25 @@ UPDATE calls SET state = 'unknown', owner = '', lease_until = 0 WHERE id IN (
     SELECT id FROM calls WHERE state = 'in_flight' AND on_lost = 'unknown' AND lease_until <= $1 LIMIT $2)`
 
 	// Calls in state unknown are never deleted: only an operator settles
-	// them. $1 is now, $2 the latest completion kept no longer.
+	// them. $1 is now, $2 the latest lease of an abandoned claim kept no
+	// longer, $3 the Calls age in ms: a call's own retain_ms (its tool's
+	// outcome retention) wins over it.
 	countCalls = `
 SELECT count(*) FROM calls c
-WHERE ((c.state IN ('completed', 'failed') AND c.expires_at <= $1 AND coalesce(c.completed_at, c.created_at) <= $2)
+WHERE ((c.state IN ('completed', 'failed') AND c.expires_at <= $1
+            AND coalesce(c.completed_at, c.created_at) + coalesce(c.retain_ms, $3) <= $1)
        OR (c.state = 'in_flight' AND c.on_lost = 'rerun' AND c.lease_until <= $2))
   AND NOT EXISTS (SELECT 1 FROM effects e
                   WHERE e.call_id = c.id AND e.state IN ('pending', 'in_flight', 'dead', 'unknown'))`
 	deleteCalls = `
 DELETE FROM calls WHERE id IN (
     SELECT c.id FROM calls c
-    WHERE ((c.state IN ('completed', 'failed') AND c.expires_at <= $1 AND coalesce(c.completed_at, c.created_at) <= $2)
+    WHERE ((c.state IN ('completed', 'failed') AND c.expires_at <= $1
+            AND coalesce(c.completed_at, c.created_at) + coalesce(c.retain_ms, $3) <= $1)
            OR (c.state = 'in_flight' AND c.on_lost = 'rerun' AND c.lease_until <= $2))
       AND NOT EXISTS (SELECT 1 FROM effects e
                       WHERE e.call_id = c.id AND e.state IN ('pending', 'in_flight', 'dead', 'unknown'))
-    LIMIT $3)`
+    LIMIT $4)`
 )
 
 // The purge statements on PostgreSQL, where every replica runs a reaper,
@@ -134,11 +138,12 @@ UPDATE calls SET state = 'unknown', owner = '', lease_until = 0 WHERE id IN (
 	// transaction and then finds the call gone, as if it had come later.
 	lockCallsPostgres = `
 SELECT c.id FROM calls c
-WHERE ((c.state IN ('completed', 'failed') AND c.expires_at <= $1 AND coalesce(c.completed_at, c.created_at) <= $2)
+WHERE ((c.state IN ('completed', 'failed') AND c.expires_at <= $1
+        AND coalesce(c.completed_at, c.created_at) + coalesce(c.retain_ms, $3) <= $1)
        OR (c.state = 'in_flight' AND c.on_lost = 'rerun' AND c.lease_until <= $2))
   AND NOT EXISTS (SELECT 1 FROM effects e
                   WHERE e.call_id = c.id AND e.state IN ('pending', 'in_flight', 'dead', 'unknown'))
-LIMIT $3
+LIMIT $4
 FOR UPDATE OF c SKIP LOCKED`
 	deleteLockedCallsPostgres = `
 DELETE FROM calls c WHERE c.id = ANY($1)
@@ -173,7 +178,7 @@ func Purge(ctx context.Context, db *schema.DB, r Ages, now time.Time, dryRun boo
 		{"abandoned claims of forwarded calls (marking them unknown)", countLost, db.Pick(markLost, markLostPostgres),
 			[]any{completedBefore}, &c.UnknownCalls},
 		{"expired calls", countCalls, db.Pick(deleteCalls, lockCallsPostgres),
-			[]any{nowMS, completedBefore}, &c.Calls},
+			[]any{nowMS, completedBefore, r.Calls.Milliseconds()}, &c.Calls},
 	}
 	for _, s := range steps {
 		if dryRun {
