@@ -206,3 +206,100 @@ func TestClaim_WriterBusyWaitBelowBusyTimeout(t *testing.T) {
 		t.Errorf("b answered after %v, want between its in-flight wait (%v) and busy_timeout (%v)", took, wait, busy)
 	}
 }
+
+// TestClaim_FirstStatementBusyRetries: a call in b whose claim has
+// committed reaches its handler's first statement while a's handler holds
+// the file's write lock past b's busy_timeout. The statement waits for the
+// lock, within the call's deadline, instead of failing the call with
+// not_recorded; once a commits, b's call runs and is recorded, once.
+func TestClaim_FirstStatementBusyRetries(t *testing.T) {
+	sqliteOnly(t, "SQLITE_BUSY: another process holds the file's write lock")
+	t.Parallel()
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "shared.db")
+	entered, gate := make(chan struct{}), make(chan struct{})
+	held, release := make(chan struct{}), make(chan struct{})
+	retrying := make(chan struct{})
+	var retryOnce, releaseOnce, gateOnce sync.Once
+	var ran atomic.Int64
+	hold := func(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolRequest, in struct{ N int }) (*mcp.CallToolResult, struct{ N int }, error) {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO held (n) VALUES ($1)`, in.N); err != nil {
+			return nil, in, err
+		}
+		close(held)
+		<-release
+		return nil, in, nil
+	}
+	gated := func(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolRequest, in struct{ N int }) (*mcp.CallToolResult, struct{ N int }, error) {
+		ran.Add(1)
+		close(entered)
+		<-gate
+		if _, err := tx.ExecContext(ctx, `INSERT INTO held (n) VALUES ($1)`, in.N); err != nil {
+			return nil, in, err
+		}
+		return nil, in, nil
+	}
+	var sessions []*mcp.ClientSession
+	for i, busy := range []time.Duration{5 * time.Second, 50 * time.Millisecond} {
+		db, err := schema.Open(ctx, path, &schema.Options{BusyTimeout: busy})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { db.Close() })
+		var logger *slog.Logger
+		if i == 0 {
+			if _, err := db.Write.Exec(`CREATE TABLE held (n INTEGER)`); err != nil {
+				t.Fatal(err)
+			}
+		} else {
+			logger = slog.New(&signalHandler{msg: "first statement retried", fire: func() { retryOnce.Do(func() { close(retrying) }) }})
+		}
+		l, err := outbox.New(db, &outbox.Options{Logger: logger})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := l.NewServer(&mcp.Implementation{Name: "test", Version: "v0"}, nil)
+		outbox.AddTool(l, s, &mcp.Tool{Name: "hold"}, hold, nil)
+		outbox.AddTool(l, s, &mcp.Tool{Name: "gated"}, gated, nil)
+		sessions = append(sessions, connect(t, s))
+	}
+	a, b := sessions[0], sessions[1]
+	// On a failure, let the handlers end before the sessions close (cleanups
+	// run last first), or the sessions' cleanup waits for ever.
+	t.Cleanup(func() { releaseOnce.Do(func() { close(release) }); gateOnce.Do(func() { close(gate) }) })
+
+	second := make(chan *mcp.CallToolResult, 1)
+	go func() {
+		res, err := callErr(ctx, b, "gated", "kb", map[string]any{"N": 2})
+		if err != nil {
+			res = &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: err.Error()}}}
+		}
+		second <- res
+	}()
+	<-entered // b's claim is made; its batch commits on its own (a waits for it)
+	first := make(chan *mcp.CallToolResult, 1)
+	go func() {
+		res, _ := callErr(ctx, a, "hold", "ka", map[string]any{"N": 1})
+		first <- res
+	}()
+	<-held // a's handler holds the write lock
+	gateOnce.Do(func() { close(gate) })
+	select {
+	case <-retrying:
+	case res := <-second:
+		t.Fatalf("b answered while a held the write lock: %v %s", res.Meta, text(res))
+	}
+	releaseOnce.Do(func() { close(release) })
+	if res := <-first; res == nil || res.IsError {
+		t.Fatalf("the call in a: %v", res)
+	}
+	if res := <-second; res.IsError {
+		t.Fatalf("the call in b: code %q, %s; want it run after a committed", errorCode(res), text(res))
+	}
+	if res := call(t, b, "gated", "kb", map[string]any{"N": 2}); res.IsError || callMeta(res)["replayed"] != true {
+		t.Fatalf("retry in b: %s, want the replay", text(res))
+	}
+	if n := ran.Load(); n != 1 {
+		t.Errorf("b's handler ran %d times, want 1", n)
+	}
+}

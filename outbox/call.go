@@ -67,6 +67,9 @@ type attempt struct {
 	fenced atomic.Bool
 	// claimed: the claim committed to its unit; callID is set.
 	claimed atomic.Bool
+	// claimedAt: when the claim was made, by the monotonic clock (see
+	// enterBusy); zero until then.
+	claimedAt time.Time
 
 	// task: the call runs as a task (task.go); nil for a plain call.
 	task *attemptTask

@@ -83,6 +83,7 @@ func (l *Layer) acquire(ctx context.Context, a *attempt) *mcp.CallToolResult {
 		}
 		switch c.kind {
 		case claimed:
+			a.claimedAt = time.Now()
 			a.claimed.Store(true)
 			return nil
 		case finished:

@@ -393,11 +393,16 @@
 //     if nobody took the call over; and one whose call was taken over
 //     fails the fence. So a paused replica that resumes never commits a
 //     call another replica ran.
-//   - Clocks. Leases are written in the replicas' own clocks, so they need
-//     clocks in step to well within a lease (NTP does this). A clock that
-//     is off changes only when a takeover happens, never whether two
-//     attempts can both commit: that is decided by the owner in the row,
-//     under its lock.
+//   - Clocks. Leases, due times and expiries are written and judged in
+//     the database server's clock, not the replicas': a layer and a
+//     dispatcher sample PostgreSQL's clock_timestamp() when they start
+//     (and every few minutes after) and count from it by the process's
+//     monotonic clock. So a replica whose clock is minutes off neither
+//     takes a live claim over early nor waits past an abandoned one, and
+//     a step of a machine's wall clock changes nothing. Even a clock that
+//     is wrong would change only when a takeover happens, never whether
+//     two attempts can both commit: that is decided by the owner in the
+//     row, under its lock.
 //   - Waiting. A duplicate on another replica cannot be woken by the
 //     original: it polls the row with backoff, as one in another process
 //     does on SQLite.

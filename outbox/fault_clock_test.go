@@ -155,3 +155,92 @@ func TestFault_ClockKeysAndRetention(t *testing.T) {
 		t.Errorf("keyed call within its retention: %v %s", r.Meta, text(r))
 	}
 }
+
+// TestFault_SkewedReplicaClocksPostgres: replicas whose clocks are two
+// minutes off the database server's, with a lease shorter than that. Leases
+// are written and judged in the server's clock, so a replica ahead does not
+// take over a live claim early, and one behind does not wait two minutes
+// past an abandoned claim's lease before taking it over.
+func TestFault_SkewedReplicaClocksPostgres(t *testing.T) {
+	postgresOnly(t)
+	t.Parallel()
+	skewed := func(d time.Duration) func() time.Time { return func() time.Time { return time.Now().Add(d) } }
+
+	t.Run("AheadDoesNotReclaimEarly", func(t *testing.T) {
+		t.Parallel()
+		db := openDB(t)
+		a := setupOn(t, db, &outbox.Options{Lease: time.Minute}, nil)
+		b := setupOn(t, db, &outbox.Options{Lease: time.Minute, InFlightWait: 50 * time.Millisecond, Now: skewed(2 * time.Minute)}, nil)
+		ga, gb := addGate(a.layer, a.server), addGate(b.layer, b.server)
+		close(gb.release)
+		t.Cleanup(func() { openGate(ga) }) // before the sessions close, should the test fail
+		resA := make(chan *mcp.CallToolResult, 1)
+		go func() {
+			r, _ := callErr(context.Background(), a.session, "gate", "ahead", map[string]any{"n": 1})
+			resA <- r
+		}()
+		<-ga.started // claimed, before its first statement
+		if r := call(t, b.session, "gate", "ahead", map[string]any{"n": 1}); errorCode(r) != "in_progress" {
+			t.Fatalf("B, two minutes ahead, during A's one-minute lease: %v %s; want in_progress", r.Meta, text(r))
+		}
+		openGate(ga)
+		if r := <-resA; r == nil || r.IsError {
+			t.Fatalf("A: %v", r)
+		}
+		if got := count(t, db.Read, `SELECT count(*) FROM charges`); got != 1 || gb.runs.Load() != 0 {
+			t.Errorf("charges = %d, B's runs = %d; want 1 and 0", got, gb.runs.Load())
+		}
+	})
+
+	t.Run("BehindDoesNotHoldLate", func(t *testing.T) {
+		t.Parallel()
+		db := openDB(t)
+		a := setupOn(t, db, &outbox.Options{Lease: time.Minute}, nil)
+		b := setupOn(t, db, &outbox.Options{Lease: time.Minute, InFlightWait: 50 * time.Millisecond, Now: skewed(-2 * time.Minute)}, nil)
+		ga, gb := addGate(a.layer, a.server), addGate(b.layer, b.server)
+		close(gb.release)
+		t.Cleanup(func() { openGate(ga) }) // before the sessions close, should the test fail
+		resA := make(chan *mcp.CallToolResult, 1)
+		go func() {
+			r, _ := callErr(context.Background(), a.session, "gate", "behind", map[string]any{"n": 1})
+			resA <- r
+		}()
+		<-ga.started
+		// The claim's owner is gone (as a replica that died would be): its
+		// lease, in the server's clock, passes in a second and a half.
+		if _, err := db.Write.Exec(`UPDATE calls SET owner = 'elsewhere/1/1/00000000#1',
+    lease_until = CAST(extract(epoch FROM clock_timestamp()) * 1000 AS BIGINT) + 1500 WHERE key = 'behind'`); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			r := call(t, b.session, "gate", "behind", map[string]any{"n": 1})
+			if errorCode(r) != "in_progress" {
+				if r.IsError {
+					t.Fatalf("B after the lease passed: %v %s", r.Meta, text(r))
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("B, two minutes behind, still waits 20 s after the lease passed")
+			}
+			time.Sleep(100 * time.Millisecond) // a client retrying, with a deadline
+		}
+		openGate(ga)
+		if r := <-resA; r == nil || !r.IsError {
+			t.Errorf("A, whose claim was taken over: %v, want an error", r)
+		}
+		if got := count(t, db.Read, `SELECT count(*) FROM charges`); got != 1 || gb.runs.Load() != 1 {
+			t.Errorf("charges = %d, B's runs = %d; want 1 and 1", got, gb.runs.Load())
+		}
+	})
+}
+
+// openGate lets g's handlers through, if it is not open yet.
+func openGate(g *gate) {
+	select {
+	case <-g.release:
+	default:
+		close(g.release)
+	}
+}

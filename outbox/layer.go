@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/dbclock"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/metrics"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -161,6 +162,22 @@ func New(db *schema.DB, opts *Options) (*Layer, error) {
 	if o.Lease <= 0 {
 		o.Lease = DefaultLease
 	}
+	now := o.Now
+	if db.Dialect == schema.Postgres {
+		// Replicas on several machines judge each other's leases: they
+		// read one clock, the server's (see dbclock).
+		now = dbclock.New(db.Read, o.Now).Now
+	} else if now == nil {
+		// On SQLite every process that shares the file runs on this
+		// machine, and reads the one wall clock this machine has, so a
+		// lease one process writes means the same to the others. A step
+		// of that clock moves every process's view alike: it changes who
+		// waits, never how many run (the owner fence decides that, under
+		// the write lock), and the dispatcher never reclaims its own
+		// deliveries in flight however the clock jumps (dispatch's
+		// heldIDs).
+		now = time.Now
+	}
 	if o.Now == nil {
 		o.Now = time.Now
 	}
@@ -181,7 +198,7 @@ func New(db *schema.DB, opts *Options) (*Layer, error) {
 		group:  group,
 		opts:   o,
 		logger: logger.With("subsystem", "outbox"),
-		now:    o.Now,
+		now:    now,
 		self:   currentProcess(),
 		tracer: tracerOf(o.TracerProvider),
 		local:  map[localKey]*attempt{},

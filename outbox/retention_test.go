@@ -59,9 +59,12 @@ func (h logRecords) WithGroup(string) slog.Handler      { return h }
 func TestRunReaper_PurgesAtOnceAndStopsWithContext(t *testing.T) {
 	t.Parallel()
 	// The calls are made eight days ago by the layer's clock, so that the
-	// reaper, on the real clock, finds them expired.
-	clk := &clock{t: time.Now().Add(-8 * 24 * time.Hour)}
+	// reaper, on the real clock, finds them expired. The clock goes back
+	// after the layer started: on PostgreSQL a layer takes the server's
+	// time when it starts, and then follows its clock.
+	clk := &clock{t: time.Now()}
 	b := setup(t, &outbox.Options{Now: clk.Now}, nil)
+	clk.Add(-8 * 24 * time.Hour)
 	callCharge(t, b.session, "reaped", 100)
 	settle(t, b.db, "reaped", "delivered", clk.Now())
 

@@ -138,6 +138,9 @@ func (a *attempt) openTx(ctx context.Context) error {
 		return nil
 	}
 	u, err := a.layer.group.enter(ctx, true)
+	if err != nil && isBusy(err) && a.recorded() && a.layer.db.Dialect == schema.SQLite {
+		u, err = a.enterBusy(ctx, err)
+	}
 	if err != nil {
 		return err
 	}
@@ -153,6 +156,42 @@ func (a *attempt) openTx(ctx context.Context) error {
 		a.fenced.Store(true)
 	}
 	return nil
+}
+
+// enterBusy tries again to take the call's turn in the writer's
+// transaction after the first try met SQLITE_BUSY: another process holds
+// the file's write lock (its own batch, or a handler of its own inside
+// one) past busy_timeout. The call is claimed and nothing of it has run,
+// so waiting is safe, and answering not_recorded would only make the
+// client retry what this attempt can still do. It waits, with backoff, no
+// later than the call's deadline: its context's, and at most half the
+// claim's lease from the claim, after which another process may take the
+// call over (the fence would then refuse this attempt anyway). first is
+// the error of the first try, returned if the deadline passes.
+func (a *attempt) enterBusy(ctx context.Context, first error) (*unit, error) {
+	deadline := a.claimedAt.Add(a.layer.opts.Lease / 2)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	err := first
+	for wait := 5 * time.Millisecond; isBusy(err); wait = min(2*wait, 200*time.Millisecond) {
+		if !time.Now().Add(wait).Before(deadline) {
+			return nil, err
+		}
+		a.layer.logger.DebugContext(ctx, "database write lock held by another process; handler's first statement retried", "tool", a.tool.name)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, err
+		case <-t.C:
+		}
+		var u *unit
+		if u, err = a.layer.group.enterBy(ctx, true, deadline); err == nil {
+			return u, nil
+		}
+	}
+	return nil, err
 }
 
 // fenceSQLite and fencePostgres read the call's row at the handler's first

@@ -75,10 +75,16 @@ func openStore(ctx context.Context, d Dialect, target string, o Options) (*DB, e
 	defer cancel()
 	if err := pool.PingContext(pctx); err != nil {
 		pool.Close()
+		if store.Unavailable(err) {
+			return nil, fmt.Errorf("open database %s: %w: %w", name, ErrUnavailable, err)
+		}
 		return nil, fmt.Errorf("open database %s: %w", name, err)
 	}
 	if err := db.Migrate(ctx, OutboxSet, postgresMigrations); err != nil {
 		pool.Close()
+		if store.Unavailable(err) {
+			return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+		}
 		return nil, err
 	}
 	return db, nil

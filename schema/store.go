@@ -97,6 +97,14 @@ func (db *DB) CommitRolledBack(err error) bool {
 	return err != nil && db.store != nil && db.store.CommitRolledBack(err)
 }
 
+// ErrUnavailable marks an [Open] that failed because the store could not
+// be reached, went away while migrating, or refused work for want of
+// resources ([DB.Unavailable] of the error): trying again later may
+// succeed, as it may not for a wrong URL, a refused password or a newer
+// schema. A server started before its database waits on it (mcp-outbox
+// serve does).
+var ErrUnavailable = errors.New("the database is unavailable")
+
 // ErrNoListen is returned by [DB.Listen] on a store without notifications
 // (SQLite, whose writers are all in one process's layer).
 var ErrNoListen = errors.New("the store has no notifications")

@@ -12,6 +12,7 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/outbox/destconfig"
 	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
 	"github.com/mcp-outbox/mcp-outbox/query"
+	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
 const drainUsage = `Usage: mcp-outbox drain [flags]
@@ -19,6 +20,9 @@ const drainUsage = `Usage: mcp-outbox drain [flags]
 Delivers every effect that is due to the configured destinations, waiting
 for retries that come due, then exits with a summary by state. For deploy
 hooks and Kubernetes preStop: run it after the server stopped taking calls.
+
+A database error that passes (PostgreSQL restarting or not up yet, SQLite
+locked by another process) is retried with backoff within --timeout.
 
 Exit status:
   0  nothing is left to deliver (every effect delivered or cancelled)
@@ -76,7 +80,17 @@ func runDrain(ctx context.Context, env *environment, args []string) error {
 		return err
 	}
 	defer stopTracing()
-	d, err := openExisting(ctx, *db)
+	start := time.Now()
+	dctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	var d *schema.DB
+	if schema.IsPostgresURL(*db) {
+		// A deploy hook runs while databases restart too: wait for it
+		// within --timeout, as Drain waits out its errors.
+		d, err = openWaiting(dctx, *db, nil, logger, nil)
+	} else {
+		d, err = openExisting(ctx, *db)
+	}
 	if err != nil {
 		return err
 	}
@@ -86,9 +100,6 @@ func runDrain(ctx context.Context, env *environment, args []string) error {
 		return usageError{err}
 	}
 
-	start := time.Now()
-	dctx, cancel := context.WithTimeout(ctx, *timeout)
-	defer cancel()
 	progress := newProgress(env.stderr)
 	var show func(query.Counts) // only a terminal gets progress: counting costs
 	if progress.tty {

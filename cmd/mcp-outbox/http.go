@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"strings"
 
@@ -79,17 +78,15 @@ func (d appDispatcher) Destinations() []string {
 	return names
 }
 
-// serveHTTP listens on addr until ctx ends, then shuts down gracefully.
-func serveHTTP(ctx context.Context, a *app, addr string, logger *slog.Logger, stderr io.Writer) error {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("listen %s: %w", addr, err)
-	}
+// serveHTTP serves the app on early's listener until the ctx early was
+// started with ends, then shuts down gracefully.
+func serveHTTP(ctx context.Context, a *app, early *earlyHTTP, logger *slog.Logger, stderr io.Writer) error {
+	ln := early.ln
 	h, err := newRouter(ctx, a, logger)
 	if err != nil {
-		ln.Close()
 		return err
 	}
+	early.use(h) // before the address is printed: whoever reads it connects at once
 	// Tests and scripts read the bound address (useful with port 0).
 	fmt.Fprintf(stderr, "mcp-outbox: serving MCP at http://%s/mcp\n", ln.Addr())
 	mcpAuth, adminAuth := "no authentication", "loopback clients only"
@@ -121,5 +118,5 @@ func serveHTTP(ctx context.Context, a *app, addr string, logger *slog.Logger, st
 	base := a.auth.operatorBase()
 	fmt.Fprintf(stderr, "mcp-outbox: operator API at http://%s%sadmin (%s)\n", ln.Addr(), base, adminAuth)
 	fmt.Fprintf(stderr, "mcp-outbox: operator page at http://%s%s (%s)\n", ln.Addr(), base, adminAuth)
-	return mcphttp.Serve(ctx, ln, h)
+	return early.wait()
 }

@@ -100,6 +100,11 @@ func runProxy(ctx context.Context, env *environment, args []string) error {
 		return err
 	}
 
+	early, err := listenEarly(ctx, env, &cfg, &ac, *httpAddr)
+	if err != nil {
+		return err
+	}
+	defer early.abort() // after the layer stopped and the database closed, on every path
 	a, err := openStore(ctx, env, &cfg)
 	if err != nil {
 		return err
@@ -126,7 +131,7 @@ func runProxy(ctx context.Context, env *environment, args []string) error {
 	a.logger.Info("proxying MCP", "upstream", upstream.String(), "cooperating", *cooperating, "db", schema.Redact(cfg.db))
 	if *httpAddr != "" {
 		a.mcpHTTP = p.HTTPHandler(ctx)
-		return serveHTTP(ctx, a, *httpAddr, a.logger, env.stderr)
+		return serveHTTP(ctx, a, early, a.logger, env.stderr)
 	}
 	conn, err := env.stdio(a.logger).Connect(ctx)
 	if err != nil {

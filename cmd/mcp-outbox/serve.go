@@ -35,6 +35,9 @@ Streamable HTTP at /mcp with --http, which also serves the operator API
 (/admin: loopback clients only, or anyone with the admin token; see
 'mcp-outbox outbox --help'), /healthz and /readyz (database writable and
 current, dispatcher running). See Authentication below.
+A PostgreSQL database that cannot be reached at start is waited for, with
+backoff up to 10s and a warning per attempt, until it answers or a signal
+comes; with --http, /healthz answers 200 and /readyz 503 meanwhile.
 Logs go to stderr only. Runs with GOGC=400 unless GOGC is set (the go-sdk's
 per-call garbage makes Go's default of 100 cost a third of the CPU).
 
@@ -82,6 +85,9 @@ type appConfig struct {
 	// service names the process in its traces (tracing.go); "" traces
 	// nothing (commands other than serve and proxy).
 	service string
+	// dbWaiting, if set, runs once when the database is found
+	// unavailable at start and openStore begins to wait for it.
+	dbWaiting func()
 }
 
 // app is a running example server: database, layer and MCP server.
@@ -195,7 +201,7 @@ func openStore(ctx context.Context, env *environment, cfg *appConfig) (*app, err
 			return nil, err
 		}
 	}
-	db, err := schema.Open(ctx, cfg.db, &schema.Options{Durability: dur})
+	db, err := openWaiting(ctx, cfg.db, &schema.Options{Durability: dur}, logger, cfg.dbWaiting)
 	if err != nil {
 		return nil, err
 	}
@@ -286,6 +292,11 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 		return err
 	}
 	gctune.Apply()
+	early, err := listenEarly(ctx, env, &cfg, &ac, *httpAddr)
+	if err != nil {
+		return err
+	}
+	defer early.abort() // after the layer stopped and the database closed, on every path
 	a, err := openApp(ctx, env, &cfg)
 	if err != nil {
 		return err
@@ -309,8 +320,8 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 		return err
 	}
 	defer stop()
-	if *httpAddr != "" {
-		return serveHTTP(ctx, a, *httpAddr, logger, env.stderr)
+	if early != nil {
+		return serveHTTP(ctx, a, early, logger, env.stderr)
 	}
 	logger.Info("serving MCP on stdio", "db", schema.Redact(cfg.db), "outbox", !cfg.bare)
 	err = a.server.Run(ctx, env.stdio(logger))

@@ -65,9 +65,36 @@ WHERE id = $2 AND state IN ('unknown', 'dead')`
 // a fresh attempt budget and the same Idempotency-Key. Retrying an unknown
 // effect at an at_most_once destination sends it again: do that only when
 // the destination is known not to have applied it.
+//
+// On PostgreSQL the retry holds its call's row lock (FOR KEY SHARE) while
+// it changes the effect, so that it and a purge of the call, which locks
+// the call before it reads whether any effect still holds it, happen one
+// after the other: never a pending effect whose call a purge removed
+// under it. (On SQLite the one writer does that already.)
 func RetryEffect(ctx context.Context, db *schema.DB, id int64) error {
-	return changeEffect(ctx, db, id, retryEffect, time.Now().UnixMilli(), id)
+	if db.Dialect != schema.Postgres {
+		return changeEffect(ctx, db, id, retryEffect, time.Now().UnixMilli(), id)
+	}
+	tx, err := db.Write.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("change effect %d: %w", id, err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, lockEffectsCall, id); err != nil {
+		return fmt.Errorf("change effect %d: lock its call: %w", id, err)
+	}
+	if err := changeEffectIn(ctx, tx, db, id, retryEffect, time.Now().UnixMilli(), id); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("change effect %d: commit: %w", id, err)
+	}
+	return nil
 }
+
+// lockEffectsCall takes the row lock of an effect's call that a delete
+// waits for (FOR KEY SHARE lets the call's own updates through).
+const lockEffectsCall = `SELECT 1 FROM calls WHERE id = (SELECT call_id FROM effects WHERE id = $1) FOR KEY SHARE`
 
 // RetryDead makes every dead effect pending again and says how many.
 func RetryDead(ctx context.Context, db *schema.DB) (int64, error) {
@@ -105,7 +132,14 @@ func ResolveEffect(ctx context.Context, db *schema.DB, id int64, outcome EffectO
 }
 
 func changeEffect(ctx context.Context, db *schema.DB, id int64, stmt string, args ...any) error {
-	r, err := db.Write.ExecContext(ctx, stmt, args...)
+	return changeEffectIn(ctx, db.Write, db, id, stmt, args...)
+}
+
+// changeEffectIn is changeEffect in the transaction (or pool) w.
+func changeEffectIn(ctx context.Context, w interface {
+	ExecContext(context.Context, string, ...any) (sql.Result, error)
+}, db *schema.DB, id int64, stmt string, args ...any) error {
+	r, err := w.ExecContext(ctx, stmt, args...)
 	if err != nil {
 		return fmt.Errorf("change effect %d: %w", id, err)
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/outboxtest"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
 	"github.com/mcp-outbox/mcp-outbox/query"
@@ -296,4 +297,107 @@ func TestPurge_AbandonedForwardedClaimsBecomeUnknown(t *testing.T) {
 	if got := keysOf(t, b.db, `SELECT key || ':' || state FROM calls ORDER BY id`); got != "[lost-forwarded:unknown running-forwarded:unknown recent-forwarded:unknown settled-unknown:unknown]" {
 		t.Errorf("calls years later: %s", got)
 	}
+}
+
+// TestPurge_RaceWithRetryOfCancelledEffect: an operator retries a cancelled
+// effect of an expired call while a purge runs. Either the retry comes
+// first and the call stays (a pending effect holds it), or the purge does
+// and the call is gone before the retry; never a pending effect whose call
+// the purge deleted under it. The interleaving that lost it: the purge
+// read the effect as cancelled, the retry committed, the purge deleted the
+// call. A transaction that holds the effect's row lock makes both wait
+// there, retry first.
+func TestPurge_RaceWithRetryOfCancelledEffect(t *testing.T) {
+	outboxtest.PostgresOnly(t)
+	t.Parallel()
+	ctx := context.Background()
+	start := time.Now()
+	clk := &clock{t: start}
+	b := setup(t, &outbox.Options{Now: clk.Now})
+	callCharge(t, b.session, "cancelled", 100)
+	clk.Add(8 * 24 * time.Hour) // the call's key has expired
+	settle(t, b.db, "cancelled", "cancelled", clk.Now())
+	id := effectID(t, b.db, "cancelled")
+
+	holder, err := b.db.Write.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Rollback()
+	if _, err := holder.ExecContext(ctx, `SELECT 1 FROM effects WHERE id = $1 FOR UPDATE`, id); err != nil {
+		t.Fatal(err)
+	}
+	retried := make(chan error, 1)
+	go func() { retried <- admin.RetryEffect(ctx, b.db, id) }()
+	waitLockWaiters(t, b.db, 1)
+	purged := make(chan error, 1)
+	go func() {
+		_, err := admin.Purge(ctx, b.db, &admin.PurgeOptions{Now: clk.Now()})
+		purged <- err
+	}()
+	// The purge either finishes (it skipped the call whose effect is being
+	// retried) or waits behind the retry for the effect's row.
+	select {
+	case err := <-purged:
+		if err != nil {
+			t.Fatal(err)
+		}
+		purged <- nil
+	case <-waitLockWaitersAsync(b.db, 2):
+	}
+	if err := holder.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-retried; err != nil {
+		t.Fatalf("retry: %v", err)
+	}
+	if err := <-purged; err != nil {
+		t.Fatalf("purge: %v", err)
+	}
+	var state string
+	var callID *int64
+	if err := b.db.Read.QueryRow(`SELECT state, call_id FROM effects WHERE id = $1`, id).Scan(&state, &callID); err != nil {
+		t.Fatal(err)
+	}
+	if state != "pending" || callID == nil {
+		t.Errorf("effect after the race: state %s, call %v; want pending and still its call's", state, callID)
+	}
+	if n := count(t, b.db.Read, `SELECT count(*) FROM calls WHERE key = 'cancelled'`); n != 1 {
+		t.Errorf("calls with the key: %d, want 1 (a pending effect holds it)", n)
+	}
+}
+
+// lockWaiters counts this database's backends waiting for a lock.
+func lockWaiters(t *testing.T, db *schema.DB) int {
+	return count(t, db.Read, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`)
+}
+
+// waitLockWaiters waits until n backends wait for a lock.
+func waitLockWaiters(t *testing.T, db *schema.DB, n int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for lockWaiters(t, db) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("fewer than %d backends waiting for a lock after 30 s", n)
+		}
+		time.Sleep(5 * time.Millisecond) // polling pg_stat_activity, with a deadline
+	}
+}
+
+// waitLockWaitersAsync is closed once n backends wait for a lock; it is
+// never closed if that does not happen within 30 s.
+func waitLockWaitersAsync(db *schema.DB, n int) <-chan struct{} {
+	c := make(chan struct{})
+	go func() {
+		deadline := time.Now().Add(30 * time.Second)
+		for time.Now().Before(deadline) {
+			var got int
+			if err := db.Read.QueryRow(`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&got); err == nil && got >= n {
+				close(c)
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	return c
 }

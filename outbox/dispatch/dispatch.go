@@ -16,6 +16,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/dbclock"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/metrics"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/otelattr"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/owner"
@@ -147,8 +148,12 @@ type Dispatcher struct {
 	lastReclaim time.Time     // wall clock of the last reclaim; rounds run one at a time
 	inflight    sync.WaitGroup
 	active      atomic.Int64 // attempts started and not yet recorded (inflight also counts the outcomes' writer)
-	stopping    atomic.Bool  // Run or Drain is ending: claim nothing more
-	stmts       atomic.Pointer[dispatchStmts]
+	// sending holds the ids of effects whose attempt has started and whose
+	// outcome is not yet written: reclaim never takes these back, whatever
+	// this process's clock says (see heldIDs).
+	sending  sync.Map
+	stopping atomic.Bool // Run or Drain is ending: claim nothing more
+	stmts    atomic.Pointer[dispatchStmts]
 
 	recMu    sync.Mutex // guards recQueue and writing: see record
 	recQueue []*pendingRecord
@@ -198,6 +203,14 @@ func New(db *schema.DB, opts *Options) (*Dispatcher, error) {
 	if o.ResponseLimit <= 0 {
 		o.ResponseLimit = DefaultResponseLimit
 	}
+	now := o.Now
+	if db.Dialect == schema.Postgres {
+		// Leases and due times are written and judged by every replica:
+		// in the server's clock (see dbclock), never in this machine's.
+		now = dbclock.New(db.Read, o.Now).Now
+	} else if now == nil {
+		now = time.Now
+	}
 	if o.Now == nil {
 		o.Now = time.Now
 	}
@@ -216,7 +229,7 @@ func New(db *schema.DB, opts *Options) (*Dispatcher, error) {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	d := &Dispatcher{
-		db: db, opts: o, dests: map[string]*destState{}, now: o.Now,
+		db: db, opts: o, dests: map[string]*destState{}, now: now,
 		logger: logger.With("subsystem", "dispatch"),
 		self:   owner.Current(),
 		wake:   make(chan struct{}, 1),
@@ -420,14 +433,26 @@ func (d *Dispatcher) Drain(ctx context.Context, progress func(query.Counts)) (qu
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	var lastProgress time.Time
+	failures := 0
 	for {
 		next, err := d.round(ctx, ctx)
-		if err != nil {
-			return query.Counts{}, err
+		open := true
+		if err == nil {
+			open, err = d.openEffects(ctx)
 		}
-		open, err := d.openEffects(ctx)
 		if err != nil {
-			return query.Counts{}, err
+			if !d.transient(err) || ctx.Err() != nil {
+				return query.Counts{}, err
+			}
+			// A database restarting or failing over, or a lock held by
+			// another process, passes: drain is for deploy hooks, which
+			// run exactly when such things happen. Its timeout (ctx)
+			// bounds the waiting.
+			failures++
+			next = backoff(failures, drainRetryFirst, drainRetryLast, d.opts.Rand())
+			d.logger.WarnContext(ctx, "drain: database error; trying again", "error", err, "failures", failures, "wait", next)
+		} else {
+			failures = 0
 		}
 		if progress != nil && time.Since(lastProgress) >= drainProgressEvery {
 			lastProgress = time.Now()
@@ -437,7 +462,9 @@ func (d *Dispatcher) Drain(ctx context.Context, progress func(query.Counts)) (qu
 		}
 		if !open {
 			d.inflight.Wait()
-			if open, err = d.openEffects(ctx); err != nil || !open {
+			if open, err = d.openEffects(ctx); err != nil && d.transient(err) && ctx.Err() == nil {
+				open = true // counted below, once the store answers again
+			} else if err != nil || !open {
 				c, cerr := query.CountEffects(context.WithoutCancel(ctx), d.db)
 				return c, errors.Join(err, cerr)
 			}
@@ -452,6 +479,32 @@ func (d *Dispatcher) Drain(ctx context.Context, progress func(query.Counts)) (qu
 		case <-timer.C:
 		}
 	}
+}
+
+// Waits of Drain between rounds that failed with a transient database
+// error: doubling from drainRetryFirst up to drainRetryLast, jittered.
+const (
+	drainRetryFirst = 100 * time.Millisecond
+	drainRetryLast  = 5 * time.Second
+)
+
+// transient reports whether err is the database failing for a while rather
+// than the statement: PostgreSQL unreachable, restarting or out of
+// resources (schema.DB.Unavailable), or SQLite's lock held by another
+// process past busy_timeout (SQLITE_BUSY, SQLITE_LOCKED) or an I/O error.
+func (d *Dispatcher) transient(err error) bool {
+	if d.db.Unavailable(err) {
+		return true
+	}
+	var e interface{ Code() int } // modernc.org/sqlite's *Error
+	if !errors.As(err, &e) {
+		return false
+	}
+	switch e.Code() & 0xff { // the primary code
+	case 5, 6, 10: // SQLITE_BUSY, SQLITE_LOCKED, SQLITE_IOERR
+		return true
+	}
+	return false
 }
 
 // settle stops claiming, releases the queued claims, and waits for the

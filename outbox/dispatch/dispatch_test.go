@@ -467,9 +467,11 @@ func TestDispatch_ReclaimsDeadOwnerAtOnce(t *testing.T) {
 		if e := effect(t, s.db.Read, 1); e.state != "in_flight" || len(s.fake.Requests()) != 0 {
 			t.Fatalf("on PostgreSQL, an owner's lease was reclaimed before it passed: %+v", e)
 		}
-		s.clk.Add(2 * time.Hour)
 		// A new dispatcher: one reclaims at most once per poll interval.
+		// Made before the clock moves: on PostgreSQL a dispatcher takes
+		// the server's time when it starts, and then follows its clock.
 		d = s.dispatcher(t, dispatch.Destination{}, nil)
+		s.clk.Add(2 * time.Hour)
 	}
 	round(t, d) // reclaims
 	round(t, d) // delivers

@@ -165,8 +165,8 @@ func waitUntil(t *testing.T, limit time.Duration, cond func() bool) {
 // TestFault_ClockDispatcher: a retry's backoff is a due time; with the clock
 // back it is later (nothing is sent early), forward it comes sooner, and
 // the effect goes with the same key. A clock jumping past the lease of an
-// attempt in flight makes the dispatcher reclaim and send the effect again:
-// with the same key, so the destination applies it once.
+// attempt in flight does not make the dispatcher reclaim its own attempt:
+// the effect is sent once.
 func TestFault_ClockDispatcher(t *testing.T) {
 	t.Parallel()
 	t.Run("Backoff", func(t *testing.T) {
@@ -199,6 +199,13 @@ func TestFault_ClockDispatcher(t *testing.T) {
 		s.fake.FailNext(1, downstream.Hold(hold))
 		d := s.dispatcher(t, dispatch.Destination{Timeout: time.Minute}, &dispatch.Options{
 			Lease: 2 * time.Minute, PollInterval: time.Millisecond, BackoffBase: time.Millisecond, BackoffMax: time.Millisecond})
+		idle := make(chan struct{}, 1)
+		d.SetTestHooks(nil, func() {
+			select {
+			case idle <- struct{}{}:
+			default:
+			}
+		})
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- d.Run(ctx) }()
@@ -206,25 +213,94 @@ func TestFault_ClockDispatcher(t *testing.T) {
 			t.Fatal(err)
 		}
 		s.clk.Add(3 * time.Minute) // past the lease of the attempt in flight
-		// The dispatcher reclaims its own attempt and sends again; the
-		// destination, holding the first, answers 409 (in progress).
-		if err := s.fake.WaitRequests(ctx, 2); err != nil {
-			t.Fatal(err)
+		// Rounds go on (each reclaims: the poll interval is a millisecond);
+		// a few of them must find nothing to reclaim and send nothing.
+		for range 5 {
+			<-idle
+			d.Notify()
+		}
+		if e := effect(t, s.db.Read, 1); e.state != "in_flight" || e.attempts != 1 {
+			t.Fatalf("after the jump, during the attempt: %+v", e)
 		}
 		close(hold)
-		// Whichever outcome is written first counts (both attempts hold
-		// the same owner); if the 409's, the effect waits out a backoff:
-		// let the clock run.
-		waitUntil(t, 30*time.Second, func() bool {
-			s.clk.Add(100 * time.Millisecond)
-			return effect(t, s.db.Read, 1).state == "delivered"
-		})
+		waitUntil(t, 30*time.Second, func() bool { return effect(t, s.db.Read, 1).state == "delivered" })
 		cancel()
 		if err := <-done; err != nil {
 			t.Fatal(err)
 		}
+		if got := len(s.fake.Requests()); got != 1 {
+			t.Errorf("requests = %d, want 1: the dispatcher re-sent its own attempt in flight", got)
+		}
 		if keys := s.fake.Keys(); len(keys) != 1 || len(s.fake.Applied()) != 1 {
 			t.Errorf("keys %v, applied %d; want one key, applied once", keys, len(s.fake.Applied()))
+		}
+	})
+}
+
+// TestFault_DrainRetries: Drain, run by deploy hooks exactly when the
+// database restarts or another process holds its lock, gets through
+// transient errors on its claims and its reads instead of returning the
+// first one; a statement error that is no store failure still ends it.
+func TestFault_DrainRetries(t *testing.T) {
+	t.Parallel()
+	for _, kind := range []faultdb.Kind{faultdb.Busy, faultdb.IOErr} {
+		t.Run(kind.String(), func(t *testing.T) {
+			t.Parallel()
+			const n = 3
+			fb := faultSetup(t, 1, 1, nil)
+			for j := range n {
+				if res := callCharge(t, fb.session, fmt.Sprint("drain-", j), 100+j); res.IsError {
+					t.Fatal(text(res))
+				}
+			}
+			fake := downstream.Start(t, nil)
+			u, _ := url.Parse(fake.URL())
+			d, err := dispatch.New(fb.db, &dispatch.Options{
+				Destinations: []dispatch.Destination{{Name: "payments", URL: u}},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Every claim, and every look for open effects, fails three
+			// times before the store answers again.
+			fb.inj.Set(
+				faultdb.Rule{Name: "claim", Stmt: faultdb.Contains("UPDATE effects SET state = 'in_flight'"), Kind: kind, Rate: 1, Max: 3},
+				faultdb.Rule{Name: "open", Stmt: faultdb.Contains("SELECT EXISTS (SELECT 1 FROM effects"), Kind: kind, Rate: 1, Max: 3},
+			)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			c, err := d.Drain(ctx, nil)
+			if err != nil {
+				t.Fatalf("Drain: %v", err)
+			}
+			if c.Delivered != n || c.Open() != 0 {
+				t.Errorf("counts %+v, want %d delivered", c, n)
+			}
+			if fb.inj.Faults("claim") != 3 {
+				t.Errorf("claim faults = %d, want 3", fb.inj.Faults("claim"))
+			}
+			if got := len(fake.Applied()); got != n {
+				t.Errorf("applied %d, want %d", got, n)
+			}
+		})
+	}
+	t.Run("readonly", func(t *testing.T) {
+		t.Parallel()
+		fb := faultSetup(t, 1, 1, nil)
+		if res := callCharge(t, fb.session, "drain-ro", 100); res.IsError {
+			t.Fatal(text(res))
+		}
+		fake := downstream.Start(t, nil)
+		u, _ := url.Parse(fake.URL())
+		d, err := dispatch.New(fb.db, &dispatch.Options{Destinations: []dispatch.Destination{{Name: "payments", URL: u}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		fb.inj.Set(faultdb.Rule{Name: "claim", Stmt: faultdb.Contains("UPDATE effects SET state = 'in_flight'"), Kind: faultdb.ReadOnly, Rate: 1})
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := d.Drain(ctx, nil); err == nil || ctx.Err() != nil {
+			t.Fatalf("Drain on a read-only database: %v (ctx %v), want its error at once", err, ctx.Err())
 		}
 	})
 }

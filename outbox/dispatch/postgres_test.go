@@ -328,7 +328,7 @@ func TestDispatchPostgres_ExpiredLeaseCannotRecord(t *testing.T) {
 	fake.FailNext(1, downstream.Hold(releaseA))
 	const lease = time.Minute
 	clkA := &clock{t: time.Now()}
-	clkB := &clock{t: clkA.Now().Add(lease + time.Second)} // past A's lease
+	clkB := &clock{t: clkA.Now()}
 	dispatcher := func(db *schema.DB, clk *clock, tr http.RoundTripper) *dispatch.Dispatcher {
 		d, err := dispatch.New(db, &dispatch.Options{
 			Destinations: []dispatch.Destination{{Name: "payments", URL: u}},
@@ -341,6 +341,12 @@ func TestDispatchPostgres_ExpiredLeaseCannotRecord(t *testing.T) {
 	}
 	a := dispatcher(dbs[0], clkA, nil)
 	b := dispatcher(dbs[1], clkB, heldTransport{releaseB})
+	bRetry := dispatcher(dbs[1], clkB, nil)
+	// B's clock jumps past A's lease. A dispatcher on PostgreSQL reads the
+	// server's clock when it starts (a replica skewed from the start is
+	// corrected) and counts from it by the clock it was given, so the jump
+	// is B's: it is made after B started.
+	clkB.Add(lease + time.Second)
 	read := func() (state, owner string, status int) {
 		t.Helper()
 		if err := dbs[1].Read.QueryRow(`SELECT state, lease_owner, last_status FROM effects`).Scan(&state, &owner, &status); err != nil {
@@ -380,7 +386,7 @@ func TestDispatchPostgres_ExpiredLeaseCannotRecord(t *testing.T) {
 		t.Fatalf("after B's attempt: %s, owner %q, HTTP %d; want pending after B's 409", state, owner, status)
 	}
 	clkB.Add(time.Minute)
-	round(t, dispatcher(dbs[1], clkB, nil))
+	round(t, bRetry)
 	if state, _, _ := read(); state != "delivered" || len(fake.Applied()) != 1 {
 		t.Fatalf("after B's retry: %s, %d applied; want delivered, applied once", state, len(fake.Applied()))
 	}

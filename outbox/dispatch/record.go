@@ -154,6 +154,7 @@ func (d *Dispatcher) writeOutcomes(ctx context.Context, batch []*pendingRecord) 
 
 // report logs and counts a written outcome, or says why it was not.
 func (d *Dispatcher) report(ctx context.Context, r *pendingRecord, err error) {
+	d.sending.Delete(r.e.id)
 	switch {
 	case err != nil:
 		d.logger.ErrorContext(ctx, "record delivery outcome", "effect", r.e.id, "error", err)

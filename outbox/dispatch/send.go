@@ -32,6 +32,7 @@ const (
 // the effect its slot serves next (see next); nil when the slot is free.
 func (d *Dispatcher) deliver(ctx context.Context, ds *destState, e *claimedEffect) *claimedEffect {
 	_ = failpoint.Inject(fpDispatchAfterClaim)
+	d.sending.Store(e.id, struct{}{})
 	now := d.now()
 	if age := now.Sub(time.UnixMilli(e.createdAt)); age > ds.MaxAge {
 		return d.finish(ctx, ds, e, outcome{state: "dead", err: fmt.Sprintf("gave up: effect is %s old, the limit is %s", age.Round(time.Second), ds.MaxAge)}, 0)
@@ -49,6 +50,7 @@ func (d *Dispatcher) deliver(ctx context.Context, ds *destState, e *claimedEffec
 					d.logger.WarnContext(ctx, "release effect", "effect", e.id, "error", rerr)
 				}
 			}
+			d.sending.Delete(e.id)
 			d.done() // the lease passes to whoever reclaims it
 			return d.next(ds)
 		}

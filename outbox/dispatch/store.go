@@ -76,7 +76,8 @@ UPDATE effects SET
     next_attempt_at = CASE WHEN send_started_at IS NOT NULL AND destination IN (SELECT value FROM json_each($2))
                       THEN $1 + coalesce(json_extract($5, '$."' || destination || '"'), 5000) ELSE $1 END
 WHERE state = 'in_flight' AND (lease_until <= $1 OR lease_owner IN (SELECT value FROM json_each($4)))
-  AND destination IN (SELECT value FROM json_each($3))`
+  AND destination IN (SELECT value FROM json_each($3))
+  AND NOT (lease_owner = $6 AND id IN (SELECT value FROM json_each($7)))`
 
 // reclaimExpiredPostgres is reclaimExpired in PostgreSQL's terms. Every
 // replica runs it, at once if it happens so; that is safe without a lock
@@ -99,7 +100,8 @@ UPDATE effects SET
     next_attempt_at = CASE WHEN send_started_at IS NOT NULL AND destination IN (SELECT value FROM json_array_elements_text($2::json))
                       THEN $1::bigint + coalesce(($5::json ->> destination)::bigint, 5000) ELSE $1::bigint END
 WHERE state = 'in_flight' AND (lease_until <= $1::bigint OR lease_owner IN (SELECT value FROM json_array_elements_text($4::json)))
-  AND destination IN (SELECT value FROM json_array_elements_text($3::json))`
+  AND destination IN (SELECT value FROM json_array_elements_text($3::json))
+  AND NOT (lease_owner = $6 AND id IN (SELECT value::bigint FROM json_array_elements_text($7::json)))`
 
 // releaseClaimed undoes claims of effects never attempted (see release).
 const (
@@ -234,7 +236,8 @@ func (d *Dispatcher) reclaim(ctx context.Context) error {
 		return err
 	}
 	now := d.now().UnixMilli()
-	r, err := d.db.Write.ExecContext(ctx, d.db.Pick(reclaimExpired, reclaimExpiredPostgres), now, d.amo, d.names, dead, d.probeDelays)
+	r, err := d.db.Write.ExecContext(ctx, d.db.Pick(reclaimExpired, reclaimExpiredPostgres), now, d.amo, d.names, dead, d.probeDelays,
+		d.owner, d.heldIDs())
 	if err != nil {
 		return fmt.Errorf("reclaim expired leases: %w", err)
 	}
@@ -242,6 +245,33 @@ func (d *Dispatcher) reclaim(ctx context.Context) error {
 		d.logger.InfoContext(ctx, "reclaimed effects with expired leases", "count", n)
 	}
 	return nil
+}
+
+// heldIDs lists, as a JSON array, the effects this dispatcher holds right
+// now: queued, or attempted with the outcome not yet written. Their leases
+// are this very process's, and it knows they are alive, so reclaim leaves
+// them alone even when they look expired: a lease can only look expired
+// to its own holder when this process's clock jumped forward (or stood
+// still, paused, for longer than the lease, and then any other dispatcher
+// whose clock is right has reclaimed the effect already). Reclaiming one
+// would send it again while its first attempt is still in flight. An
+// attempt that outlives its lease because the destination is slow is
+// bounded by the destination's Timeout, which the default lease is twice.
+func (d *Dispatcher) heldIDs() string {
+	ids := []int64{}
+	d.sending.Range(func(k, _ any) bool {
+		ids = append(ids, k.(int64))
+		return true
+	})
+	for _, ds := range d.dests {
+		ds.mu.Lock()
+		for _, e := range ds.queue {
+			ids = append(ids, e.id)
+		}
+		ds.mu.Unlock()
+	}
+	b, _ := json.Marshal(ids)
+	return string(b)
 }
 
 // claim leases up to limit due effects of dest in one statement.

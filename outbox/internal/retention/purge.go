@@ -120,15 +120,30 @@ UPDATE calls SET state = 'unknown', owner = '', lease_until = 0 WHERE id IN (
     SELECT id FROM calls WHERE state = 'in_flight' AND on_lost = 'unknown' AND lease_until <= $1 LIMIT $2
     FOR UPDATE SKIP LOCKED)`
 
-	deleteCallsPostgres = `
-DELETE FROM calls WHERE id IN (
-    SELECT c.id FROM calls c
-    WHERE ((c.state IN ('completed', 'failed') AND c.expires_at <= $1 AND coalesce(c.completed_at, c.created_at) <= $2)
-           OR (c.state = 'in_flight' AND c.on_lost = 'rerun' AND c.lease_until <= $2))
-      AND NOT EXISTS (SELECT 1 FROM effects e
-                      WHERE e.call_id = c.id AND e.state IN ('pending', 'in_flight', 'dead', 'unknown'))
-    LIMIT $3
-    FOR UPDATE OF c SKIP LOCKED)`
+	// Calls go in two statements of one transaction: lockCallsPostgres
+	// picks and locks a batch, and deleteLockedCallsPostgres, whose
+	// snapshot is taken after the locks are held, reads the effects'
+	// condition again. A single statement read it from a snapshot taken
+	// before it locked the call: an operator's retry of a cancelled
+	// effect committed in between (it changes the effect, not the call,
+	// so nothing made the statement look again) left a pending effect
+	// whose call the delete then removed (ON DELETE SET NULL), so it lost
+	// its call's order and status. The retry takes the call's row lock
+	// too (see admin.RetryEffect): a call whose effect is being retried is
+	// skipped, and a retry that comes after the lock waits for this
+	// transaction and then finds the call gone, as if it had come later.
+	lockCallsPostgres = `
+SELECT c.id FROM calls c
+WHERE ((c.state IN ('completed', 'failed') AND c.expires_at <= $1 AND coalesce(c.completed_at, c.created_at) <= $2)
+       OR (c.state = 'in_flight' AND c.on_lost = 'rerun' AND c.lease_until <= $2))
+  AND NOT EXISTS (SELECT 1 FROM effects e
+                  WHERE e.call_id = c.id AND e.state IN ('pending', 'in_flight', 'dead', 'unknown'))
+LIMIT $3
+FOR UPDATE OF c SKIP LOCKED`
+	deleteLockedCallsPostgres = `
+DELETE FROM calls c WHERE c.id = ANY($1)
+  AND NOT EXISTS (SELECT 1 FROM effects e
+                  WHERE e.call_id = c.id AND e.state IN ('pending', 'in_flight', 'dead', 'unknown'))`
 )
 
 // Purge deletes the records r no longer keeps at time now (outbox.Retention
@@ -157,7 +172,7 @@ func Purge(ctx context.Context, db *schema.DB, r Ages, now time.Time, dryRun boo
 			[]any{nowMS - r.Cancelled.Milliseconds()}, &c.CancelledEffects},
 		{"abandoned claims of forwarded calls (marking them unknown)", countLost, db.Pick(markLost, markLostPostgres),
 			[]any{completedBefore}, &c.UnknownCalls},
-		{"expired calls", countCalls, db.Pick(deleteCalls, deleteCallsPostgres),
+		{"expired calls", countCalls, db.Pick(deleteCalls, lockCallsPostgres),
 			[]any{nowMS, completedBefore}, &c.Calls},
 	}
 	for _, s := range steps {
@@ -168,13 +183,17 @@ func Purge(ctx context.Context, db *schema.DB, r Ages, now time.Time, dryRun boo
 			continue
 		}
 		args := append(s.args, purgeBatch)
+		batch := purgeBatchOf
+		if s.delete == lockCallsPostgres {
+			batch = purgeCallsPostgres
+		}
 		for {
-			n, err := purgeBatchOf(ctx, db, s.delete, args)
+			n, picked, err := batch(ctx, db, s.delete, args)
 			*s.n += n
 			if err != nil {
 				return c, fmt.Errorf("purge %s: %w", s.what, err)
 			}
-			if n < purgeBatch {
+			if picked < purgeBatch {
 				break
 			}
 		}
@@ -185,7 +204,9 @@ func Purge(ctx context.Context, db *schema.DB, r Ages, now time.Time, dryRun boo
 // purgeBatchOf runs one batch delete in its own transaction. A purge lost
 // to a power failure only brings back rows the next purge deletes again,
 // so it does not pay for an fsync of its own.
-func purgeBatchOf(ctx context.Context, db *schema.DB, stmt string, args []any) (int64, error) {
+// It returns the rows changed, twice: as changed, and as picked for the
+// batch (the same here).
+func purgeBatchOf(ctx context.Context, db *schema.DB, stmt string, args []any) (int64, int64, error) {
 	var n int64
 	err := db.Relaxed(ctx, func(conn *sql.Conn) error {
 		res, err := conn.ExecContext(ctx, stmt, args...)
@@ -195,5 +216,48 @@ func purgeBatchOf(ctx context.Context, db *schema.DB, stmt string, args []any) (
 		n, err = res.RowsAffected()
 		return err
 	})
-	return n, err
+	return n, n, err
+}
+
+// purgeCallsPostgres deletes one batch of calls on PostgreSQL: lock, then
+// delete what still qualifies (see lockCallsPostgres). It returns the calls
+// deleted and the calls picked, which a later read may have spared.
+func purgeCallsPostgres(ctx context.Context, db *schema.DB, lock string, args []any) (int64, int64, error) {
+	var n, picked int64
+	err := db.Relaxed(ctx, func(conn *sql.Conn) error {
+		tx, err := conn.BeginTx(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer tx.Rollback()
+		rows, err := tx.QueryContext(ctx, lock, args...)
+		if err != nil {
+			return err
+		}
+		var ids []int64
+		for rows.Next() {
+			var id int64
+			if err := rows.Scan(&id); err != nil {
+				rows.Close()
+				return err
+			}
+			ids = append(ids, id)
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		picked = int64(len(ids))
+		if picked == 0 {
+			return nil
+		}
+		res, err := tx.ExecContext(ctx, deleteLockedCallsPostgres, ids)
+		if err != nil {
+			return err
+		}
+		if n, err = res.RowsAffected(); err != nil {
+			return err
+		}
+		return tx.Commit()
+	})
+	return n, picked, err
 }
