@@ -383,8 +383,14 @@ func (c *campaign) check(name string, seed uint64, w history.World, count map[ne
 		fmt.Fprintf(&b, "  %s\n", r)
 	}
 	t.Log(b.String())
-	if os.Getenv("MCP_OUTBOX_JEPSEN_OPS") != "" {
-		fmt.Fprint(os.Stderr, b.String())
+	// make jepsen runs go test without -v (the servers' logs would bury
+	// it) and prints this file.
+	if p := os.Getenv("MCP_OUTBOX_JEPSEN_SUMMARY"); p != "" {
+		f, err := os.OpenFile(p, os.O_APPEND|os.O_WRONLY|os.O_CREATE, 0o644)
+		if err == nil {
+			fmt.Fprint(f, b.String())
+			f.Close()
+		}
 	}
 	for i, a := range anomalies {
 		if i == 20 {
