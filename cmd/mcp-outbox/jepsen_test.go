@@ -140,6 +140,10 @@ type campaign struct {
 	mu      sync.Mutex
 	keyOf   map[int64]string // amount -> key: amounts are unique per key
 	stopped atomic.Bool
+	// claimedAgain counts calls the store shows claimed more than once
+	// (a retry that took over an attempt whose lease passed, or that ran
+	// again after one recorded nothing).
+	claimedAgain int
 }
 
 var digits = regexp.MustCompile(`[0-9]+`)
@@ -272,8 +276,12 @@ func (c *campaign) play(faults []nemesis.Fault, acts nemesis.Actions, minFaults 
 	var played atomic.Int64
 	counted := nemesis.Actions{}
 	for k, a := range acts {
-		counted[k] = nemesis.Action{Do: a.Do, Heal: func(f nemesis.Fault) error {
+		counted[k] = nemesis.Action{Do: func(f nemesis.Fault) error {
+			c.h.SetFault(string(f.Kind))
+			return a.Do(f)
+		}, Heal: func(f nemesis.Fault) error {
 			defer played.Add(1)
+			defer c.h.SetFault("")
 			return a.Heal(f)
 		}}
 	}
@@ -330,6 +338,7 @@ func (c *campaign) world(db *sql.DB, fake *downstream.Server) history.World {
 	pollReplicas(t, 3*time.Minute, "every effect delivered", func() bool {
 		return countRows(t, db, `SELECT count(*) FROM effects WHERE state <> 'delivered'`) == 0
 	})
+	c.claimedAgain = countRows(t, db, `SELECT count(*) FROM calls WHERE attempts > 1`)
 	w := history.World{Executions: map[string][]string{}}
 	rows, err := db.Query(`SELECT id, amount FROM charges ORDER BY id`)
 	if err != nil {
@@ -377,9 +386,15 @@ func (c *campaign) check(name string, seed uint64, w history.World, count map[ne
 		fmt.Fprintf(&b, "  %-8s ok %d, fail %d, info %d\n", k, m[history.Ok], m[history.Fail], m[history.Info])
 	}
 	fmt.Fprintf(&b, "faults injected\n%s", nemesis.Summary(count, kinds))
+	fmt.Fprintf(&b, "calls claimed more than once (taken over, or run again after nothing was recorded) %d\n", c.claimedAgain)
 	fmt.Fprintf(&b, "anomalies         %d\n", len(anomalies))
-	fmt.Fprintf(&b, "fail and info operations by reason (each retried under its key until ok)\n")
-	for _, r := range counts.Reasons() {
+	fmt.Fprintf(&b, "operations by the fault active when invoked: ok / fail / info\n")
+	for _, k := range append([]nemesis.Kind{"none"}, kinds...) {
+		m := counts.ByFault[string(k)]
+		fmt.Fprintf(&b, "  %-14s %6d / %4d / %4d\n", k, m[history.Ok], m[history.Fail], m[history.Info])
+	}
+	fmt.Fprintf(&b, "fail and info operations by fault and reason (each call retried under its key until ok)\n")
+	for _, r := range counts.ReasonsByFault() {
 		fmt.Fprintf(&b, "  %s\n", r)
 	}
 	t.Log(b.String())

@@ -60,6 +60,9 @@ type Op struct {
 	StatusResult string
 	// Reason says why a fail or info operation ended so.
 	Reason string
+	// Fault is the fault the nemesis had injected when the operation was
+	// invoked ("" for none), for the summary per fault.
+	Fault string
 }
 
 func (o Op) String() string {
@@ -82,6 +85,15 @@ type History struct {
 	start time.Time
 	mu    sync.Mutex
 	ops   []Op
+	fault string
+}
+
+// SetFault names the fault in effect from now on ("" once healed); later
+// operations carry it.
+func (h *History) SetFault(f string) {
+	h.mu.Lock()
+	h.fault = f
+	h.mu.Unlock()
 }
 
 // New starts an empty history; times are offsets from now.
@@ -98,7 +110,7 @@ func (h *History) Invoke(client int, kind Kind, key string, attempt int, target 
 	now := time.Since(h.start)
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.ops = append(h.ops, Op{ID: len(h.ops), Client: client, Kind: kind, Key: key, Attempt: attempt, Target: target, Invoke: now})
+	h.ops = append(h.ops, Op{ID: len(h.ops), Client: client, Kind: kind, Key: key, Attempt: attempt, Target: target, Invoke: now, Fault: h.fault})
 	return &Pending{h: h, i: len(h.ops) - 1}
 }
 
@@ -135,6 +147,10 @@ func Excerpt(ops []Op, key string) string {
 type Counts struct {
 	ByKind  map[Kind]map[Outcome]int
 	InfoWhy map[string]int
+	// ByFault counts outcomes by the fault active at invoke ("none"
+	// outside faults); Why counts fail and info reasons by fault too.
+	ByFault map[string]map[Outcome]int
+	Why     map[string]int
 	Total   int
 	Retries int // operations with Attempt > 1
 	Pending int // operations still pending at the end (none, once clients stop)
@@ -142,7 +158,7 @@ type Counts struct {
 
 // Count tallies ops.
 func Count(ops []Op) Counts {
-	c := Counts{ByKind: map[Kind]map[Outcome]int{}, InfoWhy: map[string]int{}}
+	c := Counts{ByKind: map[Kind]map[Outcome]int{}, InfoWhy: map[string]int{}, ByFault: map[string]map[Outcome]int{}, Why: map[string]int{}}
 	for _, o := range ops {
 		c.Total++
 		if c.ByKind[o.Kind] == nil {
@@ -156,17 +172,31 @@ func Count(ops []Op) Counts {
 		if o.Attempt > 1 {
 			c.Retries++
 		}
+		fault := o.Fault
+		if fault == "" {
+			fault = "none"
+		}
+		if c.ByFault[fault] == nil {
+			c.ByFault[fault] = map[Outcome]int{}
+		}
+		c.ByFault[fault][o.Outcome]++
 		if o.Outcome != Ok {
 			c.InfoWhy[string(o.Kind)+" "+string(o.Outcome)+": "+o.Reason]++
+			c.Why[fault+" | "+string(o.Kind)+" "+string(o.Outcome)+": "+o.Reason]++
 		}
 	}
 	return c
 }
 
 // Reasons lists InfoWhy sorted by count, most first.
-func (c Counts) Reasons() []string {
+func (c Counts) Reasons() []string { return sortedCounts(c.InfoWhy) }
+
+// ReasonsByFault lists Why, sorted by count, most first.
+func (c Counts) ReasonsByFault() []string { return sortedCounts(c.Why) }
+
+func sortedCounts(m map[string]int) []string {
 	var out []string
-	for r, n := range c.InfoWhy {
+	for r, n := range m {
 		out = append(out, fmt.Sprintf("%6d  %s", n, r))
 	}
 	sort.Sort(sort.Reverse(sort.StringSlice(out)))
