@@ -18,6 +18,10 @@ type World struct {
 	// Receipts are the downstream's applied effects, in the order it
 	// applied them, by idempotency key.
 	Receipts []string
+	// Forwarded says the calls were forwarded to a tool server (the
+	// proxy): only there does the README allow the state unknown (an
+	// outcome lost after forwarding). Elsewhere a read of it is an anomaly.
+	Forwarded bool
 }
 
 // Effect is one committed outbox effect.
@@ -29,7 +33,7 @@ type Effect struct {
 
 // Anomaly is a violated guarantee, with the operations that show it.
 type Anomaly struct {
-	Kind string // duplicate, lost, wrong_result, nonlinearizable, undelivered, redelivered, reordered, unresolved
+	Kind string // duplicate, lost, wrong_result, unknown_state, unresolved, nonlinearizable, lin_timeout, undelivered, redelivered, reordered, phantom
 	Key  string
 	What string
 }
@@ -87,6 +91,9 @@ func Check(ops []Op, w World, linTimeout time.Duration) []Anomaly {
 			if ex := w.Executions[o.Key]; len(ex) != 1 || ex[0] != o.StatusResult {
 				out = append(out, Anomaly{"wrong_result", o.Key, fmt.Sprintf("%s reads %s, the executions are %v", o, o.StatusResult, ex)})
 			}
+		}
+		if o.Kind == Status && o.Outcome == Ok && o.Result == "unknown" && !w.Forwarded {
+			out = append(out, Anomaly{"unknown_state", o.Key, o.String() + ": unknown, for a call that was not forwarded"})
 		}
 		if o.Outcome == "" {
 			out = append(out, Anomaly{"unresolved", o.Key, o.String() + " never completed"})

@@ -46,6 +46,7 @@ func TestCheck(t *testing.T) {
 			World{Executions: map[string][]string{"a": {"1", "2"}}}, "duplicate"},
 		{"WrongResult", []Op{op(Call, "a", 0, 1, Ok, "2", "")}, World{Executions: map[string][]string{"a": {"1"}}}, "wrong_result"},
 		{"Lost", []Op{op(Call, "a", 0, 1, Ok, "1", "")}, World{}, "lost"},
+		{"UnknownOnlyWhenForwarded", []Op{op(Status, "a", 0, 1, Ok, "unknown", "")}, World{}, "unknown_state"},
 		{"Undelivered", nil, World{Effects: []Effect{{"a", 1, "u-1"}}}, "undelivered"},
 		{"Redelivered", nil, World{Effects: []Effect{{"a", 1, "u-1"}}, Receipts: []string{"u-1", "u-1"}}, "redelivered"},
 		{"Reordered", nil, World{Effects: []Effect{{"a", 1, "u-1"}, {"a", 2, "u-2"}}, Receipts: []string{"u-2", "u-1"}}, "reordered"},

@@ -61,7 +61,7 @@ func (f Fault) String() string {
 // Options shape a schedule.
 type Options struct {
 	Replicas int
-	Kinds    []Kind // the faults to draw from, uniformly
+	Kinds    []Kind // the faults to draw from: every one once per len(Kinds) faults
 	// Hold is the mean time a fault lasts (uniform in [Hold/2, 3*Hold/2));
 	// PauseHold, for Pause, must outlast the replica's lease.
 	Hold, PauseHold time.Duration
@@ -84,8 +84,16 @@ func Schedule(seed uint64, length time.Duration, o Options) []Fault {
 		return d/2 + time.Duration(r.Int64N(int64(d)))
 	}
 	at += around(o.Gap)
+	var cycle []int
 	for at < length && len(o.Kinds) > 0 {
-		f := Fault{At: at, Kind: o.Kinds[r.IntN(len(o.Kinds))], Replica: r.IntN(max(o.Replicas, 1)), Hold: around(o.Hold)}
+		// Kinds come in cycles, each a seeded permutation of all of
+		// them, so that a short run still meets every kind.
+		if len(cycle) == 0 {
+			cycle = r.Perm(len(o.Kinds))
+		}
+		kind := o.Kinds[cycle[0]]
+		cycle = cycle[1:]
+		f := Fault{At: at, Kind: kind, Replica: r.IntN(max(o.Replicas, 1)), Hold: around(o.Hold)}
 		switch f.Kind {
 		case Pause:
 			f.Hold = o.PauseHold + around(o.Hold)/4
