@@ -53,7 +53,8 @@ func (a Anomaly) String() string { return fmt.Sprintf("%s %s: %s", a.Kind, a.Key
 //     completed(x) or failed(x), after which it never changes (see
 //     [Model]); checked with Porcupine;
 //   - every committed effect is applied downstream exactly once, and a
-//     call's effects in their order.
+//     call's effects in their order, and nothing else is applied;
+//   - no status read says unknown unless the calls were forwarded.
 //
 // linTimeout bounds Porcupine's search; a search that times out is
 // reported as an anomaly of kind "lin_timeout", not passed.
