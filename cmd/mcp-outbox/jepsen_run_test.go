@@ -4,6 +4,7 @@ import (
 	"database/sql"
 	"net/url"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -146,4 +147,39 @@ func TestJepsen_SQLite(t *testing.T) {
 	db := openLedgerDB(t, dbPath)
 	w := c.world(db, fake)
 	c.check("SQLite, 2 processes", seed, w, count, kinds, time.Since(start))
+}
+
+// The campaign's clock skew reaches the layer of a real serve process: a
+// call made while its clock file says +2m is recorded two minutes ahead,
+// and one made after the file says -2m, two minutes behind (the file is
+// read again while the process runs).
+func TestJepsen_ClockSkewReachesTheLayer(t *testing.T) {
+	t.Parallel()
+	dbPath := filepath.Join(t.TempDir(), "ledger.db")
+	r := &jepsenReplica{t: t, db: dbPath, clock: skewFile(t, 0)}
+	if err := r.skew(2 * time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	r.start()
+	cs := connectHTTP(t, r.url, "", httpClient(t, ""))
+	db := openLedgerDB(t, dbPath)
+	createdAt := func(key string) time.Duration {
+		var ms int64
+		if err := db.QueryRow(`SELECT created_at FROM calls WHERE key = ?`, key).Scan(&ms); err != nil {
+			t.Fatal(err)
+		}
+		return time.UnixMilli(ms).Sub(time.Now()).Round(time.Minute)
+	}
+	mustSucceed(t, cs, chargeCall("k-ahead", 100))
+	if got := createdAt("k-ahead"); got != 2*time.Minute {
+		t.Fatalf("a call under +2m was recorded %v from now", got)
+	}
+	if err := r.skew(-2 * time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	pollReplicas(t, 10*time.Second, "the process to read -2m", func() bool {
+		key := "k-behind-" + strconv.FormatInt(time.Now().UnixNano(), 10)
+		mustSucceed(t, cs, chargeCall(key, 100))
+		return createdAt(key) == -2*time.Minute
+	})
 }
