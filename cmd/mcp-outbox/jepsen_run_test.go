@@ -168,7 +168,7 @@ func TestJepsen_ClockSkewReachesTheLayer(t *testing.T) {
 		if err := db.QueryRow(`SELECT created_at FROM calls WHERE key = ?`, key).Scan(&ms); err != nil {
 			t.Fatal(err)
 		}
-		return time.UnixMilli(ms).Sub(time.Now()).Round(time.Minute)
+		return time.Until(time.UnixMilli(ms)).Round(time.Minute)
 	}
 	mustSucceed(t, cs, chargeCall("k-ahead", 100))
 	if got := createdAt("k-ahead"); got != 2*time.Minute {
