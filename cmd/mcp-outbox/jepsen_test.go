@@ -205,8 +205,11 @@ func (c *campaign) call(ctx context.Context, cs *mcp.ClientSession, id int, key 
 	case res.IsError:
 		code, _ := res.Meta[outbox.MetaKeyError].(string)
 		out := history.Info
-		// Either says, definitely, that this attempt executed nothing.
-		if code == "not_recorded" || code == "in_progress" {
+		// Only these words say, definitely, that this attempt left
+		// nothing: in_progress is also the code of a commit whose answer
+		// was lost and could not be read back ("may have been recorded"),
+		// an unknown outcome.
+		if text := resultText(res); strings.Contains(text, "nothing was executed") || strings.Contains(text, "nothing of it was kept") {
 			out = history.Fail
 		}
 		p.End(out, "", "", code+": "+reason(resultText(res)))
