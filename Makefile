@@ -93,6 +93,28 @@ chaos: ## Chaos soaks, SQLite then PostgreSQL: 10,000 logical calls each while s
 		CHAOS_CALLS=$(CHAOS_CALLS) MCP_OUTBOX_REQUIRE_POSTGRES=1 go test -count=1 -run "^$$test\$$" -v -timeout 60m ./cmd/mcp-outbox/; \
 	done
 
+# The fault campaign (issue 29) at full size: 3 replicas on PostgreSQL and
+# 2 processes on one SQLite file under a seeded nemesis, checked by
+# internal/history. Each run prints its seed and a summary table;
+# JEPSEN_SEED=N replays a schedule. `make test` runs the same tests with
+# about 300 operations each.
+JEPSEN_OPS ?= 10000
+JEPSEN_STORE ?= postgres sqlite
+.PHONY: jepsen
+jepsen: ## Fault campaign: replicas under partitions, clock skew, pauses, kills and PostgreSQL restarts, histories checked (JEPSEN_OPS=N, JEPSEN_SEED=N, JEPSEN_STORE=postgres|sqlite)
+	@set -e; for store in $(JEPSEN_STORE); do \
+		case $$store in \
+		postgres) test=TestJepsen_Postgres ;; \
+		sqlite) test=TestJepsen_SQLite ;; \
+		*) echo "JEPSEN_STORE=$$store: want postgres or sqlite"; exit 2 ;; \
+		esac; \
+		echo "==> $$test, JEPSEN_OPS=$(JEPSEN_OPS)"; \
+		summary=$$(mktemp); \
+		MCP_OUTBOX_JEPSEN_OPS=$(JEPSEN_OPS) MCP_OUTBOX_JEPSEN_SUMMARY=$$summary $(if $(JEPSEN_SEED),MCP_OUTBOX_JEPSEN_SEED=$(JEPSEN_SEED)) MCP_OUTBOX_REQUIRE_POSTGRES=1 \
+			go test -count=1 -run "^$$test\$$" -timeout 120m ./cmd/mcp-outbox/ || { cat $$summary; rm -f $$summary; exit 1; }; \
+		cat $$summary; rm -f $$summary; \
+	done
+
 .PHONY: lint
 lint: ## Check formatting (gofmt), go vet and staticcheck
 	@unformatted=$$(find . -name node_modules -prune -o -name '*.go' -print | xargs gofmt -l); \

@@ -17,6 +17,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/gctune"
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
+	"github.com/mcp-outbox/mcp-outbox/internal/testclock"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/outbox/destconfig"
 	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
@@ -243,7 +244,9 @@ func openStore(ctx context.Context, env *environment, cfg *appConfig) (*app, err
 		}
 	}
 	a.layer, err = outbox.New(db, &outbox.Options{Logger: logger, FingerprintWindow: window, InFlightWait: cfg.inFlightWait, Lease: cfg.lease, KeyRetention: cfg.retention.Calls, Metrics: a.metrics, LogSensitive: cfg.logSensitive,
-		MaxBatchCalls: cfg.batchCalls, MaxBatchWait: cfg.batchWait, TracerProvider: a.tracerProvider, Sealer: sealer})
+		MaxBatchCalls: cfg.batchCalls, MaxBatchWait: cfg.batchWait, TracerProvider: a.tracerProvider, Sealer: sealer,
+		// nil, the layer's clock, except in a failpoints build told to skew it.
+		Now: testclock.Now()})
 	if err != nil {
 		a.Close()
 		return nil, err

@@ -1,0 +1,204 @@
+// Package history records what the clients of a fault campaign saw, one
+// operation at a time with its invoke and complete times, the way Jepsen's
+// histories do, and checks it against what the store and the downstream
+// hold at the end (see [Check]).
+//
+// An operation's outcome is ok (the system answered, and the answer is
+// definite), fail (the system said, definitely, that nothing was done by
+// this attempt) or info (the answer was lost: a timeout, a reset
+// connection; the operation may or may not have taken effect). Only info
+// operations leave a question open, and the campaign answers it the way a
+// client should: it retries under the same key until an ok.
+package history
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Kind is what an operation did.
+type Kind string
+
+const (
+	// Call is a tools/call of a side-effecting tool under an idempotency key.
+	Call Kind = "call"
+	// Status is a call_status read of a key.
+	Status Kind = "status"
+	// TaskPoll is a tasks/get of the task a call runs as.
+	TaskPoll Kind = "task_poll"
+)
+
+// Outcome is how an operation ended, in Jepsen's terms.
+type Outcome string
+
+const (
+	Ok   Outcome = "ok"
+	Fail Outcome = "fail"
+	Info Outcome = "info"
+)
+
+// Op is one operation as a client saw it.
+type Op struct {
+	ID      int
+	Client  int
+	Kind    Kind
+	Key     string
+	Attempt int    // 1 for the first try of a key, 2 for its first retry...
+	Target  string // the replica or front the request went to, when known
+	// Invoke and Complete are offsets from the history's start, on the
+	// monotonic clock; Complete is zero while the operation is pending.
+	Invoke, Complete time.Duration
+	Outcome          Outcome
+	// Result is, for an ok call, the execution it names (the charge id);
+	// for a status read, the state read ("not_found", "in_flight",
+	// "completed", "failed", "unknown"), and for a completed one
+	// StatusResult holds the execution its recorded result names.
+	Result       string
+	StatusResult string
+	// Reason says why a fail or info operation ended so.
+	Reason string
+	// Fault is the fault the nemesis had injected when the operation was
+	// invoked ("" for none), for the summary per fault.
+	Fault string
+}
+
+func (o Op) String() string {
+	s := fmt.Sprintf("#%d c%d %s %s try%d [%v..%v] %s", o.ID, o.Client, o.Kind, o.Key, o.Attempt,
+		o.Invoke.Round(time.Millisecond), o.Complete.Round(time.Millisecond), o.Outcome)
+	if o.Result != "" {
+		s += " " + o.Result
+	}
+	if o.StatusResult != "" {
+		s += "=" + o.StatusResult
+	}
+	if o.Reason != "" {
+		s += " (" + o.Reason + ")"
+	}
+	return s
+}
+
+// History is a concurrent log of operations.
+type History struct {
+	start time.Time
+	mu    sync.Mutex
+	ops   []Op
+	fault string
+}
+
+// SetFault names the fault in effect from now on ("" once healed); later
+// operations carry it.
+func (h *History) SetFault(f string) {
+	h.mu.Lock()
+	h.fault = f
+	h.mu.Unlock()
+}
+
+// New starts an empty history; times are offsets from now.
+func New() *History { return &History{start: time.Now()} }
+
+// Pending is an operation invoked and not yet completed.
+type Pending struct {
+	h *History
+	i int
+}
+
+// Invoke records the start of an operation.
+func (h *History) Invoke(client int, kind Kind, key string, attempt int, target string) *Pending {
+	now := time.Since(h.start)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.ops = append(h.ops, Op{ID: len(h.ops), Client: client, Kind: kind, Key: key, Attempt: attempt, Target: target, Invoke: now, Fault: h.fault})
+	return &Pending{h: h, i: len(h.ops) - 1}
+}
+
+// End records how the operation ended.
+func (p *Pending) End(outcome Outcome, result, statusResult, reason string) {
+	now := time.Since(p.h.start)
+	p.h.mu.Lock()
+	defer p.h.mu.Unlock()
+	o := &p.h.ops[p.i]
+	o.Complete, o.Outcome, o.Result, o.StatusResult, o.Reason = now, outcome, result, statusResult, reason
+}
+
+// Ops returns a copy of the operations, in invoke order.
+func (h *History) Ops() []Op {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]Op(nil), h.ops...)
+}
+
+// Excerpt returns the operations on key, one a line, for a report.
+func Excerpt(ops []Op, key string) string {
+	var b strings.Builder
+	for _, o := range ops {
+		if o.Key == key {
+			b.WriteString(o.String())
+			b.WriteByte('\n')
+		}
+	}
+	return b.String()
+}
+
+// Counts tallies operations by kind and outcome, and info operations by
+// reason, for a summary.
+type Counts struct {
+	ByKind  map[Kind]map[Outcome]int
+	InfoWhy map[string]int
+	// ByFault counts outcomes by the fault active at invoke ("none"
+	// outside faults); Why counts fail and info reasons by fault too.
+	ByFault map[string]map[Outcome]int
+	Why     map[string]int
+	Total   int
+	Retries int // operations with Attempt > 1
+	Pending int // operations still pending at the end (none, once clients stop)
+}
+
+// Count tallies ops.
+func Count(ops []Op) Counts {
+	c := Counts{ByKind: map[Kind]map[Outcome]int{}, InfoWhy: map[string]int{}, ByFault: map[string]map[Outcome]int{}, Why: map[string]int{}}
+	for _, o := range ops {
+		c.Total++
+		if c.ByKind[o.Kind] == nil {
+			c.ByKind[o.Kind] = map[Outcome]int{}
+		}
+		if o.Outcome == "" {
+			c.Pending++
+			continue
+		}
+		c.ByKind[o.Kind][o.Outcome]++
+		if o.Attempt > 1 {
+			c.Retries++
+		}
+		fault := o.Fault
+		if fault == "" {
+			fault = "none"
+		}
+		if c.ByFault[fault] == nil {
+			c.ByFault[fault] = map[Outcome]int{}
+		}
+		c.ByFault[fault][o.Outcome]++
+		if o.Outcome != Ok {
+			c.InfoWhy[string(o.Kind)+" "+string(o.Outcome)+": "+o.Reason]++
+			c.Why[fault+" | "+string(o.Kind)+" "+string(o.Outcome)+": "+o.Reason]++
+		}
+	}
+	return c
+}
+
+// Reasons lists InfoWhy sorted by count, most first.
+func (c Counts) Reasons() []string { return sortedCounts(c.InfoWhy) }
+
+// ReasonsByFault lists Why, sorted by count, most first.
+func (c Counts) ReasonsByFault() []string { return sortedCounts(c.Why) }
+
+func sortedCounts(m map[string]int) []string {
+	var out []string
+	for r, n := range m {
+		out = append(out, fmt.Sprintf("%6d  %s", n, r))
+	}
+	sort.Sort(sort.Reverse(sort.StringSlice(out)))
+	return out
+}
