@@ -206,6 +206,9 @@ func TestSeal_Refused(t *testing.T) {
 		if !res.IsError || !strings.Contains(text(res), "fails authentication") {
 			t.Errorf("retry of %s: %s, want an error saying it fails authentication", k, text(res))
 		}
+		if got := errorCode(res); got != "unreadable" {
+			t.Errorf("retry of %s: code %q, want unreadable", k, got)
+		}
 		if strings.Contains(text(res), marker) {
 			t.Errorf("retry of %s answered %s", k, text(res))
 		}
@@ -240,6 +243,9 @@ func TestSeal_MissingKey(t *testing.T) {
 		}
 		if !res.IsError || !strings.Contains(text(res), want) {
 			t.Errorf("%s: retry answered %s, want an error naming %s", name, text(res), want)
+		}
+		if got := errorCode(res); got != "unreadable" {
+			t.Errorf("%s: code %q, want unreadable", name, got)
 		}
 		// Other calls are served.
 		if res := note(t, b2, "other-"+name, "x"); res.IsError {
@@ -336,6 +342,11 @@ func TestSeal_Forget(t *testing.T) {
 			res := note(t, b, k, marker+map[string]string{"": "-fp"}[k])
 			if !res.IsError || !strings.Contains(text(res), "erased") || strings.Contains(text(res), marker) {
 				t.Errorf("retry of %q: %s, want an erased error", k, text(res))
+			}
+			// Not not_recorded, which tells a client that a retry runs
+			// the call: it never will.
+			if got := errorCode(res); got != "erased" {
+				t.Errorf("retry of %q: code %q, want erased", k, got)
 			}
 		}
 		if st := outboxtest.Status(t, b.session, map[string]any{"key": "gone"}); st.State != query.Erased || len(st.Result) != 0 {
