@@ -9,8 +9,8 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
-	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/replaynote"
+	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 )
 
 // MetaKeyCall is the _meta entry of every recorded call's result: the key,
