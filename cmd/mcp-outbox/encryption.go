@@ -65,6 +65,16 @@ func runOutboxForget(ctx context.Context, env *environment, s outboxSub, args []
 		"calls", f.Calls, "effects", f.Effects, "in_flight", f.InFlight, "db", schema.Redact(*dbPath))
 	_, err = fmt.Fprintf(env.stdout, "principal %s forgotten: %d data keys erased, %d calls and %d effects cleared\n",
 		principal, f.DataKeys, f.Calls, f.Effects)
+	if err == nil && f.Unknown {
+		// Most likely a principal in another form than its calls' (a
+		// tenant's user given without the tenant): say so, or the
+		// operator believes a request to be forgotten was met.
+		msg := "no call or data key of " + principal + " is recorded in this database: nothing was erased"
+		if len(f.Similar) > 0 {
+			msg += "; principals of tenants' servers: " + strings.Join(f.Similar, ", ")
+		}
+		_, err = fmt.Fprintln(env.stdout, msg)
+	}
 	if err == nil && f.InFlight > 0 {
 		_, err = fmt.Fprintf(env.stdout, "%d calls were in flight and are not erased: run forget-principal again once they ended\n", f.InFlight)
 	}

@@ -86,6 +86,9 @@ func TestEncryptionCLI(t *testing.T) {
 	if r.code != 0 || !strings.Contains(r.stdout, "1 data keys erased, 1 calls") || !strings.Contains(r.stderr, "operator action") {
 		t.Fatalf("forget-principal: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
+	if r := runCLI(t, vars, "outbox", "forget-principal", "nobody"); r.code != 0 || !strings.Contains(r.stdout, "no call or data key of user:nobody") {
+		t.Errorf("forget-principal of an unknown principal: exit %d, stdout %q, want it said that nothing was erased", r.code, r.stdout)
+	}
 	erased := func(cs *mcp.ClientSession) {
 		t.Helper()
 		if res := chargeWith(t, cs, "enc-1", 4242); !res.IsError || !strings.Contains(resultText(res), "erased") {
