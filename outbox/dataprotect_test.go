@@ -257,6 +257,21 @@ func TestSeal_MissingKey(t *testing.T) {
 	}
 }
 
+// TestSeal_SameIDOtherKey: a key file whose key under an id is not the one
+// that wrapped the database's data keys (a key made anew under the old id)
+// is named as that, not as a changed row.
+func TestSeal_SameIDOtherKey(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	if res := note(t, setupNote(t, db, sealerOf(t, newKeyLine(t, "k1")), nil), "a", marker); res.IsError {
+		t.Fatal(text(res))
+	}
+	_, err := outbox.New(db, &outbox.Options{Sealer: sealerOf(t, newKeyLine(t, "k1"))})
+	if err == nil || !strings.Contains(err.Error(), `the key file's "k1" is not the key that wrapped it`) {
+		t.Errorf("another key under the same id: %v, want an error saying so", err)
+	}
+}
+
 // TestSeal_Migration: a database with plaintext rows stays readable once
 // encryption is on (results and plain args hashes), new rows are sealed,
 // and reencrypt's conversion seals the old ones.
