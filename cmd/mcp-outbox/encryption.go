@@ -119,6 +119,13 @@ func runRewrite(ctx context.Context, env *environment, s outboxSub, args []strin
 		fmt.Fprintf(env.stdout, "%s: %d data keys rewrapped, %d calls and %d effects rewritten, %d values unreadable\n",
 			s.name, r.DataKeys, r.Calls, r.Effects, r.Unreadable)
 	}
+	if fr, ok := sealer.Ring().(*seal.FileKeyRing); ok && err == nil && s.name == "reencrypt" && r.DataKeys == 0 && len(fr.IDs()) > 1 {
+		// A new key appended to the file rather than put first: nothing
+		// moves, and removing the old key next would leave every row
+		// unreadable.
+		fmt.Fprintf(env.stdout, "every data key is under %q, the key file's first key: to rotate to another key, put it first and run reencrypt again\n",
+			fr.Current())
+	}
 	if err == nil && r.Unreadable > 0 {
 		return fmt.Errorf("%s: %d values could not be decrypted (changed, or under a key missing from the key file); the data keys are kept", s.name, r.Unreadable)
 	}
