@@ -272,6 +272,33 @@ func TestSeal_SameIDOtherKey(t *testing.T) {
 	}
 }
 
+// TestSeal_ReencryptAfterForget: reencrypt leaves a forgotten principal's
+// erased effects alone; it used to seal their emptied headers, which gave
+// the forgotten principal a live data key again.
+func TestSeal_ReencryptAfterForget(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	s := sealerOf(t, newKeyLine(t, "k1"))
+	if res := note(t, setupNote(t, db, s, nil), "a", marker); res.IsError {
+		t.Fatal(text(res))
+	}
+	ctx := context.Background()
+	if _, err := admin.ForgetPrincipal(ctx, db, "local", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	r, err := outbox.Reencrypt(ctx, db, s, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var live int
+	if err := db.Read.QueryRow(`SELECT count(*) FROM data_keys WHERE principal = 'local' AND erased_at IS NULL`).Scan(&live); err != nil {
+		t.Fatal(err)
+	}
+	if r.Effects != 0 || live != 0 {
+		t.Errorf("reencrypt after forget: %+v, %d live data keys of the forgotten principal; want nothing rewritten and none", r, live)
+	}
+}
+
 // TestSeal_Migration: a database with plaintext rows stays readable once
 // encryption is on (results and plain args hashes), new rows are sealed,
 // and reencrypt's conversion seals the old ones.
