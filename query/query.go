@@ -341,7 +341,9 @@ func loadHashKey(ctx context.Context, db *schema.DB, s *seal.Sealer) error {
 
 // Fingerprint is the key of a call made without one: keyed with s's hash
 // key when it has one ('fk_'), so that the key of a likely call cannot be
-// computed by whoever reads the table; callkey's plain SHA-256 otherwise.
+// computed by whoever reads the table; callkey's plain SHA-256 otherwise,
+// also when s has not loaded the hash key (seal.Sealer.LoadHashKey), which
+// would not find a call the layer recorded with one.
 func Fingerprint(s *seal.Sealer, principal, tool string, canonical []byte) string {
 	if h := s.Hash([]byte("fingerprint"), []byte(principal), []byte(tool), canonical); h != nil {
 		return "fk_" + hex.EncodeToString(h)
