@@ -206,6 +206,9 @@ func TestSeal_Refused(t *testing.T) {
 		if !res.IsError || !strings.Contains(text(res), "fails authentication") {
 			t.Errorf("retry of %s: %s, want an error saying it fails authentication", k, text(res))
 		}
+		if got := errorCode(res); got != "unreadable" {
+			t.Errorf("retry of %s: code %q, want unreadable", k, got)
+		}
 		if strings.Contains(text(res), marker) {
 			t.Errorf("retry of %s answered %s", k, text(res))
 		}
@@ -241,6 +244,9 @@ func TestSeal_MissingKey(t *testing.T) {
 		if !res.IsError || !strings.Contains(text(res), want) {
 			t.Errorf("%s: retry answered %s, want an error naming %s", name, text(res), want)
 		}
+		if got := errorCode(res); got != "unreadable" {
+			t.Errorf("%s: code %q, want unreadable", name, got)
+		}
 		// Other calls are served.
 		if res := note(t, b2, "other-"+name, "x"); res.IsError {
 			t.Errorf("%s: a new call: %s", name, text(res))
@@ -248,6 +254,48 @@ func TestSeal_MissingKey(t *testing.T) {
 	}
 	if got := runs.Load(); got != 3 {
 		t.Errorf("%d runs, want 3: the call under the missing key must not run again", got)
+	}
+}
+
+// TestSeal_SameIDOtherKey: a key file whose key under an id is not the one
+// that wrapped the database's data keys (a key made anew under the old id)
+// is named as that, not as a changed row.
+func TestSeal_SameIDOtherKey(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	if res := note(t, setupNote(t, db, sealerOf(t, newKeyLine(t, "k1")), nil), "a", marker); res.IsError {
+		t.Fatal(text(res))
+	}
+	_, err := outbox.New(db, &outbox.Options{Sealer: sealerOf(t, newKeyLine(t, "k1"))})
+	if err == nil || !strings.Contains(err.Error(), `the key file's "k1" is not the key that wrapped it`) {
+		t.Errorf("another key under the same id: %v, want an error saying so", err)
+	}
+}
+
+// TestSeal_ReencryptAfterForget: reencrypt leaves a forgotten principal's
+// erased effects alone; it used to seal their emptied headers, which gave
+// the forgotten principal a live data key again.
+func TestSeal_ReencryptAfterForget(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	s := sealerOf(t, newKeyLine(t, "k1"))
+	if res := note(t, setupNote(t, db, s, nil), "a", marker); res.IsError {
+		t.Fatal(text(res))
+	}
+	ctx := context.Background()
+	if _, err := admin.ForgetPrincipal(ctx, db, "local", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	r, err := outbox.Reencrypt(ctx, db, s, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var live int
+	if err := db.Read.QueryRow(`SELECT count(*) FROM data_keys WHERE principal = 'local' AND erased_at IS NULL`).Scan(&live); err != nil {
+		t.Fatal(err)
+	}
+	if r.Effects != 0 || live != 0 {
+		t.Errorf("reencrypt after forget: %+v, %d live data keys of the forgotten principal; want nothing rewritten and none", r, live)
 	}
 }
 
@@ -336,6 +384,11 @@ func TestSeal_Forget(t *testing.T) {
 			res := note(t, b, k, marker+map[string]string{"": "-fp"}[k])
 			if !res.IsError || !strings.Contains(text(res), "erased") || strings.Contains(text(res), marker) {
 				t.Errorf("retry of %q: %s, want an erased error", k, text(res))
+			}
+			// Not not_recorded, which tells a client that a retry runs
+			// the call: it never will.
+			if got := errorCode(res); got != "erased" {
+				t.Errorf("retry of %q: code %q, want erased", k, got)
 			}
 		}
 		if st := outboxtest.Status(t, b.session, map[string]any{"key": "gone"}); st.State != query.Erased || len(st.Result) != 0 {

@@ -397,8 +397,10 @@
 // keys. Keys, principals, tool names, states, times, effect destinations and
 // paths stay in plaintext: they are what finds a call. A value that cannot be
 // opened (changed, copied from another row, erased, or under a key the key
-// file lacks) is answered as an error that says why, and the call is never
-// run again: its row exists. ForgetPrincipal of package admin erases a
+// file lacks) is answered as an error that says why, with the code
+// "erased" or "unreadable" under [MetaKeyError] (never "not_recorded", which
+// promises that a retry runs the call), and the call is never run again: its
+// row exists. ForgetPrincipal of package admin erases a
 // principal (crypto-erasure, see package seal); [Reencrypt] rotates keys
 // and seals the rows of a database used without encryption; [Decrypt]
 // turns it off.

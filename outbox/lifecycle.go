@@ -30,8 +30,8 @@ type StartOptions struct {
 	// destination name with [ErrUnknownDestination]. Nil means the
 	// dispatcher's defaults and no destinations, which suits a server
 	// whose tools enqueue nothing: any Enqueue is then an error. In the
-	// copy Start makes, nil Logger, Metrics, TracerProvider and Now are
-	// the layer's (see [Options]).
+	// copy Start makes, nil Logger, Metrics, TracerProvider, Now and
+	// Sealer are the layer's (see [Options]).
 	Dispatcher *dispatch.Options
 	// NoDispatcher runs no dispatcher in this process: another one
 	// delivers (mcp-outbox drain, or a replica on the same PostgreSQL

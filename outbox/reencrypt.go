@@ -145,9 +145,12 @@ SELECT id, principal, result, task_params FROM calls WHERE id > $1 ORDER BY id L
 	updateCallValues = `
 UPDATE calls SET result = $1, task_params = $2
 WHERE id = $3 AND coalesce(result, '') = $4 AND coalesce(task_params, '') = $5`
+	// Not the effects of a forgotten principal's calls: ForgetPrincipal
+	// left them an empty plaintext header set ('{}'), which sealing would
+	// give the principal a live data key again, and nothing to protect.
 	selectEffectValues = `
 SELECT e.id, e.idempotency_key, coalesce(c.principal, ''), e.headers, e.body
-FROM effects e LEFT JOIN calls c ON c.id = e.call_id WHERE e.id > $1 ORDER BY e.id LIMIT $2`
+FROM effects e LEFT JOIN calls c ON c.id = e.call_id WHERE e.id > $1 AND c.erased_at IS NULL ORDER BY e.id LIMIT $2`
 	updateEffectValues = `
 UPDATE effects SET headers = $1, body = $2, response = NULL WHERE id = $3 AND headers = $4`
 )

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/replaynote"
+	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 )
 
 // MetaKeyCall is the _meta entry of every recorded call's result: the key,
@@ -28,6 +30,12 @@ const (
 	codeInProgress       = "in_progress"       // the original is still running (HTTP 409)
 	codeNotRecorded      = "not_recorded"      // nothing committed; a retry runs the call
 	codeUnknown          = "outcome_unknown"   // the call may have run; it never runs again by itself
+	// The call is recorded but its result cannot be shown. Not
+	// not_recorded, whose promise ("a retry runs the call") would be false
+	// here: a client that retries on it would loop on an answer that never
+	// changes, since the row exists and the call never runs again.
+	codeErased     = "erased"     // the principal was forgotten (admin.ForgetPrincipal)
+	codeUnreadable = "unreadable" // changed, copied from another row, or under a key the key file lacks
 )
 
 // encodeResult stores a result in a protocol-neutral form: content,
@@ -79,8 +87,17 @@ func decodeRecorded(r callRow) (*mcp.CallToolResult, error) {
 	return &res, nil
 }
 
+// unreadableCode is the code of the answer about a recorded result that err
+// keeps from being read.
+func unreadableCode(err error) string {
+	if errors.Is(err, seal.ErrErased) {
+		return codeErased
+	}
+	return codeUnreadable
+}
+
 func unreadableResult(r callRow, id callIdentity, err error) *mcp.CallToolResult {
-	return toolError(codeNotRecorded, "the recorded result of %s cannot be read (%v); the call is recorded as %s.", earlierCall(id), err, r.state)
+	return toolError(unreadableCode(err), "the recorded result of %s cannot be read (%v); the call is recorded as %s.", earlierCall(id), err, r.state)
 }
 
 // The layer's answers name the call they are about. A call that came

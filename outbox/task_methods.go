@@ -137,7 +137,7 @@ func (l *Layer) getTask(ctx context.Context, principal, id string, withResult bo
 		if err != nil {
 			// Erased, tampered or under a missing key: the task's result
 			// says so; the task is never run again.
-			plain, _ = encodeResult(toolError(codeNotRecorded, "the recorded result of this task cannot be read (%v).", err))
+			plain, _ = encodeResult(toolError(unreadableCode(err), "the recorded result of this task cannot be read (%v).", err))
 		}
 		result.String = plain
 	}

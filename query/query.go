@@ -172,16 +172,21 @@ func LookupSealed(ctx context.Context, db *schema.DB, s *seal.Sealer, principal,
 }
 
 // LookupArgs finds the call a client made without a key, by the fingerprint
-// of principal, tool and arguments.
+// of principal, tool and arguments. On a database used with a key file it
+// fails with [ErrKeyedFingerprints]: use LookupArgsSealed.
 func LookupArgs(ctx context.Context, db *schema.DB, principal, tool string, args json.RawMessage, now time.Time) (*Status, error) {
 	return LookupArgsSealed(ctx, db, nil, principal, tool, args, now)
 }
 
 // LookupArgsSealed is LookupArgs with s's keyed fingerprints and sealed
-// results (see [LookupSealed]).
+// results (see [LookupSealed]); it loads s's hash key (seal.Sealer.LoadHashKey)
+// if the database has one and s has not loaded it.
 func LookupArgsSealed(ctx context.Context, db *schema.DB, s *seal.Sealer, principal, tool string, args json.RawMessage, now time.Time) (*Status, error) {
 	canonical, err := callkey.Canonical(args)
 	if err != nil {
+		return nil, err
+	}
+	if err := loadHashKey(ctx, db, s); err != nil {
 		return nil, err
 	}
 	st, err := LookupSealed(ctx, db, s, principal, Fingerprint(s, principal, tool, canonical), now)
@@ -302,9 +307,43 @@ func taskStatus(state, end string) string {
 	return "completed" // a tool result, isError or not
 }
 
+// ErrKeyedFingerprints is LookupArgs on a database used with a key file: its
+// fingerprints are keyed (HMAC under a key wrapped in data_keys), and a plain
+// one would find nothing, answering that a call made there never was.
+var ErrKeyedFingerprints = errors.New("the calls of this database are fingerprinted under a key of its key file " +
+	"(it is used with encryption on): look them up with LookupArgsSealed and a Sealer of that key file")
+
+// loadHashKey loads s's hash key from db when db has one: a Sealer made for
+// reads alone (seal.New, without the layer, which loads it in outbox.New)
+// would otherwise compute plain fingerprints, find nothing, and tell the
+// client that a call which is recorded would run. It only reads: a database
+// without a hash key has no keyed fingerprints to find.
+func loadHashKey(ctx context.Context, db *schema.DB, s *seal.Sealer) error {
+	if s.Keyed() {
+		return nil
+	}
+	var one int
+	err := db.Read.QueryRowContext(ctx, `SELECT 1 FROM data_keys WHERE purpose = 'hash' AND erased_at IS NULL LIMIT 1`).Scan(&one)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("look for the hash key: %w", err)
+	}
+	if s == nil {
+		return ErrKeyedFingerprints
+	}
+	if err := s.LoadHashKey(ctx, db.Read); err != nil {
+		return fmt.Errorf("fingerprints of this database are keyed: %w", err)
+	}
+	return nil
+}
+
 // Fingerprint is the key of a call made without one: keyed with s's hash
 // key when it has one ('fk_'), so that the key of a likely call cannot be
-// computed by whoever reads the table; callkey's plain SHA-256 otherwise.
+// computed by whoever reads the table; callkey's plain SHA-256 otherwise,
+// also when s has not loaded the hash key (seal.Sealer.LoadHashKey), which
+// would not find a call the layer recorded with one.
 func Fingerprint(s *seal.Sealer, principal, tool string, canonical []byte) string {
 	if h := s.Hash([]byte("fingerprint"), []byte(principal), []byte(tool), canonical); h != nil {
 		return "fk_" + hex.EncodeToString(h)

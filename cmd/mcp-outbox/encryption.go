@@ -65,6 +65,16 @@ func runOutboxForget(ctx context.Context, env *environment, s outboxSub, args []
 		"calls", f.Calls, "effects", f.Effects, "in_flight", f.InFlight, "db", schema.Redact(*dbPath))
 	_, err = fmt.Fprintf(env.stdout, "principal %s forgotten: %d data keys erased, %d calls and %d effects cleared\n",
 		principal, f.DataKeys, f.Calls, f.Effects)
+	if err == nil && f.Unknown {
+		// Most likely a principal in another form than its calls' (a
+		// tenant's user given without the tenant): say so, or the
+		// operator believes a request to be forgotten was met.
+		msg := "no call or data key of " + principal + " is recorded in this database: nothing was erased"
+		if len(f.Similar) > 0 {
+			msg += "; principals of tenants' servers: " + strings.Join(f.Similar, ", ")
+		}
+		_, err = fmt.Fprintln(env.stdout, msg)
+	}
 	if err == nil && f.InFlight > 0 {
 		_, err = fmt.Fprintf(env.stdout, "%d calls were in flight and are not erased: run forget-principal again once they ended\n", f.InFlight)
 	}
@@ -108,6 +118,13 @@ func runRewrite(ctx context.Context, env *environment, s outboxSub, args []strin
 	if r != nil {
 		fmt.Fprintf(env.stdout, "%s: %d data keys rewrapped, %d calls and %d effects rewritten, %d values unreadable\n",
 			s.name, r.DataKeys, r.Calls, r.Effects, r.Unreadable)
+	}
+	if fr, ok := sealer.Ring().(*seal.FileKeyRing); ok && err == nil && s.name == "reencrypt" && r.DataKeys == 0 && len(fr.IDs()) > 1 {
+		// A new key appended to the file rather than put first: nothing
+		// moves, and removing the old key next would leave every row
+		// unreadable.
+		fmt.Fprintf(env.stdout, "every data key is under %q, the key file's first key: to rotate to another key, put it first and run reencrypt again\n",
+			fr.Current())
 	}
 	if err == nil && r.Unreadable > 0 {
 		return fmt.Errorf("%s: %d values could not be decrypted (changed, or under a key missing from the key file); the data keys are kept", s.name, r.Unreadable)

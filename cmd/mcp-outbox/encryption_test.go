@@ -86,6 +86,9 @@ func TestEncryptionCLI(t *testing.T) {
 	if r.code != 0 || !strings.Contains(r.stdout, "1 data keys erased, 1 calls") || !strings.Contains(r.stderr, "operator action") {
 		t.Fatalf("forget-principal: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
+	if r := runCLI(t, vars, "outbox", "forget-principal", "nobody"); r.code != 0 || !strings.Contains(r.stdout, "no call or data key of user:nobody") {
+		t.Errorf("forget-principal of an unknown principal: exit %d, stdout %q, want it said that nothing was erased", r.code, r.stdout)
+	}
 	erased := func(cs *mcp.ClientSession) {
 		t.Helper()
 		if res := chargeWith(t, cs, "enc-1", 4242); !res.IsError || !strings.Contains(resultText(res), "erased") {
@@ -112,6 +115,16 @@ func TestEncryptionCLI(t *testing.T) {
 	k2line := writeKeyLine(t, dir)
 	if err := os.WriteFile(both, []byte(k2line+"\nk1:"+k["k1"]+"\n"), 0o600); err != nil {
 		t.Fatal(err)
+	}
+	// The new key appended, not put first: reencrypt rewraps nothing, and
+	// says why, or removing k1 next would leave every row unreadable.
+	appended := filepath.Join(dir, "keys-appended")
+	if err := os.WriteFile(appended, []byte("k1:"+k["k1"]+"\n"+k2line+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r = runCLI(t, vars, "outbox", "reencrypt", "--encryption-key-file", appended)
+	if r.code != 0 || !strings.Contains(r.stdout, `every data key is under "k1", the key file's first key`) {
+		t.Errorf("reencrypt with the new key last: exit %d, stdout %q, want it said that the new key goes first", r.code, r.stdout)
 	}
 	r = runCLI(t, vars, "outbox", "reencrypt", "--encryption-key-file", both, "--batch", "1")
 	if r.code != 0 || !strings.Contains(r.stdout, "2 data keys rewrapped") || !strings.Contains(r.stderr, "rewrapped under \"k2\"") {

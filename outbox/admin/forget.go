@@ -2,10 +2,14 @@ package admin
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -26,6 +30,16 @@ type Forgotten struct {
 	// InFlight calls were running and are not erased: their outcome
 	// commits under a new data key. Forget again once they ended.
 	InFlight int64 `json:"inFlight"`
+	// Unknown: the database holds no call and no data key of Principal
+	// (not even a forgotten one; calls the retention purged are gone). A
+	// request for someone who never called is met by nothing;
+	// a principal written in another form than the one calls are
+	// recorded under is a mistake, which Similar helps to see.
+	Unknown bool `json:"unknown,omitempty"`
+	// Similar names, when Unknown, principals recorded on a tenant's
+	// server that end with Principal ("tenant:acme/user:alice" for
+	// "alice"): a tenant's principal is forgotten under its whole name.
+	Similar []string `json:"similar,omitempty"`
 }
 
 const (
@@ -40,7 +54,15 @@ UPDATE effects SET body = NULL, headers = '{}', response = NULL,
     lease_owner = '', lease_until = 0, updated_at = $2
 WHERE call_id IN (SELECT id FROM calls WHERE principal = $1 AND state <> 'in_flight')
   AND (body IS NOT NULL OR headers <> '{}' OR response IS NOT NULL OR state IN ('pending', 'in_flight', 'dead', 'unknown'))`
-	countInFlight = `SELECT count(*) FROM calls WHERE principal = $1 AND state = 'in_flight'`
+	countInFlight  = `SELECT count(*) FROM calls WHERE principal = $1 AND state = 'in_flight'`
+	principalKnown = `SELECT
+    EXISTS (SELECT 1 FROM calls WHERE principal = $1) OR EXISTS (SELECT 1 FROM data_keys WHERE principal = $1)`
+	// $1 is "/" and the principal, $2 its length in characters: a suffix
+	// test that LIKE would need escaping for.
+	similarPrincipals = `
+SELECT DISTINCT principal FROM calls
+WHERE principal LIKE 'tenant:%' AND length(principal) > $2 AND substr(principal, length(principal) - $2 + 1) = $1
+ORDER BY principal LIMIT 5`
 )
 
 // ForgetPrincipal erases every recorded argument, result and effect body
@@ -59,9 +81,21 @@ WHERE call_id IN (SELECT id FROM calls WHERE principal = $1 AND state <> 'in_fli
 // key's row) and after a restart. It needs no key file. Calls in flight are
 // left alone and counted in InFlight. The erase is recorded in data_keys
 // (erased_at); callers log it as an operator action.
+//
+// principal is written as an operator writes it, as mcp-outbox outbox
+// forget-principal takes it: "local", a user's ID ("alice", recorded as
+// "user:alice"), or the recorded form ("user:alice", a tenant's
+// "tenant:acme/user:alice"). A principal the database never saw erases
+// nothing and is no error: Forgotten.Unknown says so, and Similar names the
+// tenants' principals it may have meant.
 func ForgetPrincipal(ctx context.Context, db *schema.DB, principal string, now time.Time) (*Forgotten, error) {
 	if principal == "" {
 		return nil, errors.New("forget principal: empty principal")
+	}
+	// A user's bare ID (what TokenInfo.UserID held) would otherwise match
+	// nothing, silently: calls are recorded under "user:ID".
+	if !strings.HasPrefix(principal, "tenant:") {
+		principal = callkey.ParsePrincipal(principal)
 	}
 	tx, err := db.Write.BeginTx(ctx, nil)
 	if err != nil {
@@ -87,8 +121,39 @@ func ForgetPrincipal(ctx context.Context, db *schema.DB, principal string, now t
 	if err := tx.QueryRowContext(ctx, countInFlight, principal).Scan(&f.InFlight); err != nil {
 		return nil, fmt.Errorf("count calls in flight: %w", err)
 	}
+	if f.DataKeys == 0 && f.Calls == 0 && f.Effects == 0 && f.InFlight == 0 {
+		if err := similar(ctx, tx, f); err != nil {
+			return nil, err
+		}
+	}
 	if err := tx.Commit(); err != nil {
 		return nil, fmt.Errorf("forget principal: %w", err)
 	}
 	return f, nil
+}
+
+// similar sets f.Unknown and f.Similar for a forget that erased nothing.
+func similar(ctx context.Context, tx *sql.Tx, f *Forgotten) error {
+	var known bool
+	if err := tx.QueryRowContext(ctx, principalKnown, f.Principal).Scan(&known); err != nil {
+		return fmt.Errorf("look for the principal: %w", err)
+	}
+	if known {
+		return nil
+	}
+	f.Unknown = true
+	suffix := "/" + f.Principal
+	rows, err := tx.QueryContext(ctx, similarPrincipals, suffix, utf8.RuneCountInString(suffix))
+	if err != nil {
+		return fmt.Errorf("look for similar principals: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var p string
+		if err := rows.Scan(&p); err != nil {
+			return fmt.Errorf("look for similar principals: %w", err)
+		}
+		f.Similar = append(f.Similar, p)
+	}
+	return rows.Err()
 }

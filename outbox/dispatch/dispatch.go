@@ -100,7 +100,10 @@ type Options struct {
 	// ResponseLimit bounds the response body recorded per attempt.
 	ResponseLimit int
 	// Sealer opens effect bodies and headers the layer sealed (package
-	// seal); nil reads plaintext ones only. With a Sealer the
+	// seal); nil reads plaintext ones only, and leaves sealed ones pending
+	// with a last error naming their data key. Layer.Start passes the
+	// layer's; a dispatcher made with New (mcp-outbox drain, a process of
+	// its own) needs one of the same key file. With a Sealer the
 	// destination's response is not kept (it may echo the body): only its
 	// status and the error text.
 	Sealer *seal.Sealer

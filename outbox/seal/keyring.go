@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"unicode"
 )
 
 // KeySize is the size of every key: AES-256.
@@ -71,6 +72,11 @@ func LoadKeyFile(path string) (*FileKeyRing, error) {
 // ParseKeys reads keys in the format of a key file (see [LoadKeyFile]).
 func ParseKeys(data []byte) (*FileKeyRing, error) {
 	r := &FileKeyRing{keys: map[string]cipher.AEAD{}}
+	// A file saved by a Windows editor may begin with a byte order mark,
+	// which would otherwise become part of the first key's id: an id
+	// that looks like "k1" and is not, so that the same key written
+	// without it (the next key file, at rotation) would be missing.
+	data = bytes.TrimPrefix(data, []byte("\ufeff"))
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	for n := 1; sc.Scan(); n++ {
 		line := strings.TrimSpace(sc.Text())
@@ -84,15 +90,21 @@ func ParseKeys(data []byte) (*FileKeyRing, error) {
 		if strings.ContainsAny(id, " \t:") {
 			return nil, fmt.Errorf("line %d: key id %q has a space or a colon", n, id)
 		}
+		// Ids are stored with every data key and named in messages: one
+		// with a character that does not show would be a key an operator
+		// cannot tell from another.
+		if i := strings.IndexFunc(id, func(c rune) bool { return !unicode.IsGraphic(c) || unicode.IsSpace(c) }); i >= 0 {
+			return nil, fmt.Errorf("line %d: key id %q has an invisible character (%U)", n, id, []rune(id[i:])[0])
+		}
 		if _, dup := r.keys[id]; dup {
 			return nil, fmt.Errorf("line %d: key id %q given twice", n, id)
 		}
 		key, err := base64.StdEncoding.DecodeString(strings.TrimSpace(b64))
 		if err != nil {
-			return nil, fmt.Errorf("line %d (key %q): not base64: %v", n, id, err)
+			return nil, fmt.Errorf("line %d (key %q): not base64 (standard, padded): %v; %s", n, id, err, makeOne)
 		}
 		if len(key) != KeySize {
-			return nil, fmt.Errorf("line %d (key %q): %d bytes, want %d", n, id, len(key), KeySize)
+			return nil, fmt.Errorf("line %d (key %q): %d bytes, want %d; %s", n, id, len(key), KeySize, makeOne)
 		}
 		aead, err := newAEAD(key)
 		if err != nil {
@@ -109,6 +121,11 @@ func ParseKeys(data []byte) (*FileKeyRing, error) {
 	}
 	return r, nil
 }
+
+// makeOne ends the errors about a key's bytes: the size is AES-256's, and a
+// hex string, a passphrase or a 64-byte secret made for something else is
+// refused rather than cut or stretched.
+const makeOne = "make a key with 'openssl rand -base64 32'"
 
 // Current is the first key's id.
 func (r *FileKeyRing) Current() string { return r.ids[0] }

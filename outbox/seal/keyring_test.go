@@ -13,6 +13,10 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 )
 
+// hex64 is what 'openssl rand -hex 32' prints for a key whose base64 is
+// then taken: 48 bytes, not 32.
+const hex64 = "0f1e2d3c4b5a69788796a5b4c3d2e1f00f1e2d3c4b5a69788796a5b4c3d2e1f0"
+
 func key(t *testing.T) string {
 	t.Helper()
 	k := make([]byte, seal.KeySize)
@@ -35,10 +39,22 @@ func TestParseKeys(t *testing.T) {
 		{"k1:" + base64.StdEncoding.EncodeToString([]byte("short")), "line 1 (key \"k1\"): 5 bytes, want 32"},
 		{"k1:" + good + "\nk1:" + good, "line 2: key id \"k1\" given twice"},
 		{":" + good, "line 1: want ID"},
+		{"k1:" + hex64, "line 1 (key \"k1\"): 48 bytes, want 32; make a key with 'openssl rand -base64 32'"},
+		{"k\u200b1:" + good, "line 1: key id \"k\\u200b1\" has an invisible character (U+200B)"},
 	} {
 		if _, err := seal.ParseKeys([]byte(c.in)); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("ParseKeys(%q): %v, want an error with %q", c.in, err, c.want)
 		}
+	}
+	// A Windows editor's byte order mark and line ends: the ids are what
+	// they look like, so that the same key written without them (the next
+	// key file) is the same key.
+	bom, err := seal.ParseKeys([]byte("\ufeffk1:" + good + "\r\nk2:" + key(t) + "\r\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := bom.IDs(); len(got) != 2 || got[0] != "k1" || got[1] != "k2" {
+		t.Errorf("ids of a file with a BOM and CRLF: %q, want k1, k2", got)
 	}
 	r, err := seal.ParseKeys([]byte("# keys\nnew:" + good + "\n\nold:" + key(t) + "\n"))
 	if err != nil {

@@ -355,7 +355,12 @@ func (s *Sealer) unwrap(ctx context.Context, id, principal, purpose, keyID strin
 	dek, err := s.ring.Unwrap(ctx, keyID, wrapped, dekAD(id, principal, purpose))
 	if err != nil {
 		if errors.Is(err, ErrTampered) {
-			return nil, fmt.Errorf("data key %s does not open under key %q: %w", id, keyID, err)
+			// The likely cause is not a changed row but a key file
+			// whose key under this id is another one: a key made anew
+			// under an old id.
+			return nil, fmt.Errorf("data key %s does not open under key %q: the key file's %q is not the key that wrapped it "+
+				"(a new key given an old id? keys are rotated under a new id; put the old one back), or the row was changed: %w",
+				id, keyID, keyID, err)
 		}
 		return nil, err
 	}
