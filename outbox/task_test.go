@@ -195,7 +195,10 @@ func taskSetup(t testing.TB, db *schema.DB, mode outbox.TaskMode, lopts *ledger.
 	if lopts == nil {
 		lopts = &ledger.Options{}
 	}
-	lopts.Tasks = map[string]outbox.TaskOptions{"charge": {Mode: mode, After: 50 * time.Millisecond, PollInterval: 20 * time.Millisecond}}
+	// After is long enough for a fast call under -race on a loaded machine
+	// (50 ms was not: CI saw a fast call become a task); a slow call holds
+	// on a gate, so it costs TestTask_IfSlow one second.
+	lopts.Tasks = map[string]outbox.TaskOptions{"charge": {Mode: mode, After: time.Second, PollInterval: 20 * time.Millisecond}}
 	return setupOn(t, mustLedger(t, db), nil, lopts)
 }
 

@@ -292,12 +292,12 @@ func openApp(ctx context.Context, env *environment, cfg *appConfig) (*app, error
 		a.Close()
 		return nil, err
 	}
-	if cfg.taskPoll <= 0 {
+	if cfg.taskPoll < 0 {
 		a.Close()
 		return nil, usagef("--task-poll %v: want a positive duration", cfg.taskPoll)
 	}
 	for tool, o := range tasks {
-		o.PollInterval = cfg.taskPoll
+		o.PollInterval = cfg.taskPoll // 0: the library's default
 		tasks[tool] = o
 	}
 	lopts := &ledger.Options{Delay: cfg.demoDelay, Tasks: tasks, Retention: cfg.toolRetention}

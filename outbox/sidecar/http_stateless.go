@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"sync"
@@ -39,9 +40,15 @@ import (
 // stream, which 2026-07-28 counts as a cancel) is not cancelled if it is a
 // tool call: the call runs to its end and is recorded, for the client's
 // retry (a new request, which the revision demands) to join or replay.
-// Any other request is cancelled at the upstream. The upstream cannot send
-// a stateless request anything: its notifications are dropped, and its
-// requests (sampling, elicitation, roots) refused with -32601.
+// Any other request is cancelled at the upstream. The upstream can send a
+// stateless request nothing but the notifications of a subscription
+// (SEP-2575: subscriptions/listen, whose notifications name the listen by
+// _meta subscriptionId): those go to that listen's response, as a stream
+// of server-sent events. Claude Code 2.1.332 waits 27 s for a listen's
+// notifications/subscriptions/acknowledged before it goes on, so dropping
+// them costs every connection that much. Other notifications are dropped,
+// and the upstream's requests (sampling, elicitation, roots) refused with
+// -32601.
 
 // protocolStateless is the first revision without sessions.
 const protocolStateless = "2026-07-28"
@@ -98,27 +105,115 @@ func (h *httpSessions) serveStateless(w http.ResponseWriter, r *http.Request, bo
 		w.WriteHeader(http.StatusAccepted)
 		return
 	}
-	id, answer := mux.open()
+	id, w8 := mux.open()
 	defer mux.close(id)
 	if !mux.deliver(r.Context(), &jsonrpc.Request{ID: mustID(id), Method: req.Method, Params: req.Params, Extra: extra}) {
 		return
 	}
-	select {
-	case resp := <-answer:
-		resp.ID = req.ID
-		b, err := jsonrpc.EncodeMessage(resp)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
+	streaming := false
+	for {
+		select {
+		case note := <-w8.notes:
+			// Under the client's own id, as withClientSubscription
+			// names it towards any other client.
+			if !streaming {
+				w.Header().Set("Content-Type", "text/event-stream")
+				w.Header().Set("Cache-Control", "no-cache")
+				w.WriteHeader(http.StatusOK)
+				streaming = true
+			}
+			note = withSubscriptionID(note, req.ID)
+			if writeEvent(w, note) != nil {
+				mux.cancel(id, req.Method)
+				return
+			}
+		case resp := <-w8.answer:
+			resp.ID = req.ID
+			if streaming {
+				_ = writeEvent(w, resp)
+				return
+			}
+			b, err := jsonrpc.EncodeMessage(resp)
+			if err != nil {
+				http.Error(w, err.Error(), http.StatusInternalServerError)
+				return
+			}
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write(b)
+			return
+		case <-r.Context().Done():
+			mux.cancel(id, req.Method)
 			return
 		}
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write(b)
-	case <-r.Context().Done():
-		if req.Method != "tools/call" {
-			params, _ := json.Marshal(map[string]any{"requestId": id, "reason": "the client's response stream closed"})
-			mux.deliver(context.Background(), &jsonrpc.Request{Method: "notifications/cancelled", Params: params})
-		}
 	}
+}
+
+// cancel tells the upstream that the request id's client went away, unless
+// it is a tool call, which runs to its end for the client's retry.
+func (c *muxClient) cancel(id int64, method string) {
+	if method == "tools/call" {
+		return
+	}
+	params, _ := json.Marshal(map[string]any{"requestId": id, "reason": "the client's response stream closed"})
+	c.deliver(context.Background(), &jsonrpc.Request{Method: "notifications/cancelled", Params: params})
+}
+
+// writeEvent writes m as one server-sent event and flushes it.
+func writeEvent(w http.ResponseWriter, m jsonrpc.Message) error {
+	b, err := jsonrpc.EncodeMessage(m)
+	if err != nil {
+		return err
+	}
+	if _, err := fmt.Fprintf(w, "event: message\ndata: %s\n\n", b); err != nil {
+		return err
+	}
+	return http.NewResponseController(w).Flush()
+}
+
+// subscriptionOf returns the request id a notification's
+// _meta subscriptionId names, if it is a number.
+func subscriptionOf(m *jsonrpc.Request) (int64, bool) {
+	if !bytes.Contains(m.Params, []byte(mcp.MetaKeySubscriptionID)) {
+		return 0, false
+	}
+	var p struct {
+		Meta map[string]json.RawMessage `json:"_meta"`
+	}
+	if json.Unmarshal(m.Params, &p) != nil {
+		return 0, false
+	}
+	var raw any
+	if json.Unmarshal(p.Meta[mcp.MetaKeySubscriptionID], &raw) != nil {
+		return 0, false
+	}
+	id, err := jsonrpc.MakeID(raw)
+	if err != nil {
+		return 0, false
+	}
+	n, ok := id.Raw().(int64)
+	return n, ok
+}
+
+// withSubscriptionID renames the subscription of a notification to id.
+func withSubscriptionID(m *jsonrpc.Request, id jsonrpc.ID) *jsonrpc.Request {
+	var params map[string]json.RawMessage
+	var meta map[string]json.RawMessage
+	if json.Unmarshal(m.Params, &params) != nil || json.Unmarshal(params["_meta"], &meta) != nil {
+		return m
+	}
+	raw, err := json.Marshal(id.Raw())
+	if err != nil {
+		return m
+	}
+	meta[mcp.MetaKeySubscriptionID] = raw
+	if params["_meta"], err = json.Marshal(meta); err != nil {
+		return m
+	}
+	out, err := json.Marshal(params)
+	if err != nil {
+		return m
+	}
+	return &jsonrpc.Request{Method: m.Method, Params: out}
 }
 
 // stateless returns the stateless session's multiplexer, starting the
@@ -130,7 +225,7 @@ func (h *httpSessions) stateless() *muxClient {
 		return nil
 	}
 	if h.mux == nil {
-		h.mux = &muxClient{ctx: h.ctx, in: make(chan jsonrpc.Message, 64), waiting: map[int64]chan *jsonrpc.Response{}}
+		h.mux = &muxClient{ctx: h.ctx, in: make(chan jsonrpc.Message, 64), waiting: map[int64]*muxWaiter{}}
 		go func() {
 			if err := h.p.Serve(h.ctx, h.mux); err != nil {
 				h.p.logger.Warn("stateless session ended", "error", err)
@@ -148,17 +243,24 @@ type muxClient struct {
 
 	mu      sync.Mutex
 	next    int64
-	waiting map[int64]chan *jsonrpc.Response
+	waiting map[int64]*muxWaiter
 }
 
-// open makes an id for a request, and the channel its answer comes on.
-func (c *muxClient) open() (int64, <-chan *jsonrpc.Response) {
-	ch := make(chan *jsonrpc.Response, 1)
+// muxWaiter is what an HTTP request waits for: its answer, and the
+// notifications of the subscription it opened, if it is a listen.
+type muxWaiter struct {
+	answer chan *jsonrpc.Response
+	notes  chan *jsonrpc.Request
+}
+
+// open makes an id for a request, and the channels it is answered on.
+func (c *muxClient) open() (int64, *muxWaiter) {
+	w := &muxWaiter{answer: make(chan *jsonrpc.Response, 1), notes: make(chan *jsonrpc.Request, 64)}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.next++
-	c.waiting[c.next] = ch
-	return c.next, ch
+	c.waiting[c.next] = w
+	return c.next, w
 }
 
 // close forgets a request: an answer that comes later is dropped.
@@ -196,13 +298,25 @@ func (c *muxClient) Write(ctx context.Context, m jsonrpc.Message) error {
 	case *jsonrpc.Response:
 		n, ok := m.ID.Raw().(int64)
 		c.mu.Lock()
-		ch := c.waiting[n]
+		w := c.waiting[n]
 		delete(c.waiting, n)
 		c.mu.Unlock()
-		if ok && ch != nil {
-			ch <- m
+		if ok && w != nil {
+			w.answer <- m
 		}
 	case *jsonrpc.Request:
+		if n, ok := subscriptionOf(m); ok && !m.IsCall() {
+			c.mu.Lock()
+			w := c.waiting[n]
+			c.mu.Unlock()
+			if w != nil {
+				select {
+				case w.notes <- m:
+				default: // a client that reads none of 64: dropped, never blocking the session
+				}
+			}
+			return nil
+		}
 		if m.IsCall() {
 			resp := &jsonrpc.Response{ID: m.ID, Error: &jsonrpc.Error{Code: -32601,
 				Message: "no client to ask: a 2026-07-28 request through mcp-outbox proxy's HTTP has no channel back but its answer"}}
