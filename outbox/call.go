@@ -42,7 +42,7 @@ type attempt struct {
 	reached  bool      // the tool handler was called (arguments passed the schema)
 	unit     *unit     // the call's turn in the writer's transaction
 	readConn *sql.Conn // a read-only tool's connection
-	tx       *sql.Tx   // where the handler's statements run: the unit's or the read transaction
+	tx       handlerTx // where the handler's statements run: the unit's or the read transaction
 	txErr    error     // the database failed under the handler
 	// handlerErr: the handler returned an error not marked Final, which
 	// is logged and never recorded or shown to the client.

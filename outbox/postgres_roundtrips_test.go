@@ -10,9 +10,9 @@ import (
 
 // Across a network a call costs its round trips to PostgreSQL, so they
 // are counted here, by a proxy between the layer and the server (issue
-// 28): a fresh key's call is the claim, BEGIN, the fence, the handler's
-// one statement, the outcome and COMMIT; a replay is the claim's one
-// statement.
+// 28): a fresh key's call is the claim, BEGIN with the fence, the
+// handler's one statement, and the outcome with COMMIT (pipe_postgres.go);
+// a replay is the claim's one statement.
 func TestPostgres_RoundTripsPerCall(t *testing.T) {
 	postgresOnly(t)
 	u, err := url.Parse(pgtest.Database(t))
@@ -37,8 +37,8 @@ func TestPostgres_RoundTripsPerCall(t *testing.T) {
 	// connection; the first prepares the statements on it.
 	roundTrips("warm")
 	roundTrips("warm")
-	if got := roundTrips("fresh"); got != 6 {
-		t.Errorf("a fresh key's call took %d round trips, want 6", got)
+	if got := roundTrips("fresh"); got != 4 {
+		t.Errorf("a fresh key's call took %d round trips, want 4", got)
 	}
 	if got := roundTrips("fresh"); got != 1 {
 		t.Errorf("a replay took %d round trips, want 1", got)
