@@ -482,7 +482,7 @@ func (u *unit) again(redo func(*unit) error) error {
 	if b.piped != nil {
 		// The handler's open rows and statements go with the
 		// transaction; a redo's statements need a context of their own.
-		b.rollbackPiped()
+		u.g.rollbackPiped(b)
 		b.piped.ctx, b.piped.cancel = context.WithCancel(context.Background())
 		if redo == nil {
 			return nil
@@ -609,7 +609,7 @@ func (g *groupCommit) finish(b *batch) {
 	}
 	if b.piped != nil {
 		if b.broken != nil {
-			b.rollbackPiped()
+			g.rollbackPiped(b)
 			b.err = fmt.Errorf("batch not committed: %w", b.broken)
 		} else {
 			b.err = g.commitPiped(b)

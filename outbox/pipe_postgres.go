@@ -3,9 +3,12 @@ package outbox
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -46,8 +49,9 @@ import (
 // *sql.Conn: the statements the handler prepared are closed, and the
 // handler's statements ran with a context that the unit cancels when it
 // ends, which makes database/sql close rows the handler left open (an
-// unscanned *sql.Row). pgx may then break the connection (it was in the
-// middle of reading them): the commit fails, and nothing is recorded.
+// unscanned *sql.Row), and the unit waits for that before COMMIT. Should
+// pgx drop the connection instead (it was in the middle of reading them),
+// the commit fails, certainly: nothing is recorded.
 type pipedTx struct {
 	// begun: BEGIN was sent; the transaction is open or failed.
 	begun bool
@@ -141,9 +145,9 @@ func (u *unit) queryFirst(query string, args []any, dest ...any) error {
 }
 
 // rollbackPiped ends a piped transaction without keeping it.
-func (b *batch) rollbackPiped() {
+func (g *groupCommit) rollbackPiped(b *batch) {
 	p := b.piped
-	p.endHandler()
+	g.endHandler(b)
 	if !p.begun {
 		return
 	}
@@ -153,8 +157,12 @@ func (b *batch) rollbackPiped() {
 	_, _ = b.conn.ExecContext(context.Background(), "ROLLBACK")
 }
 
-// endHandler closes what the handler left open on the connection.
-func (p *pipedTx) endHandler() {
+// endHandler closes what the handler left open on the connection. Rows
+// left open close when their context ends, in a goroutine of
+// database/sql's that nothing signals: until then pgx refuses the
+// connection any other statement, so this waits for it, a little.
+func (g *groupCommit) endHandler(b *batch) {
+	p := b.piped
 	p.cancel()
 	p.mu.Lock()
 	stmts := p.stmts
@@ -163,12 +171,21 @@ func (p *pipedTx) endHandler() {
 	for _, st := range stmts {
 		_ = st.Close()
 	}
+	wait := 50 * time.Microsecond
+	for deadline := time.Now().Add(time.Second); ; {
+		if _, err := g.db.Pipe(context.Background(), b.conn); !errors.Is(err, schema.ErrPipeBusy) || time.Now().After(deadline) {
+			return
+		}
+		t := time.NewTimer(wait)
+		<-t.C
+		wait = min(2*wait, 10*time.Millisecond)
+	}
 }
 
 // commitPiped sends the unit's outcome, if any, with COMMIT.
 func (g *groupCommit) commitPiped(b *batch) error {
 	p := b.piped
-	p.endHandler()
+	g.endHandler(b)
 	if !p.begun {
 		return nil // nothing ran: nothing to commit
 	}
@@ -189,6 +206,12 @@ func (g *groupCommit) commitPiped(b *batch) error {
 		p.begun = false
 		return nil
 	}
+	if errors.Is(err, schema.ErrPipeBusy) || errors.Is(err, driver.ErrBadConn) {
+		// Nothing was sent: the handler's rows held the connection, or
+		// it was closed (the server then rolled the transaction back).
+		g.rollbackPiped(b)
+		return fmt.Errorf("commit: nothing sent: %w", err)
+	}
 	code := schema.PgCode(err)
 	if code == "" {
 		// Not the server's refusal: the connection failed or was busy,
@@ -197,7 +220,7 @@ func (g *groupCommit) commitPiped(b *batch) error {
 	}
 	// The server refused a statement: it ran nothing after it, so
 	// nothing committed, which is certain.
-	b.rollbackPiped()
+	g.rollbackPiped(b)
 	if len(res) < len(stmts)-1 {
 		if code == "22P02" && strings.Contains(err.Error(), outcomeMissed) {
 			return fmt.Errorf("record outcome: %w", ErrOwnershipLost)

@@ -37,6 +37,11 @@ type PipedResult struct {
 // them that way through it).
 var ErrNoPipe = errors.New("the connection cannot send statements together")
 
+// ErrPipeBusy is returned by [DB.Pipe], before anything is sent, when
+// the connection is still reading the rows of an earlier statement that
+// nobody closed. Pipe with no statements tells whether it is.
+var ErrPipeBusy = errors.New("the connection is still reading an earlier statement's rows")
+
 // piper is a Store that can pipeline statements on a connection of its
 // own driver.
 type piper interface {

@@ -34,12 +34,17 @@ func (store) Pipe(ctx context.Context, driverConn any, stmts []schema.Piped) ([]
 	if !ok {
 		return nil, schema.ErrNoPipe
 	}
-	if len(stmts) == 0 {
-		return nil, nil
-	}
 	conn := c.Conn()
 	if conn.IsClosed() {
 		return nil, driver.ErrBadConn
+	}
+	if conn.PgConn().IsBusy() {
+		// pgx would answer "conn busy" too, but as an error that could
+		// have come after the statements went.
+		return nil, schema.ErrPipeBusy
+	}
+	if len(stmts) == 0 {
+		return nil, nil
 	}
 	b := &pgx.Batch{}
 	for _, s := range stmts {
