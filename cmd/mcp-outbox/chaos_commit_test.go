@@ -168,7 +168,7 @@ func (p *commitCutProxy) serve(client net.Conn) {
 	}()
 	// The client to PostgreSQL. pgx sends each message whole, in one
 	// write, so matching within a read is enough here.
-	sawMarker := false // since this connection's last COMMIT
+	sawMarker := false  // since this connection's last COMMIT
 	var prepared []byte // the name of this connection's prepared COMMIT
 	buf := make([]byte, 32<<10)
 	for {
