@@ -53,7 +53,7 @@ type attempt struct {
 	pending []pendingEffect
 	// sealKey is the principal's data key as tx found it (sealed.go).
 	sealKey   *seal.DataKey
-	sealKeyTx *sql.Tx
+	sealKeyTx handlerTx
 
 	completedAt int64  // unix ms of the recorded outcome
 	stored      string // the result as recorded (see confirmCommit)

@@ -429,6 +429,22 @@ func (u *unit) exec(query string, args ...any) (sql.Result, error) {
 	return u.b.tx.ExecContext(ctx, query, args...)
 }
 
+// query runs a query in the unit, like exec.
+func (u *unit) query(query string, args ...any) (*sql.Rows, error) {
+	ctx := context.Background()
+	if u.b.piped != nil {
+		conn, err := u.pipedConn()
+		if err != nil {
+			return nil, err
+		}
+		return conn.QueryContext(u.b.piped.ctx, query, args...)
+	}
+	if st := u.g.stmts.lookup(query); st != nil {
+		return u.b.tx.StmtContext(ctx, st).QueryContext(ctx, args...)
+	}
+	return u.b.tx.QueryContext(ctx, query, args...)
+}
+
 // queryRow runs a query for one row in the unit, like exec.
 func (u *unit) queryRow(query string, args ...any) *sql.Row {
 	ctx := context.Background()
