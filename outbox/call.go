@@ -42,7 +42,7 @@ type attempt struct {
 	reached  bool      // the tool handler was called (arguments passed the schema)
 	unit     *unit     // the call's turn in the writer's transaction
 	readConn *sql.Conn // a read-only tool's connection
-	tx       *sql.Tx   // where the handler's statements run: the unit's or the read transaction
+	tx       handlerTx // where the handler's statements run: the unit's or the read transaction
 	txErr    error     // the database failed under the handler
 	// handlerErr: the handler returned an error not marked Final, which
 	// is logged and never recorded or shown to the client.
@@ -53,7 +53,7 @@ type attempt struct {
 	pending []pendingEffect
 	// sealKey is the principal's data key as tx found it (sealed.go).
 	sealKey   *seal.DataKey
-	sealKeyTx *sql.Tx
+	sealKeyTx handlerTx
 
 	completedAt int64  // unix ms of the recorded outcome
 	stored      string // the result as recorded (see confirmCommit)

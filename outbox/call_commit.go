@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/failpoint"
+	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
 // finish decides the call's outcome from what the SDK's handler chain
@@ -220,6 +222,19 @@ func (a *attempt) commit(ctx context.Context, cr *mcp.CallToolResult) error {
 	now := a.layer.nowMS()
 	a.completedAt = now
 	args := []any{stateOf(cr), stored, now, now + a.retention().Milliseconds(), a.callID, a.owner}
+	if p := a.unit.b.piped; p != nil {
+		// The outcome goes with COMMIT (pipe_postgres.go), which tells
+		// whether it matched.
+		q := recordOutcomePiped
+		if len(a.pending) > 0 {
+			q, args = recordOutcomeWithEffectsPiped, append(args, effectColumns(a.pending)...)
+		}
+		if err := failpoint.Inject(failpoint.CallBeforeCommit); err != nil {
+			return err
+		}
+		p.last = &schema.Piped{SQL: q, Args: args}
+		return a.closeTx(true)
+	}
 	q := recordOutcome
 	if len(a.pending) > 0 {
 		q, args = recordOutcomeWithEffects, append(args, effectColumns(a.pending)...)
@@ -249,7 +264,7 @@ WHERE id = $5 AND owner = $6 AND state = 'in_flight' AND task_cancel = 0`
 // outcome is on disk.
 func (a *attempt) closeTx(commit bool) error {
 	if a.readConn != nil {
-		_ = a.tx.Rollback() // a read-only tool has nothing to commit
+		_ = a.tx.(*sql.Tx).Rollback() // a read-only tool has nothing to commit
 		a.readConn.Close()
 		a.tx, a.readConn = nil, nil
 		return nil

@@ -418,15 +418,21 @@
 //     A claim or a release commits with synchronous_commit off, the
 //     counterpart of SQLite's relaxed claims.
 //   - Round trips, not CPU, are what a call costs across a network, so
-//     each step takes as few as it can through database/sql. The claim of
-//     a call that is no task is one statement on its own (INSERT … ON
-//     CONFLICT DO NOTHING, and the read of the row it found): one round
-//     trip for a fresh key, and one for a replay. The outcome's
-//     transaction sets no savepoint (it is the unit's own; undoing it
-//     means beginning anew and taking the fence again), and the call's
-//     effects are inserted by the outcome's statement, not at Enqueue. A
-//     fresh-key call thus costs six round trips: the claim, BEGIN, the
-//     fence, the handler's statements, the outcome, COMMIT.
+//     each step takes as few as it can. The claim of a call that is no
+//     task is one statement on its own (INSERT … ON CONFLICT DO NOTHING,
+//     and the read of the row it found): one round trip for a fresh key,
+//     and one for a replay. The outcome's transaction sets no savepoint
+//     (it is the unit's own; undoing it means beginning anew and taking
+//     the fence again), and the call's effects are inserted by the
+//     outcome's statement, not at Enqueue. On pgx's own database/sql
+//     driver the transaction is pipelined: BEGIN goes with the fence, and
+//     the outcome with COMMIT, each pair in one round trip (an outcome
+//     whose compare-and-set matches no row fails, so that the COMMIT sent
+//     behind it keeps nothing). A fresh-key call thus costs four round
+//     trips: the claim, BEGIN and the fence, the handler's statements (one
+//     each), the outcome and COMMIT. Through a driver that wraps pgx's
+//     ([schema.Options].Driver: tracing, fault injection) each statement
+//     goes alone, as database/sql sends it: six.
 //   - Claims are compare-and-set writes. Replicas claim at the same time,
 //     so every transition of a call row names the state it read (and, for
 //     a takeover or an abandoned forwarded call, the owner): a write that

@@ -103,6 +103,9 @@ type batch struct {
 	broken  error // the transaction can no longer commit
 
 	own bool // the transaction of one unit alone (PostgreSQL)
+	// piped: the transaction is begun and ended by statements sent
+	// together with others (pipe_postgres.go); tx is then nil.
+	piped *pipedTx
 
 	done chan struct{} // closed after the commit or rollback
 	err  error         // nil if the batch committed; valid once done is closed
@@ -240,6 +243,13 @@ func (g *groupCommit) enterOwnWith(ctx context.Context, durable bool, deadline t
 	conn, err := g.db.Write.Conn(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("take database connection: %w", err)
+	}
+	if redo != nil && deadline.IsZero() && (durable || g.db.Durability == schema.DurabilityNormal) {
+		// Nothing to send before the first statement but BEGIN, which
+		// can go with it.
+		if u := g.pipedUnit(conn, durable, redo); u != nil {
+			return u, nil
+		}
 	}
 	tx, err := conn.BeginTx(context.Background(), nil)
 	if err != nil {
@@ -392,23 +402,59 @@ func (g *groupCommit) release(conn *sql.Conn, relaxed bool) {
 	conn.Close()
 }
 
-// tx is the transaction the unit's statements run in.
-func (u *unit) tx() *sql.Tx { return u.b.tx }
+// tx is where the unit's statements run: its transaction, or for a piped
+// unit its connection, inside the transaction the pipeline began.
+func (u *unit) tx() handlerTx {
+	if u.b.piped != nil {
+		return u.b.conn
+	}
+	return u.b.tx
+}
 
 // exec runs a statement in the unit, prepared once it has been seen. Unit
 // statements never take a call's context: SQLite's interrupt would roll back
 // the whole shared transaction.
 func (u *unit) exec(query string, args ...any) (sql.Result, error) {
 	ctx := context.Background()
+	if u.b.piped != nil {
+		conn, err := u.pipedConn()
+		if err != nil {
+			return nil, err
+		}
+		return conn.ExecContext(u.b.piped.ctx, query, args...)
+	}
 	if st := u.g.stmts.lookup(query); st != nil {
 		return u.b.tx.StmtContext(ctx, st).ExecContext(ctx, args...)
 	}
 	return u.b.tx.ExecContext(ctx, query, args...)
 }
 
+// query runs a query in the unit, like exec.
+func (u *unit) query(query string, args ...any) (*sql.Rows, error) {
+	ctx := context.Background()
+	if u.b.piped != nil {
+		conn, err := u.pipedConn()
+		if err != nil {
+			return nil, err
+		}
+		return conn.QueryContext(u.b.piped.ctx, query, args...)
+	}
+	if st := u.g.stmts.lookup(query); st != nil {
+		return u.b.tx.StmtContext(ctx, st).QueryContext(ctx, args...)
+	}
+	return u.b.tx.QueryContext(ctx, query, args...)
+}
+
 // queryRow runs a query for one row in the unit, like exec.
 func (u *unit) queryRow(query string, args ...any) *sql.Row {
 	ctx := context.Background()
+	if u.b.piped != nil {
+		conn, err := u.pipedConn()
+		if err != nil {
+			return u.g.db.Read.QueryRowContext(failedContext{err}, "")
+		}
+		return conn.QueryRowContext(u.b.piped.ctx, query, args...)
+	}
 	if st := u.g.stmts.lookup(query); st != nil {
 		return u.b.tx.StmtContext(ctx, st).QueryRowContext(ctx, args...)
 	}
@@ -449,6 +495,20 @@ func (u *unit) rollbackToSavepoint() error {
 // sets none.
 func (u *unit) again(redo func(*unit) error) error {
 	b := u.b
+	if b.piped != nil {
+		// The handler's open rows and statements go with the
+		// transaction; a redo's statements need a context of their own.
+		u.g.rollbackPiped(b)
+		b.piped.ctx, b.piped.cancel = context.WithCancel(context.Background())
+		if redo == nil {
+			return nil
+		}
+		if err := redo(u); err != nil {
+			b.broken = err
+			return err
+		}
+		return nil
+	}
 	_ = b.tx.Rollback()
 	tx, err := b.conn.BeginTx(context.Background(), nil)
 	if err != nil {
@@ -563,7 +623,14 @@ func (g *groupCommit) finish(b *batch) {
 			b.broken = err
 		}
 	}
-	if b.broken != nil {
+	if b.piped != nil {
+		if b.broken != nil {
+			g.rollbackPiped(b)
+			b.err = fmt.Errorf("batch not committed: %w", b.broken)
+		} else {
+			b.err = g.commitPiped(b)
+		}
+	} else if b.broken != nil {
 		_ = b.tx.Rollback()
 		b.err = fmt.Errorf("batch not committed: %w", b.broken)
 	} else if err := b.tx.Commit(); err != nil {

@@ -39,7 +39,13 @@ type payIn struct {
 
 func newReplica(t *testing.T, url string, opts *outbox.Options) *replica {
 	t.Helper()
-	db, err := schema.Open(context.Background(), url, nil)
+	return newReplicaWith(t, url, nil, opts)
+}
+
+// newReplicaWith is newReplica on a database opened with dbOpts.
+func newReplicaWith(t *testing.T, url string, dbOpts *schema.Options, opts *outbox.Options) *replica {
+	t.Helper()
+	db, err := schema.Open(context.Background(), url, dbOpts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -115,7 +115,7 @@ func sealEffect(sealFn func(seal.Ref, []byte) ([]byte, error), key, principal, h
 // the principal's data key up once per transaction: a call's result and
 // its effects' headers and bodies are sealed under one key, found by one
 // query. Statements there never take a call's context (group.go).
-func (a *attempt) seal(q *sql.Tx, ref seal.Ref, plain []byte) ([]byte, error) {
+func (a *attempt) seal(q handlerTx, ref seal.Ref, plain []byte) ([]byte, error) {
 	s := a.layer.opts.Sealer
 	if s == nil {
 		return plain, nil
@@ -136,31 +136,21 @@ func (a *attempt) seal(q *sql.Tx, ref seal.Ref, plain []byte) ([]byte, error) {
 
 // unitQuerier runs the seal package's statements in a unit's transaction
 // through the group's prepared statements, as the unit's own run: SQLite
-// would otherwise parse them again for every call.
-type unitQuerier struct {
-	tx *sql.Tx
-	c  *stmtCache
+// would otherwise parse them again for every call. (On PostgreSQL, a
+// piped unit's run on its connection: pipe_postgres.go.) The unit's
+// statements never take a context (see unit.exec).
+type unitQuerier struct{ u *unit }
+
+func (u *unit) querier() unitQuerier { return unitQuerier{u} }
+
+func (q unitQuerier) ExecContext(_ context.Context, query string, args ...any) (sql.Result, error) {
+	return q.u.exec(query, args...)
 }
 
-func (u *unit) querier() unitQuerier { return unitQuerier{u.tx(), u.g.stmts} }
-
-func (q unitQuerier) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	if st := q.c.lookup(query); st != nil {
-		return q.tx.StmtContext(ctx, st).ExecContext(ctx, args...)
-	}
-	return q.tx.ExecContext(ctx, query, args...)
+func (q unitQuerier) QueryContext(_ context.Context, query string, args ...any) (*sql.Rows, error) {
+	return q.u.query(query, args...)
 }
 
-func (q unitQuerier) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
-	if st := q.c.lookup(query); st != nil {
-		return q.tx.StmtContext(ctx, st).QueryContext(ctx, args...)
-	}
-	return q.tx.QueryContext(ctx, query, args...)
-}
-
-func (q unitQuerier) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
-	if st := q.c.lookup(query); st != nil {
-		return q.tx.StmtContext(ctx, st).QueryRowContext(ctx, args...)
-	}
-	return q.tx.QueryRowContext(ctx, query, args...)
+func (q unitQuerier) QueryRowContext(_ context.Context, query string, args ...any) *sql.Row {
+	return q.u.queryRow(query, args...)
 }

@@ -69,6 +69,16 @@ type Tx interface {
 	Enqueue(ctx context.Context, e Effect) (string, error)
 }
 
+// handlerTx is where a handler's statements run: a *sql.Tx, or the
+// *sql.Conn of a piped unit, inside the transaction its pipeline began
+// (pipe_postgres.go).
+type handlerTx interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+	PrepareContext(ctx context.Context, query string) (*sql.Stmt, error)
+}
+
 // Effect is a request to a downstream HTTP API, delivered after the call
 // commits by the dispatcher.
 type Effect struct {
@@ -221,7 +231,8 @@ func (a *attempt) fence(u *unit) error {
 		owner, state string
 		leaseUntil   int64
 	)
-	err := u.queryRow(a.layer.db.Pick(fenceSQLite, fencePostgres), a.callID, a.uid).Scan(&owner, &state, &leaseUntil)
+	// A piped unit sends BEGIN with it: one round trip for both.
+	err := u.queryFirst(a.layer.db.Pick(fenceSQLite, fencePostgres), []any{a.callID, a.uid}, &owner, &state, &leaseUntil)
 	if errors.Is(err, sql.ErrNoRows) {
 		// The claim is gone: the batch it rode in did not commit, or an
 		// operator cleared it. Nobody else owns the call: a retry runs it.
@@ -321,7 +332,7 @@ func (a *attempt) QueryContext(ctx context.Context, query string, args ...any) (
 		return nil, err
 	}
 	if a.unit != nil {
-		ctx = background(ctx) // see unit.exec
+		ctx = a.unit.stmtContext(ctx) // see unit.exec
 	}
 	r, err := a.tx.QueryContext(ctx, query, args...)
 	return r, a.wrapStmt(a.placeholderHint(query, err))
@@ -365,9 +376,14 @@ func (a *attempt) PrepareContext(ctx context.Context, query string) (*sql.Stmt, 
 		return nil, err
 	}
 	if a.unit != nil {
-		ctx = background(ctx)
+		ctx = a.unit.stmtContext(ctx)
 	}
 	st, err := a.tx.PrepareContext(ctx, query)
+	if err == nil && a.unit != nil && a.unit.b.piped != nil {
+		// On a *sql.Conn the statement outlives the transaction unless
+		// closed; a *sql.Tx closes its own.
+		a.unit.b.piped.trackStmt(st)
+	}
 	return st, a.wrapStmt(a.placeholderHint(query, err))
 }
 

@@ -77,8 +77,30 @@ type commitCutProxy struct {
 	fired  atomic.Bool
 }
 
-// commitMsg is pgx's COMMIT: a simple-protocol Query message.
-var commitMsg = []byte("Q\x00\x00\x00\x0bcommit\x00")
+// commitMsg is pgx's COMMIT of a *sql.Tx: a simple-protocol Query
+// message. The layer's pipelined COMMIT (outbox/pipe_postgres.go) is
+// instead the Bind of a statement pgx prepared once per connection, whose
+// Parse message names it before its text, pipedCommit.
+var (
+	commitMsg   = []byte("Q\x00\x00\x00\x0bcommit\x00")
+	pipedCommit = []byte("\x00COMMIT\x00")
+)
+
+// isCommit reports whether a chunk the client sends holds a COMMIT,
+// learning from it the name of a prepared COMMIT (*prepared).
+func isCommit(chunk []byte, prepared *[]byte) bool {
+	if bytes.Contains(chunk, commitMsg) {
+		return true
+	}
+	if i := bytes.Index(chunk, pipedCommit); i >= 0 {
+		// The Parse message: 'P', its length, the name, the text.
+		if j := bytes.LastIndex(chunk[:i], []byte("stmtcache_")); j >= 0 {
+			*prepared = append([]byte(nil), chunk[j:i+1]...) // with its NUL
+		}
+		return false
+	}
+	return *prepared != nil && bytes.Contains(chunk, *prepared)
+}
 
 func newCommitCutProxy(t *testing.T, target string) *commitCutProxy {
 	t.Helper()
@@ -146,7 +168,8 @@ func (p *commitCutProxy) serve(client net.Conn) {
 	}()
 	// The client to PostgreSQL. pgx sends each message whole, in one
 	// write, so matching within a read is enough here.
-	sawMarker := false // since this connection's last COMMIT
+	sawMarker := false  // since this connection's last COMMIT
+	var prepared []byte // the name of this connection's prepared COMMIT
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := client.Read(buf)
@@ -154,7 +177,7 @@ func (p *commitCutProxy) serve(client net.Conn) {
 		if m := p.marker.Load(); m != nil && bytes.Contains(chunk, *m) {
 			sawMarker = true
 		}
-		if bytes.Contains(chunk, commitMsg) {
+		if isCommit(chunk, &prepared) {
 			if sawMarker && !p.fired.Load() {
 				cutting.Store(true) // before PostgreSQL can answer
 			}
