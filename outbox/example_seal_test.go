@@ -43,10 +43,6 @@ func Example_dataProtection() {
 	if err := os.WriteFile(keyFile, []byte("k1:"+base64.StdEncoding.EncodeToString(key)+"\n"), 0o600); err != nil {
 		log.Fatal(err)
 	}
-	ring, err := seal.LoadKeyFile(keyFile)
-	if err != nil {
-		log.Fatal(err)
-	}
 
 	db, err := schema.Open(ctx, filepath.Join(dir, "app.db"), nil)
 	if err != nil {
@@ -56,7 +52,7 @@ func Example_dataProtection() {
 	// One Sealer for the layer; layer.Start hands it to its dispatcher.
 	// A dispatcher, operator page or query of its own needs one of the
 	// same key file.
-	layer, err := outbox.New(db, &outbox.Options{Sealer: seal.New(ring)})
+	layer, err := sealedLayer(db, keyFile)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -108,4 +104,14 @@ func Example_dataProtection() {
 	// stored encrypted: true readable: false
 	// forgotten calls: 1
 	// retry: erased runs: 1
+}
+
+// sealedLayer opens a layer that encrypts what it records under the keys
+// of keyFile.
+func sealedLayer(db *schema.DB, keyFile string) (*outbox.Layer, error) {
+	ring, err := seal.LoadKeyFile(keyFile) // refuses a file other users may read
+	if err != nil {
+		return nil, err
+	}
+	return outbox.New(db, &outbox.Options{Sealer: seal.New(ring)}) // layer.Start gives it to its dispatcher
 }
