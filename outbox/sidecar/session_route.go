@@ -1,11 +1,9 @@
 package sidecar
 
 import (
-	"bytes"
 	"encoding/json"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
-	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // downRequest is an upstream's request to the client, by the id the client
@@ -108,40 +106,15 @@ func (s *session) toClient(m *jsonrpc.Request, gen int) *jsonrpc.Request {
 // notifications/subscriptions/acknowledged, waited 27 s for the listen to
 // be acknowledged before it went on. The caller holds s.mu.
 func (s *session) withClientSubscription(m *jsonrpc.Request, gen int) *jsonrpc.Request {
-	if !bytes.Contains(m.Params, []byte(mcp.MetaKeySubscriptionID)) {
+	n, ok := subscriptionOf(m) // http_stateless.go
+	if !ok {
 		return m
 	}
-	var params map[string]json.RawMessage
-	var meta map[string]json.RawMessage
-	if json.Unmarshal(m.Params, &params) != nil || json.Unmarshal(params["_meta"], &meta) != nil {
-		return m
-	}
-	var raw any
-	if json.Unmarshal(meta[mcp.MetaKeySubscriptionID], &raw) != nil {
-		return m
-	}
-	upID, err := jsonrpc.MakeID(raw)
-	if err != nil {
-		return m
-	}
-	n, ok := upID.Raw().(int64)
 	p := s.pending[n]
-	if !ok || p == nil || p.reply != nil || (p.gen != 0 && p.gen != gen) {
+	if p == nil || p.reply != nil || (p.gen != 0 && p.gen != gen) {
 		return m
 	}
-	id, err := json.Marshal(p.clientID.Raw())
-	if err != nil {
-		return m
-	}
-	meta[mcp.MetaKeySubscriptionID] = id
-	if params["_meta"], err = json.Marshal(meta); err != nil {
-		return m
-	}
-	out, err := json.Marshal(params)
-	if err != nil {
-		return m
-	}
-	return &jsonrpc.Request{Method: m.Method, Params: out}
+	return withSubscriptionID(m, p.clientID)
 }
 
 // onClientAnswer sends the client's answer to the upstream that asked,
