@@ -140,6 +140,8 @@ type campaign struct {
 	mu      sync.Mutex
 	keyOf   map[int64]string // amount -> key: amounts are unique per key
 	stopped atomic.Bool
+	// diag, if set, logs the store's state when clients are stuck.
+	diag func()
 	// claimedAgain counts calls the store shows claimed more than once
 	// (a retry that took over an attempt whose lease passed, or that ran
 	// again after one recorded nothing).
@@ -328,6 +330,9 @@ stop:
 	select {
 	case <-finished:
 	case <-time.After(3 * time.Minute):
+		if c.diag != nil {
+			c.diag()
+		}
 		cancel()
 		<-finished
 		c.t.Errorf("clients still retrying 3 minutes after the faults healed")
