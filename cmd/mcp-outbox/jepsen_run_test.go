@@ -46,14 +46,13 @@ func TestJepsen_Postgres(t *testing.T) {
 		t.Skip("starts PostgreSQL and three servers")
 	}
 	if os.Getenv("MCP_OUTBOX_JEPSEN_OPS") == "" && os.Getenv("MCP_OUTBOX_JEPSEN_SEED") == "" {
-		// An open finding of this campaign (issue 29): after the faults
-		// heal, a call can stay in_flight under a live replica that
-		// keeps renewing its lease (attempts 1, no transaction open on
-		// the server), so its retries get in_progress until the client
-		// gives up; seed 12472578753050365199 shows it about every
-		// other run, the diag below prints the row. Until it is fixed
-		// this runs under make jepsen only, where it fails loudly.
-		t.Skip("PostgreSQL campaign: run by make jepsen (an open liveness finding keeps it out of make test)")
+		// The campaign found keys that never completed: an attempt
+		// waiting for the answer to a query the black hole had dropped
+		// inside a live stream (netfault now resets such connections on
+		// healing, as TCP would end them). Until many runs pass again
+		// (seed 12472578753050365199 hung 3 of 5 before), it runs under
+		// make jepsen only; c.diag prints the stuck rows if it recurs.
+		t.Skip("PostgreSQL campaign: run by make jepsen until it has passed many runs since the black hole was fixed")
 	}
 	t.Parallel()
 	seed := jepsenSeed(t)

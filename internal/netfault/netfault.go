@@ -31,8 +31,10 @@ type Proxy struct {
 	mu    sync.Mutex
 	hole  bool
 	conns map[net.Conn]struct{}
-	wake  *sync.Cond // signalled when hole ends
-	done  bool
+	// lost: connections that dropped bytes in the hole; Heal resets them.
+	lost map[net.Conn]struct{}
+	wake *sync.Cond // signalled when hole ends
+	done bool
 }
 
 // Start listens on 127.0.0.1 and forwards to target (host:port).
@@ -41,7 +43,7 @@ func Start(target string) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}, lost: map[net.Conn]struct{}{}}
 	p.wake = sync.NewCond(&p.mu)
 	go p.accept()
 	return p, nil
@@ -57,12 +59,24 @@ func (p *Proxy) Blackhole() {
 	p.mu.Unlock()
 }
 
-// Heal passes traffic again. Bytes dropped meanwhile stay dropped: a
-// connection that lost some is broken for its protocol, as after a real
-// partition that outlasted the retransmissions.
+// Heal passes traffic again. A connection that lost bytes in the hole is
+// reset, as TCP ends one whose partition outlasted its retransmissions:
+// TCP never delivers a stream with a gap in it, so leaving it open would
+// make both peers wait for each other for ever (the fault campaign found
+// exactly that: a replica waiting for an answer to a query the server never
+// got, the server idle), which no real network does. Connections that lost
+// nothing go on.
 func (p *Proxy) Heal() {
 	p.mu.Lock()
 	p.hole = false
+	for c := range p.lost {
+		if tc, ok := c.(*net.TCPConn); ok {
+			_ = tc.SetLinger(0)
+		}
+		c.Close()
+		delete(p.conns, c)
+		delete(p.lost, c)
+	}
 	p.wake.Broadcast()
 	p.mu.Unlock()
 }
@@ -145,6 +159,9 @@ func (p *Proxy) pipe(dst, src net.Conn) {
 		if n > 0 {
 			p.mu.Lock()
 			drop := p.hole
+			if drop {
+				p.lost[src], p.lost[dst] = struct{}{}, struct{}{}
+			}
 			p.mu.Unlock()
 			if !drop {
 				if _, werr := dst.Write(buf[:n]); werr != nil {
