@@ -7,7 +7,11 @@
 // under [MetaKey], after _meta.idempotencyKey.
 package paramskey
 
-import "encoding/json"
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+)
 
 // MetaKey is the params._meta member the fronts lift the key into and the
 // layer reads it from. It is a handoff between parts of this module, not a
@@ -54,38 +58,55 @@ func lift(params json.RawMessage, fields ...field) (json.RawMessage, bool) {
 	if json.Unmarshal(params, &p) != nil {
 		return params, false
 	}
-	var meta map[string]json.RawMessage
+	var set map[string]json.RawMessage
 	for _, f := range fields {
 		v, ok := p[f.name]
 		if !ok || (!f.keepNull && string(v) == "null") {
 			continue
 		}
-		if meta == nil {
-			if raw, ok := p["_meta"]; ok && json.Unmarshal(raw, &meta) != nil {
-				return params, false
-			}
-			if meta == nil {
-				// "_meta": null unmarshals to a nil map, and assigning to
-				// it would panic in the SDK's reader: the whole server
-				// would go down.
-				meta = map[string]json.RawMessage{}
-			}
+		if set == nil {
+			set = make(map[string]json.RawMessage, len(fields))
 		}
-		meta[f.into] = v
+		set[f.into] = v
 	}
-	if meta == nil {
+	if set == nil {
 		return params, false
 	}
-	mb, err := json.Marshal(meta)
-	if err != nil {
-		return params, false
-	}
-	p["_meta"] = mb
-	out, err := json.Marshal(p)
+	out, err := SetMeta(p, set)
 	if err != nil {
 		return params, false
 	}
 	return out, true
+}
+
+// SetMeta sets the members of set in p's _meta and returns p encoded; p
+// keeps the new _meta. Every other member, of p and of _meta, keeps its raw
+// bytes (numbers their digits). A _meta that is absent or null counts as
+// {}: "_meta": null decodes to a nil map, and a caller assigning to that
+// would panic, taking the whole server down. It fails when p is nil (params
+// null) or _meta is not an object.
+func SetMeta(p, set map[string]json.RawMessage) (json.RawMessage, error) {
+	if p == nil {
+		return nil, errors.New("params: not an object")
+	}
+	meta := map[string]json.RawMessage{}
+	if raw, ok := p["_meta"]; ok && string(raw) != "null" {
+		if err := json.Unmarshal(raw, &meta); err != nil {
+			return nil, fmt.Errorf("_meta: %w", err)
+		}
+		if meta == nil {
+			return nil, errors.New("_meta: not an object")
+		}
+	}
+	for k, v := range set {
+		meta[k] = v
+	}
+	mb, err := json.Marshal(meta)
+	if err != nil {
+		return nil, fmt.Errorf("_meta: %w", err)
+	}
+	p["_meta"] = mb
+	return json.Marshal(p)
 }
 
 // FrontMetaKey is the params._meta member the fronts set on every
@@ -103,23 +124,11 @@ const FrontMetaKey = "io.github.mcp-outbox/front"
 func MarkFront(params json.RawMessage) (json.RawMessage, bool) {
 	p := map[string]json.RawMessage{}
 	if len(params) > 0 && string(params) != "null" {
-		if json.Unmarshal(params, &p) != nil || p == nil {
+		if json.Unmarshal(params, &p) != nil {
 			return params, false
 		}
 	}
-	meta := map[string]json.RawMessage{}
-	if raw, ok := p["_meta"]; ok && string(raw) != "null" {
-		if json.Unmarshal(raw, &meta) != nil || meta == nil {
-			return params, false
-		}
-	}
-	meta[FrontMetaKey] = json.RawMessage("true")
-	mb, err := json.Marshal(meta)
-	if err != nil {
-		return params, false
-	}
-	p["_meta"] = mb
-	out, err := json.Marshal(p)
+	out, err := SetMeta(p, map[string]json.RawMessage{FrontMetaKey: json.RawMessage("true")})
 	if err != nil {
 		return params, false
 	}
@@ -149,23 +158,11 @@ func LiftListen(id, params json.RawMessage) (json.RawMessage, bool) {
 	if !ok || len(id) == 0 {
 		return params, false
 	}
-	meta := map[string]json.RawMessage{}
-	if raw, ok := p["_meta"]; ok && string(raw) != "null" {
-		if json.Unmarshal(raw, &meta) != nil || meta == nil {
-			return params, false
-		}
-	}
 	v, err := json.Marshal(map[string]json.RawMessage{"id": id, "taskIds": ids})
 	if err != nil {
 		return params, false
 	}
-	meta[ListenMetaKey] = v
-	mb, err := json.Marshal(meta)
-	if err != nil {
-		return params, false
-	}
-	p["_meta"] = mb
-	out, err := json.Marshal(p)
+	out, err := SetMeta(p, map[string]json.RawMessage{ListenMetaKey: v})
 	if err != nil {
 		return params, false
 	}

@@ -71,3 +71,89 @@ func TestLiftCall(t *testing.T) {
 		})
 	}
 }
+
+func TestSetMeta(t *testing.T) {
+	t.Parallel()
+	set := map[string]json.RawMessage{"k": json.RawMessage(`1.50`)}
+	for _, tc := range []struct {
+		name, in string
+		want     string // "" when SetMeta fails
+	}{
+		{"NoMeta", `{"a":1}`, `{"_meta":{"k":1.50},"a":1}`},
+		{"KeepsMeta", `{"_meta":{"j":2.0,"k":0}}`, `{"_meta":{"j":2.0,"k":1.50}}`},
+		{"MetaNull", `{"_meta":null}`, `{"_meta":{"k":1.50}}`},
+		{"MetaNotAnObject", `{"_meta":[1]}`, ``},
+		{"MetaString", `{"_meta":"x"}`, ``},
+		{"ParamsNull", `null`, ``},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var p map[string]json.RawMessage
+			if err := json.Unmarshal([]byte(tc.in), &p); err != nil {
+				t.Fatal(err)
+			}
+			got, err := SetMeta(p, set)
+			if tc.want == "" {
+				if err == nil {
+					t.Fatalf("SetMeta(%s) = %s, want an error", tc.in, got)
+				}
+				return
+			}
+			if err != nil || string(got) != tc.want {
+				t.Fatalf("SetMeta(%s) = %s, %v; want %s", tc.in, got, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestMarkFront(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, in string
+		want     string // "" when params come back unchanged
+	}{
+		{"NoParams", ``, `{"_meta":{"io.github.mcp-outbox/front":true}}`},
+		{"ParamsNull", `null`, `{"_meta":{"io.github.mcp-outbox/front":true}}`},
+		{"Overwrites", `{"_meta":{"io.github.mcp-outbox/front":false,"a":1},"v":"x"}`, `{"_meta":{"a":1,"io.github.mcp-outbox/front":true},"v":"x"}`},
+		{"MetaNotAnObject", `{"_meta":[1]}`, ``},
+		{"ParamsNotAnObject", `[1]`, ``},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, changed := MarkFront(json.RawMessage(tc.in))
+			if tc.want == "" {
+				if changed || string(got) != tc.in {
+					t.Fatalf("MarkFront(%s) = %s, %v; want it unchanged", tc.in, got, changed)
+				}
+				return
+			}
+			if !changed || string(got) != tc.want {
+				t.Fatalf("MarkFront(%s) = %s, %v; want %s", tc.in, got, changed, tc.want)
+			}
+		})
+	}
+}
+
+func TestLiftListen(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, id, in string
+		want         string // "" when params come back unchanged
+	}{
+		{"TaskIDs", `7`, `{"notifications":{"taskIds":["a"]}}`, `{"_meta":{"io.github.mcp-outbox/listenTasks":{"id":7,"taskIds":["a"]}},"notifications":{"taskIds":["a"]}}`},
+		{"NoTaskIDs", `7`, `{"notifications":{}}`, ``},
+		{"NoID", ``, `{"notifications":{"taskIds":["a"]}}`, ``},
+		{"MetaNotAnObject", `7`, `{"_meta":1,"notifications":{"taskIds":["a"]}}`, ``},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, changed := LiftListen(json.RawMessage(tc.id), json.RawMessage(tc.in))
+			if tc.want == "" {
+				if changed || string(got) != tc.in {
+					t.Fatalf("LiftListen(%s) = %s, %v; want it unchanged", tc.in, got, changed)
+				}
+				return
+			}
+			if !changed || string(got) != tc.want {
+				t.Fatalf("LiftListen(%s) = %s, %v; want %s", tc.in, got, changed, tc.want)
+			}
+		})
+	}
+}

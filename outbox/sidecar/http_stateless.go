@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"sync"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/paramskey"
 	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -197,19 +198,14 @@ func subscriptionOf(m *jsonrpc.Request) (int64, bool) {
 // withSubscriptionID renames the subscription of a notification to id.
 func withSubscriptionID(m *jsonrpc.Request, id jsonrpc.ID) *jsonrpc.Request {
 	var params map[string]json.RawMessage
-	var meta map[string]json.RawMessage
-	if json.Unmarshal(m.Params, &params) != nil || json.Unmarshal(params["_meta"], &meta) != nil {
+	if json.Unmarshal(m.Params, &params) != nil {
 		return m
 	}
 	raw, err := json.Marshal(id.Raw())
 	if err != nil {
 		return m
 	}
-	meta[mcp.MetaKeySubscriptionID] = raw
-	if params["_meta"], err = json.Marshal(meta); err != nil {
-		return m
-	}
-	out, err := json.Marshal(params)
+	out, err := paramskey.SetMeta(params, map[string]json.RawMessage{mcp.MetaKeySubscriptionID: raw})
 	if err != nil {
 		return m
 	}

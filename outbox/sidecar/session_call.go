@@ -172,22 +172,9 @@ func withClaim(clientParams json.RawMessage, claim *remote.Claim) (json.RawMessa
 	if err := json.Unmarshal(clientParams, &params); err != nil {
 		return nil, err
 	}
-	if params == nil {
-		// null: assigning _meta below would panic, and take the proxy down.
-		return nil, errors.New("params: not an object")
-	}
-	meta := map[string]json.RawMessage{}
-	if raw, ok := params["_meta"]; ok && string(raw) != "null" {
-		if err := json.Unmarshal(raw, &meta); err != nil {
-			return nil, fmt.Errorf("_meta: %w", err)
-		}
-	}
-	var err error
-	if meta[remote.MetaKeyClaim], err = json.Marshal(claim); err != nil {
+	raw, err := json.Marshal(claim)
+	if err != nil {
 		return nil, err
 	}
-	if params["_meta"], err = json.Marshal(meta); err != nil {
-		return nil, err
-	}
-	return json.Marshal(params)
+	return paramskey.SetMeta(params, map[string]json.RawMessage{remote.MetaKeyClaim: raw})
 }
