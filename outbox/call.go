@@ -123,7 +123,7 @@ func attemptFrom(ctx context.Context) *attempt {
 // request's cancellation, nil when it could not tell (see cancelnote).
 func (l *Layer) call(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest, method string, next mcp.MethodHandler, note *cancelnote.Note) (mcp.Result, error) {
 	if speaks2025(req) {
-		if res, err, done := l.call2025(ctx, t, req, sessionFronted(req)); done {
+		if res, err, done := l.call2025(ctx, t, req); done {
 			return res, err
 		}
 	} else if t.tasks.Mode != TasksNever {

@@ -189,7 +189,7 @@ func paramsOf(req *mcp.CallToolRequest) (string, error) {
 		p.Meta = mcp.Meta{}
 		for k, v := range req.Params.Meta {
 			switch k {
-			case mcp.MetaKeyClientCapabilities, mcp.MetaKeyClientInfo, "progressToken", paramskey.TaskMetaKey:
+			case mcp.MetaKeyClientCapabilities, mcp.MetaKeyClientInfo, "progressToken", paramskey.TaskMetaKey, paramskey.FrontMetaKey:
 				continue
 			}
 			p.Meta[k] = v

@@ -90,9 +90,10 @@ func askedTTL(req *mcp.CallToolRequest) time.Duration {
 	return time.Duration(*p.TTL) * time.Millisecond
 }
 
-// frontMarked reports whether the params of an initialize came through a
-// front of this module (mcpstdio, mcphttp), which marks them
-// (paramskey.FrontMetaKey) and lifts params.task on every tools/call.
+// frontMarked reports whether params came through a front of this module,
+// which marks them (paramskey.FrontMetaKey) and lifts params.task on every
+// tools/call: mcpstdio and mcphttp mark a session's initialize, the proxy
+// (which has no go-sdk session) each tools/call of a 2025-11-25 session.
 func frontMarked(p mcp.Params) bool {
 	if p == nil || reflect.ValueOf(p).IsNil() {
 		return false
@@ -140,12 +141,10 @@ func (t *toolInfo) taskSupport() string {
 }
 
 // call2025 decides a tools/call of a 2025-11-25 session; done is false when
-// the call is a plain one, for call to go on with. fronted says whether a
-// front lifted the request's params.task (sessionFronted; the proxy's
-// sessions always do).
-func (l *Layer) call2025(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest, fronted bool) (res mcp.Result, err error, done bool) {
+// the call is a plain one, for call to go on with.
+func (l *Layer) call2025(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest) (res mcp.Result, err error, done bool) {
 	support := t.taskSupport()
-	if !fronted {
+	if !sessionFronted(req) && !frontMarked(req.Params) {
 		// No front lifted params.task (and none was offered: see
 		// fronted): the call cannot be a task.
 		if support == "required" {

@@ -188,8 +188,9 @@ func (r *remoteTool) callTask(ctx context.Context, req *mcp.CallToolRequest) (re
 		return nil, nil, false
 	}
 	if remote.Tasks2025(ctx) {
-		// The proxy's session lifts params.task itself: it is a front.
-		return r.layer.call2025(ctx, t, req, true)
+		// The proxy's session lifts params.task itself, and marks the
+		// request as a front's.
+		return r.layer.call2025(ctx, t, req)
 	}
 	switch {
 	case declaresTasks(req):

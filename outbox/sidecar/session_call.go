@@ -73,9 +73,16 @@ func (s *session) callTool(ctx context.Context, c *clientCall, m *jsonrpc.Reques
 // liftTask copies a 2025-11-25 tools/call's params.task into
 // params._meta, where the layer looks for it (paramskey.TaskMetaKey): the
 // fronts of the mcp-outbox command lift it from the raw message before the
-// proxy reads it, but a library's connection passed to Serve may not.
-// params (decoded) gets it; raw, which is forwarded, is not changed.
+// proxy reads it, but a library's connection passed to Serve may not. It
+// marks params as a front's (paramskey.FrontMetaKey), as mcpstdio and
+// mcphttp mark a session's initialize: the layer sees no go-sdk session of
+// the proxy's to find the mark on. params (decoded) gets both; raw, which
+// is forwarded, is not changed.
 func liftTask(params *mcp.CallToolParamsRaw, raw json.RawMessage) {
+	if params.Meta == nil {
+		params.Meta = mcp.Meta{}
+	}
+	params.Meta[paramskey.FrontMetaKey] = true
 	if _, ok := params.Meta[paramskey.TaskMetaKey]; ok {
 		return
 	}
@@ -84,9 +91,6 @@ func liftTask(params *mcp.CallToolParamsRaw, raw json.RawMessage) {
 	}
 	if json.Unmarshal(raw, &p) != nil || len(p.Task) == 0 || string(p.Task) == "null" {
 		return
-	}
-	if params.Meta == nil {
-		params.Meta = mcp.Meta{}
 	}
 	params.Meta[paramskey.TaskMetaKey] = p.Task
 }
