@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"sync"
+	"sync/atomic"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/paramskey"
 	"github.com/modelcontextprotocol/go-sdk/auth"
@@ -221,7 +223,7 @@ func (h *httpSessions) stateless() *muxClient {
 		return nil
 	}
 	if h.mux == nil {
-		h.mux = &muxClient{ctx: h.ctx, in: make(chan jsonrpc.Message, 64), waiting: map[int64]*muxWaiter{}}
+		h.mux = &muxClient{ctx: h.ctx, logger: h.p.logger, in: make(chan jsonrpc.Message, 64), waiting: map[int64]*muxWaiter{}}
 		go func() {
 			if err := h.p.Serve(h.ctx, h.mux); err != nil {
 				h.p.logger.Warn("stateless session ended", "error", err)
@@ -234,8 +236,9 @@ func (h *httpSessions) stateless() *muxClient {
 // muxClient is the client end of the stateless session: the HTTP requests'
 // messages, each request's answer back to it.
 type muxClient struct {
-	ctx context.Context
-	in  chan jsonrpc.Message
+	ctx    context.Context
+	logger *slog.Logger
+	in     chan jsonrpc.Message
 
 	mu      sync.Mutex
 	next    int64
@@ -245,8 +248,9 @@ type muxClient struct {
 // muxWaiter is what an HTTP request waits for: its answer, and the
 // notifications of the subscription it opened, if it is a listen.
 type muxWaiter struct {
-	answer chan *jsonrpc.Response
-	notes  chan *jsonrpc.Request
+	answer  chan *jsonrpc.Response
+	notes   chan *jsonrpc.Request
+	dropped atomic.Int64 // notes that found notes full
 }
 
 // open makes an id for a request, and the channels it is answered on.
@@ -259,11 +263,28 @@ func (c *muxClient) open() (int64, *muxWaiter) {
 	return c.next, w
 }
 
-// close forgets a request: an answer that comes later is dropped.
+// close forgets a request: an answer that comes later is dropped. A listen
+// whose client fell behind is logged here, once with the count, not once a
+// note: a client that stopped reading would otherwise flood the log at the
+// upstream's rate.
 func (c *muxClient) close(id int64) {
 	c.mu.Lock()
+	w := c.waiting[id]
 	delete(c.waiting, id)
 	c.mu.Unlock()
+	if n := w.droppedNotes(); n > 0 {
+		c.logger.Warn(droppedNotesMsg,
+			"request_id", id, "dropped", n, "buffered", cap(w.notes))
+	}
+}
+
+const droppedNotesMsg = "a stateless request's client fell behind its notifications; dropped those past the buffer, never blocking the upstream"
+
+func (w *muxWaiter) droppedNotes() int64 {
+	if w == nil {
+		return 0
+	}
+	return w.dropped.Load()
 }
 
 // deliver hands m to the session, and reports whether it took it before
@@ -308,7 +329,8 @@ func (c *muxClient) Write(ctx context.Context, m jsonrpc.Message) error {
 			if w != nil {
 				select {
 				case w.notes <- m:
-				default: // a client that reads none of 64: dropped, never blocking the session
+				default: // a client that reads none of 64: dropped, never blocking the session; close logs it
+					w.dropped.Add(1)
 				}
 			}
 			return nil
