@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -121,6 +122,7 @@ func (h *httpSessions) reap() {
 		case <-h.p.serving.ended:
 			return
 		case now := <-t.C:
+			h.refusals.flush(h.p.logger, now)
 			var stale []string
 			h.mu.Lock()
 			for id, s := range h.sessions {
@@ -195,3 +197,47 @@ func refuse(w http.ResponseWriter, r *http.Request, e *limitError) {
 // in the implementation-defined server error range, as the go-sdk's own
 // transport errors are.
 const codeSessionLimit = -32000
+
+// refusalEvery is how often, at most, the log says that sessions were
+// refused.
+const refusalEvery = 10 * time.Second
+
+// refusalLog logs the sessions the limits refuse without a line for each:
+// a client that retries at once buries everything else in the log (the
+// 1,000-session test's clients made 7,767 lines of it). The first refusal
+// is logged as it happens; the next ones are counted, and the count is
+// logged, with the latest reason, by the first refusal or reaper tick at
+// least refusalEvery after the last line. So a flood makes a line per
+// refusalEvery, and its tail is logged within a tick of the reaper. A count
+// still pending when the proxy stops is not logged.
+type refusalLog struct {
+	mu      sync.Mutex
+	last    time.Time // when a line was last logged
+	pending int       // refusals since then that it did not count
+	reason  string    // the latest of them
+}
+
+func (l *refusalLog) refused(logger *slog.Logger, reason string, now time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.pending++
+	l.reason = reason
+	l.logDue(logger, now)
+}
+
+// flush logs the pending count if a line is due.
+func (l *refusalLog) flush(logger *slog.Logger, now time.Time) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.pending > 0 {
+		l.logDue(logger, now)
+	}
+}
+
+func (l *refusalLog) logDue(logger *slog.Logger, now time.Time) {
+	if !l.last.IsZero() && now.Sub(l.last) < refusalEvery {
+		return
+	}
+	logger.Warn("refuse http session", "reason", l.reason, "refused", l.pending)
+	l.last, l.pending = now, 0
+}

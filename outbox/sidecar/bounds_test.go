@@ -4,17 +4,21 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/outboxtest"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -38,7 +42,10 @@ func newBoundedProxy(t *testing.T, up Dialer, opts Options) *boundedProxy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	opts.Layer, opts.Upstream, opts.Logger, opts.MinBackoff = layer, up, testLogger(t), time.Millisecond
+	opts.Layer, opts.Upstream, opts.MinBackoff = layer, up, time.Millisecond
+	if opts.Logger == nil {
+		opts.Logger = testLogger(t)
+	}
 	p, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
@@ -136,6 +143,63 @@ func TestHTTPSessionLimits(t *testing.T) {
 	resp.Body.Close()
 	if _, status, body := openRaw(t, bp.url, "alice"); status != http.StatusOK {
 		t.Fatalf("alice's session after a DELETE: %d %s", status, body)
+	}
+}
+
+// TestHTTPSessionRefusalLog: a flood of sessions beyond the limit makes a
+// line in the log per refusalEvery, not one per refusal, and the first
+// refusal is logged as it happens.
+func TestHTTPSessionRefusalLog(t *testing.T) {
+	log := &outboxtest.LogBuffer{}
+	bp := newBoundedProxy(t, newUpstream(), Options{MaxSessions: 1, Logger: log.Logger()})
+	if _, status, body := openRaw(t, bp.url, "alice"); status != http.StatusOK {
+		t.Fatalf("the one session: %d %s", status, body)
+	}
+	const flood, workers = 200, 8
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for range flood / workers {
+				if resp, body := rawPost(t, bp.url, "bob", "", rawInitialize); resp.StatusCode != http.StatusServiceUnavailable {
+					t.Errorf("worker %d: %s %s, want 503", w, resp.Status, body)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	recs := log.Records(t, "refuse http session")
+	if most := 1 + int(elapsed/refusalEvery) + 1; len(recs) == 0 || len(recs) > most {
+		t.Fatalf("%d refusals in %v logged %d lines, want 1 to %d", flood, elapsed, len(recs), most)
+	}
+	if got := recs[0]["refused"]; got != float64(1) {
+		t.Errorf("first line counts %v refusals, want 1: %v", got, recs[0])
+	}
+}
+
+func TestRefusalLog(t *testing.T) {
+	t.Parallel()
+	log := &outboxtest.LogBuffer{}
+	logger := log.Logger()
+	var l refusalLog
+	t0 := time.Unix(1e9, 0)
+	l.refused(logger, "full", t0)
+	for i := range 99 {
+		l.refused(logger, "full", t0.Add(time.Duration(i)*time.Millisecond))
+	}
+	l.flush(logger, t0.Add(refusalEvery-time.Millisecond)) // not yet due
+	l.refused(logger, "too many for bob", t0.Add(refusalEvery))
+	l.refused(logger, "full", t0.Add(refusalEvery+time.Second))
+	l.flush(logger, t0.Add(2*refusalEvery)) // the tail, by the reaper's tick
+	l.flush(logger, t0.Add(5*refusalEvery)) // nothing pending: no line
+	var got []string
+	for _, r := range log.Records(t, "refuse http session") {
+		got = append(got, fmt.Sprintf("%v %v", r["refused"], r["reason"]))
+	}
+	want := []string{"1 full", "100 too many for bob", "1 full"}
+	if !slices.Equal(got, want) {
+		t.Errorf("lines = %q, want %q", got, want)
 	}
 }
 

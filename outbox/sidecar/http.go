@@ -66,6 +66,7 @@ type httpSessions struct {
 	sessions map[string]*httpSession
 	mux      *muxClient     // the stateless session's, once started (http_stateless.go)
 	perUser  map[string]int // open sessions by principal
+	refusals refusalLog     // sessions the limits refused, for the log (bounds.go)
 }
 
 type httpSession struct {
@@ -106,7 +107,7 @@ func (h *httpSessions) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s, lim, err := h.open(userOf(r))
 		switch {
 		case lim != nil:
-			h.p.logger.Warn("refuse http session", "reason", lim.msg)
+			h.refusals.refused(h.p.logger, lim.msg, time.Now())
 			refuse(w, r, lim)
 			return
 		case err != nil:
