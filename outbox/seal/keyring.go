@@ -48,15 +48,22 @@ type FileKeyRing struct {
 // LoadKeyFile reads a key file: one key a line as 'ID:BASE64', BASE64 the
 // standard encoding of 32 random bytes ('openssl rand -base64 32'); blank
 // lines and lines starting with '#' are skipped. The first key wraps new
-// data keys; all of them unwrap. A file others may read is refused: it
-// holds what every stored value's secrecy rests on.
+// data keys; all of them unwrap.
+//
+// The file holds what every stored value's secrecy rests on, so one that
+// others may read is refused, as ssh refuses a private key: mode 0600 or
+// 0400, or, for a file owned by root, 0640 or 0440, as PostgreSQL allows
+// its server key. That exception is the mounted secret: Kubernetes makes a
+// secret's files root's and, with an fsGroup, readable by that group, and
+// the process (not root, and not able to chmod a read-only volume) reads it
+// through the group.
 func LoadKeyFile(path string) (*FileKeyRing, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
 		return nil, fmt.Errorf("key file: %w", err)
 	}
-	if fi.Mode().Perm()&0o007 != 0 {
-		return nil, fmt.Errorf("key file %s: mode %v lets every user of this host read or change it; chmod 600 it", path, fi.Mode().Perm())
+	if err := checkKeyFileMode(path, fi); err != nil {
+		return nil, err
 	}
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -67,6 +74,20 @@ func LoadKeyFile(path string) (*FileKeyRing, error) {
 		return nil, fmt.Errorf("key file %s: %w", path, err)
 	}
 	return r, nil
+}
+
+// checkKeyFileMode refuses a key file that others than its owner may read
+// or change, but a root-owned one readable by its group.
+func checkKeyFileMode(path string, fi os.FileInfo) error {
+	perm := fi.Mode().Perm()
+	switch {
+	case perm&0o007 != 0:
+		return fmt.Errorf("key file %s: mode %v lets every user of this host read or change it; chmod 600 it", path, perm)
+	case perm&0o070 == 0, perm&0o070 == 0o040 && ownedByRoot(fi):
+		return nil
+	}
+	return fmt.Errorf("key file %s: mode %v lets its group read or change it; chmod 600 it "+
+		"(a file owned by root may be 0640, for a mounted secret a group reads)", path, perm)
 }
 
 // ParseKeys reads keys in the format of a key file (see [LoadKeyFile]).

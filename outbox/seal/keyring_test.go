@@ -79,24 +79,52 @@ func TestParseKeys(t *testing.T) {
 	}
 }
 
-// TestLoadKeyFile refuses a key file every user of the host may read.
+// TestLoadKeyFile refuses a key file others than its owner may read, as
+// ssh refuses a private key, but a root-owned one its group reads (a
+// mounted Kubernetes secret).
 func TestLoadKeyFile(t *testing.T) {
 	t.Parallel()
 	path := filepath.Join(t.TempDir(), "keys")
-	if err := os.WriteFile(path, []byte("k1:"+key(t)+"\n"), 0o644); err != nil {
+	if err := os.WriteFile(path, []byte("k1:"+key(t)+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Chmod(path, 0o644); err != nil {
-		t.Fatal(err)
+	load := func(mode os.FileMode) error {
+		t.Helper()
+		if err := os.Chmod(path, mode); err != nil {
+			t.Fatal(err)
+		}
+		_, err := seal.LoadKeyFile(path)
+		return err
 	}
-	if _, err := seal.LoadKeyFile(path); err == nil || !strings.Contains(err.Error(), "chmod 600") {
-		t.Errorf("world-readable key file: %v, want refused", err)
+	refused := func(mode os.FileMode, why string) {
+		t.Helper()
+		err := load(mode)
+		if err == nil || !strings.Contains(err.Error(), "chmod 600") || !strings.Contains(err.Error(), mode.String()) {
+			t.Errorf("%s key file (%v): %v, want refused naming the mode and chmod 600", why, mode, err)
+		}
 	}
-	if err := os.Chmod(path, 0o600); err != nil {
-		t.Fatal(err)
+	refused(0o644, "world-readable")
+	refused(0o604, "world-readable")
+	refused(0o660, "group-writable")
+	for _, mode := range []os.FileMode{0o600, 0o400} {
+		if err := load(mode); err != nil {
+			t.Errorf("mode %v: %v", mode, err)
+		}
 	}
-	if _, err := seal.LoadKeyFile(path); err != nil {
-		t.Error(err)
+	if os.Getuid() != 0 {
+		refused(0o640, "group-readable")
+		refused(0o440, "group-readable")
+	} else {
+		for _, mode := range []os.FileMode{0o640, 0o440} {
+			if err := load(mode); err != nil {
+				t.Errorf("root-owned, mode %v: %v", mode, err)
+			}
+		}
+		// Root may give the file away, and then its group must not read it.
+		if err := os.Chown(path, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
+		refused(0o640, "group-readable, not root's")
 	}
 	if _, err := seal.LoadKeyFile(path + ".missing"); err == nil {
 		t.Error("missing key file loaded")
