@@ -101,6 +101,29 @@ func Count(tb testing.TB, db *sql.DB, query string, args ...any) int {
 	return n
 }
 
+// CallStates lists the states of the recorded calls, oldest first, comma
+// separated ("completed,unknown").
+func CallStates(tb testing.TB, db *sql.DB) string {
+	tb.Helper()
+	rows, err := db.Query(`SELECT state FROM calls ORDER BY id`)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer rows.Close()
+	var states []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			tb.Fatal(err)
+		}
+		states = append(states, s)
+	}
+	if err := rows.Err(); err != nil {
+		tb.Fatal(err)
+	}
+	return strings.Join(states, ",")
+}
+
 // CallErr calls tool name with args, under key in _meta ("" sends none).
 func CallErr(ctx context.Context, cs *mcp.ClientSession, name, key string, args any) (*mcp.CallToolResult, error) {
 	p := &mcp.CallToolParams{Name: name, Arguments: args}

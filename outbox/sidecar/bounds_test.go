@@ -8,18 +8,15 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/outboxtest"
-	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -33,34 +30,9 @@ type boundedProxy struct {
 
 func newBoundedProxy(t *testing.T, up Dialer, opts Options) *boundedProxy {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	db, err := schema.Open(ctx, filepath.Join(t.TempDir(), "proxy.db"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	layer, err := outbox.New(db, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts.Layer, opts.Upstream, opts.MinBackoff = layer, up, time.Millisecond
-	if opts.Logger == nil {
-		opts.Logger = testLogger(t)
-	}
-	p, err := New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	verify := func(_ context.Context, token string, _ *http.Request) (*auth.TokenInfo, error) {
-		return &auth.TokenInfo{UserID: token, Expiration: time.Now().Add(time.Hour)}, nil
-	}
-	srv := httptest.NewServer(auth.RequireBearerToken(verify, nil)(p.HTTPHandler(ctx)))
-	t.Cleanup(func() {
-		cancel()
-		srv.Close()
-		p.Close()
-		db.Close()
-	})
-	return &boundedProxy{p: p, db: db, url: srv.URL}
+	opts.Upstream = up
+	p := newTestProxy(t, nil, opts)
+	return &boundedProxy{p: p.Proxy, db: p.db, url: p.serveHTTP(t)}
 }
 
 // rawPost posts one JSON-RPC message as principal token, in session (if
@@ -255,7 +227,7 @@ func TestCallTimeout(t *testing.T) {
 	if !res.IsError || errorCode(res) != "outcome_unknown" || !strings.Contains(textOf(res), "call timeout") {
 		t.Errorf("answer: %s %q; want an unknown outcome naming the call timeout", errorCode(res), textOf(res))
 	}
-	if got := callStates(t, bp.db); got != "unknown" {
+	if got := outboxtest.CallStates(t, bp.db.Read); got != "unknown" {
 		t.Errorf("calls: %s, want unknown", got)
 	}
 }
@@ -274,7 +246,7 @@ func TestCloseSettlesCalls(t *testing.T) {
 	}()
 	recv(t, up.started, "the call at the upstream")
 	bp.p.Close()
-	if got := callStates(t, bp.db); got != "unknown" {
+	if got := outboxtest.CallStates(t, bp.db.Read); got != "unknown" {
 		t.Errorf("calls after Close: %s, want unknown", got)
 	}
 	recv(t, done, "the client's answer")
@@ -290,25 +262,6 @@ func httpClient(t *testing.T, url, token string) *mcp.ClientSession {
 	}
 	t.Cleanup(func() { cs.Close() })
 	return cs
-}
-
-// callStates lists the states of the recorded calls.
-func callStates(t *testing.T, db *schema.DB) string {
-	t.Helper()
-	rows, err := db.Read.Query(`SELECT state FROM calls ORDER BY id`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var states []string
-	for rows.Next() {
-		var s string
-		if err := rows.Scan(&s); err != nil {
-			t.Fatal(err)
-		}
-		states = append(states, s)
-	}
-	return strings.Join(states, ",")
 }
 
 // TestUpstreamRequestAtInitialized: an HTTP upstream that asks the client

@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,7 +17,6 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox"
-	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
 // upstream is an in-process go-sdk server standing in for a tool server
@@ -147,38 +145,9 @@ func proxyTo(t *testing.T, cooperating bool, up Dialer, copts *mcp.ClientOptions
 // proxy and returns once its session is over.
 func serveProxy(t *testing.T, cooperating bool, up Dialer) (client mcp.Transport, stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	db, err := schema.Open(ctx, filepath.Join(t.TempDir(), "proxy.db"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	layer, err := outbox.New(db, &outbox.Options{InFlightWait: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := New(Options{Layer: layer, Upstream: up, Cooperating: cooperating, Logger: testLogger(t), MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ct, pt := mcp.NewInMemoryTransports()
-	pconn, err := pt.Connect(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- p.Serve(ctx, pconn) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			if err := <-served; err != nil {
-				t.Errorf("Serve: %v", err)
-			}
-		})
-	}
-	t.Cleanup(stop)
-	return ct, stop
+	p := newTestProxy(t, &outbox.Options{InFlightWait: 10 * time.Second},
+		Options{Upstream: up, Cooperating: cooperating, MaxBackoff: 10 * time.Millisecond})
+	return p.serveConn(t)
 }
 
 func call(t *testing.T, cs *mcp.ClientSession, ctx context.Context, tool, key string, n int) (*mcp.CallToolResult, error) {

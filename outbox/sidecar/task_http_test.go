@@ -6,16 +6,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/modelcontextprotocol/go-sdk/auth"
-
 	"github.com/mcp-outbox/mcp-outbox/outbox"
-	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
 // httpTaskPeer is one principal's session with a proxy over Streamable HTTP.
@@ -69,30 +64,10 @@ func (c *httpTaskPeer) post(method string, params any) map[string]any {
 // tasks/result and tasks/cancel get -32602 "Task not found", its tasks/list
 // is empty, and the owner reads it to its end.
 func TestTaskPrincipalOverHTTP(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	db, err := schema.Open(ctx, filepath.Join(t.TempDir(), "proxy.db"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	layer, err := outbox.New(db, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := New(Options{Layer: layer, Upstream: newUpstream(), Logger: testLogger(t), MinBackoff: time.Millisecond,
-		Tasks: map[string]outbox.TaskOptions{"work": {Mode: outbox.TasksAlways}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	verify := func(_ context.Context, token string, _ *http.Request) (*auth.TokenInfo, error) {
-		return &auth.TokenInfo{UserID: token, Expiration: time.Now().Add(time.Hour)}, nil
-	}
-	srv := httptest.NewServer(auth.RequireBearerToken(verify, nil)(p.HTTPHandler(ctx)))
-	defer srv.Close()
+	url := newTestProxy(t, nil, Options{Upstream: newUpstream(),
+		Tasks: map[string]outbox.TaskOptions{"work": {Mode: outbox.TasksAlways}}}).serveHTTP(t)
 	open := func(token string) *httpTaskPeer {
-		c := &httpTaskPeer{t: t, url: srv.URL, token: token}
+		c := &httpTaskPeer{t: t, url: url, token: token}
 		c.post("initialize", map[string]any{"protocolVersion": "2025-11-25", "capabilities": map[string]any{},
 			"clientInfo": map[string]any{"name": token, "version": "0"}})
 		return c
@@ -144,30 +119,10 @@ func TestTaskPrincipalOverHTTP(t *testing.T) {
 func TestTaskPrincipalOverStatelessHTTP(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	db, err := schema.Open(ctx, filepath.Join(t.TempDir(), "proxy.db"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	layer, err := outbox.New(db, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := New(Options{Layer: layer, Upstream: newUpstream(), Logger: testLogger(t), MinBackoff: time.Millisecond,
-		Tasks: map[string]outbox.TaskOptions{"work": {Mode: outbox.TasksAlways}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	verify := func(_ context.Context, token string, _ *http.Request) (*auth.TokenInfo, error) {
-		return &auth.TokenInfo{UserID: token, Expiration: time.Now().Add(time.Hour)}, nil
-	}
-	hctx, stop := context.WithCancel(ctx)
-	defer stop()
-	srv := httptest.NewServer(auth.RequireBearerToken(verify, nil)(p.HTTPHandler(hctx)))
-	defer srv.Close()
-	alice := &httpTaskPeer{t: t, url: srv.URL, token: "alice", version: "2026-07-28"}
-	bob := &httpTaskPeer{t: t, url: srv.URL, token: "bob", version: "2026-07-28"}
+	url := newTestProxy(t, nil, Options{Upstream: newUpstream(),
+		Tasks: map[string]outbox.TaskOptions{"work": {Mode: outbox.TasksAlways}}}).serveHTTP(t)
+	alice := &httpTaskPeer{t: t, url: url, token: "alice", version: "2026-07-28"}
+	bob := &httpTaskPeer{t: t, url: url, token: "bob", version: "2026-07-28"}
 
 	d := alice.post("server/discover", envelope(""))
 	dr, _ := d["result"].(map[string]any)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -13,7 +12,6 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox"
-	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
 // rawClient speaks raw JSON-RPC to a proxy: go-sdk's client has no Tasks.
@@ -28,37 +26,15 @@ type rawClient struct {
 // up, and a raw client of it.
 func serveTaskProxy(t *testing.T, up Dialer, cooperating bool, tasks map[string]outbox.TaskOptions) *rawClient {
 	t.Helper()
+	p := newTestProxy(t, &outbox.Options{InFlightWait: 10 * time.Second},
+		Options{Upstream: up, Cooperating: cooperating, MaxBackoff: 10 * time.Millisecond, Tasks: tasks})
+	ct, _ := p.serveConn(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	db, err := schema.Open(ctx, filepath.Join(t.TempDir(), "proxy.db"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	layer, err := outbox.New(db, &outbox.Options{InFlightWait: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := New(Options{Layer: layer, Upstream: up, Cooperating: cooperating, Logger: testLogger(t),
-		MinBackoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond, Tasks: tasks})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ct, pt := mcp.NewInMemoryTransports()
-	pconn, err := pt.Connect(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- p.Serve(ctx, pconn) }()
+	t.Cleanup(cancel)
 	conn, err := ct.Connect(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		cancel()
-		<-served
-		p.Close()
-		db.Close()
-	})
 	return &rawClient{t: t, conn: conn, ctx: ctx}
 }
 

@@ -3,7 +3,6 @@ package sidecar
 import (
 	"context"
 	"net"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -17,7 +16,6 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/remote"
-	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
 // metaUpstream is the test upstream, remembering the _meta of every
@@ -63,37 +61,9 @@ func TestProxyTrace(t *testing.T) {
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 
-	ctx, cancel := context.WithCancel(context.Background())
-	db, err := schema.Open(ctx, filepath.Join(t.TempDir(), "proxy.db"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	layer, err := outbox.New(db, &outbox.Options{TracerProvider: tp})
-	if err != nil {
-		t.Fatal(err)
-	}
 	up := &metaUpstream{upstream: newUpstream()}
-	p, err := New(Options{Layer: layer, Upstream: up, Logger: testLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ct, pt := mcp.NewInMemoryTransports()
-	pconn, err := pt.Connect(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- p.Serve(ctx, pconn) }()
-	cs, err := mcp.NewClient(&mcp.Implementation{Name: "client", Version: "v0"}, nil).Connect(ctx, ct, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cs.Close()
-		cancel()
-		<-served
-	})
+	cs := newTestProxy(t, &outbox.Options{TracerProvider: tp}, Options{Upstream: up}).connect(t)
+	ctx := context.Background()
 
 	const traceID, spanID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 	const key = "proxy-secret-key"
