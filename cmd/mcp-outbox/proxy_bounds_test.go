@@ -19,6 +19,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/outboxtest"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -98,20 +99,7 @@ func callStatesIn(t *testing.T, db string) string {
 		t.Fatal(err)
 	}
 	defer sdb.Close()
-	rows, err := sdb.Read.Query(`SELECT state FROM calls ORDER BY id`)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var states []string
-	for rows.Next() {
-		var s string
-		if err := rows.Scan(&s); err != nil {
-			t.Fatal(err)
-		}
-		states = append(states, s)
-	}
-	return strings.Join(states, ",")
+	return outboxtest.CallStates(t, sdb.Read)
 }
 
 // waitState polls the database until its calls are in state want.
