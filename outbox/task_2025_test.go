@@ -98,18 +98,7 @@ func (p *peer2025) request(method string, params map[string]any) map[string]any 
 		return p.stdio.request(method, params)
 	}
 	body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": p.next.Add(1), "method": method, "params": params})
-	resp := p.post(string(body))
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	text := string(raw)
-	if i := strings.Index(text, "data: "); i >= 0 {
-		text = strings.TrimSpace(strings.SplitN(text[i+len("data: "):], "\n", 2)[0])
-	}
-	var m map[string]any
-	if err := json.Unmarshal([]byte(text), &m); err != nil {
-		p.t.Fatalf("POST %s: %s: %s", method, resp.Status, raw)
-	}
-	return m
+	return readResponse(p.t, method, p.post(string(body)))
 }
 
 // charge calls charge; task sends params.task (as the SDKs do, at the top of
@@ -534,20 +523,8 @@ func TestTask2025_TTLSurvivesTakeover(t *testing.T) {
 		t.Fatalf("ttl %v, want 120000", task["ttl"])
 	}
 	g.waitReached(t)
-	if onPostgres() {
-		mustExec(t, db, `UPDATE calls SET owner = 'gone/1#1', lease_until = 0 WHERE task_id = $1`, id)
-	} else {
-		mustExec(t, db, `UPDATE calls SET owner = $1 WHERE task_id = $2`, deadOwner(t), id)
-	}
-	b := taskSetup(t, db, outbox.TasksAlways, nil)
-	running, err := b.layer.Start(context.Background(), &outbox.StartOptions{NoDispatcher: true, ReapInterval: outbox.ReaperOff})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := stdioPeer(t, b.server).waitTask(id)
-	if err := running.Stop(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	orphanTask(t, db, id)
+	done := takeOverTask(t, db, id)
 	close(g.release)
 	outbox.WaitTasks(a.layer)
 	if done["status"] != "completed" {

@@ -134,6 +134,13 @@ func (p *taskPeer) post(method string, params map[string]any, body []byte) map[s
 	if err != nil {
 		p.t.Fatal(err)
 	}
+	return readResponse(p.t, method, resp)
+}
+
+// readResponse reads the JSON-RPC response of a POST of method, as JSON or
+// as the first event of an SSE stream, and closes the body.
+func readResponse(t testing.TB, method string, resp *http.Response) map[string]any {
+	t.Helper()
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(resp.Body)
 	text := string(raw)
@@ -142,7 +149,7 @@ func (p *taskPeer) post(method string, params map[string]any, body []byte) map[s
 	}
 	var m map[string]any
 	if err := json.Unmarshal([]byte(text), &m); err != nil {
-		p.t.Fatalf("POST %s: %s: %s", method, resp.Status, raw)
+		t.Fatalf("POST %s: %s: %s", method, resp.Status, raw)
 	}
 	return m
 }
@@ -464,23 +471,10 @@ func TestTask_RecoveredWhenOwnerIsGone(t *testing.T) {
 	p := stdioPeer(t, a.server)
 	id := result(t, p.charge(true, "recover-1", 9))["taskId"].(string)
 	g.waitReached(t)
-	// The owner dies: on SQLite its process is gone; on PostgreSQL its
-	// lease passed. (The attempt of layer a, still held at the gate, fails
-	// its fence when released: it no longer owns the call.)
-	if onPostgres() {
-		mustExec(t, db, `UPDATE calls SET owner = 'gone/1#1', lease_until = 0 WHERE task_id = $1`, id)
-	} else {
-		mustExec(t, db, `UPDATE calls SET owner = $1 WHERE task_id = $2`, deadOwner(t), id)
-	}
-	b := taskSetup(t, db, outbox.TasksAlways, nil)
-	running, err := b.layer.Start(context.Background(), &outbox.StartOptions{NoDispatcher: true, ReapInterval: outbox.ReaperOff})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := stdioPeer(t, b.server).waitTask(id)
-	if err := running.Stop(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	// The attempt of layer a, still held at the gate, fails its fence
+	// when released: it no longer owns the call.
+	orphanTask(t, db, id)
+	done := takeOverTask(t, db, id)
 	if done["status"] != "completed" {
 		t.Fatalf("recovered task = %v", done)
 	}
@@ -492,6 +486,33 @@ func TestTask_RecoveredWhenOwnerIsGone(t *testing.T) {
 	if n := count(t, db.Read, `SELECT count(*) FROM effects`); n != 1 {
 		t.Errorf("effects = %d, want exactly 1", n)
 	}
+}
+
+// orphanTask makes the owner of task id gone: on SQLite its process is
+// dead; on PostgreSQL its lease passed.
+func orphanTask(t *testing.T, db *schema.DB, id string) {
+	t.Helper()
+	if onPostgres() {
+		mustExec(t, db, `UPDATE calls SET owner = 'gone/1#1', lease_until = 0 WHERE task_id = $1`, id)
+	} else {
+		mustExec(t, db, `UPDATE calls SET owner = $1 WHERE task_id = $2`, deadOwner(t), id)
+	}
+}
+
+// takeOverTask starts another layer on db, which takes over the
+// orphaned task id, and returns the task once it has ended.
+func takeOverTask(t *testing.T, db *schema.DB, id string) map[string]any {
+	t.Helper()
+	b := taskSetup(t, db, outbox.TasksAlways, nil)
+	running, err := b.layer.Start(context.Background(), &outbox.StartOptions{NoDispatcher: true, ReapInterval: outbox.ReaperOff})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := stdioPeer(t, b.server).waitTask(id)
+	if err := running.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return done
 }
 
 func mustExec(t *testing.T, db *schema.DB, q string, args ...any) {
@@ -540,11 +561,7 @@ func TestTask_PlainRetryFinishesAnOrphanedTask(t *testing.T) {
 	a := taskSetup(t, db, outbox.TasksAlways, &ledger.Options{Gate: g.hold})
 	id := result(t, stdioPeer(t, a.server).charge(true, "orphan-1", 5))["taskId"].(string)
 	g.waitReached(t)
-	if onPostgres() {
-		mustExec(t, db, `UPDATE calls SET owner = 'gone/1#1', lease_until = 0 WHERE task_id = $1`, id)
-	} else {
-		mustExec(t, db, `UPDATE calls SET owner = $1 WHERE task_id = $2`, deadOwner(t), id)
-	}
+	orphanTask(t, db, id)
 	b := taskSetup(t, db, outbox.TasksAlways, nil)
 	p := stdioPeer(t, b.server)
 	if r := result(t, p.charge(false, "orphan-1", 5)); r["isError"] == true || r["taskId"] != nil {
