@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/outboxtest"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -26,23 +27,7 @@ WHERE call_id = (SELECT id FROM calls WHERE key = $3)`, state, at.UnixMilli(), k
 
 func keysOf(t *testing.T, db *schema.DB, q string) string {
 	t.Helper()
-	rows, err := db.Read.Query(q)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var s string
-		if err := rows.Scan(&s); err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, s)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return fmt.Sprint(out)
+	return fmt.Sprint(outboxtest.Strings(t, db.Read, q))
 }
 
 // logRecords is a slog handler that hands each record to a test.

@@ -101,27 +101,33 @@ func Count(tb testing.TB, db *sql.DB, query string, args ...any) int {
 	return n
 }
 
-// CallStates lists the states of the recorded calls, oldest first, comma
-// separated ("completed,unknown").
-func CallStates(tb testing.TB, db *sql.DB) string {
+// Strings runs a query of one text column and returns its rows' values.
+func Strings(tb testing.TB, db *sql.DB, query string, args ...any) []string {
 	tb.Helper()
-	rows, err := db.Query(`SELECT state FROM calls ORDER BY id`)
+	rows, err := db.Query(query, args...)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	defer rows.Close()
-	var states []string
+	var out []string
 	for rows.Next() {
 		var s string
 		if err := rows.Scan(&s); err != nil {
 			tb.Fatal(err)
 		}
-		states = append(states, s)
+		out = append(out, s)
 	}
 	if err := rows.Err(); err != nil {
 		tb.Fatal(err)
 	}
-	return strings.Join(states, ",")
+	return out
+}
+
+// CallStates lists the states of the recorded calls, oldest first, comma
+// separated ("completed,unknown").
+func CallStates(tb testing.TB, db *sql.DB) string {
+	tb.Helper()
+	return strings.Join(Strings(tb, db, `SELECT state FROM calls ORDER BY id`), ",")
 }
 
 // CallErr calls tool name with args, under key in _meta ("" sends none).

@@ -84,23 +84,7 @@ func charges(tb testing.TB, b *bundle) int {
 
 func keysOf(t *testing.T, db *schema.DB, q string) string {
 	t.Helper()
-	rows, err := db.Read.Query(q)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rows.Close()
-	var out []string
-	for rows.Next() {
-		var s string
-		if err := rows.Scan(&s); err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, s)
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	return fmt.Sprint(out)
+	return fmt.Sprint(outboxtest.Strings(t, db.Read, q))
 }
 
 // clock is the layer's clock, moved by the test.
