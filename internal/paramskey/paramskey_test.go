@@ -59,15 +59,7 @@ func TestLiftCall(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, changed := LiftCall(json.RawMessage(tc.in))
-			if tc.want == "" {
-				if changed || string(got) != tc.in {
-					t.Fatalf("LiftCall(%s) = %s, %v; want it unchanged", tc.in, got, changed)
-				}
-				return
-			}
-			if !changed || string(got) != tc.want {
-				t.Fatalf("LiftCall(%s) = %s, %v; want %s", tc.in, got, changed, tc.want)
-			}
+			wantLifted(t, "LiftCall", tc.in, got, changed, tc.want)
 		})
 	}
 }
@@ -119,15 +111,7 @@ func TestMarkFront(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, changed := MarkFront(json.RawMessage(tc.in))
-			if tc.want == "" {
-				if changed || string(got) != tc.in {
-					t.Fatalf("MarkFront(%s) = %s, %v; want it unchanged", tc.in, got, changed)
-				}
-				return
-			}
-			if !changed || string(got) != tc.want {
-				t.Fatalf("MarkFront(%s) = %s, %v; want %s", tc.in, got, changed, tc.want)
-			}
+			wantLifted(t, "MarkFront", tc.in, got, changed, tc.want)
 		})
 	}
 }
@@ -145,15 +129,22 @@ func TestLiftListen(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, changed := LiftListen(json.RawMessage(tc.id), json.RawMessage(tc.in))
-			if tc.want == "" {
-				if changed || string(got) != tc.in {
-					t.Fatalf("LiftListen(%s) = %s, %v; want it unchanged", tc.in, got, changed)
-				}
-				return
-			}
-			if !changed || string(got) != tc.want {
-				t.Fatalf("LiftListen(%s) = %s, %v; want %s", tc.in, got, changed, tc.want)
-			}
+			wantLifted(t, "LiftListen", tc.in, got, changed, tc.want)
 		})
+	}
+}
+
+// wantLifted checks what a lift returned for in: want, or in unchanged
+// when want is "".
+func wantLifted(t *testing.T, fn, in string, got json.RawMessage, changed bool, want string) {
+	t.Helper()
+	if want == "" {
+		if changed || string(got) != in {
+			t.Fatalf("%s(%s) = %s, %v; want it unchanged", fn, in, got, changed)
+		}
+		return
+	}
+	if !changed || string(got) != want {
+		t.Fatalf("%s(%s) = %s, %v; want %s", fn, in, got, changed, want)
 	}
 }
