@@ -79,8 +79,8 @@ func lift(params json.RawMessage, fields ...field) (json.RawMessage, bool) {
 	return out, true
 }
 
-// SetMeta sets the members of set in p's _meta and returns p encoded; p
-// keeps the new _meta. Every other member, of p and of _meta, keeps its raw
+// SetMeta sets the members of set in p's _meta (a nil value deletes its
+// member) and returns p encoded; p keeps the new _meta. Every other member, of p and of _meta, keeps its raw
 // bytes (numbers their digits). A _meta that is absent or null counts as
 // {}: "_meta": null decodes to a nil map, and a caller assigning to that
 // would panic, taking the whole server down. It fails when p is nil (params
@@ -99,6 +99,10 @@ func SetMeta(p, set map[string]json.RawMessage) (json.RawMessage, error) {
 		}
 	}
 	for k, v := range set {
+		if v == nil {
+			delete(meta, k)
+			continue
+		}
 		meta[k] = v
 	}
 	mb, err := json.Marshal(meta)

@@ -66,13 +66,14 @@ func TestLiftCall(t *testing.T) {
 
 func TestSetMeta(t *testing.T) {
 	t.Parallel()
-	set := map[string]json.RawMessage{"k": json.RawMessage(`1.50`)}
+	set := map[string]json.RawMessage{"k": json.RawMessage(`1.50`), "gone": nil}
 	for _, tc := range []struct {
 		name, in string
 		want     string // "" when SetMeta fails
 	}{
 		{"NoMeta", `{"a":1}`, `{"_meta":{"k":1.50},"a":1}`},
 		{"KeepsMeta", `{"_meta":{"j":2.0,"k":0}}`, `{"_meta":{"j":2.0,"k":1.50}}`},
+		{"Deletes", `{"_meta":{"gone":1,"j":2}}`, `{"_meta":{"j":2,"k":1.50}}`},
 		{"MetaNull", `{"_meta":null}`, `{"_meta":{"k":1.50}}`},
 		{"MetaNotAnObject", `{"_meta":[1]}`, ``},
 		{"MetaString", `{"_meta":"x"}`, ``},

@@ -14,6 +14,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.41.0"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/paramskey"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/remote"
 )
@@ -121,17 +122,7 @@ func injectMeta(ctx context.Context, params json.RawMessage) (json.RawMessage, e
 	if err := json.Unmarshal(params, &fields); err != nil {
 		return nil, err
 	}
-	if fields == nil {
-		return nil, errors.New("params: not an object")
-	}
-	meta := map[string]json.RawMessage{}
-	if raw, ok := fields["_meta"]; ok && string(raw) != "null" {
-		if err := json.Unmarshal(raw, &meta); err != nil {
-			return nil, err
-		}
-	}
-	delete(meta, "traceparent")
-	delete(meta, "tracestate")
+	set := map[string]json.RawMessage{"traceparent": nil, "tracestate": nil}
 	carrier := outbox.MetaCarrier{}
 	outbox.Propagator().Inject(ctx, carrier)
 	for k, v := range carrier {
@@ -139,11 +130,7 @@ func injectMeta(ctx context.Context, params json.RawMessage) (json.RawMessage, e
 		if err != nil {
 			return nil, err
 		}
-		meta[k] = b
+		set[k] = b
 	}
-	var err error
-	if fields["_meta"], err = json.Marshal(meta); err != nil {
-		return nil, err
-	}
-	return json.Marshal(fields)
+	return paramskey.SetMeta(fields, set)
 }
