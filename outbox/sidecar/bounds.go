@@ -213,7 +213,7 @@ const refusalEvery = 10 * time.Second
 type refusalLog struct {
 	mu      sync.Mutex
 	last    time.Time // when a line was last logged
-	pending int       // refusals since then that it did not count
+	pending int       // refusals since then, not yet logged
 	reason  string    // the latest of them
 }
 

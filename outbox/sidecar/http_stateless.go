@@ -11,10 +11,11 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/mcp-outbox/mcp-outbox/internal/paramskey"
 	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/paramskey"
 )
 
 // 2026-07-28 over the proxy's Streamable HTTP. That revision has no
