@@ -351,3 +351,49 @@ func TestGroupCommit_StatusOfUncommittedClaim(t *testing.T) {
 		t.Errorf("status after the commit: %+v", st)
 	}
 }
+
+// A lone call's unit opens its batch and sets no savepoint (group.go,
+// unit.bare), so no failed RELEASE can tell it that SQLite ended the
+// transaction. Here a statement the handler prepared (whose errors the
+// layer does not see) ends it, and the handler then returns success with
+// nothing more run: the call must not be recorded, nothing of it may
+// stay, and its retry runs it.
+func TestGroupCommit_LoneUnitNoticesEndedTransaction(t *testing.T) {
+	sqliteOnly(t, "ON CONFLICT ROLLBACK ends SQLite's shared transaction")
+	t.Parallel()
+	db := openDB(t)
+	l, err := outbox.New(db, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := l.NewServer(&mcp.Implementation{Name: "t", Version: "v0"}, nil)
+	var runs int
+	outbox.AddTool(l, s, &mcp.Tool{Name: "lone"}, func(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, struct{}, error) {
+		runs++
+		insert, err := tx.PrepareContext(ctx, `INSERT OR ROLLBACK INTO charges (id, amount, currency, created_at) VALUES ($1, $2, 'usd', 0)`)
+		if err != nil {
+			return nil, struct{}{}, err
+		}
+		defer insert.Close()
+		if _, err := insert.ExecContext(ctx, 100+runs, 1); err != nil {
+			return nil, struct{}{}, err
+		}
+		if runs == 1 {
+			_, _ = insert.ExecContext(ctx, 100+runs, 2) // ends the transaction; the layer does not see it
+		}
+		return nil, struct{}{}, nil
+	}, nil)
+	cs := connect(t, s)
+	if res := call(t, cs, "lone", "k1", map[string]any{}); !res.IsError || errorCode(res) != "not_recorded" {
+		t.Fatalf("first attempt: %+v %s, want not_recorded", res, text(res))
+	}
+	if got := count(t, db.Read, `SELECT count(*) FROM charges`); got != 0 {
+		t.Fatalf("%d rows committed without the call's outcome", got)
+	}
+	if res := call(t, cs, "lone", "k1", map[string]any{}); res.IsError {
+		t.Fatalf("retry: %s, want it run and recorded", text(res))
+	}
+	if got := count(t, db.Read, `SELECT count(*) FROM charges`); got != 1 {
+		t.Fatalf("%d rows after the retry, want 1", got)
+	}
+}
