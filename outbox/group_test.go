@@ -397,3 +397,64 @@ func TestGroupCommit_LoneUnitNoticesEndedTransaction(t *testing.T) {
 		t.Fatalf("%d rows after the retry, want 1", got)
 	}
 }
+
+// The unit that opens a batch has no savepoint. When SQLite ends the
+// transaction under it in a way no statement of the layer sees (a
+// statement the handler prepared), and it leaves while another call waits
+// for the turn, the call must not be told its work committed, and the
+// batch must not be passed on as if it were still open: the next unit's
+// SAVEPOINT would begin a transaction of its own, which the commit hook
+// then refuses, failing that call too. The rollback hook tells the unit;
+// the batch rolls back, and the next call opens a new one. The first tool is not recorded (idempotent), so no statement
+// of the layer runs between the handler's and the hand-over.
+func TestGroupCommit_EndedTransactionOfBareUnitIsNotPassedOn(t *testing.T) {
+	sqliteOnly(t, "group commit: SQLite's one writer shares its transactions among calls; on PostgreSQL each unit has its own")
+	t.Parallel()
+	b := setup(t, &outbox.Options{MaxBatchWait: time.Hour}, nil)
+	s := addSteps(t, b)
+	wrote, hold := make(chan struct{}), make(chan struct{})
+	outbox.AddTool(b.layer, b.server, &mcp.Tool{Name: "idem", Annotations: &mcp.ToolAnnotations{IdempotentHint: true}},
+		func(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, struct{}, error) {
+			insert, err := tx.PrepareContext(ctx, `INSERT OR ROLLBACK INTO notes (name) VALUES ($1)`)
+			if err != nil {
+				return nil, struct{}{}, err
+			}
+			defer insert.Close()
+			if _, err := insert.ExecContext(ctx, "idem"); err != nil {
+				return nil, struct{}{}, err
+			}
+			_, _ = insert.ExecContext(ctx, "idem") // ends the transaction; the layer does not see it
+			close(wrote)
+			<-hold
+			return nil, struct{}{}, nil
+		}, nil)
+	// x is claimed first (a claim needs the turn), and parked before its
+	// first statement.
+	c := s.gated("x")
+	close(c.hold)
+	x := s.call(t, b.session, "x", stepIn{Name: "x"})
+	<-c.started
+	idem := make(chan *mcp.CallToolResult, 1)
+	go func() {
+		res, err := callErr(context.Background(), b.session, "idem", "i1", map[string]any{})
+		if err != nil {
+			t.Errorf("idem: %v", err)
+		}
+		idem <- res
+	}()
+	<-wrote
+	close(c.first)
+	waitFor(t, func() bool { return outbox.WaitingForTurn(b.layer) == 1 })
+	close(hold)
+	if res := <-idem; res == nil || !res.IsError {
+		t.Errorf("idem: %+v, want an error: its work did not commit", res)
+	}
+	// The broken batch rolls back before the turn passes: x opens a new
+	// one, and commits.
+	if res := <-x; res == nil || res.IsError {
+		t.Errorf("x: %+v, want it recorded", res)
+	}
+	if got := notes(t, b); len(got) != 1 || !got["x"] {
+		t.Errorf("notes = %v, want x alone", got)
+	}
+}
