@@ -27,11 +27,7 @@ import (
 //
 //   - Calls take turns: one unit of work at a time holds the batch's
 //     transaction, inside its own SAVEPOINT. A unit that fails rolls back to
-//     its savepoint, which undoes its work and nobody else's. The unit that
-//     opens a batch needs none: until it leaves, the transaction holds its
-//     work alone, so rolling the transaction back (and beginning anew)
-//     undoes its work and nobody else's. That spares a lone call's claim
-//     and outcome two statements each (see unit.bare).
+//     its savepoint, which undoes its work and nobody else's.
 //   - A unit that ends releases its savepoint. If another unit is waiting
 //     for its turn, and the batch is under its limits, the transaction stays
 //     open and the turn passes on; otherwise the unit commits the batch. So a
@@ -86,10 +82,6 @@ type groupCommit struct {
 	// writer connection is the layer's (see vetoCommit).
 	handlerTurn atomic.Bool
 
-	// rollbacks counts the transactions SQLite rolled back on the writer
-	// connection, whoever asked (see hookCommits and unit.bare).
-	rollbacks atomic.Int64
-
 	mu    sync.Mutex
 	held  bool          // some goroutine has the turn
 	queue []*turnWaiter // waiting for the turn, first come first served
@@ -117,11 +109,6 @@ type batch struct {
 
 	done chan struct{} // closed after the commit or rollback
 	err  error         // nil if the batch committed; valid once done is closed
-
-	// hooked: the connection counts its rollbacks in g.rollbacks, which
-	// read rollbacksAt when tx began; a unit without a savepoint needs it.
-	hooked      bool
-	rollbacksAt int64
 
 	// stmts holds the cache's statements bound to tx (Tx.StmtContext),
 	// each made once per batch rather than once per statement run: a
@@ -154,15 +141,6 @@ type unit struct {
 	// that has no savepoint: undo rolls the whole transaction back, begins
 	// another and runs redo in it (see enterRedo).
 	redo func(*unit) error
-	// bare marks the unit that opened its batch (SQLite), which sets no
-	// savepoint: nobody else's work is in the transaction before it
-	// leaves, so undoing it rolls the transaction back and begins another
-	// (restart). Nothing would then tell it that SQLite ended the
-	// transaction after an error in one of its statements, as a failed
-	// RELEASE tells the others; the connection's rollback hook does
-	// (g.rollbacks), so a connection without one (a test's fault injector)
-	// gets savepoints throughout.
-	bare bool
 }
 
 func newGroupCommit(db *schema.DB, maxCalls int, maxWait time.Duration, now func() time.Time) *groupCommit {
@@ -246,8 +224,7 @@ func (g *groupCommit) join(ctx context.Context, durable bool, deadline time.Time
 	if b := g.open; b != nil && durable && !b.durable {
 		g.finish(b)
 	}
-	opened := g.open == nil
-	if opened {
+	if g.open == nil {
 		b, err := g.begin(ctx, durable, deadline)
 		if err != nil {
 			return nil, err
@@ -255,10 +232,6 @@ func (g *groupCommit) join(ctx context.Context, durable bool, deadline time.Time
 		g.open = b
 	}
 	u := &unit{g: g, b: g.open, durable: durable}
-	if opened && u.b.hooked {
-		u.bare = true
-		return u, nil
-	}
 	if _, err := u.exec(`SAVEPOINT unit`); err != nil {
 		u.b.broken = fmt.Errorf("savepoint: %w", err)
 		g.finish(u.b)
@@ -353,7 +326,7 @@ func (g *groupCommit) begin(ctx context.Context, durable bool, deadline time.Tim
 		g.release(conn, relax)
 		return nil, err
 	}
-	hooked := g.hookCommits(conn)
+	g.hookCommits(conn)
 	tx, err := conn.BeginTx(context.Background(), nil)
 	if restore > 0 {
 		if _, rerr := conn.ExecContext(context.Background(), setBusyTimeout(restore)); rerr != nil {
@@ -371,8 +344,7 @@ func (g *groupCommit) begin(ctx context.Context, durable bool, deadline time.Tim
 		g.release(conn, relax)
 		return nil, fmt.Errorf("begin: %w", err)
 	}
-	return &batch{conn: conn, tx: tx, durable: !relax, opened: g.now(), done: make(chan struct{}),
-		hooked: hooked, rollbacksAt: g.rollbacks.Load()}, nil
+	return &batch{conn: conn, tx: tx, durable: !relax, opened: g.now(), done: make(chan struct{})}, nil
 }
 
 // hookCommits has SQLite refuse any commit of the writer connection while
@@ -384,26 +356,14 @@ func (g *groupCommit) begin(ctx context.Context, durable bool, deadline time.Tim
 // rollback, the statement fails, and the batch, its savepoints gone,
 // records none of its calls: never a call's writes without its outcome.
 // A driver that is not modernc's (a test's fault injector) gets no hook.
-//
-// It also has the connection count its rollbacks in g.rollbacks, and
-// reports whether it does: SQLite calls the rollback hook for every
-// rollback of a whole transaction, the implicit one after an error
-// included, and never for ROLLBACK TO a savepoint.
-func (g *groupCommit) hookCommits(conn *sql.Conn) (rollbacksCounted bool) {
+func (g *groupCommit) hookCommits(conn *sql.Conn) {
 	_ = conn.Raw(func(dc any) error {
 		if h, ok := dc.(interface{ RegisterCommitHook(sqlite.CommitHookFn) }); ok {
 			h.RegisterCommitHook(g.vetoCommit)
 		}
-		if h, ok := dc.(interface{ RegisterRollbackHook(sqlite.RollbackHookFn) }); ok {
-			h.RegisterRollbackHook(g.countRollback)
-			rollbacksCounted = true
-		}
 		return nil
 	})
-	return rollbacksCounted
 }
-
-func (g *groupCommit) countRollback() { g.rollbacks.Add(1) }
 
 // vetoCommit is the writer connection's commit hook: non-zero refuses.
 func (g *groupCommit) vetoCommit() int32 {
@@ -540,33 +500,10 @@ func (u *unit) undoAll() error {
 }
 
 func (u *unit) rollbackToSavepoint() error {
-	if u.bare {
-		return u.restart()
-	}
 	if _, err := u.exec(`ROLLBACK TO unit`); err != nil {
 		u.b.broken = savepointFailed("roll back to savepoint", err)
 		return u.b.broken
 	}
-	return nil
-}
-
-// restart is undo for a bare unit: the batch's transaction holds its work
-// alone, so it rolls back, and the unit goes on in a new one. A batch
-// already broken stays so: its transaction is not the one database/sql
-// knows (txEnded began it).
-func (u *unit) restart() error {
-	b := u.b
-	if b.broken != nil {
-		return b.broken
-	}
-	_ = b.tx.Rollback()
-	tx, err := b.conn.BeginTx(context.Background(), nil)
-	if err != nil {
-		b.broken = fmt.Errorf("begin again: %w", err)
-		return b.broken
-	}
-	b.tx, b.stmts = tx, nil
-	b.rollbacksAt = u.g.rollbacks.Load()
 	return nil
 }
 
@@ -627,14 +564,6 @@ func (u *unit) leave(keep bool) *batch {
 		case !keep && u.redo != nil:
 			// No savepoint: the whole transaction, the unit's own, rolls back.
 			b.broken = errUnitDiscarded
-		case u.bare && !keep:
-			_ = u.restart() // a failure breaks the batch itself
-		case u.bare:
-			if u.g.rollbacks.Load() != b.rollbacksAt {
-				// SQLite ended the transaction after an error, and with it
-				// the unit's work: whatever ran after it ran alone.
-				b.broken = errTxEnded
-			}
 		case !keep:
 			_, err = u.exec(`ROLLBACK TO unit`)
 		}
@@ -642,7 +571,7 @@ func (u *unit) leave(keep bool) *batch {
 		// releases the savepoint and answers for a transaction an error
 		// ended (pgx: ErrTxCommitRollback), so RELEASE would only cost a
 		// round trip, one of the five of a call's outcome.
-		if err == nil && !b.own && !u.bare {
+		if err == nil && !b.own {
 			_, err = u.exec(`RELEASE unit`)
 		}
 		if err != nil {
