@@ -17,8 +17,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/gctune"
-	"github.com/mcp-outbox/mcp-outbox/internal/profenv"
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
+	"github.com/mcp-outbox/mcp-outbox/internal/profenv"
 	"github.com/mcp-outbox/mcp-outbox/outbox/mcphttp"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 	_ "github.com/mcp-outbox/mcp-outbox/schema/postgres" // --db takes a postgres:// URL too
