@@ -109,6 +109,25 @@ type batch struct {
 
 	done chan struct{} // closed after the commit or rollback
 	err  error         // nil if the batch committed; valid once done is closed
+
+	// stmts holds the cache's statements bound to tx (Tx.StmtContext),
+	// each made once per batch rather than once per statement run: a
+	// batch runs the same few statements for each of its calls, and each
+	// binding costs database/sql several allocations and its locks.
+	stmts map[*sql.Stmt]*sql.Stmt
+}
+
+// txStmt returns st bound to the batch's transaction.
+func (b *batch) txStmt(st *sql.Stmt) *sql.Stmt {
+	if ts := b.stmts[st]; ts != nil {
+		return ts
+	}
+	ts := b.tx.StmtContext(context.Background(), st)
+	if b.stmts == nil {
+		b.stmts = make(map[*sql.Stmt]*sql.Stmt, 8)
+	}
+	b.stmts[st] = ts
+	return ts
 }
 
 // unit is one turn in a batch: the statements of one step of one call.
@@ -424,7 +443,7 @@ func (u *unit) exec(query string, args ...any) (sql.Result, error) {
 		return conn.ExecContext(u.b.piped.ctx, query, args...)
 	}
 	if st := u.g.stmts.lookup(query); st != nil {
-		return u.b.tx.StmtContext(ctx, st).ExecContext(ctx, args...)
+		return u.b.txStmt(st).ExecContext(ctx, args...)
 	}
 	return u.b.tx.ExecContext(ctx, query, args...)
 }
@@ -440,7 +459,7 @@ func (u *unit) query(query string, args ...any) (*sql.Rows, error) {
 		return conn.QueryContext(u.b.piped.ctx, query, args...)
 	}
 	if st := u.g.stmts.lookup(query); st != nil {
-		return u.b.tx.StmtContext(ctx, st).QueryContext(ctx, args...)
+		return u.b.txStmt(st).QueryContext(ctx, args...)
 	}
 	return u.b.tx.QueryContext(ctx, query, args...)
 }
@@ -456,7 +475,7 @@ func (u *unit) queryRow(query string, args ...any) *sql.Row {
 		return conn.QueryRowContext(u.b.piped.ctx, query, args...)
 	}
 	if st := u.g.stmts.lookup(query); st != nil {
-		return u.b.tx.StmtContext(ctx, st).QueryRowContext(ctx, args...)
+		return u.b.txStmt(st).QueryRowContext(ctx, args...)
 	}
 	return u.b.tx.QueryRowContext(ctx, query, args...)
 }
@@ -515,7 +534,7 @@ func (u *unit) again(redo func(*unit) error) error {
 		b.broken = fmt.Errorf("begin again: %w", err)
 		return b.broken
 	}
-	b.tx = tx
+	b.tx, b.stmts = tx, nil
 	if redo == nil {
 		return nil
 	}

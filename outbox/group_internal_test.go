@@ -11,7 +11,7 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
-func openGroup(t *testing.T) *groupCommit {
+func openGroup(t testing.TB) *groupCommit {
 	t.Helper()
 	db, err := schema.Open(context.Background(), filepath.Join(t.TempDir(), "g.db"), nil)
 	if err != nil {
@@ -178,5 +178,40 @@ func TestGroupCommit_OwnTransactionEndedByError(t *testing.T) {
 	committed(t, u.leave(true))
 	if n := rows(); n != 1 {
 		t.Fatalf("%d rows; want 1 (the statement after the undo)", n)
+	}
+}
+
+// BenchmarkGroupUnit is one unit alone in its batch, the path of every
+// claim and outcome of a lone call: enter (BEGIN, SAVEPOINT), two
+// statements of the statement cache, leave (RELEASE) and commit. "relaxed" commits with synchronous=NORMAL, as a claim does,
+// "durable" with FULL, as an outcome does (its fsync dominates the time;
+// compare allocs/op).
+func BenchmarkGroupUnit(b *testing.B) {
+	for _, durable := range []bool{false, true} {
+		name := "relaxed"
+		if durable {
+			name = "durable"
+		}
+		b.Run(name, func(b *testing.B) {
+			g := openGroup(b)
+			ctx := context.Background()
+			b.ReportAllocs()
+			for i := 0; b.Loop(); i++ {
+				u, err := g.enter(ctx, durable)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := u.exec(`INSERT INTO t VALUES ($1)`, i); err != nil {
+					b.Fatal(err)
+				}
+				var n int
+				if err := u.queryRow(`SELECT count(*) FROM t WHERE rowid = last_insert_rowid() AND v = $1`, i).Scan(&n); err != nil {
+					b.Fatal(err)
+				}
+				if err := u.leave(true).wait(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

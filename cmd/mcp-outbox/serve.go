@@ -17,6 +17,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/gctune"
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
+	"github.com/mcp-outbox/mcp-outbox/internal/profenv"
 	"github.com/mcp-outbox/mcp-outbox/internal/testclock"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/outbox/destconfig"
@@ -344,6 +345,7 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 		return err
 	}
 	gctune.Apply()
+	defer profenv.Start()()
 	early, err := listenEarly(ctx, env, &cfg, &ac, *httpAddr)
 	if err != nil {
 		return err

@@ -18,6 +18,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/gctune"
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
+	"github.com/mcp-outbox/mcp-outbox/internal/profenv"
 	"github.com/mcp-outbox/mcp-outbox/outbox/mcphttp"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 	_ "github.com/mcp-outbox/mcp-outbox/schema/postgres" // --db takes a postgres:// URL too
@@ -42,6 +43,7 @@ func serveBare(args []string) int {
 		return 2
 	}
 	gctune.Apply() // the runtime serve runs with
+	defer profenv.Start()()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	fail := func(err error) int {

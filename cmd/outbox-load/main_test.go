@@ -122,6 +122,30 @@ func TestRunPlanSQLite(t *testing.T) {
 	}
 }
 
+// --profile-dir has each server, the layer and a bare one alike, write
+// its CPU and allocations profiles when it stops.
+func TestRunProfileDir(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds mcp-outbox and runs servers")
+	}
+	bin := mcpOutbox(t)
+	dir := filepath.Join(t.TempDir(), "profiles")
+	var out, log bytes.Buffer
+	code := run(context.Background(), []string{"--quick", "--clients", "1", "--duration", "200ms", "--warmup", "50ms",
+		"--rounds", "1", "--sides", "expert,layer", "--profile-dir", dir, "--mcp-outbox", bin}, &out, &log)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s", code, log.String())
+	}
+	for _, side := range []string{"expert", "layer"} {
+		for _, kind := range []string{"cpu", "allocs"} {
+			name := filepath.Join(dir, "cell1-"+side+"-1c-r1."+kind+".pprof")
+			if st, err := os.Stat(name); err != nil || st.Size() == 0 {
+				t.Errorf("%s: %v", name, err)
+			}
+		}
+	}
+}
+
 // On PostgreSQL the plan is the HTTP stateless cells with a side of
 // several replicas.
 func TestRunPostgres(t *testing.T) {

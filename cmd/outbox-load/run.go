@@ -20,6 +20,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/netdelay"
 	"github.com/mcp-outbox/mcp-outbox/internal/pgtest"
+	"github.com/mcp-outbox/mcp-outbox/internal/profenv"
 )
 
 const usage = `Usage: outbox-load [--store sqlite|postgres] [--clients 1,8,32,128] [--duration D] [--rounds N] [--quick]
@@ -90,6 +91,9 @@ type config struct {
 	// keyFile, with --encrypt, is the key file of the side "encrypted":
 	// serve with --encryption-key-file, beside the layer without.
 	keyFile string
+	// profileDir, with --profile-dir, receives each server's CPU and
+	// allocations profiles (profenv).
+	profileDir string
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -115,6 +119,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&cfg.tasks, "tasks", false, "measure MCP Tasks instead: plain charge vs a charge answered with a task, and tasks/get polls (default --clients 1,8)")
 	fs.BoolVar(&cfg.replay, "replay", false, "add a cell of replays at each --clients level: each caller cycles through 16 keys, so every measured call is a replay")
 	encrypt := fs.Bool("encrypt", false, "add the side \"encrypted\": mcp-outbox serve with --encryption-key-file (a fresh key), beside the layer without")
+	fs.StringVar(&cfg.profileDir, "profile-dir", "", "write each server's CPU and allocations profiles, warm-up included, into this directory as cellN-SIDE-CLIENTSc-rROUND[-REPLICA].{cpu,allocs}.pprof (see go tool pprof)")
 	fs.StringVar(&cfg.binary, "mcp-outbox", "", "the mcp-outbox binary (default: go build ./cmd/mcp-outbox)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -306,7 +311,12 @@ func measure(ctx context.Context, cfg config, logw io.Writer) (*report, error) {
 		}
 	}
 	rep := &report{cfg: cfg, sides: sides}
-	for _, c := range plan(cfg.levels, cfg.store, cfg.quick, cfg.replay, cfg.rtts) {
+	if cfg.profileDir != "" {
+		if err := os.MkdirAll(cfg.profileDir, 0o755); err != nil {
+			return nil, err
+		}
+	}
+	for ci, c := range plan(cfg.levels, cfg.store, cfg.quick, cfg.replay, cfg.rtts) {
 		row := &cellResult{cell: c, results: make([]*result, len(sides))}
 		for i := range sides {
 			row.results[i] = &result{}
@@ -318,7 +328,11 @@ func measure(ctx context.Context, cfg config, logw io.Writer) (*report, error) {
 					continue
 				}
 				logf("%s: round %d: %s", c, round+1, s.name)
-				if err := runSide(ctx, cfg, st, c, s, row.results[i]); err != nil {
+				prof := ""
+				if cfg.profileDir != "" {
+					prof = filepath.Join(cfg.profileDir, fmt.Sprintf("cell%d-%s-%dc-r%d", ci+1, s.short, c.clients, round+1))
+				}
+				if err := runSide(ctx, cfg, st, c, s, row.results[i], prof); err != nil {
 					return nil, fmt.Errorf("%s, %s: %w", c, s.name, err)
 				}
 			}
@@ -416,7 +430,9 @@ func sidesFor(cfg config, self string) []side {
 
 // runSide starts the side's servers, loads them for the warm-up and the
 // measured time, and adds the figures to res.
-func runSide(ctx context.Context, cfg config, st *store, c cell, s side, res *result) error {
+//
+// With profile set, each server writes its profiles under that prefix.
+func runSide(ctx context.Context, cfg config, st *store, c cell, s side, res *result, profile string) error {
 	db, dbName := "", ""
 	var proxy *netdelay.Proxy
 	if s.needsDB {
@@ -458,7 +474,7 @@ func runSide(ctx context.Context, cfg config, st *store, c cell, s side, res *re
 	}
 	defer stop()
 	if c.transport == stdio {
-		cmd := withGOGC(s.command(db, ""), cfg.gogc)
+		cmd := withProfile(withGOGC(s.command(db, ""), cfg.gogc), profile)
 		cmd.Stderr = io.Discard
 		if cl, err = connectStdio(ctx, cmd, c); err != nil {
 			return err
@@ -466,8 +482,12 @@ func runSide(ctx context.Context, cfg config, st *store, c cell, s side, res *re
 		procs = append(procs, cmd)
 	} else {
 		var urls []string
-		for range s.replicas {
-			cmd := withGOGC(s.command(db, "127.0.0.1:0"), cfg.gogc)
+		for n := range s.replicas {
+			prof := profile
+			if prof != "" && s.replicas > 1 {
+				prof = fmt.Sprintf("%s-%d", profile, n+1)
+			}
+			cmd := withProfile(withGOGC(s.command(db, "127.0.0.1:0"), cfg.gogc), prof)
 			u, err := startServer(cmd)
 			if err != nil {
 				return err
@@ -562,6 +582,14 @@ func withGOGC(cmd *exec.Cmd, gogc string) *exec.Cmd {
 		env = append(env, "GOGC="+gogc)
 	}
 	cmd.Env = env
+	return cmd
+}
+
+// withProfile has cmd write its profiles under prefix, if one is given.
+func withProfile(cmd *exec.Cmd, prefix string) *exec.Cmd {
+	if prefix != "" {
+		cmd.Env = append(cmd.Env, profenv.Var+"="+prefix)
+	}
 	return cmd
 }
 
