@@ -138,8 +138,11 @@ func (l *Layer) claimInTx(ctx context.Context, a *attempt, deadline time.Time) (
 			&r.result, &r.createdAt, &r.completedAt, &r.expiresAt, &r.onLost, &r.taskID)
 		if errors.Is(err, sql.ErrNoRows) {
 			// Raced (see claimOneTripPostgres): the insert met a row its
-			// statement's snapshot does not show. The transaction wrote
-			// nothing; the next statement has a snapshot that shows it.
+			// statement's snapshot does not show, typically after waiting
+			// at the key for the transaction that committed it. The
+			// transaction wrote nothing; the next statement has a snapshot
+			// that shows the row. An outcome found then is a join.
+			a.waited = true
 			continue
 		}
 		if err != nil {

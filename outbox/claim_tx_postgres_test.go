@@ -1,6 +1,7 @@
 package outbox_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -9,11 +10,30 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/internal/pgtest"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/query"
+	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
 // A fresh key's claim rides uncommitted in the call's transaction
 // (claim_tx_postgres.go). These tests hold what that must keep, across
 // replicas on one database.
+
+// openLeasedDB is openDB, on PostgreSQL through a driver that wraps pgx's
+// (committedClaims): for tests of what a claim that is a committed row
+// with a lease does (takeovers, clocks), which a fresh key's claim on
+// pgx's own driver no longer is.
+func openLeasedDB(tb testing.TB) *schema.DB {
+	tb.Helper()
+	if !onPostgres() {
+		return openDB(tb)
+	}
+	db, err := schema.Open(context.Background(), testTarget(tb), committedClaims())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { db.Close() })
+	mustLedger(tb, db)
+	return db
+}
 
 // waitingAtKey reports whether some transaction waits for another's at a
 // row lock or a unique index: a duplicate's claim waiting for the original.
