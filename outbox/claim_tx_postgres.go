@@ -51,9 +51,11 @@ import (
 //     for the rest of the transaction): idle_in_transaction_session_timeout
 //     ends the session of a replica that stopped talking (paused, or cut off
 //     by a link that swallows packets) once it has been silent a lease long,
-//     which rolls the call back and frees the key for a retry;
-//     statement_timeout ends a statement that runs longer than a lease; and
-//     lock_timeout bounds the handler's lock waits by the lease too.
+//     which rolls the call back and frees the key for a retry; and
+//     lock_timeout bounds the handler's lock waits by the lease too. No
+//     statement_timeout: it would cut a handler's own long statements, and
+//     a replica cut off mid-statement leaves its session idle once the
+//     statement ends, which the idle timeout then ends.
 //
 // A key that is not fresh is answered from the row the same statement read
 // when the answer writes nothing (a replay, a conflict, an unknown outcome,
@@ -71,7 +73,7 @@ import (
 // claimInTxPostgres is claimOneTripPostgres in a transaction begun with
 // it. The FROM subquery sets the claim's own lock wait ($13, in
 // milliseconds: a duplicate's wait at the key) and the transaction's
-// bounds ($15: statement and idle timeouts), before the insert runs; the
+// idle bound ($15, the lease), before the insert runs; the
 // insert's RETURNING, evaluated only once the row is in, sets the lock
 // wait of the handler's statements to the lease.
 const claimInTxPostgres = `
@@ -79,9 +81,8 @@ WITH ins AS (
   INSERT INTO calls (uid, principal, key, key_source, tool, args_hash, state, owner, lease_until, created_at, expires_at, on_lost, tool_call_id, retain_ms)
   SELECT $1::text, $2::text, $3::text, $4::text, $5::text, $6::text, 'in_flight', $7::text, $8::bigint, $9::bigint, $10::bigint, $11::text, $12::text, $14::bigint
   FROM (SELECT set_config('lock_timeout', $13::text, true) AS l,
-               set_config('statement_timeout', $15::text, true) AS s,
                set_config('idle_in_transaction_session_timeout', $15::text, true) AS i) AS bounds
-  WHERE bounds.l IS NOT NULL AND bounds.s IS NOT NULL AND bounds.i IS NOT NULL
+  WHERE bounds.l IS NOT NULL AND bounds.i IS NOT NULL
   ON CONFLICT (principal, key) DO NOTHING
   RETURNING id, set_config('lock_timeout', $15::text, true) AS handler_lock_timeout)
 SELECT true, id, '', '', '', '', '', 0::bigint, NULL::text, 0::bigint, NULL::bigint, 0::bigint, '', '' FROM ins WHERE handler_lock_timeout IS NOT NULL
@@ -98,9 +99,8 @@ const reclaimInTxPostgres = `
 INSERT INTO calls (id, uid, principal, key, key_source, tool, args_hash, state, owner, lease_until, created_at, expires_at, on_lost, tool_call_id, retain_ms)
 SELECT $16::bigint, $1::text, $2::text, $3::text, $4::text, $5::text, $6::text, 'in_flight', $7::text, $8::bigint, $9::bigint, $10::bigint, $11::text, $12::text, $14::bigint
 FROM (SELECT set_config('lock_timeout', $13::text, true) AS l,
-             set_config('statement_timeout', $15::text, true) AS s,
              set_config('idle_in_transaction_session_timeout', $15::text, true) AS i) AS bounds
-WHERE bounds.l IS NOT NULL AND bounds.s IS NOT NULL AND bounds.i IS NOT NULL
+WHERE bounds.l IS NOT NULL AND bounds.i IS NOT NULL
 ON CONFLICT DO NOTHING
 RETURNING id, set_config('lock_timeout', $15::text, true)`
 

@@ -453,7 +453,7 @@
 //     bounded by the lease, set with the claim: PostgreSQL ends a session
 //     idle in it for a lease (idle_in_transaction_session_timeout: a
 //     paused replica, or one cut off by a link that swallows packets), and
-//     any statement or lock wait of it longer than a lease, so a silent
+//     any lock wait of it longer than a lease, so a silent
 //     replica holds a key, and keeps a duplicate waiting, for at most a
 //     lease, and commits nothing once its session is gone. A handler that
 //     works outside the database for longer than the lease between its
