@@ -77,6 +77,10 @@ type attempt struct {
 	// claimedAt: when the claim was made, by the monotonic clock (see
 	// enterBusy); zero until then.
 	claimedAt time.Time
+	// claimInTx: the claim rode in the call's transaction, uncommitted
+	// (claim_tx_postgres.go); reclaimArgs insert it again after a rollback.
+	claimInTx   bool
+	reclaimArgs []any
 
 	// task: the call runs as a task (task.go); nil for a plain call.
 	task *attemptTask

@@ -284,7 +284,9 @@ func (a *attempt) closeTx(commit bool) error {
 // to a crash or a power failure leaves a claim of an attempt that no longer
 // runs, which the next attempt takes over.
 func (a *attempt) abandon(ctx context.Context) {
-	if !a.recorded() || a.callID == 0 {
+	if !a.recorded() || a.callID == 0 || a.claimInTx {
+		// A claim in the call's transaction (PostgreSQL) goes with its
+		// rollback: it never committed, so there is nothing to delete.
 		if a.tx != nil {
 			a.closeTx(false)
 		}

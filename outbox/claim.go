@@ -112,10 +112,22 @@ func (l *Layer) claim(ctx context.Context, a *attempt, deadline time.Time) (clai
 	// before it is durable, so it commits with an fsync and is waited for.
 	durable := a.tool.onLostPolicy() == onLostUnknown || a.task != nil
 	if l.db.Dialect == schema.Postgres && a.task == nil {
+		oneTrip := true
+		if !durable && !a.tool.sharedClaim {
+			// Uncommitted, in the call's own transaction: see
+			// claim_tx_postgres.go.
+			res, tried, done, err := l.claimInTx(ctx, a, deadline)
+			if err != nil || done {
+				return res, err
+			}
+			oneTrip = !tried // a row that needs a write goes to claimIn
+		}
 		// Committed when it returns: durable, or visible to a cooperating
 		// upstream, as the waits below make the transactional claim.
-		if res, ok, err := l.claimOneTrip(ctx, a, durable); err != nil || ok {
-			return res, err
+		if oneTrip {
+			if res, ok, err := l.claimOneTrip(ctx, a, durable); err != nil || ok {
+				return res, err
+			}
 		}
 	}
 	u, err := l.group.enterBy(ctx, durable, deadline)

@@ -418,28 +418,56 @@
 //     A claim or a release commits with synchronous_commit off, the
 //     counterpart of SQLite's relaxed claims.
 //   - Round trips, not CPU, are what a call costs across a network, so
-//     each step takes as few as it can. The claim of a call that is no
-//     task is one statement on its own (INSERT … ON CONFLICT DO NOTHING,
-//     and the read of the row it found): one round trip for a fresh key,
-//     and one for a replay. The outcome's transaction sets no savepoint
-//     (it is the unit's own; undoing it means beginning anew and taking
-//     the fence again), and the call's effects are inserted by the
-//     outcome's statement, not at Enqueue. On pgx's own database/sql
-//     driver the transaction is pipelined: BEGIN goes with the fence, and
-//     the outcome with COMMIT, each pair in one round trip (an outcome
-//     whose compare-and-set matches no row fails, so that the COMMIT sent
-//     behind it keeps nothing). A fresh-key call thus costs four round
-//     trips: the claim, BEGIN and the fence, the handler's statements (one
-//     each), the outcome and COMMIT. Through a driver that wraps pgx's
-//     ([schema.Options].Driver: tracing, fault injection) each statement
-//     goes alone, as database/sql sends it: six.
+//     each step takes as few as it can. On pgx's own database/sql driver
+//     the claim of a fresh key, for a call whose lost claim may simply run
+//     again (on_lost 'rerun', the default), is no transaction of its own:
+//     it is the first statement of the call's transaction, sent with BEGIN
+//     (INSERT … ON CONFLICT DO NOTHING, and the read of the row it found).
+//     The handler's statements follow, one round trip each, and the
+//     outcome (with the call's effects, inserted by the outcome's
+//     statement, not at Enqueue) goes with COMMIT: three round trips and
+//     one commit for a fresh key. The outcome's compare-and-set fails
+//     unless it matched one row, so that the COMMIT sent behind it keeps
+//     nothing. A key that is not fresh is answered from the row read in
+//     that first round trip when the answer writes nothing (a replay, a
+//     conflict, a live owner elsewhere): one round trip of latency; the
+//     transaction, which wrote nothing, rolls back behind the answer.
+//     Durable claims (on_lost 'unknown', tasks) and the claims a
+//     cooperating upstream reads commit on their own first, in one
+//     statement. Through a driver that wraps pgx's ([schema.Options].Driver:
+//     tracing, fault injection) each statement goes alone, as
+//     database/sql sends it, and the claim commits on its own: six.
+//   - What the claim in the call's transaction changes. The uncommitted
+//     insert holds the key at the unique index: a duplicate on any
+//     replica waits there, no longer than its in-flight wait (its
+//     lock_timeout), and then replays the committed outcome (a join), runs
+//     the call if the original rolled back, or answers in_progress. Only
+//     the call's own transaction can ever commit the row, with its
+//     outcome, so the row is its own fence: nobody can take the call over,
+//     and no lease needs renewing. A crash, kill or partition before
+//     COMMIT leaves no row at all, so a retry runs the call at once, as
+//     the rerun policy allows for a lost claim. The status tool of another
+//     process cannot see the uncommitted row: it answers not_found until
+//     the outcome commits (the running process answers in_flight); a
+//     retry that prompts waits at the key, as above. The transaction is
+//     bounded by the lease, set with the claim: PostgreSQL ends a session
+//     idle in it for a lease (idle_in_transaction_session_timeout: a
+//     paused replica, or one cut off by a link that swallows packets), and
+//     any lock wait of it longer than a lease, so a silent
+//     replica holds a key, and keeps a duplicate waiting, for at most a
+//     lease, and commits nothing once its session is gone. A handler that
+//     works outside the database for longer than the lease between its
+//     statements (or before its first) loses its call the same way: such
+//     work belongs in an effect, or needs a longer [Options].Lease.
 //   - Claims are compare-and-set writes. Replicas claim at the same time,
 //     so every transition of a call row names the state it read (and, for
 //     a takeover or an abandoned forwarded call, the owner): a write that
 //     finds the row changed changes nothing, and the claim reads the row
 //     again. Two inserts of one key meet at the unique index; the loser
 //     reads the winner's row.
-//   - Ownership by lease, not by /proc. A replica cannot see another
+//   - Ownership by lease, not by /proc, for claims that are committed
+//     rows (durable claims, takeovers, and every claim through a wrapping
+//     driver). A replica cannot see another
 //     machine's processes, so every owner but the layer's own attempts is
 //     trusted for exactly its lease. A layer renews the leases of its
 //     claimed attempts every third of the lease, in one statement, until

@@ -27,7 +27,7 @@ import (
 // fence): one execution either way.
 func TestFault_ClockBackAndForwardAroundALease(t *testing.T) {
 	t.Parallel()
-	db := openDB(t)
+	db := openLeasedDB(t)
 	clkA, clkB := &clock{t: time.Now()}, &clock{t: time.Now()}
 	a := setupOn(t, db, &outbox.Options{Now: clkA.Now, Lease: time.Minute}, nil)
 	b := setupOn(t, db, &outbox.Options{Now: clkB.Now, Lease: time.Minute, InFlightWait: 50 * time.Millisecond}, nil)
@@ -168,7 +168,7 @@ func TestFault_SkewedReplicaClocksPostgres(t *testing.T) {
 
 	t.Run("AheadDoesNotReclaimEarly", func(t *testing.T) {
 		t.Parallel()
-		db := openDB(t)
+		db := openLeasedDB(t)
 		a := setupOn(t, db, &outbox.Options{Lease: time.Minute}, nil)
 		b := setupOn(t, db, &outbox.Options{Lease: time.Minute, InFlightWait: 50 * time.Millisecond, Now: skewed(2 * time.Minute)}, nil)
 		ga, gb := addGate(a.layer, a.server), addGate(b.layer, b.server)
@@ -194,7 +194,7 @@ func TestFault_SkewedReplicaClocksPostgres(t *testing.T) {
 
 	t.Run("BehindDoesNotHoldLate", func(t *testing.T) {
 		t.Parallel()
-		db := openDB(t)
+		db := openLeasedDB(t)
 		a := setupOn(t, db, &outbox.Options{Lease: time.Minute}, nil)
 		b := setupOn(t, db, &outbox.Options{Lease: time.Minute, InFlightWait: 50 * time.Millisecond, Now: skewed(-2 * time.Minute)}, nil)
 		ga, gb := addGate(a.layer, a.server), addGate(b.layer, b.server)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/faultdb"
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
 	"github.com/mcp-outbox/mcp-outbox/internal/pgtest"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
@@ -70,6 +71,15 @@ func newReplicaWith(t *testing.T, url string, dbOpts *schema.Options, opts *outb
 	return r
 }
 
+// committedClaims opens a replica's database through a driver that wraps
+// pgx's (a fault injector with no faults), which cannot pipeline: its
+// claims commit on their own, as visible rows with a lease, the path of
+// durable claims and takeovers. (On pgx's own driver a fresh key's claim
+// rides uncommitted in the call's transaction: claim_tx_postgres_test.go.)
+func committedClaims() *schema.Options {
+	return &schema.Options{Driver: faultdb.NewPostgres(1).DriverName()}
+}
+
 func payCharges(t *testing.T, db *schema.DB) int {
 	return count(t, db.Read, `SELECT count(*) FROM charges`)
 }
@@ -126,12 +136,14 @@ func TestPostgres_SameKeyAtOnceOnThreeReplicas(t *testing.T) {
 
 // A replica whose handler runs past the lease keeps its call: it renews
 // the lease, so a duplicate on another replica waits (and gives up as in
-// progress) instead of taking the call over and running it again.
+// progress) instead of taking the call over and running it again. (A
+// claim that is a committed row, as through a wrapping driver; see
+// committedClaims.)
 func TestPostgres_LeaseRenewedWhileHandlerRuns(t *testing.T) {
 	postgresOnly(t)
 	url := pgtest.Database(t)
 	const lease = 300 * time.Millisecond
-	a := newReplica(t, url, &outbox.Options{Lease: lease})
+	a := newReplicaWith(t, url, committedClaims(), &outbox.Options{Lease: lease})
 	b := newReplica(t, url, &outbox.Options{Lease: lease, InFlightWait: 4 * lease})
 
 	first := make(chan *mcp.CallToolResult, 1)
@@ -170,7 +182,7 @@ func TestPostgres_PausedOwnerLosesTheCallAndCannotCommit(t *testing.T) {
 	postgresOnly(t)
 	url := pgtest.Database(t)
 	past := time.Now().Add(-time.Hour)
-	a := newReplica(t, url, &outbox.Options{Lease: 300 * time.Millisecond, Now: func() time.Time { return past }})
+	a := newReplicaWith(t, url, committedClaims(), &outbox.Options{Lease: 300 * time.Millisecond, Now: func() time.Time { return past }})
 	b := newReplica(t, url, &outbox.Options{Lease: 300 * time.Millisecond})
 
 	first := make(chan *mcp.CallToolResult, 1)
@@ -210,7 +222,7 @@ func TestPostgres_ExpiredLeaseNeverCommits(t *testing.T) {
 	var clock atomic.Int64
 	clock.Store(time.Now().UnixMilli())
 	now := func() time.Time { return time.UnixMilli(clock.Load()) }
-	a := newReplica(t, url, &outbox.Options{Lease: time.Minute, Now: now})
+	a := newReplicaWith(t, url, committedClaims(), &outbox.Options{Lease: time.Minute, Now: now})
 
 	first := make(chan *mcp.CallToolResult, 1)
 	go func() { first <- call(t, a.session, "pay", "late", payIn{Amount: 9, Hold: true}) }()

@@ -18,7 +18,7 @@ import (
 // other's attempts, so only the lease protects a claim.
 func TestTakeover_FenceStopsOldOwner(t *testing.T) {
 	t.Parallel()
-	db := openDB(t)
+	db := openLeasedDB(t)
 	clkA, clkB := &clock{t: time.Now()}, &clock{t: time.Now()}
 	a := setupOn(t, db, &outbox.Options{Now: clkA.Now, Lease: time.Minute}, nil)
 	b := setupOn(t, db, &outbox.Options{Now: clkB.Now, Lease: time.Minute}, nil)

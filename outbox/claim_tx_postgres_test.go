@@ -1,0 +1,146 @@
+package outbox_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/pgtest"
+	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/query"
+	"github.com/mcp-outbox/mcp-outbox/schema"
+)
+
+// A fresh key's claim rides uncommitted in the call's transaction
+// (claim_tx_postgres.go). These tests hold what that must keep, across
+// replicas on one database.
+
+// openLeasedDB is openDB, on PostgreSQL through a driver that wraps pgx's
+// (committedClaims): for tests of what a claim that is a committed row
+// with a lease does (takeovers, clocks), which a fresh key's claim on
+// pgx's own driver no longer is.
+func openLeasedDB(tb testing.TB) *schema.DB {
+	tb.Helper()
+	if !onPostgres() {
+		return openDB(tb)
+	}
+	db, err := schema.Open(context.Background(), testTarget(tb), committedClaims())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { db.Close() })
+	mustLedger(tb, db)
+	return db
+}
+
+// waitingAtKey reports whether some transaction waits for another's at a
+// row lock or a unique index: a duplicate's claim waiting for the original.
+func waitingAtKey(t *testing.T, r *replica) bool {
+	t.Helper()
+	return count(t, r.db.Read, `SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'transactionid'`) > 0
+}
+
+// A duplicate on another replica waits at the key for the running
+// original and answers with its outcome; meanwhile the other replica's
+// status tool, which cannot see the uncommitted claim, answers not_found,
+// and the original's own answers in_flight.
+func TestPostgres_ClaimInTx_DuplicateJoinsAtTheKey(t *testing.T) {
+	postgresOnly(t)
+	url := pgtest.Database(t)
+	a := newReplica(t, url, nil)
+	b := newReplica(t, url, nil)
+	close(b.hold) // b's handler, if it runs, does not wait
+
+	first := make(chan *mcp.CallToolResult, 1)
+	go func() { first <- call(t, a.session, "pay", "join", payIn{Amount: 3, Hold: true}) }()
+	<-a.reached
+	if n := count(t, a.db.Read, `SELECT count(*) FROM calls WHERE key = 'join'`); n != 0 {
+		t.Fatalf("%d committed rows for a running fresh call, want 0 (its claim is in its transaction)", n)
+	}
+	if st := status(t, b.session, map[string]any{"key": "join"}); st.State != query.NotFound {
+		t.Errorf("status on another replica while the call runs: %s, want not_found", st.State)
+	}
+	if st := status(t, a.session, map[string]any{"key": "join"}); st.State != query.InFlight {
+		t.Errorf("status on the running replica: %s, want in_flight", st.State)
+	}
+	dup := make(chan *mcp.CallToolResult, 1)
+	go func() { dup <- call(t, b.session, "pay", "join", payIn{Amount: 3, Hold: true}) }()
+	waitFor(t, func() bool { return waitingAtKey(t, a) })
+	close(a.hold)
+	if res := <-first; res.IsError {
+		t.Fatalf("original: %s %s", errorCode(res), text(res))
+	}
+	res := <-dup
+	if res.IsError || callMeta(res)["replayed"] != true {
+		t.Fatalf("duplicate: %s %s, meta %v; want the original's outcome, replayed", errorCode(res), text(res), callMeta(res))
+	}
+	if n := payCharges(t, a.db); n != 1 || b.runs.Load() != 0 {
+		t.Fatalf("charges = %d, runs on b = %d; want 1 and 0", n, b.runs.Load())
+	}
+}
+
+// A duplicate waits at the key no longer than its in-flight wait, then
+// answers in_progress without running the call.
+func TestPostgres_ClaimInTx_DuplicateWaitIsBounded(t *testing.T) {
+	postgresOnly(t)
+	url := pgtest.Database(t)
+	a := newReplica(t, url, nil)
+	b := newReplica(t, url, &outbox.Options{InFlightWait: 300 * time.Millisecond})
+	close(b.hold)
+
+	first := make(chan *mcp.CallToolResult, 1)
+	go func() { first <- call(t, a.session, "pay", "bounded", payIn{Amount: 4, Hold: true}) }()
+	<-a.reached
+	start := time.Now()
+	dup := call(t, b.session, "pay", "bounded", payIn{Amount: 4, Hold: true})
+	if errorCode(dup) != "in_progress" {
+		t.Fatalf("duplicate while the original holds the key: %s %s; want in_progress", errorCode(dup), text(dup))
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("duplicate answered after %v, past its in-flight wait", d)
+	}
+	close(a.hold)
+	if res := <-first; res.IsError {
+		t.Fatalf("original: %s %s", errorCode(res), text(res))
+	}
+	if n := payCharges(t, a.db); n != 1 || b.runs.Load() != 0 {
+		t.Fatalf("charges = %d, runs on b = %d; want 1 and 0", n, b.runs.Load())
+	}
+}
+
+// A replica that goes silent inside its call's transaction for longer than
+// its lease (paused, or cut off by a link that swallows packets; here its
+// handler just waits) does not hold the key for ever: PostgreSQL ends its
+// session (idle_in_transaction_session_timeout, set from the lease), which
+// rolls the claim back. A retry on another replica then runs the call, and
+// the silent one, when it wakes, commits nothing.
+func TestPostgres_ClaimInTx_SilentPastLeaseCommitsNothing(t *testing.T) {
+	postgresOnly(t)
+	url := pgtest.Database(t)
+	const lease = 300 * time.Millisecond
+	a := newReplica(t, url, &outbox.Options{Lease: lease})
+	b := newReplica(t, url, nil)
+	close(b.hold) // b's handler, if it runs, does not wait
+
+	first := make(chan *mcp.CallToolResult, 1)
+	go func() { first <- call(t, a.session, "pay", "silent", payIn{Amount: 6, Hold: true}) }()
+	<-a.reached
+	// The retry waits at the key until the server ends a's session.
+	if res := call(t, b.session, "pay", "silent", payIn{Amount: 6, Hold: true}); res.IsError || callMeta(res)["replayed"] == true {
+		t.Fatalf("retry after the silent owner's lease: %s %s; want executed", errorCode(res), text(res))
+	}
+	close(a.hold)
+	old := <-first
+	if !old.IsError {
+		t.Fatalf("silent owner woke and answered success: %s", text(old))
+	}
+	if n := payCharges(t, a.db); n != 1 {
+		t.Fatalf("charges = %d, want 1", n)
+	}
+	var state string
+	if err := a.db.Read.QueryRow(`SELECT state FROM calls WHERE key = 'silent'`).Scan(&state); err != nil || state != "completed" {
+		t.Fatalf("call: state %q (%v); want completed", state, err)
+	}
+}
