@@ -146,6 +146,8 @@ type campaign struct {
 	// (a retry that took over an attempt whose lease passed, or that ran
 	// again after one recorded nothing).
 	claimedAgain int
+	// injected lists the faults the nemesis applied, in order.
+	injected []nemesis.Fault
 }
 
 var digits = regexp.MustCompile(`[0-9]+`)
@@ -282,11 +284,14 @@ func (c *campaign) play(faults []nemesis.Fault, acts nemesis.Actions, minFaults 
 	counted := nemesis.Actions{}
 	for k, a := range acts {
 		counted[k] = nemesis.Action{Do: func(f nemesis.Fault) error {
-			c.h.SetFault(string(f.Kind))
+			c.mu.Lock()
+			c.injected = append(c.injected, f)
+			c.mu.Unlock()
+			c.h.FaultBegin(string(f.Kind))
 			return a.Do(f)
 		}, Heal: func(f nemesis.Fault) error {
 			defer played.Add(1)
-			defer c.h.SetFault("")
+			defer c.h.FaultEnd(string(f.Kind))
 			return a.Heal(f)
 		}}
 	}
@@ -393,7 +398,7 @@ func (c *campaign) check(name string, seed uint64, w history.World, count map[ne
 		m := counts.ByKind[k]
 		fmt.Fprintf(&b, "  %-8s ok %d, fail %d, info %d\n", k, m[history.Ok], m[history.Fail], m[history.Info])
 	}
-	fmt.Fprintf(&b, "faults injected\n%s", nemesis.Summary(count, kinds))
+	fmt.Fprintf(&b, "faults injected (%d began while another held)\n%s", nemesis.Overlapping(c.injected), nemesis.Summary(count, kinds))
 	fmt.Fprintf(&b, "calls claimed more than once (taken over, or run again after nothing was recorded) %d\n", c.claimedAgain)
 	fmt.Fprintf(&b, "anomalies         %d\n", len(anomalies))
 	fmt.Fprintf(&b, "operations by the fault active when invoked: ok / fail / info\n")
