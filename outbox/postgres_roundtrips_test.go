@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/faultdb"
-	"github.com/mcp-outbox/mcp-outbox/internal/netdelay"
+	"github.com/mcp-outbox/mcp-outbox/internal/netfault"
 	"github.com/mcp-outbox/mcp-outbox/internal/pgtest"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -32,7 +32,7 @@ func TestPostgres_RoundTripsPerCall(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			p, err := netdelay.Start(u.Host, nil)
+			p, err := netfault.Start(u.Host)
 			if err != nil {
 				t.Fatal(err)
 			}
