@@ -89,7 +89,7 @@ func TestJepsen_Postgres(t *testing.T) {
 		u := *pgURL
 		u.Host = link.Addr()
 		r := &jepsenReplica{t: t, i: i, db: u.String(), clock: skewFile(t, i),
-			args: []string{"--lease", jepsenLease.String(), "--in-flight-wait", "3s", "--dest", paymentsDest(fake, "timeout=2s")}}
+			args: append([]string{"--lease", jepsenLease.String(), "--in-flight-wait", "3s", "--dest", paymentsDest(fake, "timeout=2s")}, jepsenTaskArgs...)}
 		r.start()
 		replicas = append(replicas, r)
 	}
@@ -112,7 +112,7 @@ func TestJepsen_Postgres(t *testing.T) {
 		nemesis.RestartStore: {Do: func(nemesis.Fault) error { return srv.Kill() }, Heal: func(nemesis.Fault) error { return srv.Restart() }},
 	}
 	c := &campaign{t: t, h: history.New(), front: jepsenFront(t, replicas), ops: jepsenOps(t, 300), clients: 6,
-		callTimeout: 3 * time.Second, keyOf: map[int64]string{}}
+		callTimeout: 3 * time.Second, keyOf: map[int64]string{}, taskEvery: 4}
 	c.diag = func() {
 		if os.Getenv("MCP_OUTBOX_JEPSEN_DUMP") != "" {
 			for _, r := range replicas {
@@ -163,7 +163,7 @@ func TestJepsen_SQLite(t *testing.T) {
 	var replicas []*jepsenReplica
 	for i := range n {
 		r := &jepsenReplica{t: t, i: i, db: dbPath, clock: skewFile(t, i),
-			args: []string{"--lease", jepsenLease.String(), "--in-flight-wait", "3s", "--dest", paymentsDest(fake, "timeout=2s")}}
+			args: append([]string{"--lease", jepsenLease.String(), "--in-flight-wait", "3s", "--dest", paymentsDest(fake, "timeout=2s")}, jepsenTaskArgs...)}
 		r.start()
 		replicas = append(replicas, r)
 	}
@@ -176,7 +176,7 @@ func TestJepsen_SQLite(t *testing.T) {
 		nemesis.Kill:  {Do: func(f nemesis.Fault) error { return replicas[f.Replica].kill() }, Heal: func(f nemesis.Fault) error { replicas[f.Replica].start(); return nil }},
 	}
 	c := &campaign{t: t, h: history.New(), front: jepsenFront(t, replicas), ops: jepsenOps(t, 300), clients: 4,
-		callTimeout: 2 * time.Second, keyOf: map[int64]string{}}
+		callTimeout: 2 * time.Second, keyOf: map[int64]string{}, taskEvery: 4}
 	start := time.Now()
 	count := c.play(faults, acts, len(kinds))
 	db := openLedgerDB(t, dbPath)

@@ -27,7 +27,12 @@ const (
 	Call Kind = "call"
 	// Status is a call_status read of a key.
 	Status Kind = "status"
-	// TaskPoll is a tasks/get of the task a call runs as.
+	// TaskCall is a tools/call that asks for a task (the Tasks
+	// extension): ok when it answers with a task's handle (Op.Task).
+	TaskCall Kind = "task_call"
+	// TaskPoll is a tasks/get of the task a call runs as: Result is the
+	// status read (working, completed, failed, cancelled, or not_found),
+	// StatusResult, for a completed one, the execution its result names.
 	TaskPoll Kind = "task_poll"
 )
 
@@ -58,6 +63,8 @@ type Op struct {
 	// StatusResult holds the execution its recorded result names.
 	Result       string
 	StatusResult string
+	// Task is the task's id, for task calls and polls.
+	Task string
 	// Reason says why a fail or info operation ended so.
 	Reason string
 	// Fault names the faults the nemesis had injected when the operation
@@ -68,6 +75,9 @@ type Op struct {
 func (o Op) String() string {
 	s := fmt.Sprintf("#%d c%d %s %s try%d [%v..%v] %s", o.ID, o.Client, o.Kind, o.Key, o.Attempt,
 		o.Invoke.Round(time.Millisecond), o.Complete.Round(time.Millisecond), o.Outcome)
+	if o.Task != "" {
+		s += " task " + o.Task
+	}
 	if o.Result != "" {
 		s += " " + o.Result
 	}
@@ -122,6 +132,14 @@ func New() *History { return &History{start: time.Now(), faults: map[string]int{
 type Pending struct {
 	h *History
 	i int
+}
+
+// SetTask names the task an operation (a task call, before it ends, or
+// a poll) is about.
+func (p *Pending) SetTask(id string) {
+	p.h.mu.Lock()
+	p.h.ops[p.i].Task = id
+	p.h.mu.Unlock()
 }
 
 // Invoke records the start of an operation.
