@@ -52,6 +52,20 @@ func jepsenOps(t *testing.T, short int) int {
 	return short
 }
 
+// jepsenRounds is how many faults of each kind a campaign plays at least
+// (MCP_OUTBOX_JEPSEN_ROUNDS; one in the short form): the schedule draws
+// kinds in rounds, each a permutation of all of them.
+func jepsenRounds(t *testing.T) int {
+	if s := os.Getenv("MCP_OUTBOX_JEPSEN_ROUNDS"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			t.Fatalf("MCP_OUTBOX_JEPSEN_ROUNDS=%q: want a positive number", s)
+		}
+		return n
+	}
+	return 1
+}
+
 // jepsenReplica is one serve process that the nemesis may stop, kill and
 // start again (on a new port: the front follows it).
 type jepsenReplica struct {
