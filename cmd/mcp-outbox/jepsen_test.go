@@ -374,7 +374,12 @@ func (c *campaign) pollTask(ctx context.Context, id int, key, task string) strin
 	}
 	st, _ := r["status"].(string)
 	res, _ := json.Marshal(r["result"])
-	p.End(history.Ok, st, recordedChargeID(res), "")
+	why := ""
+	if e, ok := r["error"].(map[string]any); ok {
+		why, _ = e["message"].(string)
+		why = reason(why)
+	}
+	p.End(history.Ok, st, recordedChargeID(res), why)
 	return st
 }
 
@@ -637,6 +642,19 @@ func (c *campaign) check(name string, seed uint64, w history.World, count map[ne
 	}
 	ends := taskEnds(ops)
 	fmt.Fprintf(&b, "tasks             %d: completed %d, failed %d, cancelled %d\n", len(ends), countOf(ends, "completed"), countOf(ends, "failed"), countOf(ends, "cancelled"))
+	failedWhy := map[string]string{}
+	for _, o := range ops {
+		if o.Kind == history.TaskPoll && o.Outcome == history.Ok && (o.Result == "failed" || o.Result == "cancelled") {
+			failedWhy[o.Key] = o.Result + ": " + o.Reason
+		}
+	}
+	whyCount := map[string]int{}
+	for _, w := range failedWhy {
+		whyCount[w]++
+	}
+	for w, n := range whyCount {
+		fmt.Fprintf(&b, "  %6d  task %s\n", n, w)
+	}
 	fmt.Fprintf(&b, "faults injected (%d began while another held)\n%s", nemesis.Overlapping(c.injected), nemesis.Summary(count, kinds))
 	fmt.Fprintf(&b, "calls claimed more than once (taken over, or run again after nothing was recorded) %d\n", c.claimedAgain)
 	fmt.Fprintf(&b, "effects due >10 s ahead at the end (written under a clock set ahead), made due then %d\n", c.fastForwarded)
