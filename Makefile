@@ -96,21 +96,23 @@ chaos: ## Chaos soaks, SQLite then PostgreSQL: 10,000 logical calls each while s
 # The fault campaign (issue 29) at full size: 3 replicas on PostgreSQL and
 # 2 processes on one SQLite file under a seeded nemesis, checked by
 # internal/history. Each run prints its seed and a summary table;
-# JEPSEN_SEED=N replays a schedule. `make test` runs the same tests with
-# about 300 operations each.
+# JEPSEN_SEED=N replays a schedule; JEPSEN_ROUNDS=N plays at least N faults
+# of every kind. `make test` runs the same tests with about 300 operations
+# and one fault of each kind.
 JEPSEN_OPS ?= 10000
+JEPSEN_ROUNDS ?= 10
 JEPSEN_STORE ?= postgres sqlite
 .PHONY: jepsen
-jepsen: ## Fault campaign: replicas under partitions, clock skew, pauses, kills and PostgreSQL restarts, histories checked (JEPSEN_OPS=N, JEPSEN_SEED=N, JEPSEN_STORE=postgres|sqlite)
+jepsen: ## Fault campaign: replicas under partitions, slow links, clock skew, pauses, kills and PostgreSQL restarts, histories checked (JEPSEN_OPS=N, JEPSEN_ROUNDS=N, JEPSEN_SEED=N, JEPSEN_STORE=postgres|sqlite)
 	@set -e; for store in $(JEPSEN_STORE); do \
 		case $$store in \
 		postgres) test=TestJepsen_Postgres ;; \
 		sqlite) test=TestJepsen_SQLite ;; \
 		*) echo "JEPSEN_STORE=$$store: want postgres or sqlite"; exit 2 ;; \
 		esac; \
-		echo "==> $$test, JEPSEN_OPS=$(JEPSEN_OPS)"; \
+		echo "==> $$test, JEPSEN_OPS=$(JEPSEN_OPS) JEPSEN_ROUNDS=$(JEPSEN_ROUNDS)"; \
 		summary=$$(mktemp); \
-		MCP_OUTBOX_JEPSEN_OPS=$(JEPSEN_OPS) MCP_OUTBOX_JEPSEN_SUMMARY=$$summary $(if $(JEPSEN_SEED),MCP_OUTBOX_JEPSEN_SEED=$(JEPSEN_SEED)) MCP_OUTBOX_REQUIRE_POSTGRES=1 \
+		MCP_OUTBOX_JEPSEN_OPS=$(JEPSEN_OPS) MCP_OUTBOX_JEPSEN_ROUNDS=$(JEPSEN_ROUNDS) MCP_OUTBOX_JEPSEN_SUMMARY=$$summary $(if $(JEPSEN_SEED),MCP_OUTBOX_JEPSEN_SEED=$(JEPSEN_SEED)) MCP_OUTBOX_REQUIRE_POSTGRES=1 \
 			go test -count=1 -run "^$$test\$$" -timeout 120m ./cmd/mcp-outbox/ || { cat $$summary; rm -f $$summary; exit 1; }; \
 		cat $$summary; rm -f $$summary; \
 	done

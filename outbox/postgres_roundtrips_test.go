@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/faultdb"
-	"github.com/mcp-outbox/mcp-outbox/internal/netdelay"
+	"github.com/mcp-outbox/mcp-outbox/internal/netfault"
 	"github.com/mcp-outbox/mcp-outbox/internal/pgtest"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -38,10 +38,11 @@ func TestPostgres_RoundTripsPerCall(t *testing.T) {
 				t.Fatal(err)
 			}
 			const delay = 20 * time.Millisecond
-			p, err := netdelay.Start(u.Host, &netdelay.Options{Delay: delay})
+			p, err := netfault.Start(u.Host)
 			if err != nil {
 				t.Fatal(err)
 			}
+			p.SetDelay(delay, 0)
 			t.Cleanup(func() { p.Close() })
 			u.Host = p.Addr()
 			r := newReplicaWith(t, u.String(), c.opts, nil)

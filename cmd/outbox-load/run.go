@@ -18,7 +18,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/mcp-outbox/mcp-outbox/internal/netdelay"
+	"github.com/mcp-outbox/mcp-outbox/internal/netfault"
 	"github.com/mcp-outbox/mcp-outbox/internal/pgtest"
 	"github.com/mcp-outbox/mcp-outbox/internal/profenv"
 )
@@ -434,7 +434,7 @@ func sidesFor(cfg config, self string) []side {
 // With profile set, each server writes its profiles under that prefix.
 func runSide(ctx context.Context, cfg config, st *store, c cell, s side, res *result, profile string) error {
 	db, dbName := "", ""
-	var proxy *netdelay.Proxy
+	var proxy *netfault.Proxy
 	if s.needsDB {
 		var err error
 		if db, dbName, err = st.fresh(ctx); err != nil {
@@ -443,9 +443,10 @@ func runSide(ctx context.Context, cfg config, st *store, c cell, s side, res *re
 		if st.pg != nil && c.rtt >= 0 {
 			// Every server reaches PostgreSQL through the proxy, at 0 RTT
 			// too, so that its round trips are counted in every cell.
-			if proxy, err = netdelay.Start(fmt.Sprintf("127.0.0.1:%d", st.pg.Port), &netdelay.Options{Delay: c.rtt / 2}); err != nil {
+			if proxy, err = netfault.Start(fmt.Sprintf("127.0.0.1:%d", st.pg.Port)); err != nil {
 				return err
 			}
+			proxy.SetDelay(c.rtt/2, 0)
 			defer proxy.Close()
 			db = viaProxy(db, proxy.Addr())
 		}

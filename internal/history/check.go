@@ -54,7 +54,14 @@ func (a Anomaly) String() string { return fmt.Sprintf("%s %s: %s", a.Kind, a.Key
 //     [Model]); checked with Porcupine;
 //   - every committed effect is applied downstream exactly once, and a
 //     call's effects in their order, and nothing else is applied;
-//   - no status read says unknown unless the calls were forwarded.
+//   - no status read says unknown unless the calls were forwarded;
+//   - a key made as a task has one task: every handle and poll names
+//     the same id, and a handle once given is never not_found;
+//   - a task's polls are in the same register as the key's status reads
+//     (working is open; completed, failed and cancelled close it), so its
+//     status never goes back from an end, nor changes ends; a completed
+//     task's result names the key's one execution, and a task that ended
+//     failed or cancelled has none.
 //
 // linTimeout bounds Porcupine's search; a search that times out is
 // reported as an anomaly of kind "lin_timeout", not passed.
@@ -96,13 +103,65 @@ func Check(ops []Op, w World, linTimeout time.Duration) []Anomaly {
 		if o.Kind == Status && o.Outcome == Ok && o.Result == "unknown" && !w.Forwarded {
 			out = append(out, Anomaly{"unknown_state", o.Key, o.String() + ": unknown, for a call that was not forwarded"})
 		}
+		if o.Kind == TaskPoll && o.Outcome == Ok {
+			switch ex := w.Executions[o.Key]; o.Result {
+			case "completed":
+				if len(ex) != 1 || ex[0] != o.StatusResult {
+					out = append(out, Anomaly{"wrong_result", o.Key, fmt.Sprintf("%s: a completed task names %s, the executions are %v", o, o.StatusResult, ex)})
+				}
+			case "failed", "cancelled":
+				if len(ex) > 0 {
+					out = append(out, Anomaly{"wrong_result", o.Key, fmt.Sprintf("%s: the task ended %s, and the key has executions %v", o, o.Result, ex)})
+				}
+			case "not_found":
+				out = append(out, Anomaly{"task_lost", o.Key, o.String() + ": a task whose handle was given is not found"})
+			}
+		}
 		if o.Outcome == "" {
 			out = append(out, Anomaly{"unresolved", o.Key, o.String() + " never completed"})
 		}
 	}
+	out = append(out, checkTasks(ops)...)
 	out = append(out, checkLinearizable(ops, linTimeout)...)
 	out = append(out, checkDelivery(w)...)
 	return out
+}
+
+// checkTasks checks that a key has one task, and that each client's polls
+// of a task, in its order, never leave an end once read.
+func checkTasks(ops []Op) []Anomaly {
+	var out []Anomaly
+	taskOf := map[string]string{}
+	type clientTask struct {
+		client int
+		task   string
+	}
+	end := map[clientTask]Op{}
+	for _, o := range ops {
+		if o.Outcome != Ok || o.Task == "" || (o.Kind != TaskCall && o.Kind != TaskPoll) {
+			continue
+		}
+		if t, ok := taskOf[o.Key]; ok && t != o.Task {
+			out = append(out, Anomaly{"two_tasks", o.Key, fmt.Sprintf("tasks %s and %s for one key\n%s", t, o.Task, Excerpt(ops, o.Key))})
+		}
+		taskOf[o.Key] = o.Task
+		if o.Kind != TaskPoll {
+			continue
+		}
+		ct := clientTask{o.Client, o.Task}
+		if prev, ok := end[ct]; ok && (prev.Result != o.Result || prev.StatusResult != o.StatusResult) {
+			out = append(out, Anomaly{"task_regressed", o.Key, fmt.Sprintf("%s after %s", o, prev)})
+		}
+		if TaskEnded(o.Result) {
+			end[ct] = o
+		}
+	}
+	return out
+}
+
+// TaskEnded says whether a task status is an end.
+func TaskEnded(status string) bool {
+	return status == "completed" || status == "failed" || status == "cancelled"
 }
 
 // lastOutcome returns, per key, the outcome of its last call attempt.

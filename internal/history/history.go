@@ -27,7 +27,12 @@ const (
 	Call Kind = "call"
 	// Status is a call_status read of a key.
 	Status Kind = "status"
-	// TaskPoll is a tasks/get of the task a call runs as.
+	// TaskCall is a tools/call that asks for a task (the Tasks
+	// extension): ok when it answers with a task's handle (Op.Task).
+	TaskCall Kind = "task_call"
+	// TaskPoll is a tasks/get of the task a call runs as: Result is the
+	// status read (working, completed, failed, cancelled, or not_found),
+	// StatusResult, for a completed one, the execution its result names.
 	TaskPoll Kind = "task_poll"
 )
 
@@ -58,16 +63,21 @@ type Op struct {
 	// StatusResult holds the execution its recorded result names.
 	Result       string
 	StatusResult string
+	// Task is the task's id, for task calls and polls.
+	Task string
 	// Reason says why a fail or info operation ended so.
 	Reason string
-	// Fault is the fault the nemesis had injected when the operation was
-	// invoked ("" for none), for the summary per fault.
+	// Fault names the faults the nemesis had injected when the operation
+	// was invoked, joined by "+" ("" for none), for the summary per fault.
 	Fault string
 }
 
 func (o Op) String() string {
 	s := fmt.Sprintf("#%d c%d %s %s try%d [%v..%v] %s", o.ID, o.Client, o.Kind, o.Key, o.Attempt,
 		o.Invoke.Round(time.Millisecond), o.Complete.Round(time.Millisecond), o.Outcome)
+	if o.Task != "" {
+		s += " task " + o.Task
+	}
 	if o.Result != "" {
 		s += " " + o.Result
 	}
@@ -82,22 +92,41 @@ func (o Op) String() string {
 
 // History is a concurrent log of operations.
 type History struct {
-	start time.Time
-	mu    sync.Mutex
-	ops   []Op
-	fault string
+	start  time.Time
+	mu     sync.Mutex
+	ops    []Op
+	faults map[string]int // in effect now, with how many of each
 }
 
-// SetFault names the fault in effect from now on ("" once healed); later
-// operations carry it.
-func (h *History) SetFault(f string) {
+// FaultBegin notes a fault in effect from now on, FaultEnd its heal;
+// faults may overlap. Operations invoked meanwhile carry their names.
+func (h *History) FaultBegin(name string) {
 	h.mu.Lock()
-	h.fault = f
+	h.faults[name]++
 	h.mu.Unlock()
 }
 
+// FaultEnd notes the heal of a fault FaultBegin noted.
+func (h *History) FaultEnd(name string) {
+	h.mu.Lock()
+	if h.faults[name]--; h.faults[name] <= 0 {
+		delete(h.faults, name)
+	}
+	h.mu.Unlock()
+}
+
+// faultNow names the faults in effect, sorted, joined by "+"; h.mu held.
+func (h *History) faultNow() string {
+	names := make([]string, 0, len(h.faults))
+	for f := range h.faults {
+		names = append(names, f)
+	}
+	sort.Strings(names)
+	return strings.Join(names, "+")
+}
+
 // New starts an empty history; times are offsets from now.
-func New() *History { return &History{start: time.Now()} }
+func New() *History { return &History{start: time.Now(), faults: map[string]int{}} }
 
 // Pending is an operation invoked and not yet completed.
 type Pending struct {
@@ -105,12 +134,20 @@ type Pending struct {
 	i int
 }
 
+// SetTask names the task an operation (a task call, before it ends, or
+// a poll) is about.
+func (p *Pending) SetTask(id string) {
+	p.h.mu.Lock()
+	p.h.ops[p.i].Task = id
+	p.h.mu.Unlock()
+}
+
 // Invoke records the start of an operation.
 func (h *History) Invoke(client int, kind Kind, key string, attempt int, target string) *Pending {
 	now := time.Since(h.start)
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.ops = append(h.ops, Op{ID: len(h.ops), Client: client, Kind: kind, Key: key, Attempt: attempt, Target: target, Invoke: now, Fault: h.fault})
+	h.ops = append(h.ops, Op{ID: len(h.ops), Client: client, Kind: kind, Key: key, Attempt: attempt, Target: target, Invoke: now, Fault: h.faultNow()})
 	return &Pending{h: h, i: len(h.ops) - 1}
 }
 
@@ -147,8 +184,10 @@ func Excerpt(ops []Op, key string) string {
 type Counts struct {
 	ByKind  map[Kind]map[Outcome]int
 	InfoWhy map[string]int
-	// ByFault counts outcomes by the fault active at invoke ("none"
-	// outside faults); Why counts fail and info reasons by fault too.
+	// ByFault counts outcomes by each fault active at invoke ("none"
+	// outside faults; an operation under two overlapping faults counts
+	// under both); Why counts fail and info reasons by the faults in
+	// effect ("blackhole+slow" for two at once).
 	ByFault map[string]map[Outcome]int
 	Why     map[string]int
 	Total   int
@@ -176,10 +215,12 @@ func Count(ops []Op) Counts {
 		if fault == "" {
 			fault = "none"
 		}
-		if c.ByFault[fault] == nil {
-			c.ByFault[fault] = map[Outcome]int{}
+		for _, f := range strings.Split(fault, "+") {
+			if c.ByFault[f] == nil {
+				c.ByFault[f] = map[Outcome]int{}
+			}
+			c.ByFault[f][o.Outcome]++
 		}
-		c.ByFault[fault][o.Outcome]++
 		if o.Outcome != Ok {
 			c.InfoWhy[string(o.Kind)+" "+string(o.Outcome)+": "+o.Reason]++
 			c.Why[fault+" | "+string(o.Kind)+" "+string(o.Outcome)+": "+o.Reason]++

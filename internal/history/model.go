@@ -69,7 +69,10 @@ var Model = porcupine.Model{
 	},
 }
 
-// checkLinearizable runs Porcupine over the ok status reads and ok calls.
+// checkLinearizable runs Porcupine over the ok status reads, ok calls and
+// ok task polls (a task's status is its call's state: working while the
+// call is in flight, completed with its result, failed or cancelled as a
+// call that ended failed without a result).
 // Calls that failed or whose outcome is unknown are left out: a failed one
 // changed nothing by itself, and an unknown one may have closed the key at
 // any time, which the model allows anyway (a closing read or a later ok
@@ -86,6 +89,17 @@ func checkLinearizable(ops []Op, timeout time.Duration) []Anomaly {
 			out = linOut{"completed", o.Result}
 		case Status:
 			out = linOut{o.Result, o.StatusResult}
+		case TaskPoll:
+			switch o.Result {
+			case "working":
+				out = linOut{"in_flight", ""}
+			case "completed":
+				out = linOut{"completed", o.StatusResult}
+			case "failed", "cancelled":
+				out = linOut{"failed", ""}
+			default:
+				continue // not_found: an anomaly of its own
+			}
 		default:
 			continue
 		}
