@@ -81,6 +81,9 @@ type attempt struct {
 	// (claim_tx_postgres.go); reclaimArgs insert it again after a rollback.
 	claimInTx   bool
 	reclaimArgs []any
+	// inTx: the unit's transaction, kept alive by the renewal loop
+	// while the handler runs (keepAlive); read by that loop.
+	inTx atomic.Pointer[pipedTx]
 
 	// task: the call runs as a task (task.go); nil for a plain call.
 	task *attemptTask

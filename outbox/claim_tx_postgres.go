@@ -160,8 +160,12 @@ func (l *Layer) claimInTx(ctx context.Context, a *attempt, deadline time.Time) (
 			a.claimInTx = true
 			u.outcome = true
 			a.unit, a.tx = u, u.tx()
-			// The uncommitted row is its own fence: no lease to renew.
+			// The uncommitted row is its own fence: no lease to renew,
+			// but the transaction must not look idle while the handler
+			// works outside the database (keepAlive).
 			a.fenced.Store(true)
+			u.b.piped.keepOn()
+			a.inTx.Store(u.b.piped)
 			return claimResult{kind: claimed}, true, true, nil
 		}
 		res, ok := l.settled(a, r, now)
@@ -199,5 +203,6 @@ func (a *attempt) reclaim(u *unit) error {
 	if err != nil {
 		return fmt.Errorf("claim again: %w", err)
 	}
+	u.b.piped.keepOn() // the rollback turned it off
 	return nil
 }

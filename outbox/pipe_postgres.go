@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/mcp-outbox/mcp-outbox/schema"
@@ -64,6 +65,95 @@ type pipedTx struct {
 
 	mu    sync.Mutex
 	stmts []*sql.Stmt // the handler's, closed at the end
+
+	keep keepAlive
+}
+
+// keepAlive keeps a claim's transaction from looking idle to PostgreSQL
+// while its handler works outside the database (issue 29).
+//
+// A claim that rides in the call's transaction (claim_tx_postgres.go)
+// bounds it with idle_in_transaction_session_timeout = the lease, so that
+// a replica that stops talking (SIGSTOP, a GC or VM freeze, a link that
+// swallows packets: its kernel, or a proxy's, keeps acking TCP, so only
+// the server's own timer notices) frees the key a lease later. A live
+// handler that awaits a slow API for longer than the lease between two
+// statements would lose its call the same way, and its retry would too,
+// for ever. So the layer's renewal loop (renew.go), every third of the
+// lease, sends SELECT 1 in the transaction of each such unit that has
+// been quiet for half of that: any statement resets the server's timer.
+// A paused process sends nothing and still loses its session a lease
+// after it last spoke; a short call is never touched (no round trip).
+//
+// The touch shares the connection with the handler. database/sql
+// serialises the two (conn.Raw holds the driver connection's lock, as a
+// statement does), but rows the handler is still reading leave pgx's
+// connection busy between its calls: the touch then sends nothing
+// (schema.ErrPipeBusy) and the next tick tries again, so the handler's
+// rows are never disturbed. endHandler turns touching off, waiting for a
+// touch under way, before the outcome goes with COMMIT or the
+// transaction rolls back: no SELECT 1 lands after the transaction ends.
+type keepAlive struct {
+	conn *sql.Conn // the unit's
+	// since is the monotonic origin of used.
+	since time.Time
+	// used: when a statement last went on the connection, as a duration
+	// from since.
+	used atomic.Int64
+	// busy: a touch is under way, or queued behind the handler's
+	// statement; the loop does not start another.
+	busy atomic.Bool
+
+	mu sync.Mutex
+	on bool // the claim's transaction is open and bounded: touch it
+}
+
+// keepOn starts keeping the transaction alive: its claim is in it.
+func (p *pipedTx) keepOn() {
+	p.keep.mu.Lock()
+	p.keep.on = true
+	p.keep.mu.Unlock()
+	p.markUsed()
+}
+
+// keepOff stops touching, and waits for a touch under way to end.
+func (p *pipedTx) keepOff() {
+	p.keep.mu.Lock()
+	p.keep.on = false
+	p.keep.mu.Unlock()
+}
+
+// markUsed notes that a statement goes on the connection now.
+func (p *pipedTx) markUsed() {
+	p.keep.used.Store(int64(time.Since(p.keep.since)))
+}
+
+// quietFor is how long no statement has gone on the connection.
+func (p *pipedTx) quietFor() time.Duration {
+	return time.Since(p.keep.since) - time.Duration(p.keep.used.Load())
+}
+
+// touch sends SELECT 1 in the transaction if it is still to be kept and
+// has been quiet for at least quiet. It runs on a goroutine of its own
+// (the loop must not wait behind a handler's long statement, which holds
+// the connection) and reports whether it sent anything. No deadline of
+// its own, as for COMMIT: pgx drops a connection whose statement's
+// context ends mid-flight, which would lose a live call; a link that
+// stops answering is bounded by the connection's own timeouts.
+func (p *pipedTx) touch(db *schema.DB, quiet time.Duration) (bool, error) {
+	defer p.keep.busy.Store(false)
+	p.keep.mu.Lock()
+	defer p.keep.mu.Unlock()
+	if !p.keep.on || p.quietFor() < quiet {
+		return false, nil
+	}
+	_, err := db.Pipe(context.Background(), p.keep.conn, schema.Piped{SQL: "SELECT 1"})
+	if errors.Is(err, schema.ErrPipeBusy) {
+		// The handler is reading rows: leave them be; next tick.
+		return false, nil
+	}
+	p.markUsed()
+	return true, err
 }
 
 // outcomeMissed marks the error that the piped outcome raises when its
@@ -107,7 +197,7 @@ func (g *groupCommit) pipedUnit(conn *sql.Conn, durable bool, redo func(*unit) e
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	b := &batch{conn: conn, durable: true, opened: g.now(), own: true, done: make(chan struct{}),
-		piped: &pipedTx{ctx: ctx, cancel: cancel}}
+		piped: &pipedTx{ctx: ctx, cancel: cancel, keep: keepAlive{conn: conn, since: time.Now()}}}
 	return &unit{g: g, b: b, durable: durable, redo: redo}
 }
 
@@ -116,6 +206,7 @@ func (g *groupCommit) pipedUnit(conn *sql.Conn, durable bool, redo func(*unit) e
 // abandon's release, after undoAll, runs without it).
 func (u *unit) pipedConn() (*sql.Conn, error) {
 	p := u.b.piped
+	p.markUsed()
 	if !p.begun {
 		p.begun = true
 		if _, err := u.b.conn.ExecContext(p.ctx, "BEGIN"); err != nil {
@@ -163,6 +254,9 @@ func (g *groupCommit) rollbackPiped(b *batch) {
 // connection any other statement, so this waits for it, a little.
 func (g *groupCommit) endHandler(b *batch) {
 	p := b.piped
+	// First, so that no touch lands after the transaction ends, nor
+	// loses the connection to the cancel below mid-statement.
+	p.keepOff()
 	p.cancel()
 	p.mu.Lock()
 	stmts := p.stmts
@@ -243,6 +337,7 @@ func (p *pipedTx) trackStmt(st *sql.Stmt) {
 // for a piped unit the one its end cancels.
 func (u *unit) stmtContext(ctx context.Context) context.Context {
 	if u.b.piped != nil {
+		u.b.piped.markUsed()
 		return u.b.piped.ctx
 	}
 	return background(ctx)

@@ -53,9 +53,12 @@ func (l *Layer) renewLoop() {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for range t.C {
-		owners := l.renewable()
+		owners, txs := l.renewable()
 		if owners == nil {
 			return
+		}
+		for _, p := range txs {
+			l.keepAlive(p, every/2)
 		}
 		if len(owners) == 0 {
 			continue
@@ -72,20 +75,42 @@ func (l *Layer) renewLoop() {
 	}
 }
 
-// renewable lists the owners whose leases need renewal, or returns nil,
-// ending the loop, when the layer has no attempts.
-func (l *Layer) renewable() []string {
+// renewable lists the owners whose leases need renewal and the claims'
+// transactions to keep alive, or returns nil owners, ending the loop,
+// when the layer has no attempts.
+func (l *Layer) renewable() (owners []string, txs []*pipedTx) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if len(l.local) == 0 {
 		l.renewing = false
-		return nil
+		return nil, nil
 	}
-	owners := []string{}
+	owners = []string{}
 	for _, a := range l.local {
 		if a.claimed.Load() && !a.fenced.Load() {
 			owners = append(owners, a.owner)
 		}
+		if p := a.inTx.Load(); p != nil {
+			txs = append(txs, p)
+		}
 	}
-	return owners
+	return owners, txs
+}
+
+// keepAlive touches a claim's transaction that has been quiet for quiet
+// (keepAlive in pipe_postgres.go), on a goroutine of its own, unless a
+// touch of it is still under way. The loop ticks every third of the
+// lease and touches at half of that, so a handler's transaction is never
+// quiet for much more than half a lease while its process runs.
+func (l *Layer) keepAlive(p *pipedTx, quiet time.Duration) {
+	if p.quietFor() < quiet || !p.keep.busy.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		if sent, err := p.touch(l.db, quiet); sent && err != nil {
+			// The transaction or its connection failed: the handler's
+			// next statement, or the commit, learns it.
+			l.logger.Warn("keep claim's transaction alive", "error", err)
+		}
+	}()
 }
