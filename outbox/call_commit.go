@@ -37,6 +37,7 @@ func (a *attempt) finish(ctx context.Context, res mcp.Result, err error) (mcp.Re
 			msg = "handler ran a statement the layer refuses; nothing recorded"
 		}
 		a.layer.logger.ErrorContext(ctx, msg, "tool", a.tool.name, "call_id", a.uid, "error", a.txErr)
+		a.giveTaskBack(a.txErr)
 		a.abandon(ctx)
 		return a.notCommitted(a.txErr), nil
 	case a.handlerErr != nil:
@@ -66,6 +67,7 @@ func (a *attempt) finish(ctx context.Context, res mcp.Result, err error) (mcp.Re
 		err = a.confirmCommit(background(ctx), err)
 	}
 	if err != nil {
+		a.giveTaskBack(err)
 		a.abandon(ctx)
 		if !errors.Is(err, ErrOwnershipLost) {
 			a.layer.logger.ErrorContext(ctx, "commit call", "tool", a.tool.name, "call_id", a.uid, "error", err)

@@ -195,11 +195,14 @@
 //
 // What ends a task, in its row: a committed outcome (state completed or
 // failed, task_end empty); a cancel before the commit (state failed,
-// task_end 'cancelled'); a fault, a protocol error or a database failure
-// under the handler (state failed, task_end 'failed': unlike a plain call,
-// a task is not released for a retry to run again, since its client polls
-// it and must learn that it ended). A retry with the same key gets the
-// task's end as any replay.
+// task_end 'cancelled'); a fault or a protocol error of the handler
+// (state failed, task_end 'failed': unlike a plain call, a task is not
+// released for a retry to run again, since its client polls it and must
+// learn that it ended). A failure of the store under the handler or at
+// its commit (a reset connection, an I/O error) is no fault of the task:
+// its row stays in flight with its lease passed, and the task runner, or a
+// retry, runs it again, up to ten runs in all; then it ends failed. A
+// retry with the same key gets the task's end as any replay.
 //
 // What survives what: a task survives the loss of its handle (a retry of
 // the same logical call, by the same key from any key source or by the

@@ -33,3 +33,6 @@ func ServersOf(l *Layer) int {
 
 // WaitTasks waits until the tasks the layer runs have ended.
 func WaitTasks(l *Layer) { l.taskRuns.Wait() }
+
+// MaxTaskRuns bounds the runs of a task the store fails under.
+const MaxTaskRuns = maxTaskRuns

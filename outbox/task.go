@@ -154,7 +154,10 @@ type attemptTask struct {
 	stop      context.CancelFunc // ends the detached handler's context
 	cancelled atomic.Bool        // tasks/cancel asked
 	shutdown  atomic.Bool        // the layer stops: leave the task to the next process
-	rpcErr    atomic.Pointer[taskError]
+	// storeFault: the attempt ended on a failure of the store, not of the
+	// task: endTask gives the task back to run again (giveTaskBack).
+	storeFault bool
+	rpcErr     atomic.Pointer[taskError]
 }
 
 func (t *attemptTask) taskID() string {

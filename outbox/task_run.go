@@ -170,6 +170,32 @@ UPDATE calls SET state = 'failed', task_end = 'cancelled', result = $1, complete
     owner = '', lease_until = 0, task_params = NULL
 WHERE id = $4 AND owner = $5 AND state = 'in_flight' AND (task_cancel = 1 OR $6 = 1)`
 
+// giveTaskBack: a task that ends without an outcome because the store
+// failed under it (a connection reset, PostgreSQL restarting, SQLITE_BUSY
+// past the deadline, a commit that failed) did nothing wrong: another run
+// may well succeed, and failing it for good would make every retry of its
+// key replay that failure. endTask then leaves its row in flight with its
+// lease passed, so the task runner (or a retry of the key) takes it over
+// and runs it again from its stored params, at most maxTaskRuns times in
+// all. A statement the layer refuses, or one that ended the transaction
+// SQLite shares between calls, would fail the same way each time: those
+// end the task failed.
+func (a *attempt) giveTaskBack(err error) {
+	if a.task == nil || errors.Is(err, ErrOwnershipLost) || errors.Is(err, ErrStatementRefused) || errors.Is(err, errTxEnded) {
+		return
+	}
+	a.task.storeFault = true
+}
+
+// maxTaskRuns bounds how often a task is run on store failures (see
+// giveTaskBack): the row's attempts count every run, takeovers included.
+const maxTaskRuns = 10
+
+// giveBackTask passes the attempt's lease, keeping the row in flight.
+const giveBackTask = `
+UPDATE calls SET lease_until = 0
+WHERE id = $1 AND owner = $2 AND state = 'in_flight' AND task_cancel = 0 AND attempts < $3`
+
 const endTaskFailed = `
 UPDATE calls SET state = 'failed', task_end = 'failed', task_error_code = $1, result = $2, completed_at = $3, expires_at = $4,
     owner = '', lease_until = 0, task_params = NULL
@@ -177,10 +203,10 @@ WHERE id = $5 AND owner = $6 AND state = 'in_flight'`
 
 // endTask ends a task whose attempt committed no outcome, in u: cancelled
 // if tasks/cancel asked for it (here or in the row), left in flight for the
-// task runner if the layer stops or the attempt was a plain retry, failed
-// otherwise (a handler fault, a
-// protocol error, a database failure: the task is not run again by
-// itself). Every write names the attempt as owner, so an attempt that lost
+// task runner if the layer stops or the attempt was a plain retry, given
+// back to run again if the store failed under it (giveTaskBack), failed
+// otherwise (a handler fault, a protocol error, too many runs: the task is
+// not run again by itself). Every write names the attempt as owner, so an attempt that lost
 // the call changes nothing.
 func (a *attempt) endTask(ctx context.Context, u *unit) error {
 	now := a.layer.nowMS()
@@ -208,6 +234,17 @@ func (a *attempt) endTask(ctx context.Context, u *unit) error {
 		// row stays in flight, and the task runner (or the next process)
 		// takes it over and runs it as the task it is.
 		return nil
+	}
+	if a.task.storeFault {
+		r, err := u.exec(giveBackTask, a.callID, a.owner, maxTaskRuns)
+		if err != nil {
+			return err
+		}
+		if n, _ := r.RowsAffected(); n == 1 {
+			a.layer.logger.WarnContext(ctx, "task's run ended on a store failure; given back to run again",
+				"tool", a.tool.name, "call_id", a.uid)
+			return nil
+		}
 	}
 	code, msg := int64(jsonrpc.CodeInternalError), fmt.Sprintf("the task ended without an outcome; nothing of it was kept. The server's log has the cause under call id %s.", a.uid)
 	if e := a.task.rpcErr.Load(); e != nil {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/faultdb"
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/outbox/mcphttp"
@@ -593,4 +595,77 @@ func TestTask_AddToolRefusesTasksOnUnrecordedTools(t *testing.T) {
 		func(context.Context, outbox.Tx, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, struct{}, error) {
 			return nil, struct{}{}, nil
 		}, &outbox.ToolOptions{Tasks: outbox.TaskOptions{Mode: outbox.TasksAlways}})
+}
+
+// faultyTaskLayer is a started layer whose charge allows tasks, on a
+// database whose handler statement (INSERT INTO charges) fails with a
+// store error of the current store, at most max times (0: always). Its
+// task runner scans every 20 ms.
+func faultyTaskLayer(t *testing.T, max int) (*bundle, *faultdb.Injector) {
+	t.Helper()
+	in, target, kind := faultdb.New(1), filepath.Join(t.TempDir(), "tasks.db"), faultdb.IOErr
+	if onPostgres() {
+		in, target, kind = faultdb.NewPostgres(1), testTarget(t), faultdb.PgConnFailure
+	}
+	db, err := schema.Open(context.Background(), target, &schema.Options{Driver: in.DriverName()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	b := taskSetup(t, mustLedger(t, db), outbox.TasksAlways, nil)
+	in.Set(faultdb.Rule{Name: "handler", Stmt: faultdb.Contains("INSERT INTO charges"), Kind: kind, Rate: 1, Max: max})
+	running, err := b.layer.Start(context.Background(), &outbox.StartOptions{NoDispatcher: true, ReapInterval: outbox.ReaperOff,
+		TaskScanInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = running.Stop(context.Background()) })
+	return b, in
+}
+
+// A task whose run fails because the store failed under it (a connection
+// reset, an I/O error) is run again, not failed for good: its key would
+// otherwise replay that failure to every retry.
+func TestTask_StoreFaultRunsAgain(t *testing.T) {
+	t.Parallel()
+	b, in := faultyTaskLayer(t, 2)
+	p := stdioPeer(t, b.server)
+	id := result(t, p.charge(true, "fault-1", 11))["taskId"].(string)
+	done := p.waitTask(id)
+	if done["status"] != "completed" {
+		t.Fatalf("task after two store faults = %v; want completed", done)
+	}
+	if n := in.Faults("handler"); n != 2 {
+		t.Fatalf("faults injected = %d, want 2", n)
+	}
+	if got := charges(t, b); got != 1 {
+		t.Errorf("charges = %d, want 1", got)
+	}
+	if n := count(t, b.db.Read, `SELECT attempts FROM calls WHERE task_id = $1`, id); n != 3 {
+		t.Errorf("runs = %d, want 3", n)
+	}
+	// The key now replays the success.
+	if r := result(t, p.charge(false, "fault-1", 11)); r["isError"] == true {
+		t.Errorf("retry of the key = %v; want the recorded success", r)
+	}
+}
+
+// A store that fails every run fails the task in the end: it is not run
+// for ever.
+func TestTask_StoreFaultRunsBounded(t *testing.T) {
+	t.Parallel()
+	b, in := faultyTaskLayer(t, 0)
+	p := stdioPeer(t, b.server)
+	id := result(t, p.charge(true, "fault-2", 12))["taskId"].(string)
+	done := p.waitTask(id)
+	if done["status"] != "failed" {
+		t.Fatalf("task whose every run fails = %v; want failed", done)
+	}
+	runs := count(t, b.db.Read, `SELECT attempts FROM calls WHERE task_id = $1`, id)
+	if runs != outbox.MaxTaskRuns || in.Faults("handler") != runs {
+		t.Errorf("runs = %d, faults = %d; want %d of each", runs, in.Faults("handler"), outbox.MaxTaskRuns)
+	}
+	if got := charges(t, b); got != 0 {
+		t.Errorf("charges = %d, want 0", got)
+	}
 }
