@@ -55,7 +55,11 @@ import (
 //     lock_timeout bounds the handler's lock waits by the lease too. No
 //     statement_timeout: it would cut a handler's own long statements, and
 //     a replica cut off mid-statement leaves its session idle once the
-//     statement ends, which the idle timeout then ends.
+//     statement ends, which the idle timeout then ends. A live handler
+//     that works outside the database for longer than the lease keeps its
+//     call: the renewal loop sends SELECT 1 in a transaction that has been
+//     quiet for a sixth of the lease (keepAlive, pipe_postgres.go), so only
+//     a silent process loses its session.
 //
 // A key that is not fresh is answered from the row the same statement read
 // when the answer writes nothing (a replay, a conflict, an unknown outcome,
