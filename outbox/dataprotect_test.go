@@ -84,6 +84,10 @@ func setupNote(t *testing.T, db *schema.DB, s *seal.Sealer, runs *atomic.Int64) 
 				Header: map[string]string{"X-Note": in.Text}, Body: []byte(`{"note":"` + in.Text + `"}`)}); err != nil {
 				return nil, nil, err
 			}
+			if strings.HasPrefix(in.Text, "refuse") {
+				// A failed result: recorded, its work (the effect) not kept.
+				return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: "refused " + in.Text}}}, nil, nil
+			}
 			return nil, map[string]string{"echo": "noted " + in.Text}, nil
 		}, nil)
 	return &noteBundle{bundle: &bundle{db: db, layer: l, server: srv, session: connect(t, srv)}, runs: runs}
@@ -573,5 +577,26 @@ func TestSeal_FingerprintAcrossTurnOn(t *testing.T) {
 	st := outboxtest.Status(t, b.session, map[string]any{"tool": "note", "arguments": map[string]any{"text": marker}})
 	if st.State != query.Completed {
 		t.Errorf("call_status by arguments: %s, want completed", st.State)
+	}
+}
+
+// A principal's first call that enqueues an effect and then fails: the
+// failure keeps nothing of its work, and the data key made for the
+// effect went with it. The recorded failure must be sealed under a key
+// that stays, or its replay cannot be opened.
+func TestSeal_FailedFirstCallReplays(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	b := setupNote(t, db, sealerOf(t, newKeyLine(t, "k1")), nil)
+	first := note(t, b, "refuse-1", "refuse me")
+	if !first.IsError || !strings.Contains(text(first), "refused refuse me") {
+		t.Fatalf("first answer = %s %q; want the failure", errorCode(first), text(first))
+	}
+	again := note(t, b, "refuse-1", "refuse me")
+	if !again.IsError || !strings.Contains(text(again), "refused refuse me") || callMeta(again)["replayed"] != true {
+		t.Fatalf("replay = %s %q (meta %v); want the recorded failure, replayed", errorCode(again), text(again), callMeta(again))
+	}
+	if n := b.runs.Load(); n != 1 {
+		t.Errorf("runs = %d, want 1", n)
 	}
 }

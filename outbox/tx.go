@@ -281,6 +281,10 @@ func (a *attempt) discardWork(ctx context.Context) error {
 	// new transaction.
 	a.tx = a.unit.tx()
 	a.effects, a.pending = 0, nil
+	// The principal's data key may have been made by this work (its first
+	// sealed value) and rolled back with it: look it up again, or the
+	// outcome would be sealed under a key no row holds.
+	a.sealKey, a.sealKeyTx = nil, nil
 	return nil
 }
 
