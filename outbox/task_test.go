@@ -623,15 +623,22 @@ func faultyTaskLayer(t *testing.T, max int) (*bundle, *faultdb.Injector) {
 	return b, in
 }
 
+// runFaultyTask makes charge a task on faultyTaskLayer(t, max) by key,
+// and returns the task once it has ended, with its id.
+func runFaultyTask(t *testing.T, max int, key string, amount int) (*bundle, *faultdb.Injector, *taskPeer, string, map[string]any) {
+	t.Helper()
+	b, in := faultyTaskLayer(t, max)
+	p := stdioPeer(t, b.server)
+	id := result(t, p.charge(true, key, amount))["taskId"].(string)
+	return b, in, p, id, p.waitTask(id)
+}
+
 // A task whose run fails because the store failed under it (a connection
 // reset, an I/O error) is run again, not failed for good: its key would
 // otherwise replay that failure to every retry.
 func TestTask_StoreFaultRunsAgain(t *testing.T) {
 	t.Parallel()
-	b, in := faultyTaskLayer(t, 2)
-	p := stdioPeer(t, b.server)
-	id := result(t, p.charge(true, "fault-1", 11))["taskId"].(string)
-	done := p.waitTask(id)
+	b, in, p, id, done := runFaultyTask(t, 2, "fault-1", 11)
 	if done["status"] != "completed" {
 		t.Fatalf("task after two store faults = %v; want completed", done)
 	}
@@ -654,10 +661,7 @@ func TestTask_StoreFaultRunsAgain(t *testing.T) {
 // for ever.
 func TestTask_StoreFaultRunsBounded(t *testing.T) {
 	t.Parallel()
-	b, in := faultyTaskLayer(t, 0)
-	p := stdioPeer(t, b.server)
-	id := result(t, p.charge(true, "fault-2", 12))["taskId"].(string)
-	done := p.waitTask(id)
+	b, in, _, id, done := runFaultyTask(t, 0, "fault-2", 12)
 	if done["status"] != "failed" {
 		t.Fatalf("task whose every run fails = %v; want failed", done)
 	}
