@@ -43,6 +43,21 @@ func openLedgerDB(t *testing.T, path string) *sql.DB {
 	return db
 }
 
+// awaitServerSessionsGone waits until no server session is left on the
+// test's PostgreSQL database. A SIGKILLed server's COMMIT may already be in
+// PostgreSQL's hands, and the backend finishes it after the process is
+// gone; a check that reads the tables in several statements meanwhile sees
+// the commit land between them (the effect without its charge). A backend
+// whose client died exits once its statement is done, so no session left
+// means the dead server's work has settled, one way or the other.
+func awaitServerSessionsGone(t *testing.T, db *sql.DB) {
+	t.Helper()
+	pollUntil(t, 30*time.Second, "the killed server's PostgreSQL sessions to end", func() bool {
+		return countRows(t, db, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND application_name = 'mcp-outbox'`) == 0
+	})
+}
+
 func countRows(t *testing.T, db *sql.DB, query string, args ...any) int {
 	t.Helper()
 	var n int

@@ -135,6 +135,9 @@ func runPrefixOracle(t *testing.T, store string, keyed bool, rng *rand.Rand) {
 		if db == nil {
 			db = openLedgerDB(t, dbPath)
 		}
+		if postgres {
+			awaitServerSessionsGone(t, db)
+		}
 		k := checkPrefix(t, db, postgres)
 		t.Logf("%v: %d calls answered in this run, the file holds the first %d", kill, next-before, k)
 		// The call in progress when the server died committed or did not;
