@@ -28,7 +28,11 @@ type Forgotten struct {
 	// ones not delivered yet were cancelled (never sent).
 	Effects int64 `json:"effects"`
 	// InFlight calls were running and are not erased: their outcome
-	// commits under a new data key. Forget again once they ended.
+	// commits under a new data key. Forget again once they ended. On
+	// PostgreSQL a fresh key's claim commits with its outcome
+	// (outbox/claim_tx_postgres.go), so a first attempt still running is
+	// not seen and not counted: forget again after the principal's calls
+	// have stopped.
 	InFlight int64 `json:"inFlight"`
 	// Unknown: the database holds no call and no data key of Principal
 	// (not even a forgotten one; calls the retention purged are gone). A
