@@ -176,11 +176,21 @@ func checkPrefix(t *testing.T, db *sql.DB, postgres bool) int {
 			t.Fatalf("PRAGMA integrity_check: %q %v", integrity, err)
 		}
 	}
+	// The three tables are read in one snapshot, so a commit cannot land
+	// between the reads (SQLite's read transaction gives one too).
+	snap, err := db.BeginTx(context.Background(), &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
+	if !postgres {
+		snap, err = db.BeginTx(context.Background(), &sql.TxOptions{ReadOnly: true})
+	}
+	if err != nil {
+		t.Fatalf("begin the check's snapshot: %v", err)
+	}
+	defer snap.Rollback()
 	// amounts reads one table's view of the calls: the amount charged and
 	// the charge id, per call.
 	amounts := func(what, query string) map[int]int64 {
 		t.Helper()
-		rows, err := db.Query(query)
+		rows, err := snap.Query(query)
 		if err != nil {
 			t.Fatalf("%s: %v", what, err)
 		}
