@@ -38,6 +38,12 @@ const (
 	codeUnreadable = "unreadable" // changed, copied from another row, or under a key the key file lacks
 )
 
+// errEncodeResult: the result cannot be stored as JSON (a value JSON
+// cannot hold, such as NaN, in its structured content). A run of the
+// call again would fail the same way: it is the handler's fault, not the
+// store's (giveTaskBack).
+var errEncodeResult = errors.New("encode result")
+
 // encodeResult stores a result in a protocol-neutral form: content,
 // structured content and the error flag, without _meta or the fields a
 // protocol version adds on the wire.
@@ -48,7 +54,7 @@ func encodeResult(cr *mcp.CallToolResult) (string, error) {
 		IsError:           cr.IsError,
 	})
 	if err != nil {
-		return "", fmt.Errorf("encode result: %w", err)
+		return "", fmt.Errorf("%w: %w", errEncodeResult, err)
 	}
 	return string(b), nil
 }

@@ -177,11 +177,12 @@ WHERE id = $4 AND owner = $5 AND state = 'in_flight' AND (task_cancel = 1 OR $6 
 // key replay that failure. endTask then leaves its row in flight with its
 // lease passed, so the task runner (or a retry of the key) takes it over
 // and runs it again from its stored params, at most maxTaskRuns times in
-// all. A statement the layer refuses, or one that ended the transaction
-// SQLite shares between calls, would fail the same way each time: those
-// end the task failed.
+// all. A statement the layer refuses, one that ended the transaction
+// SQLite shares between calls, or a result that cannot be encoded, would
+// fail the same way each time: those end the task failed.
 func (a *attempt) giveTaskBack(err error) {
-	if a.task == nil || errors.Is(err, ErrOwnershipLost) || errors.Is(err, ErrStatementRefused) || errors.Is(err, errTxEnded) {
+	if a.task == nil || errors.Is(err, ErrOwnershipLost) || errors.Is(err, ErrStatementRefused) || errors.Is(err, errTxEnded) ||
+		errors.Is(err, errEncodeResult) {
 		return
 	}
 	a.task.storeFault = true

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -671,5 +672,37 @@ func TestTask_StoreFaultRunsBounded(t *testing.T) {
 	}
 	if got := charges(t, b); got != 0 {
 		t.Errorf("charges = %d, want 0", got)
+	}
+}
+
+// A task whose outcome cannot be encoded (a handler's structured content
+// JSON cannot hold) failed for a reason of its own, not the store's: it
+// fails, and is not run again, which would only fail the same way.
+func TestTask_EncodeErrorFailsTask(t *testing.T) {
+	t.Parallel()
+	l, err := outbox.New(openDB(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := l.NewServer(&mcp.Implementation{Name: "t", Version: "v0"}, nil)
+	var runs atomic.Int64
+	outbox.AddTool(l, s, &mcp.Tool{Name: "nan"},
+		func(context.Context, outbox.Tx, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
+			runs.Add(1)
+			return &mcp.CallToolResult{StructuredContent: map[string]any{"x": math.NaN()}}, nil, nil
+		}, &outbox.ToolOptions{Tasks: outbox.TaskOptions{Mode: outbox.TasksAlways, PollInterval: 20 * time.Millisecond}})
+	running, err := l.Start(context.Background(), &outbox.StartOptions{NoDispatcher: true, ReapInterval: outbox.ReaperOff,
+		TaskScanInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = running.Stop(context.Background()) })
+	p := stdioPeer(t, s)
+	id := result(t, p.request("tools/call", map[string]any{"name": "nan", "arguments": map[string]any{}, "_meta": meta(true, "nan-1")}))["taskId"].(string)
+	if done := p.waitTask(id); done["status"] != "failed" {
+		t.Fatalf("task = %v; want failed", done)
+	}
+	if n := runs.Load(); n != 1 {
+		t.Errorf("runs = %d, want 1", n)
 	}
 }
