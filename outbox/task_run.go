@@ -12,6 +12,8 @@ import (
 	"github.com/google/jsonschema-go/jsonschema"
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
 // taskJoined is what acquire returns to a retry that asks for a task and
@@ -178,15 +180,23 @@ WHERE id = $4 AND owner = $5 AND state = 'in_flight' AND (task_cancel = 1 OR $6 
 // lease passed, so the task runner (or a retry of the key) takes it over
 // and runs it again from its stored params, at most maxTaskRuns times in
 // all. A statement the layer refuses, one that ended the transaction
-// SQLite shares between calls, or a result that cannot be encoded, would
-// fail the same way each time: those end the task failed.
+// SQLite shares between calls, a result that cannot be encoded, or, on
+// PostgreSQL, a statement of the handler's whose error it ignored (the
+// error aborted the transaction, so the outcome met 25P02, or COMMIT
+// rolled back: the store faults among such errors are a.txErr already,
+// see wrapStmt), would fail the same way each time: those end the task
+// failed.
 func (a *attempt) giveTaskBack(err error) {
 	if a.task == nil || errors.Is(err, ErrOwnershipLost) || errors.Is(err, ErrStatementRefused) || errors.Is(err, errTxEnded) ||
-		errors.Is(err, errEncodeResult) {
+		errors.Is(err, errEncodeResult) || errors.Is(err, errOwnTxEnded) || schema.PgCode(err) == pgInFailedTx {
 		return
 	}
 	a.task.storeFault = true
 }
+
+// pgInFailedTx is PostgreSQL's in_failed_sql_transaction: a statement
+// sent after an error aborted the transaction.
+const pgInFailedTx = "25P02"
 
 // maxTaskRuns bounds how often a task is run on store failures (see
 // giveTaskBack): the row's attempts count every run, takeovers included.

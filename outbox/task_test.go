@@ -706,3 +706,42 @@ func TestTask_EncodeErrorFailsTask(t *testing.T) {
 		t.Errorf("runs = %d, want 1", n)
 	}
 }
+
+// A task whose handler ignores the error of one of its statements (here
+// a table that does not exist) is not given back as if the store had
+// failed: on PostgreSQL the error aborted the transaction, so its outcome
+// cannot commit, and a run again would fail the same way.
+func TestTask_IgnoredStatementErrorNotRunAgain(t *testing.T) {
+	t.Parallel()
+	l, err := outbox.New(openDB(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := l.NewServer(&mcp.Implementation{Name: "t", Version: "v0"}, nil)
+	var runs atomic.Int64
+	outbox.AddTool(l, s, &mcp.Tool{Name: "ignore"},
+		func(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
+			runs.Add(1)
+			_, _ = tx.ExecContext(ctx, `INSERT INTO no_such_table VALUES (1)`)
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "ok"}}}, nil, nil
+		}, &outbox.ToolOptions{Tasks: outbox.TaskOptions{Mode: outbox.TasksAlways, PollInterval: 20 * time.Millisecond}})
+	running, err := l.Start(context.Background(), &outbox.StartOptions{NoDispatcher: true, ReapInterval: outbox.ReaperOff,
+		TaskScanInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = running.Stop(context.Background()) })
+	p := stdioPeer(t, s)
+	id := result(t, p.request("tools/call", map[string]any{"name": "ignore", "arguments": map[string]any{}, "_meta": meta(true, "ignore-1")}))["taskId"].(string)
+	done := p.waitTask(id)
+	want := "completed" // SQLite keeps the rest of the handler's work
+	if onPostgres() {
+		want = "failed"
+	}
+	if done["status"] != want {
+		t.Errorf("task = %v; want %s", done, want)
+	}
+	if n := runs.Load(); n != 1 {
+		t.Errorf("runs = %d, want 1", n)
+	}
+}
