@@ -458,10 +458,14 @@
 //     paused replica, or one cut off by a link that swallows packets), and
 //     any lock wait of it longer than a lease, so a silent
 //     replica holds a key, and keeps a duplicate waiting, for at most a
-//     lease, and commits nothing once its session is gone. A handler that
-//     works outside the database for longer than the lease between its
-//     statements (or before its first) loses its call the same way: such
-//     work belongs in an effect, or needs a longer [Options].Lease.
+//     lease, and commits nothing once its session is gone. A live handler
+//     that works outside the database for longer than the lease between
+//     its statements keeps its call: every third of the lease, the
+//     renewal loop sends SELECT 1 in its transaction if that has been
+//     quiet for half of that. It cannot while the handler holds
+//     *sql.Rows open on the connection, so a handler that
+//     waits longer than the lease with rows open loses its call: read
+//     them to the end, or close them, before a slow wait.
 //   - Claims are compare-and-set writes. Replicas claim at the same time,
 //     so every transition of a call row names the state it read (and, for
 //     a takeover or an abandoned forwarded call, the owner): a write that
