@@ -150,6 +150,9 @@ type Layer struct {
 	// warnedNoFront: a session without a transport front was logged
 	// (task_2025.go, fronted).
 	warnedNoFront atomic.Bool
+	// plainTools: tools registered with mcp.AddTool on a server of the
+	// layer, whose first call was logged (servers.go); name → struct{}.
+	plainTools sync.Map
 	// taskTick is closed when a task of this layer ends or is asked to
 	// cancel, waking the listens that watch tasks (task_listen.go);
 	// guarded by mu.

@@ -132,7 +132,11 @@ func (l *Layer) middlewareFor(r *serverTools) mcp.Middleware {
 			defer note.Done()
 			t := r.lookup(creq.Params.Name)
 			if t == nil { // not a tool of the layer: the SDK handles it, unknown tools included
-				return next(ctx, method, req)
+				res, err := next(ctx, method, req)
+				if err == nil && creq.Params.Name != StatusToolName {
+					l.warnPlainTool(creq.Params.Name)
+				}
+				return res, err
 			}
 			return l.call(ctx, t, creq, method, next, note)
 		}
@@ -153,4 +157,19 @@ func advertiseTasks(r *serverTools, res mcp.Result, err error) (mcp.Result, erro
 	}
 	dr.Capabilities.AddExtension(ExtensionTasks, nil)
 	return dr, nil
+}
+
+// warnPlainTool logs, once per name, a call to a tool that mcp.AddTool
+// registered on a server of the layer. The server advertises idempotency,
+// so a client retries it with a key, and the key does nothing for such a
+// tool: a stranger who registered a side-effecting tool that way saw it
+// run twice, and nothing said why. (The SDK answers an unknown tool with
+// an error, which is not logged here.)
+func (l *Layer) warnPlainTool(name string) {
+	if _, seen := l.plainTools.LoadOrStore(name, struct{}{}); seen {
+		return
+	}
+	l.logger.Warn("a tool registered with mcp.AddTool, not outbox.AddTool, was called: its calls are not recorded, "+
+		"and a retry with the same key runs it again; register it with outbox.AddTool "+
+		"(annotated readOnlyHint if it changes nothing)", "tool", name)
 }

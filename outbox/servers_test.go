@@ -281,3 +281,37 @@ func TestServers_Tenants(t *testing.T) {
 		}()
 	}
 }
+
+// A side-effecting tool registered with mcp.AddTool on the layer's server
+// runs again on a retry with the same key: the layer cannot record what it
+// does not wrap. What it can do is say so, once per tool, when such a tool
+// is first called; call_status, the layer's own plain tool, and unknown
+// tools say nothing.
+func TestServers_PlainToolCallIsLogged(t *testing.T) {
+	t.Parallel()
+	var logs logBuffer
+	b := setup(t, &outbox.Options{Logger: logs.logger()}, nil)
+	var runs atomic.Int64
+	mcp.AddTool(b.server, &mcp.Tool{Name: "plain_book", Description: "Books, unrecorded."},
+		func(context.Context, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
+			runs.Add(1)
+			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "booked"}}}, nil, nil
+		})
+	for range 2 {
+		call(t, b.session, "plain_book", "same-key", map[string]any{})
+	}
+	if runs.Load() != 2 {
+		t.Fatalf("plain tool ran %d times, want 2 (the layer does not record it)", runs.Load())
+	}
+	callCharge(t, b.session, "charge-1", 100)
+	call(t, b.session, outbox.StatusToolName, "", map[string]any{"key": "charge-1"})
+	if _, err := callErr(context.Background(), b.session, "no_such_tool", "", map[string]any{}); err == nil {
+		t.Fatal("an unknown tool answered")
+	}
+	const msg = "a tool registered with mcp.AddTool, not outbox.AddTool, was called: its calls are not recorded, " +
+		"and a retry with the same key runs it again; register it with outbox.AddTool (annotated readOnlyHint if it changes nothing)"
+	recs := logs.records(t, msg)
+	if len(recs) != 1 || recs[0]["tool"] != "plain_book" || recs[0]["level"] != "WARN" {
+		t.Errorf("warnings for plain tools: %v, want one for plain_book\nlog:\n%s", recs, logs.String())
+	}
+}

@@ -118,11 +118,13 @@ func (t *toolInfo) onLostPolicy() string {
 // installed ([Layer.NewServer] or [Layer.Install]); it panics otherwise, as
 // [mcp.AddTool] does for a tool it cannot serve. The tool belongs to s
 // alone: other servers of the layer may have a tool of the same name with
-// another handler. Like [mcp.AddTool], In and Out give the input and output
-// schemas, and arguments are validated before the handler runs. A call
-// whose arguments hold a number that a float64 cannot hold, which the SDK's
-// validation would change, is refused and nothing runs (see "Numbers in
-// arguments" in the package doc).
+// another handler. A tool registered on s with [mcp.AddTool] instead is not
+// recorded, and a retry with the same key runs it again; its first call
+// logs a warning that says so. Like [mcp.AddTool], In and Out give the
+// input and output schemas, and arguments are validated before the handler
+// runs. A call whose arguments hold a number that a float64 cannot hold,
+// which the SDK's validation would change, is refused and nothing runs (see
+// "Numbers in arguments" in the package doc).
 //
 // Tools annotated readOnlyHint run in a read-only transaction and are not
 // recorded. Tools annotated idempotentHint run in a transaction but are not
