@@ -81,12 +81,7 @@ func (a *attempt) finish(ctx context.Context, res mcp.Result, err error) (mcp.Re
 		a.outcome = outcomeFailed
 	}
 	if a.effects > 0 {
-		a.layer.mu.Lock()
-		notify := a.layer.notify
-		a.layer.mu.Unlock()
-		if notify != nil {
-			notify()
-		}
+		a.layer.enqueued()
 	}
 	if a.recorded() {
 		if testHookAfterCommit != nil {

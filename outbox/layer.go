@@ -150,6 +150,12 @@ type Layer struct {
 	// warnedNoFront: a session without a transport front was logged
 	// (task_2025.go, fronted).
 	warnedNoFront atomic.Bool
+	// started: Start was called once (lifecycle.go, enqueued); guarded
+	// by mu.
+	started bool
+	// warnedUndelivered: effects enqueued by a layer never started were
+	// logged (lifecycle.go, enqueued).
+	warnedUndelivered atomic.Bool
 	// plainTools: tools registered with mcp.AddTool on a server of the
 	// layer, whose first call was logged (servers.go); name → struct{}.
 	plainTools sync.Map

@@ -82,7 +82,9 @@ type Runner struct {
 //
 // From Start on, Enqueue to a destination the dispatcher does not know is
 // an error that names the destination and the known ones, and enqueues
-// nothing; with NoDispatcher any name is accepted, as before Start.
+// nothing; with NoDispatcher any name is accepted, as before Start. A
+// layer never started logs a warning at its first commit that enqueued
+// effects: nothing in its process delivers them.
 //
 // Start fails, and starts nothing, when effects are pending for a
 // destination the dispatcher does not know: they would wait forever,
@@ -125,6 +127,7 @@ func (l *Layer) Start(ctx context.Context, opts *StartOptions) (*Runner, error) 
 	}
 	r := &Runner{layer: l, done: make(chan struct{})}
 	l.runner = r // held while Start checks, so that a concurrent Start fails
+	l.started = true
 	l.mu.Unlock()
 	fail := func(err error) (*Runner, error) {
 		l.mu.Lock()
@@ -382,5 +385,25 @@ func (l *Layer) setNotifyLocked() {
 				h.f()
 			}
 		}
+	}
+}
+
+// enqueued runs after a commit that enqueued effects: it wakes the
+// dispatcher (l.notify). A layer never started, with no OnEnqueue
+// function, has no dispatcher to wake; that is right when another process
+// delivers, but a stranger who forgot Start saw every effect stay pending
+// and nothing said so. So the first such commit logs it.
+func (l *Layer) enqueued() {
+	l.mu.Lock()
+	notify, started := l.notify, l.started
+	l.mu.Unlock()
+	if notify != nil {
+		notify()
+		return
+	}
+	if !started && l.warnedUndelivered.CompareAndSwap(false, true) {
+		l.logger.Warn("effects were enqueued, and this process does not deliver them: the layer was not started " +
+			"(Layer.Start runs the dispatcher); they stay pending until a dispatcher on this database runs " +
+			"(Layer.Start, or mcp-outbox dispatch)")
 	}
 }

@@ -364,3 +364,33 @@ invoices: 1
 		t.Errorf("output:\n%s\nwant:\n%s", out.String(), want)
 	}
 }
+
+// A layer whose Start was forgotten commits effects that nothing in its
+// process delivers. That is right when another process runs the
+// dispatcher, so it is no error; but the first such commit says so, once.
+// A layer started, even with NoDispatcher (the choice made on purpose),
+// says nothing.
+func TestLayer_EnqueueWithoutStartIsLogged(t *testing.T) {
+	t.Parallel()
+	const msg = "effects were enqueued, and this process does not deliver them: the layer was not started " +
+		"(Layer.Start runs the dispatcher); they stay pending until a dispatcher on this database runs " +
+		"(Layer.Start, or mcp-outbox dispatch)"
+	var logs logBuffer
+	b := setup(t, &outbox.Options{Logger: logs.logger()}, nil)
+	callCharge(t, b.session, "unstarted-1", 100)
+	callCharge(t, b.session, "unstarted-2", 200)
+	if recs := logs.records(t, msg); len(recs) != 1 || recs[0]["level"] != "WARN" {
+		t.Errorf("without Start: %d warnings %v, want one\nlog:\n%s", len(recs), recs, logs.String())
+	}
+	if n := count(t, b.db.Read, `SELECT count(*) FROM effects WHERE state = 'pending'`); n != 2 {
+		t.Errorf("%d effects pending, want both calls' (the warning changes nothing)", n)
+	}
+
+	var quiet logBuffer
+	b2 := setup(t, &outbox.Options{Logger: quiet.logger()}, nil)
+	start(t, b2, &outbox.StartOptions{NoDispatcher: true, ReapInterval: outbox.ReaperOff})
+	callCharge(t, b2.session, "elsewhere-1", 100)
+	if recs := quiet.records(t, msg); len(recs) != 0 {
+		t.Errorf("with NoDispatcher: %v, want no warning", recs)
+	}
+}

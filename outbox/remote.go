@@ -193,7 +193,7 @@ func (r *remoteTool) finish(ctx context.Context, a *attempt, res *mcp.CallToolRe
 				res = recorded(row, a.id)
 			}
 			setCallMeta(res, a.id, a.uid, row.state, false, row.createdAt, row.completedAt.Int64)
-			r.notifyEnqueued()
+			r.layer.enqueued()
 			return res, nil
 		case row.state != "in_flight" || row.owner != a.owner:
 			a.outcome = outcomeInProgress
@@ -243,15 +243,6 @@ func (r *remoteTool) finish(ctx context.Context, a *attempt, res *mcp.CallToolRe
 	}
 	setCallMeta(res, a.id, a.uid, stateOf(res), false, a.createdAt, a.completedAt)
 	return res, nil
-}
-
-func (r *remoteTool) notifyEnqueued() {
-	r.layer.mu.Lock()
-	notify := r.layer.notify
-	r.layer.mu.Unlock()
-	if notify != nil {
-		notify()
-	}
 }
 
 // readRow reads the attempt's call row as it is now.
