@@ -358,6 +358,15 @@ func (a *attempt) QueryRowContext(ctx context.Context, query string, args ...any
 	// it), so a failure of the store is in the row's Err now, and the
 	// attempt learns of it whatever the handler does with the row.
 	_ = a.wrapStmt(row.Err())
+	if err := row.Err(); err != nil {
+		// The row's error is what Scan returns: a row carrying the hint
+		// in its place (a stranger's INSERT … VALUES (?, ?) RETURNING id
+		// got PostgreSQL's bare syntax error here, and the hint only
+		// from ExecContext).
+		if hinted := a.placeholderHint(query, err); hinted != err {
+			return a.errRow(hinted)
+		}
+	}
 	return row
 }
 
