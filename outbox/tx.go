@@ -65,7 +65,11 @@ type Tx interface {
 	// Enqueue adds an effect to the outbox. Like the handler's rows, it is
 	// not visible to the dispatcher until the call commits, and gone if the
 	// call does not. It returns the effect's Idempotency-Key, which is
-	// sent on every delivery attempt.
+	// sent on every delivery attempt. On the wire the header's value is
+	// that key as a Structured Field string, in double quotes
+	// (Idempotency-Key: "call_…-1", as draft-ietf-httpapi-idempotency-key-header
+	// writes it): a destination that compares it with the key returned
+	// here must strip the quotes.
 	Enqueue(ctx context.Context, e Effect) (string, error)
 }
 
