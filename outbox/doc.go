@@ -336,12 +336,13 @@
 //	defer db.Close()                           // deferred first, so it closes last
 //	layer, err := outbox.New(db, nil)
 //	server := layer.NewServer(impl, nil)
-//	outbox.AddTool(layer, server, tool, handler, nil)
+//	outbox.AddTool(layer, server, tool, sendInvoice, nil) // the tool's handler (see AddTool)
 //	running, err := layer.Start(ctx, &outbox.StartOptions{Dispatcher: &dispatch.Options{
 //		Destinations: []dispatch.Destination{{Name: "mailer", URL: mailerURL}},
 //	}})
 //	...
-//	err = mcphttp.Serve(ctx, ln, handler)       // returns once the calls in flight finished
+//	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, nil)
+//	err = mcphttp.Serve(ctx, ln, h)             // returns once the calls in flight finished
 //	return errors.Join(err, running.Stop(context.WithoutCancel(ctx)))
 //
 // The order matters: serving stops first, and the calls in flight finish

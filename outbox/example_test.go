@@ -23,11 +23,14 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
+// InvoiceIn is the tool's arguments; as with mcp.AddTool, the input schema
+// is inferred from it.
 type InvoiceIn struct {
 	Customer string `json:"customer"`
 	Cents    int64  `json:"cents"`
 }
 
+// InvoiceOut is the tool's structured result, and its output schema.
 type InvoiceOut struct {
 	InvoiceID int64 `json:"invoice_id"`
 }
