@@ -156,6 +156,9 @@ type Layer struct {
 	// warnedUndelivered: effects enqueued by a layer never started were
 	// logged (lifecycle.go, enqueued).
 	warnedUndelivered atomic.Bool
+	// warnedCooperating: a proxy's upstream that records its own
+	// outcomes without --cooperating was logged (remote.go).
+	warnedCooperating atomic.Bool
 	// plainTools: tools registered with mcp.AddTool on a server of the
 	// layer, whose first call was logged (servers.go); name → struct{}.
 	plainTools sync.Map

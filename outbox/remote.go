@@ -224,6 +224,19 @@ func (r *remoteTool) finish(ctx context.Context, a *attempt, res *mcp.CallToolRe
 		return res, nil
 	}
 	if cerr := a.commit(background(ctx), res); cerr != nil {
+		// A commit that failed before it committed leaves its unit open,
+		// holding SQLite's writer: a retry of the key, the dispatcher and
+		// markUnknown below would wait behind it for ever. Nothing of the
+		// unit is the upstream's work (that ran in the upstream), so it is
+		// rolled back.
+		if a.tx != nil {
+			a.closeTx(false)
+		}
+		if errors.Is(cerr, ErrOwnershipLost) && a.task == nil {
+			if res, ok := r.recordedByUpstream(ctx, a); ok {
+				return res, nil
+			}
+		}
 		// The upstream ran the call, but its outcome is not recorded.
 		a.layer.logger.ErrorContext(ctx, "record forwarded call", "tool", a.tool.name, "error", cerr)
 		if !errors.Is(cerr, ErrOwnershipLost) || a.task != nil {
@@ -271,6 +284,35 @@ func (a *attempt) markUnknown(ctx context.Context) {
 		// it abandoned marks it then.
 		a.layer.logger.ErrorContext(ctx, "mark call unknown", "tool", a.tool.name, "error", err)
 	}
+}
+
+// recordedByUpstream answers a call whose outcome the upstream recorded
+// itself, behind a proxy not told it cooperates (no --cooperating): the
+// claim in _meta reaches every upstream, and one built on the
+// cooperating contract fences it and commits the outcome, so the proxy's
+// own record then finds the row ended. That outcome is the call's, with
+// the upstream's effects beside it. Without this, a stranger's
+// cooperating Python server behind a plain proxy answered every call
+// "unknown" though it had committed.
+func (r *remoteTool) recordedByUpstream(ctx context.Context, a *attempt) (*mcp.CallToolResult, bool) {
+	row, err := a.readRow(background(ctx))
+	if err != nil || (row.state != "completed" && row.state != "failed") {
+		return nil, false
+	}
+	if r.layer.warnedCooperating.CompareAndSwap(false, true) {
+		r.layer.logger.WarnContext(ctx, "the tool server records its calls' outcomes itself: it cooperates, "+
+			"but the proxy runs without --cooperating; its outcomes are answered all the same, but run the proxy "+
+			"with --cooperating, so that a crash before the tool server's commit runs the call again instead of "+
+			"leaving it unknown", "tool", a.tool.name)
+	}
+	a.outcome = outcomeExecuted
+	if row.state == "failed" {
+		a.outcome = outcomeFailed
+	}
+	res := recorded(row, a.id)
+	setCallMeta(res, a.id, a.uid, row.state, false, row.createdAt, row.completedAt.Int64)
+	r.layer.enqueued()
+	return res, true
 }
 
 // recorded is a call's recorded result, answered as its own outcome (not a

@@ -345,6 +345,42 @@ func testProxyNonCooperatingUnknown(t *testing.T, up upstreamKind) {
 	}
 }
 
+// TestProxyCooperatingUpstreamWithoutFlag: a cooperating upstream behind
+// a proxy run without --cooperating (the flag forgotten) records its
+// outcomes itself, so the proxy's own record finds the row ended. The
+// call is answered with the upstream's outcome, a retry replays it at
+// once, its effect is delivered, and the log says to add the flag. Before,
+// a stranger's call answered outcome_unknown, its retry hung until the
+// client gave up (the failed record had left SQLite's writer held), and
+// the effect waited for the next proxy.
+func TestProxyCooperatingUpstreamWithoutFlag(t *testing.T) {
+	forEachUpstream(t, upstreamKinds, testProxyCooperatingUpstreamWithoutFlag)
+}
+
+func testProxyCooperatingUpstreamWithoutFlag(t *testing.T, up upstreamKind) {
+	f := newProxyFixture(t, up)
+	cs := f.connectProxy(t, f.proxyCommand(t, bin, nil), nil)
+	first := mustSucceed(t, cs, tsCharge("plain-1", "ada", 100))
+	wantReplay(t, first, false, "meta")
+	again := mustSucceed(t, cs, tsCharge("plain-1", "ada", 100))
+	wantReplay(t, again, true, "meta")
+	mustSucceed(t, cs, tsCharge("plain-2", "bob", 200))
+	if got := countRows(t, f.db, `SELECT count(*) FROM charges`); got != 2 {
+		t.Errorf("charges = %d, want 2 (one per key)", got)
+	}
+	for _, e := range waitEffects(t, f.db, 2, 30*time.Second, "delivered") {
+		if n := len(requestsFor(f.fake, e.key)); n != 1 {
+			t.Errorf("effect %s reached the downstream %d times, want once", e.key, n)
+		}
+	}
+	if st := callStatus(t, cs, "plain-1"); st["state"] != "completed" {
+		t.Errorf("call_status plain-1 = %v, want completed", st)
+	}
+	if n := strings.Count(f.stderr.String(), "but the proxy runs without --cooperating"); n != 1 {
+		t.Errorf("the proxy's log names the missing --cooperating %d times, want once", n)
+	}
+}
+
 // TestProxyHTTP: the proxy serves Streamable HTTP in front of a stdio
 // upstream, and proxies to an upstream served over Streamable HTTP.
 func TestProxyHTTP(t *testing.T) { forEachUpstream(t, upstreamKinds, testProxyHTTP) }

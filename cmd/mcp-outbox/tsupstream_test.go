@@ -97,6 +97,14 @@ type lineWatch struct {
 	mu   sync.Mutex
 	buf  string
 	seen bool
+	all  strings.Builder // every whole line so far
+}
+
+// String returns every whole line written so far.
+func (w *lineWatch) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.all.String()
 }
 
 func newLineWatch(t *testing.T, prefix string) *lineWatch {
@@ -113,6 +121,7 @@ func (w *lineWatch) Write(p []byte) (int, error) {
 			break
 		}
 		w.buf = rest
+		w.all.WriteString(line + "\n")
 		w.t.Logf("%s", line)
 		if !w.seen && strings.HasPrefix(line, w.prefix) {
 			w.seen = true
