@@ -160,7 +160,9 @@ type Layer struct {
 	// outcomes without --cooperating was logged (remote.go).
 	warnedCooperating atomic.Bool
 	// plainTools: tools registered with mcp.AddTool on a server of the
-	// layer, whose first call was logged (servers.go); name → struct{}.
+	// layer, whose first call was logged (servers.go), and, as
+	// "upstream:" and the name, a cooperating proxy's tools that answered
+	// without recording (remote.go).
 	plainTools sync.Map
 	// taskTick is closed when a task of this layer ends or is asked to
 	// cancel, waking the listens that watch tasks (task_listen.go);

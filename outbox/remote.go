@@ -208,7 +208,15 @@ func (r *remoteTool) finish(ctx context.Context, a *attempt, res *mcp.CallToolRe
 			return toolError(codeNotRecorded, "the tool server's answer was lost (%v) and it recorded nothing; nothing of the call committed, a retry will run it.", err), nil
 		}
 		// The upstream answered without recording: record its answer, as
-		// for an upstream that does not cooperate.
+		// for an upstream that does not cooperate. But this tool does not
+		// keep the contract --cooperating promised, and a crash while it
+		// runs would have a retry run it again (a stranger's plain tool
+		// behind --cooperating ran twice so): say so, once per tool.
+		if _, seen := r.layer.plainTools.LoadOrStore("upstream:"+a.tool.name, struct{}{}); !seen {
+			r.layer.logger.WarnContext(ctx, "a tool of a cooperating tool server answered without recording its outcome: "+
+				"the proxy records it, but if the proxy or the tool server dies while it runs, a retry runs it again; "+
+				"make the tool keep the contract (schema/README.md), or run the proxy without --cooperating", "tool", a.tool.name)
+		}
 	}
 
 	if err != nil {

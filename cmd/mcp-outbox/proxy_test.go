@@ -381,6 +381,28 @@ func testProxyCooperatingUpstreamWithoutFlag(t *testing.T, up upstreamKind) {
 	}
 }
 
+// TestProxyCooperatingFlagPlainUpstream: behind --cooperating, a tool that
+// answers without recording its outcome is recorded by the proxy (once per
+// key, replayed), and the log says, once, that a crash would have a retry
+// run it again.
+func TestProxyCooperatingFlagPlainUpstream(t *testing.T) {
+	forEachUpstream(t, upstreamKinds, testProxyCooperatingFlagPlainUpstream)
+}
+
+func testProxyCooperatingFlagPlainUpstream(t *testing.T, up upstreamKind) {
+	f := newProxyFixture(t, up)
+	cs := f.connectProxy(t, f.proxyCommand(t, bin, []string{"UPSTREAM_COOPERATE=0"}, "--cooperating"), nil)
+	wantReplay(t, mustSucceed(t, cs, tsCharge("coop-plain-1", "ada", 100)), false, "meta")
+	wantReplay(t, mustSucceed(t, cs, tsCharge("coop-plain-1", "ada", 100)), true, "meta")
+	mustSucceed(t, cs, tsCharge("coop-plain-2", "bob", 200))
+	if got := countRows(t, f.db, `SELECT count(*) FROM charges`); got != 2 {
+		t.Errorf("charges = %d, want 2 (one per key)", got)
+	}
+	if n := strings.Count(f.stderr.String(), "answered without recording its outcome"); n != 1 {
+		t.Errorf("the proxy's log warns of the tool that does not record %d times, want once", n)
+	}
+}
+
 // TestProxyHTTP: the proxy serves Streamable HTTP in front of a stdio
 // upstream, and proxies to an upstream served over Streamable HTTP.
 func TestProxyHTTP(t *testing.T) { forEachUpstream(t, upstreamKinds, testProxyHTTP) }
