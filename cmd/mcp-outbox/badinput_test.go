@@ -166,3 +166,26 @@ func TestServeDeepJSONAnswersItsID(t *testing.T) {
 		t.Fatalf("a call after the deep lines: %v", m)
 	}
 }
+
+// TestServeWithoutDestWarnsOnce: a serve without --dest delivers no
+// effects, which is right when another process does, but nothing said so
+// to a stranger whose effects stayed pending. The first commit that
+// enqueues one says so, once; the effects stay queued.
+func TestServeWithoutDestWarnsOnce(t *testing.T) {
+	t.Parallel()
+	dbPath := filepath.Join(t.TempDir(), "nodest.db")
+	logs := newLineWatch(t, "\x00") // nothing starts with NUL: only the log is kept
+	cs, _ := serveStdioTo(t, logs, bin, dbPath, nil)
+	mustSucceed(t, cs, chargeCall("nodest-1", 100))
+	mustSucceed(t, cs, chargeCall("nodest-2", 200))
+	cs.Close()
+	const warning = "this process delivers none (no --dest)"
+	pollUntil(t, 10*time.Second, "the warning on stderr", func() bool { return strings.Contains(logs.String(), warning) })
+	if n := strings.Count(logs.String(), warning); n != 1 {
+		t.Errorf("the warning shows %d times, want once:\n%s", n, logs.String())
+	}
+	db := openLedgerDB(t, dbPath)
+	if n := countRows(t, db, `SELECT count(*) FROM effects WHERE state = 'pending'`); n != 2 {
+		t.Errorf("%d effects pending, want both", n)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -423,6 +424,17 @@ func (a *app) start(ctx context.Context) (stop func(), err error) {
 	if len(a.dests) == 0 {
 		opts.NoDispatcher = true
 		warnUnconfigured(ctx, a)
+		// What a process without --dest enqueues waits for another one
+		// that has the destination: right for a split deployment, but a
+		// stranger's proxy without --dest kept its effects pending and
+		// said nothing. The first commit that enqueues says so.
+		var once sync.Once
+		a.layer.OnEnqueue(func() {
+			once.Do(func() {
+				a.logger.Warn("effects were enqueued, and this process delivers none (no --dest): they stay queued " +
+					"until a process with --dest for their destination runs (serve, proxy or dispatch)")
+			})
+		})
 	} else {
 		opts.Dispatcher = &dispatch.Options{Destinations: a.dests, LogSensitive: a.logSensitive}
 	}
