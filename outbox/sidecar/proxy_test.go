@@ -556,3 +556,63 @@ func TestHTTPRefusesReboundHost(t *testing.T) {
 		}
 	}
 }
+
+// diesAtStart is an upstream that fails at start, as a server that raises
+// at import does: it reads the first message written to it, then dies.
+type diesAtStart struct{ dials atomic.Int32 }
+
+func (d *diesAtStart) Dial(ctx context.Context) (mcp.Connection, error) {
+	d.dials.Add(1)
+	proxySide, serverSide := net.Pipe()
+	go func() {
+		buf := make([]byte, 1)
+		_, _ = serverSide.Read(buf)
+		serverSide.Close()
+	}()
+	return (&mcp.IOTransport{Reader: proxySide, Writer: proxySide}).Connect(ctx)
+}
+
+func (d *diesAtStart) String() string { return "an upstream that dies at start" }
+
+// TestUpstreamFailingAtStart: the first request an upstream took with it
+// is answered "retry"; once upstreams keep ending as soon as they start,
+// the client is told that a retry does not help until one stays up, and
+// that the cause is in the proxy's log. (A stranger's Python server that
+// raised at import had the client retry for ever.)
+func TestUpstreamFailingAtStart(t *testing.T) {
+	up := &diesAtStart{}
+	ct, _ := serveProxy(t, false, up)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := ct.Connect(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ask := func(id int64) string {
+		t.Helper()
+		params := json.RawMessage(`{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"c","version":"0"}}`)
+		if err := conn.Write(ctx, &jsonrpc.Request{ID: mustID(id), Method: "initialize", Params: params}); err != nil {
+			t.Fatal(err)
+		}
+		msg, err := conn.Read(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, ok := msg.(*jsonrpc.Response)
+		if !ok || resp.Error == nil {
+			t.Fatalf("request %d: %v, want an error response", id, msg)
+		}
+		return resp.Error.Error()
+	}
+	if first := ask(1); !strings.Contains(first, "retry the request") {
+		t.Errorf("the first loss: %q, want it to say retry", first)
+	}
+	var last string
+	for id := int64(2); id < 6 && !strings.Contains(last, "failing at start"); id++ {
+		last = ask(id)
+	}
+	if !strings.Contains(last, "probably failing at start") || !strings.Contains(last, "proxy's log") {
+		t.Errorf("after upstreams in a row died at start: %q, want it to say so and where the cause is", last)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"sync"
+	"sync/atomic"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -36,6 +37,11 @@ type session struct {
 	// them (initialize, then initialized, then the rest); one writer sends
 	// them once the upstream is up.
 	out chan *outgoing
+
+	// quickEnds counts the upstreams in a row that ended soon after they
+	// started (supervise): an upstream that fails at start, whose
+	// requests a retry cannot help (goneMessage).
+	quickEnds atomic.Int32
 
 	writeMu sync.Mutex // serializes writes to the client
 

@@ -187,6 +187,11 @@ func (s *session) supervise() {
 				s.mu.Unlock()
 			}
 			<-done
+			if time.Since(started) < quickEnd {
+				s.quickEnds.Add(1)
+			} else {
+				s.quickEnds.Store(0)
+			}
 			s.markDown(gen)
 			if s.ctx.Err() != nil {
 				return
@@ -262,6 +267,24 @@ func (s *session) reinitialize(conn mcp.Connection, gen int) error {
 	return nil
 }
 
+// quickEnd is how soon after its start an upstream that ends counts as
+// failing at start (session.quickEnds).
+const quickEnd = 10 * time.Second
+
+// goneMessage is the error a client gets for a request its upstream took
+// with it. An upstream that keeps ending as soon as it starts (a stranger's
+// server raised at import) is not helped by a retry; the client is told
+// so, and where the cause is. The upstream's stderr itself stays in the
+// proxy's log: over HTTP the client may be anyone.
+func (s *session) goneMessage() string {
+	if n := s.quickEnds.Load(); n >= 2 {
+		return fmt.Sprintf("%v: it has ended %d times in a row within %v of starting, so it is probably failing at start "+
+			"(its stderr is in the proxy's log); the proxy keeps restarting it, and a retry runs once it stays up",
+			errUpstreamGone, n, quickEnd)
+	}
+	return errUpstreamGone.Error() + "; the proxy restarts it, retry the request"
+}
+
 // markDown retires upstream connection gen: the requests it took fail.
 func (s *session) markDown(gen int) {
 	s.mu.Lock()
@@ -296,7 +319,7 @@ func (s *session) markDown(gen int) {
 		if p.reply != nil {
 			close(p.reply)
 		} else {
-			s.replyError(p.clientID, codeInternal, errUpstreamGone.Error()+"; the proxy restarts it, retry the request")
+			s.replyError(p.clientID, codeInternal, s.goneMessage())
 		}
 	}
 }
