@@ -138,7 +138,12 @@ func (s *session) writeFailed(o *outgoing, err error) {
 		close(o.p.reply)
 		return
 	}
-	s.replyError(o.p.clientID, codeInternal, fmt.Sprintf("the tool server did not take the request: %v", err))
+	msg := fmt.Sprintf("the tool server did not take the request: %v", err)
+	if n := s.quickEnds.Load(); n >= 1 {
+		// This one is going the way of the last.
+		msg += "; " + failingAtStart(n+1)
+	}
+	s.replyError(o.p.clientID, codeInternal, msg)
 }
 
 // waitUp returns the upstream connection once it is usable.
@@ -278,11 +283,14 @@ const quickEnd = 10 * time.Second
 // proxy's log: over HTTP the client may be anyone.
 func (s *session) goneMessage() string {
 	if n := s.quickEnds.Load(); n >= 2 {
-		return fmt.Sprintf("%v: it has ended %d times in a row within %v of starting, so it is probably failing at start "+
-			"(its stderr is in the proxy's log); the proxy keeps restarting it, and a retry runs once it stays up",
-			errUpstreamGone, n, quickEnd)
+		return fmt.Sprintf("%v: %s", errUpstreamGone, failingAtStart(n))
 	}
 	return errUpstreamGone.Error() + "; the proxy restarts it, retry the request"
+}
+
+func failingAtStart(n int32) string {
+	return fmt.Sprintf("it has ended %d times in a row within %v of starting, so it is probably failing at start "+
+		"(its stderr is in the proxy's log); the proxy keeps restarting it, and a retry runs once it stays up", n, quickEnd)
 }
 
 // markDown retires upstream connection gen: the requests it took fail.
