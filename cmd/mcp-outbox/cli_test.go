@@ -240,6 +240,12 @@ func TestCLIStatus(t *testing.T) {
 		return st
 	}
 
+	t.Run("flags after the key", func(t *testing.T) {
+		if st := lookup(t, nil, "status-1", "--db", dbPath); st["state"] != "completed" {
+			t.Errorf("status KEY --db FILE: %v, want the completed call", st)
+		}
+	})
+
 	t.Run("key never used", func(t *testing.T) {
 		st := lookup(t, nil, "--db", dbPath, "never-used")
 		if st["state"] != "not_found" || st["key"] != "never-used" || !strings.Contains(st["message"].(string), "never seen") {

@@ -24,7 +24,7 @@ func openExisting(ctx context.Context, path string) (*schema.DB, error) {
 	}
 	if _, err := os.Stat(path); err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("database %s does not exist; give the file serve uses with --db or MCP_OUTBOX_DB", path)
+			return nil, fmt.Errorf("database %s does not exist; give the database serve or proxy uses with --db or MCP_OUTBOX_DB", path)
 		}
 		return nil, fmt.Errorf("open database %s: %w", path, err)
 	}

@@ -32,7 +32,10 @@ func runStatus(ctx context.Context, env *environment, args []string) error {
 	argsJSON := fs.String("args", "{}", "for a call without a key: its arguments as JSON")
 	var keyFile string
 	keyFileFlag(env, fs, &keyFile)
-	if err := parseFlags(fs, args); err != nil {
+	// Flags after the key too: "status k-1 --db x.db" is how a stranger
+	// wrote it.
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
 		return err
 	}
 	sealer, err := loadSealer(keyFile)
@@ -41,9 +44,9 @@ func runStatus(ctx context.Context, env *environment, args []string) error {
 	}
 	var key string
 	switch {
-	case fs.NArg() == 1 && *tool == "":
-		key = fs.Arg(0)
-	case fs.NArg() == 0 && *tool != "":
+	case len(pos) == 1 && *tool == "":
+		key = pos[0]
+	case len(pos) == 0 && *tool != "":
 		if !json.Valid([]byte(*argsJSON)) {
 			return usagef("--args is not valid JSON")
 		}
