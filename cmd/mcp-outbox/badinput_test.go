@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os/exec"
 	"path/filepath"
@@ -187,5 +188,24 @@ func TestServeWithoutDestWarnsOnce(t *testing.T) {
 	db := openLedgerDB(t, dbPath)
 	if n := countRows(t, db, `SELECT count(*) FROM effects WHERE state = 'pending'`); n != 2 {
 		t.Errorf("%d effects pending, want both", n)
+	}
+}
+
+// TestServeSaysItCreatedTheDatabase: serve creates a missing SQLite file,
+// as a first run wants; a mistyped --db then looks like a server that
+// forgot every call. So it says it created one, and only then.
+func TestServeSaysItCreatedTheDatabase(t *testing.T) {
+	t.Parallel()
+	dbPath := filepath.Join(t.TempDir(), "fresh.db")
+	const said = "created a new database"
+	for run, want := range []bool{true, false} {
+		logs := newLineWatch(t, "\x00")
+		cs, _ := serveStdioTo(t, logs, bin, dbPath, nil, "--log-level", "info")
+		mustSucceed(t, cs, chargeCall(fmt.Sprintf("fresh-%d", run), 100))
+		cs.Close()
+		pollUntil(t, 10*time.Second, "serve's start-up log", func() bool { return strings.Contains(logs.String(), "serving") || strings.Contains(logs.String(), said) })
+		if got := strings.Contains(logs.String(), said); got != want {
+			t.Errorf("run %d: says it created the database: %v, want %v\n%s", run, got, want, logs.String())
+		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -33,12 +34,21 @@ const (
 // restart policy to come up at all. Any other error (a wrong URL or
 // password, a newer schema) is returned at once: waiting cannot fix it.
 func openWaiting(ctx context.Context, target string, opts *schema.Options, logger *slog.Logger, waiting func()) (*schema.DB, error) {
+	// A new SQLite file is what a first run wants, and what a mistyped
+	// --db gets: every earlier key forgotten, every retry run again. So
+	// a new file is said.
+	_, statErr := os.Stat(target)
+	created := !schema.IsPostgresURL(target) && errors.Is(statErr, os.ErrNotExist)
 	wait := dbWaitFirst
 	for attempt := 1; ; attempt++ {
 		db, err := schema.Open(ctx, target, opts)
 		if err == nil || !errors.Is(err, schema.ErrUnavailable) {
 			if err == nil && attempt > 1 {
 				logger.Info("database is up", "db", schema.Redact(target), "attempts", attempt)
+			}
+			if err == nil && created {
+				logger.Info("created a new database: no call was recorded in it before (if you meant an existing one, check --db)",
+					"db", target)
 			}
 			return db, err
 		}
