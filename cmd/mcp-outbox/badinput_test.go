@@ -203,7 +203,9 @@ func TestServeSaysItCreatedTheDatabase(t *testing.T) {
 		cs, _ := serveStdioTo(t, logs, bin, dbPath, nil, "--log-level", "info")
 		mustSucceed(t, cs, chargeCall(fmt.Sprintf("fresh-%d", run), 100))
 		cs.Close()
-		pollUntil(t, 10*time.Second, "serve's start-up log", func() bool { return strings.Contains(logs.String(), "serving") || strings.Contains(logs.String(), said) })
+		pollUntil(t, 10*time.Second, "serve's start-up log", func() bool {
+			return strings.Contains(logs.String(), "serving") || strings.Contains(logs.String(), said)
+		})
 		if got := strings.Contains(logs.String(), said); got != want {
 			t.Errorf("run %d: says it created the database: %v, want %v\n%s", run, got, want, logs.String())
 		}
