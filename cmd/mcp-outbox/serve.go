@@ -175,7 +175,7 @@ func (cfg *appConfig) ledgerFlags(env *environment, fs *flag.FlagSet) error {
 	if err != nil {
 		return err
 	}
-	fs.DurationVar(&cfg.demoDelay, "demo-delay", delay, "simulated processing time inside charge, to reproduce client timeouts [MCP_OUTBOX_DEMO_DELAY]")
+	fs.DurationVar(&cfg.demoDelay, "demo-delay", delay, "simulated processing time inside charge, after its write and before its commit, to reproduce client timeouts; on SQLite other writes wait for it [MCP_OUTBOX_DEMO_DELAY]")
 	fs.BoolVar(&cfg.bare, "bare", false, "run the ledger WITHOUT the outbox layer: every retry charges again (for demonstrations)")
 	fs.Var((*multiFlag)(&cfg.tasks), "task", "make calls of a tool MCP tasks: `TOOL=always|required|after:DURATION`, repeatable; see Tasks above [MCP_OUTBOX_TASKS]")
 	fs.DurationVar(&cfg.taskPoll, "task-poll", outbox.DefaultTaskPollInterval, "how often Tasks clients are told to poll a task (pollIntervalMs)")
