@@ -121,19 +121,40 @@ func TestEncryptionCLI(t *testing.T) {
 	if err := os.WriteFile(both, []byte(k2line+"\nk1:"+k["k1"]+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	// The new key appended, not put first: reencrypt rewraps nothing, and
-	// says why, or removing k1 next would leave every row unreadable.
+	// The new key appended, not put first: reencrypt changes nothing and
+	// fails, saying why; an exit 0 let a script go on to remove k1, which
+	// would leave every row unreadable.
 	appended := filepath.Join(dir, "keys-appended")
 	if err := os.WriteFile(appended, []byte("k1:"+k["k1"]+"\n"+k2line+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	snapshot := func() string {
+		t.Helper()
+		var s string
+		if err := db.QueryRow(`SELECT (SELECT group_concat(id || key_id || hex(wrapped)) FROM data_keys)
+			|| (SELECT group_concat(coalesce(result, '')) FROM calls)`).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	before := snapshot()
 	r = runCLI(t, vars, "outbox", "reencrypt", "--encryption-key-file", appended)
-	if r.code != 0 || !strings.Contains(r.stdout, `every data key is under "k1", the key file's first key`) {
-		t.Errorf("reencrypt with the new key last: exit %d, stdout %q, want it said that the new key goes first", r.code, r.stdout)
+	if r.code != 2 || !strings.Contains(r.stderr, `every data key is already under "k1", the key file's first key`) ||
+		!strings.Contains(r.stderr, `put it first`) || !strings.Contains(r.stderr, "nothing was changed") {
+		t.Errorf("reencrypt with the new key last: exit %d, stdout %q, stderr %q; want 2 and it said that the new key goes first", r.code, r.stdout, r.stderr)
+	}
+	if after := snapshot(); after != before {
+		t.Errorf("reencrypt with the new key last changed the database")
 	}
 	r = runCLI(t, vars, "outbox", "reencrypt", "--encryption-key-file", both, "--batch", "1")
 	if r.code != 0 || !strings.Contains(r.stdout, "2 data keys rewrapped") || !strings.Contains(r.stderr, "rewrapped under \"k2\"") {
 		t.Fatalf("reencrypt: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	// Run again with k1 still in the file, the state is the same as with
+	// the keys the wrong way round: refused too, saying k1 may now go.
+	r = runCLI(t, vars, "outbox", "reencrypt", "--encryption-key-file", both)
+	if r.code != 2 || !strings.Contains(r.stderr, `If the rotation to "k2" is already done, "k1" can leave the key file`) {
+		t.Errorf("reencrypt again: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
 	only2 := filepath.Join(dir, "keys3")
 	if err := os.WriteFile(only2, []byte(k2line+"\n"), 0o600); err != nil {
