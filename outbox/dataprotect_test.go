@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/base64"
+	"errors"
 	"net/url"
 	"os"
 	"os/exec"
@@ -225,39 +226,89 @@ func TestSeal_Refused(t *testing.T) {
 	}
 }
 
-// TestSeal_MissingKey: a database opened with a key file that lacks the key
-// of its rows warns at start naming the key id, serves, answers that call
-// with an error naming the key, and never runs it again; so does a layer
-// without a key file.
+// TestSeal_MissingKey: a key file that lacks the key of a principal's data
+// key (made under the old key by a process that ran on through a
+// rotation) warns at start naming the key id, serves, answers that call
+// with an error naming the key and saying a process loads its key file at
+// start, and never runs it again.
 func TestSeal_MissingKey(t *testing.T) {
 	t.Parallel()
 	target := testTarget(t)
 	db := openTarget(t, target)
 	runs := new(atomic.Int64)
-	b := setupNote(t, db, sealerOf(t, newKeyLine(t, "old-key")), runs)
+	oldKey, newKey := newKeyLine(t, "old-key"), newKeyLine(t, "new-key")
+	b := setupNote(t, db, sealerOf(t, oldKey), runs)
+	// The rotation moves the hash key to new-key; b, started before with
+	// old-key alone, then creates the principal's data key under old-key.
+	if _, err := outbox.Reencrypt(context.Background(), db, sealerOf(t, newKey, oldKey), nil); err != nil {
+		t.Fatal(err)
+	}
 	if res := note(t, b, "k", marker); res.IsError {
 		t.Fatal(text(res))
 	}
-	for name, s := range map[string]*seal.Sealer{"OtherKey": sealerOf(t, newKeyLine(t, "new-key")), "NoKeyFile": nil} {
-		b2 := setupNote(t, db, s, runs)
-		res := note(t, b2, "k", marker)
-		want := `"old-key"`
-		if s == nil {
-			want = "no key file"
-		}
+	b2 := setupNote(t, db, sealerOf(t, newKey), runs)
+	res := note(t, b2, "k", marker)
+	for _, want := range []string{`"old-key"`, "loaded it at start", "restarted after its key file changes"} {
 		if !res.IsError || !strings.Contains(text(res), want) {
-			t.Errorf("%s: retry answered %s, want an error naming %s", name, text(res), want)
-		}
-		if got := errorCode(res); got != "unreadable" {
-			t.Errorf("%s: code %q, want unreadable", name, got)
-		}
-		// Other calls are served.
-		if res := note(t, b2, "other-"+name, "x"); res.IsError {
-			t.Errorf("%s: a new call: %s", name, text(res))
+			t.Errorf("retry answered %s, want an error saying %s", text(res), want)
 		}
 	}
-	if got := runs.Load(); got != 3 {
-		t.Errorf("%d runs, want 3: the call under the missing key must not run again", got)
+	if got := errorCode(res); got != "unreadable" {
+		t.Errorf("code %q, want unreadable", got)
+	}
+	// Other calls are served.
+	if res := note(t, b2, "other", "x"); res.IsError {
+		t.Errorf("a new call: %s", text(res))
+	}
+	if got := runs.Load(); got != 2 {
+		t.Errorf("%d runs, want 2: the call under the missing key must not run again", got)
+	}
+}
+
+// TestSeal_KeyRequired: New refuses an encrypted database without a key
+// file, and with a key file that lacks the key wrapping the hash key:
+// either would hash a keyless retry's arguments without the secret and run
+// a recorded call again (and the first would store new values in
+// plaintext). A database never encrypted, or decrypted, opens without one.
+func TestSeal_KeyRequired(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	if _, err := outbox.New(db, nil); err != nil {
+		t.Fatalf("never encrypted, no key file: %v", err)
+	}
+	k1 := sealerOf(t, newKeyLine(t, "k1"))
+	runs := new(atomic.Int64)
+	if res := note(t, setupNote(t, db, k1, runs), "", marker); res.IsError {
+		t.Fatal(text(res))
+	}
+	for name, s := range map[string]*seal.Sealer{"NoKeyFile": nil, "OtherKey": sealerOf(t, newKeyLine(t, "k2"))} {
+		_, err := outbox.New(db, &outbox.Options{Sealer: s})
+		if !errors.Is(err, outbox.ErrKeyRequired) {
+			t.Errorf("%s: New: %v, want ErrKeyRequired", name, err)
+			continue
+		}
+		want := []string{`"k1"`, "--encryption-key-file", "Options.Sealer", "outbox decrypt"}
+		if s != nil {
+			want = []string{`"k1"`, "hash key", "run again"}
+		}
+		for _, w := range want {
+			if !strings.Contains(err.Error(), w) {
+				t.Errorf("%s: %v, want it to say %s", name, err, w)
+			}
+		}
+	}
+	var plain int
+	if err := db.Read.QueryRow(`SELECT count(*) FROM calls WHERE result NOT LIKE 'mcpo1:%'`).Scan(&plain); err != nil {
+		t.Fatal(err)
+	}
+	if plain != 0 || runs.Load() != 1 {
+		t.Errorf("%d plaintext results, %d runs; want 0 and 1", plain, runs.Load())
+	}
+	if _, err := outbox.Decrypt(context.Background(), db, k1, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := outbox.New(db, nil); err != nil {
+		t.Errorf("decrypted, no key file: %v", err)
 	}
 }
 

@@ -408,7 +408,10 @@
 // principal (crypto-erasure, see package seal); [Reencrypt] rotates keys
 // and seals the rows of a database used without encryption; [Decrypt]
 // turns it off.
-// Rows written without a Sealer stay readable with one.
+// Rows written without a Sealer stay readable with one; the reverse is
+// refused: [New] without a Sealer on a database that holds data keys
+// fails with [ErrKeyRequired], so encryption is never turned off but by
+// [Decrypt].
 //
 // # On PostgreSQL
 //

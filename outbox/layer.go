@@ -101,8 +101,10 @@ type Options struct {
 	// Sealer, if not nil, encrypts what the layer stores that may hold
 	// personal data (results, task arguments, effect bodies and headers)
 	// and keys the hashes of arguments (package seal). Nil stores them in
-	// plaintext, and reads values sealed before as an error naming the
-	// data key (never running the call again).
+	// plaintext, on a database that was never encrypted (or was decrypted
+	// with [Decrypt]): on one that holds data keys, New fails with
+	// [ErrKeyRequired], as it does when the Sealer's key file lacks the
+	// key that wraps the database's hash key.
 	Sealer *seal.Sealer
 }
 
@@ -173,8 +175,19 @@ type Layer struct {
 	remoteTasks *serverTools
 }
 
+// ErrKeyRequired is the error of [New] (tested with errors.Is) on an
+// encrypted database without [Options].Sealer (serve's
+// --encryption-key-file), or with one whose key file lacks the key that
+// wraps the hash key: the layer would store new values in plaintext, or
+// hash arguments without the database's secret, and run a keyless retry
+// of a recorded call again. Give the key file; to turn encryption off,
+// [Decrypt] first.
+var ErrKeyRequired = seal.ErrKeyRequired
+
 // New returns a layer on db. The database must have been opened with
-// [schema.Open], which applies the outbox migrations.
+// [schema.Open], which applies the outbox migrations. It fails with
+// [ErrKeyRequired] when the database is encrypted and opts lacks the key
+// it needs (see [Options].Sealer).
 func New(db *schema.DB, opts *Options) (*Layer, error) {
 	if db == nil {
 		return nil, errors.New("outbox: nil database")

@@ -13,40 +13,36 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
-// checkSealer readies s for the layer's keyed hashes and says at start-up
-// what cannot be read: with a key file, the key ids that wrap data keys and
-// that the file lacks; without one, that the database holds encrypted
-// values. Either way the layer serves: such a call's answer names the key,
-// and the call never runs again (its row exists).
+// checkSealer readies s for the layer's keyed hashes, or refuses to start
+// (ErrKeyRequired) when what the database needs is not there: no key file
+// on an encrypted database, or a key file without the key that wraps the
+// hash key. Either start would hash arguments without the secret, so a
+// keyless retry would not match its first call and would run again.
+// Keys missing for other data keys only make their values unreadable
+// (their calls answer an error naming the key and never run again), so
+// those are logged and the layer serves.
 //
-// With a key file it also returns until when a call without a key made
-// before encryption was on may still name an identical call (the latest
-// expiry of a plain fingerprint), 0 if none may.
+// It also returns until when a call without a key made before encryption
+// was on may still name an identical call (the latest expiry of a plain
+// fingerprint), 0 if none may.
 func checkSealer(ctx context.Context, db *schema.DB, s *seal.Sealer, logger *slog.Logger) (int64, error) {
+	if s == nil {
+		return 0, seal.RequireKeyFile(ctx, db.Read, nil)
+	}
+	if err := s.LoadHashKey(ctx, db.Write); err != nil {
+		var missing *seal.MissingKeyError
+		if errors.As(err, &missing) {
+			return 0, seal.HashKeyMissing(missing)
+		}
+		return 0, err
+	}
 	missing, err := seal.MissingKeys(ctx, db.Read, s.Ring())
 	if err != nil {
 		return 0, err
 	}
-	if s == nil {
-		if len(missing) > 0 {
-			logger.Warn("the database holds encrypted values and no key file was given (--encryption-key-file): "+
-				"their calls answer an error and are not run again; new values are stored in plaintext",
-				"key_ids", missing)
-		}
-		return 0, nil
-	}
 	if len(missing) > 0 {
 		logger.Warn("encryption keys named by the database are not in the key file: values under them cannot be read "+
 			"(their calls answer an error naming the key, and are never run again)", "key_ids", missing)
-	}
-	if err := s.LoadHashKey(ctx, db.Write); err != nil {
-		var missing *seal.MissingKeyError
-		if !errors.As(err, &missing) {
-			return 0, err
-		}
-		logger.Warn("the key that wraps the hash key is not in the key file: arguments and fingerprints are hashed "+
-			"without a key until it is back (calls recorded with keyed hashes match on their key alone)", "key_id", missing.KeyID)
-		return 0, nil
 	}
 	var until sql.NullInt64
 	if err := db.Read.QueryRowContext(ctx, selectPlainFingerprints, time.Now().UnixMilli()).Scan(&until); err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/outbox/destconfig"
 	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
+	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -101,6 +102,15 @@ func runDrain(ctx context.Context, env *environment, args []string) error {
 		return err
 	}
 	defer d.Close()
+	// Without the key file every sealed effect would be claimed, fail to
+	// open, and be put back an attempt poorer and a minute later, until
+	// --timeout; refuse before touching one.
+	if err := seal.RequireKeyFile(dctx, d.Read, sealer); err != nil {
+		if errors.Is(err, seal.ErrKeyRequired) {
+			return usageError{err}
+		}
+		return err
+	}
 	disp, err := dispatch.New(d, &dispatch.Options{Destinations: destinations, Logger: logger, TracerProvider: tp, Sealer: sealer})
 	if err != nil {
 		return usageError{err}

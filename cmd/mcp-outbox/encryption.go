@@ -114,20 +114,51 @@ func runRewrite(ctx context.Context, env *environment, s outboxSub, args []strin
 		return err
 	}
 	defer db.Close()
+	if s.name == "reencrypt" {
+		if err := checkRotation(ctx, db, sealer); err != nil {
+			return err
+		}
+	}
 	r, err := rewrite(ctx, db, sealer, &outbox.ReencryptOptions{Batch: *batch, Progress: env.stderr})
 	if r != nil {
 		fmt.Fprintf(env.stdout, "%s: %d data keys rewrapped, %d calls and %d effects rewritten, %d values unreadable\n",
 			s.name, r.DataKeys, r.Calls, r.Effects, r.Unreadable)
 	}
-	if fr, ok := sealer.Ring().(*seal.FileKeyRing); ok && err == nil && s.name == "reencrypt" && r.DataKeys == 0 && len(fr.IDs()) > 1 {
-		// A new key appended to the file rather than put first: nothing
-		// moves, and removing the old key next would leave every row
-		// unreadable.
-		fmt.Fprintf(env.stdout, "every data key is under %q, the key file's first key: to rotate to another key, put it first and run reencrypt again\n",
-			fr.Current())
-	}
 	if err == nil && r.Unreadable > 0 {
 		return fmt.Errorf("%s: %d values could not be decrypted (changed, or under a key missing from the key file); the data keys are kept", s.name, r.Unreadable)
 	}
 	return err
+}
+
+// checkRotation refuses a reencrypt whose key file has several keys while
+// every data key is already under its first: most likely the new key was
+// appended rather than put first, and a script that went on to remove the
+// old key (the first) would leave every value unreadable. A hint and exit
+// 0 let it go on. The same state follows a finished rotation run again
+// with the old key still in the file; that refusal costs a rerun, the
+// other a database, and the message covers both.
+func checkRotation(ctx context.Context, db *schema.DB, sealer *seal.Sealer) error {
+	fr, ok := sealer.Ring().(*seal.FileKeyRing)
+	if !ok || len(fr.IDs()) < 2 {
+		return nil
+	}
+	// Without a ring, MissingKeys lists every key id that wraps a live
+	// data key.
+	inUse, err := seal.MissingKeys(ctx, db.Read, nil)
+	if err != nil || len(inUse) == 0 {
+		return err
+	}
+	for _, id := range inUse {
+		if id != fr.Current() {
+			return nil
+		}
+	}
+	others := make([]string, 0, len(fr.IDs())-1)
+	for _, id := range fr.IDs()[1:] {
+		others = append(others, fmt.Sprintf("%q", id))
+	}
+	return usagef("reencrypt: every data key is already under %q, the key file's first key, and none under %s: nothing was changed. "+
+		"If %s is the new key, it must be the key file's first line: put it first, restart every process on the database, and run reencrypt again "+
+		"(removing %q now would leave every value unreadable). If the rotation to %q is already done, %s can leave the key file",
+		fr.Current(), strings.Join(others, ", "), strings.Join(others, ", "), fr.Current(), fr.Current(), strings.Join(others, ", "))
 }

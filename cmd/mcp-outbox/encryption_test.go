@@ -5,12 +5,17 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"encoding/base64"
+	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/downstream"
 
 	_ "modernc.org/sqlite"
 )
@@ -116,19 +121,40 @@ func TestEncryptionCLI(t *testing.T) {
 	if err := os.WriteFile(both, []byte(k2line+"\nk1:"+k["k1"]+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	// The new key appended, not put first: reencrypt rewraps nothing, and
-	// says why, or removing k1 next would leave every row unreadable.
+	// The new key appended, not put first: reencrypt changes nothing and
+	// fails, saying why; an exit 0 let a script go on to remove k1, which
+	// would leave every row unreadable.
 	appended := filepath.Join(dir, "keys-appended")
 	if err := os.WriteFile(appended, []byte("k1:"+k["k1"]+"\n"+k2line+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	snapshot := func() string {
+		t.Helper()
+		var s string
+		if err := db.QueryRow(`SELECT (SELECT group_concat(id || key_id || hex(wrapped)) FROM data_keys)
+			|| (SELECT group_concat(coalesce(result, '')) FROM calls)`).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	before := snapshot()
 	r = runCLI(t, vars, "outbox", "reencrypt", "--encryption-key-file", appended)
-	if r.code != 0 || !strings.Contains(r.stdout, `every data key is under "k1", the key file's first key`) {
-		t.Errorf("reencrypt with the new key last: exit %d, stdout %q, want it said that the new key goes first", r.code, r.stdout)
+	if r.code != 2 || !strings.Contains(r.stderr, `every data key is already under "k1", the key file's first key`) ||
+		!strings.Contains(r.stderr, `put it first`) || !strings.Contains(r.stderr, "nothing was changed") {
+		t.Errorf("reencrypt with the new key last: exit %d, stdout %q, stderr %q; want 2 and it said that the new key goes first", r.code, r.stdout, r.stderr)
+	}
+	if after := snapshot(); after != before {
+		t.Errorf("reencrypt with the new key last changed the database")
 	}
 	r = runCLI(t, vars, "outbox", "reencrypt", "--encryption-key-file", both, "--batch", "1")
 	if r.code != 0 || !strings.Contains(r.stdout, "2 data keys rewrapped") || !strings.Contains(r.stderr, "rewrapped under \"k2\"") {
 		t.Fatalf("reencrypt: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	// Run again with k1 still in the file, the state is the same as with
+	// the keys the wrong way round: refused too, saying k1 may now go.
+	r = runCLI(t, vars, "outbox", "reencrypt", "--encryption-key-file", both)
+	if r.code != 2 || !strings.Contains(r.stderr, `If the rotation to "k2" is already done, "k1" can leave the key file`) {
+		t.Errorf("reencrypt again: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
 	only2 := filepath.Join(dir, "keys3")
 	if err := os.WriteFile(only2, []byte(k2line+"\n"), 0o600); err != nil {
@@ -147,4 +173,90 @@ func writeKeyLine(t *testing.T, dir string) string {
 	t.Helper()
 	_, keys := writeKeyFile(t, dir, "scratch", "k2")
 	return "k2:" + keys["k2"]
+}
+
+// TestEncryptionKeyRequiredCLI: on an encrypted database, serve and proxy
+// started without the key file refuse at once (exit 2, naming the flag and
+// decrypt), and so does drain, before it claims an effect: serve used to
+// store plaintext and charge a keyless retry again; drain used to wait out
+// --timeout, spending an attempt of every effect.
+func TestEncryptionKeyRequiredCLI(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	dbPath := filepath.Join(dir, "ledger.db")
+	keys, _ := writeKeyFile(t, dir, "keys", "k1")
+	cs, _ := serveStdio(t, bin, dbPath, nil, "--encryption-key-file", keys)
+	for _, key := range []string{"req-1", "req-2"} {
+		if res := chargeWith(t, cs, key, 10); res.IsError {
+			t.Fatal(resultText(res))
+		}
+	}
+	cs.Close()
+	db, err := sql.Open("sqlite", dbPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	effects := func() string {
+		t.Helper()
+		rows, err := db.Query(`SELECT id, state, attempts, next_attempt_at FROM effects ORDER BY id`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		var b strings.Builder
+		for rows.Next() {
+			var id, attempts, next int64
+			var state string
+			if err := rows.Scan(&id, &state, &attempts, &next); err != nil {
+				t.Fatal(err)
+			}
+			fmt.Fprintf(&b, "%d %s %d %d\n", id, state, attempts, next)
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return b.String()
+	}
+	before := effects()
+	if strings.Count(before, "pending") != 2 {
+		t.Fatalf("effects %q, want 2 pending", before)
+	}
+	refused := func(name string, code int, stderr string) {
+		t.Helper()
+		for _, want := range []string{`"k1"`, "--encryption-key-file", "outbox decrypt"} {
+			if code != 2 || !strings.Contains(stderr, want) {
+				t.Errorf("%s without the key file: exit %d, stderr %q; want 2 and it to say %s", name, code, stderr, want)
+				return
+			}
+		}
+	}
+
+	cmd := exec.Command(bin, "serve", "--db", dbPath)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	code := 0
+	if err := cmd.Run(); err != nil {
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) {
+			t.Fatal(err)
+		}
+		code = ee.ExitCode()
+	}
+	refused("serve", code, stderr.String())
+
+	r := runCLI(t, nil, "proxy", "--db", dbPath, "--", "true")
+	refused("proxy", r.code, r.stderr)
+
+	fake := downstream.Start(t, nil)
+	r = runCLI(t, nil, "drain", "--db", dbPath, "--dest", "payments="+fake.URL(), "--timeout", "20s")
+	refused("drain", r.code, r.stderr)
+	if after := effects(); after != before || len(fake.Requests()) != 0 {
+		t.Errorf("drain without the key file: effects %q, were %q; %d requests; want them untouched", after, before, len(fake.Requests()))
+	}
+	// With it, drain delivers.
+	r = runCLI(t, nil, "drain", "--db", dbPath, "--dest", "payments="+fake.URL(), "--encryption-key-file", keys, "--timeout", "20s")
+	if r.code != 0 || !strings.Contains(r.stdout, "delivered 2") {
+		t.Errorf("drain with the key file: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
 }

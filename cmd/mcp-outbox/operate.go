@@ -164,8 +164,18 @@ Rotation: rewraps every data key under the first key of FILE, and encrypts
 the plaintext values of a database used before encryption was on (and the
 effects a cooperating upstream wrote itself), dropping recorded destination
 responses. Runs in batches while serve runs, with progress on stderr;
-interrupted, run it again. Afterwards the keys after the first can leave the
-key file (restart serve with the new file).`, runOutboxReencrypt},
+interrupted, run it again.
+
+To rotate: put the new key as the FIRST line of the key file (the old one
+stays, after it); restart every process on the database (serve, proxy,
+drain), since each reads the file once at start and would go on creating
+data keys under the old key; run reencrypt; then remove the old key and
+restart them again.
+
+A FILE of several keys while every data key is already under its first is
+refused (exit 2, nothing changed): the new key was most likely added last,
+and removing the old (first) one next would leave every value unreadable. If
+the rotation is in fact done, the other keys can leave the file.`, runOutboxReencrypt},
 		{"decrypt", `Usage: mcp-outbox outbox decrypt --encryption-key-file FILE [--batch N] [--db FILE]
 
 Turns encryption off: writes every encrypted value back in plaintext and

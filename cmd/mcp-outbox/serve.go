@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -251,6 +252,10 @@ func openStore(ctx context.Context, env *environment, cfg *appConfig) (*app, err
 		Now: testclock.Now()})
 	if err != nil {
 		a.Close()
+		if errors.Is(err, outbox.ErrKeyRequired) {
+			// A flag missing for this database: the operator's to fix.
+			return nil, usageError{err}
+		}
 		return nil, err
 	}
 	return a, nil

@@ -36,7 +36,12 @@ type KeyRing interface {
 type MissingKeyError struct{ KeyID string }
 
 func (e *MissingKeyError) Error() string {
-	return fmt.Sprintf("encryption key %q is not in the key file (it wrapped this row's data key; restore it, or run 'mcp-outbox outbox reencrypt' with it before removing it)", e.KeyID)
+	// A process reads the key file once, at start: a key added to the
+	// file since (and a reencrypt under it) is missing here too, and the
+	// operator must learn that a restart, not the file, is what's lacking.
+	return fmt.Sprintf("encryption key %q is not in the key file as this process loaded it at start (it wrapped this row's data key): "+
+		"a process must be restarted after its key file changes; if the key is not in the file, restore it "+
+		"(or run 'mcp-outbox outbox reencrypt' with it before removing it)", e.KeyID)
 }
 
 // FileKeyRing is a KeyRing of keys read from a key file.

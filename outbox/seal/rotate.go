@@ -3,8 +3,54 @@ package seal
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
+	"strings"
 )
+
+// ErrKeyRequired: the database is encrypted and a process was started
+// without a key it cannot do without. Starting anyway would store new
+// values in plaintext behind the operator's back, and would hash
+// arguments without the database's secret, so that a retry without an
+// idempotency key no longer matches its first call and runs again.
+var ErrKeyRequired = errors.New("the database is encrypted and a key it needs was not given")
+
+// RequireKeyFile fails with ErrKeyRequired when s is nil and db holds live
+// data keys: encryption is turned off by 'mcp-outbox outbox decrypt'
+// ([github.com/mcp-outbox/mcp-outbox/outbox.Decrypt]), never by a start
+// without the key file.
+func RequireKeyFile(ctx context.Context, db *sql.DB, s *Sealer) error {
+	if s != nil {
+		return nil
+	}
+	ids, err := MissingKeys(ctx, db, nil)
+	if err != nil || len(ids) == 0 {
+		return err
+	}
+	return fmt.Errorf("%w: its data keys are wrapped by key %s and no key file was given: give it with --encryption-key-file "+
+		"(MCP_OUTBOX_ENCRYPTION_KEY_FILE; Options.Sealer in the library). Without it new values would be stored in plaintext, "+
+		"recorded results could not be read, and a retry without an idempotency key would run the call again. "+
+		"To turn encryption off, run 'mcp-outbox outbox decrypt' with the key file first",
+		ErrKeyRequired, quoteIDs(ids))
+}
+
+// HashKeyMissing is the error of a start whose key file lacks the key that
+// wraps the hash key (err, from LoadHashKey): every keyed hash would be
+// computed anew without it, so no keyless retry would match.
+func HashKeyMissing(err *MissingKeyError) error {
+	return fmt.Errorf("%w: key %q, which wraps the database's hash key, is not in the key file: without it arguments would be hashed "+
+		"without the database's secret, and a retry without an idempotency key would not match its first call and would run again. "+
+		"Put %q back in the key file (keep it there until 'mcp-outbox outbox reencrypt' has run with the new key first): %w",
+		ErrKeyRequired, err.KeyID, err.KeyID, err)
+}
+
+func quoteIDs(ids []string) string {
+	q := make([]string, len(ids))
+	for i, id := range ids {
+		q[i] = fmt.Sprintf("%q", id)
+	}
+	return strings.Join(q, ", ")
+}
 
 // MissingKeys returns the ids of the key-encryption keys that wrap live
 // data keys in db and that ring lacks (all of them when ring is nil):

@@ -294,8 +294,8 @@ func (s *Sealer) findLive(ctx context.Context, q Querier, principal, purpose str
 		return d.id, aead, err
 	}
 	if missing != nil && purpose == purposeHash {
-		// A new hash key would change every hash: fail, and the layer
-		// goes on with plain hashes (see LoadHashKey).
+		// A new hash key would change every hash, and no retry would
+		// match its first call: fail (see LoadHashKey).
 		return "", nil, missing
 	}
 	return "", nil, nil
@@ -379,7 +379,8 @@ const HashPrefix = "h1:"
 
 // LoadHashKey reads (or creates) the hash key; call it once before Hash.
 // It fails with a *MissingKeyError when the key file lacks the key that
-// wraps it: Hash then gives nil, and callers fall back to plain hashes.
+// wraps it: Hash then gives nil, and a caller that hashed anyway would not
+// match what was hashed under the key (see HashKeyMissing).
 func (s *Sealer) LoadHashKey(ctx context.Context, q Querier) error {
 	if s == nil || s.Keyed() {
 		return nil
