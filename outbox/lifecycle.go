@@ -404,6 +404,6 @@ func (l *Layer) enqueued() {
 	if !started && l.warnedUndelivered.CompareAndSwap(false, true) {
 		l.logger.Warn("effects were enqueued, and this process does not deliver them: the layer was not started " +
 			"(Layer.Start runs the dispatcher); they stay pending until a dispatcher on this database runs " +
-			"(Layer.Start, or mcp-outbox dispatch)")
+			"(Layer.Start, or mcp-outbox serve, proxy or drain with --dest)")
 	}
 }

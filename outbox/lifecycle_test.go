@@ -374,7 +374,7 @@ func TestLayer_EnqueueWithoutStartIsLogged(t *testing.T) {
 	t.Parallel()
 	const msg = "effects were enqueued, and this process does not deliver them: the layer was not started " +
 		"(Layer.Start runs the dispatcher); they stay pending until a dispatcher on this database runs " +
-		"(Layer.Start, or mcp-outbox dispatch)"
+		"(Layer.Start, or mcp-outbox serve, proxy or drain with --dest)"
 	var logs logBuffer
 	b := setup(t, &outbox.Options{Logger: logs.logger()}, nil)
 	callCharge(t, b.session, "unstarted-1", 100)

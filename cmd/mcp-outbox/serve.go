@@ -437,7 +437,7 @@ func (a *app) start(ctx context.Context) (stop func(), err error) {
 		a.layer.OnEnqueue(func() {
 			once.Do(func() {
 				a.logger.Warn("effects were enqueued, and this process delivers none (no --dest): they stay queued " +
-					"until a process with --dest for their destination runs (serve, proxy or dispatch)")
+					"until a process with --dest for their destination runs (serve, proxy or drain)")
 			})
 		})
 	} else {
