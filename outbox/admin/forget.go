@@ -50,14 +50,18 @@ const (
 	eraseCalls = `
 UPDATE calls SET result = NULL, task_params = NULL, erased_at = $2
 WHERE principal = $1 AND state <> 'in_flight' AND erased_at IS NULL`
+	// An effect an operator had cancelled is marked too: the mark is what
+	// keeps it from being retried once the purge took its call
+	// (effectErased).
 	eraseEffects = `
 UPDATE effects SET body = NULL, headers = '{}', response = NULL,
     state = CASE WHEN state IN ('pending', 'in_flight', 'dead', 'unknown') THEN 'cancelled' ELSE state END,
-    last_error = CASE WHEN state IN ('pending', 'in_flight', 'dead', 'unknown')
-        THEN 'cancelled: its principal was forgotten' ELSE last_error END,
+    last_error = CASE WHEN state IN ('pending', 'in_flight', 'dead', 'unknown', 'cancelled')
+        THEN '` + forgottenEffectError + `' ELSE last_error END,
     lease_owner = '', lease_until = 0, updated_at = $2
 WHERE call_id IN (SELECT id FROM calls WHERE principal = $1 AND state <> 'in_flight')
-  AND (body IS NOT NULL OR headers <> '{}' OR response IS NOT NULL OR state IN ('pending', 'in_flight', 'dead', 'unknown'))`
+  AND (body IS NOT NULL OR headers <> '{}' OR response IS NOT NULL OR state IN ('pending', 'in_flight', 'dead', 'unknown')
+    OR (state = 'cancelled' AND last_error <> '` + forgottenEffectError + `'))`
 	countInFlight  = `SELECT count(*) FROM calls WHERE principal = $1 AND state = 'in_flight'`
 	principalKnown = `SELECT
     EXISTS (SELECT 1 FROM calls WHERE principal = $1) OR EXISTS (SELECT 1 FROM data_keys WHERE principal = $1)`

@@ -20,6 +20,11 @@ var (
 	ErrEffectState   = errors.New("effect is not in a state this action applies to")
 	ErrNotResolvable = errors.New("only an unknown or dead effect can be resolved")
 	ErrEffectOutcome = errors.New("outcome must be delivered or retry")
+	// ErrEffectErased: the effect's principal was forgotten
+	// (ForgetPrincipal), which deleted its body and headers. Sending it
+	// again would send an empty request that a destination may well
+	// accept, so no action makes it pending again.
+	ErrEffectErased = errors.New("its principal was forgotten: its body and headers are erased and cannot be sent")
 )
 
 // EffectOutcome is what an operator found out at an effect's destination.
@@ -39,22 +44,26 @@ const (
 // Operator actions on effects. Each is one statement whose WHERE clause
 // names the states it applies to, so it cannot race a dispatcher: an
 // effect in flight is never changed under its lease.
+//
+// Every statement that makes an effect pending excludes an erased one
+// (effectErased), in its own WHERE, so that no read-then-write can let one
+// through.
 const (
 	retryEffect = `
 UPDATE effects SET state = 'pending', attempts = 0, next_attempt_at = $1, send_started_at = NULL,
     last_error = 'retry requested by an operator', updated_at = $1
-WHERE id = $2 AND state IN ('dead', 'unknown', 'pending', 'cancelled')`
+WHERE id = $2 AND state IN ('dead', 'unknown', 'pending', 'cancelled') AND NOT ` + effectErased
 	retryAllDead = `
 UPDATE effects SET state = 'pending', attempts = 0, next_attempt_at = $1, send_started_at = NULL,
     last_error = 'retry requested by an operator', updated_at = $1
-WHERE state = 'dead'`
+WHERE state = 'dead' AND NOT ` + effectErased
 	cancelEffect = `
 UPDATE effects SET state = 'cancelled', last_error = 'cancelled by an operator', send_started_at = NULL, updated_at = $1
 WHERE id = $2 AND state IN ('pending', 'dead', 'unknown')`
 	resolveRetry = `
 UPDATE effects SET state = 'pending', attempts = 0, next_attempt_at = $1, send_started_at = NULL,
     last_error = 'resolved as not applied by an operator; sending again', updated_at = $1
-WHERE id = $2 AND state IN ('unknown', 'dead')`
+WHERE id = $2 AND state IN ('unknown', 'dead') AND NOT ` + effectErased
 	resolveDelivered = `
 UPDATE effects SET state = 'delivered', delivered_at = $1, send_started_at = NULL,
     last_error = 'resolved as delivered by an operator', updated_at = $1
@@ -64,7 +73,8 @@ WHERE id = $2 AND state IN ('unknown', 'dead')`
 // RetryEffect makes a dead, unknown or cancelled effect pending again, with
 // a fresh attempt budget and the same Idempotency-Key. Retrying an unknown
 // effect at an at_most_once destination sends it again: do that only when
-// the destination is known not to have applied it.
+// the destination is known not to have applied it. An effect whose
+// principal was forgotten is [ErrEffectErased], and nothing changes.
 //
 // On PostgreSQL the retry holds its call's row lock (FOR KEY SHARE) while
 // it changes the effect, so that it and a purge of the call, which locks
@@ -96,7 +106,9 @@ func RetryEffect(ctx context.Context, db *schema.DB, id int64) error {
 // waits for (FOR KEY SHARE lets the call's own updates through).
 const lockEffectsCall = `SELECT 1 FROM calls WHERE id = (SELECT call_id FROM effects WHERE id = $1) FOR KEY SHARE`
 
-// RetryDead makes every dead effect pending again and says how many.
+// RetryDead makes every dead effect pending again and says how many. An
+// erased one ([ErrEffectErased]) stays dead; ForgetPrincipal leaves none
+// dead, so there is none unless something else made it so.
 func RetryDead(ctx context.Context, db *schema.DB) (int64, error) {
 	r, err := db.Write.ExecContext(ctx, retryAllDead, time.Now().UnixMilli())
 	if err != nil {
@@ -113,7 +125,8 @@ func CancelEffect(ctx context.Context, db *schema.DB, id int64) error {
 // ResolveEffect settles an unknown (or dead) effect by what an operator
 // found out at the destination: [EffectDelivered], or [EffectRetry] for
 // one not applied there, to be sent again. Any other outcome is
-// [ErrEffectOutcome], and nothing is changed.
+// [ErrEffectOutcome], and retry of an effect whose principal was forgotten
+// is [ErrEffectErased]; nothing is changed.
 func ResolveEffect(ctx context.Context, db *schema.DB, id int64, outcome EffectOutcome) error {
 	var stmt string
 	switch outcome {
@@ -131,6 +144,20 @@ func ResolveEffect(ctx context.Context, db *schema.DB, id int64, outcome EffectO
 	return err
 }
 
+// forgottenEffectError is the last_error ForgetPrincipal leaves on every
+// effect it erased that was not delivered.
+const forgottenEffectError = "cancelled: its principal was forgotten"
+
+// effectErased is true of an effect ForgetPrincipal erased. Two marks,
+// since either alone can go: its call's erased_at holds while the call is
+// kept, but the retention purges the call of a cancelled effect (call_id
+// becomes NULL) while the effect stays; the effect's own last_error stays
+// with it, and nothing changes a cancelled effect's last_error once no
+// action makes it pending. A body of NULL is no mark: an effect without a
+// body has one.
+const effectErased = `((state = 'cancelled' AND last_error = '` + forgottenEffectError + `')
+    OR EXISTS (SELECT 1 FROM calls c WHERE c.id = effects.call_id AND c.erased_at IS NOT NULL))`
+
 func changeEffect(ctx context.Context, db *schema.DB, id int64, stmt string, args ...any) error {
 	return changeEffectIn(ctx, db.Write, db, id, stmt, args...)
 }
@@ -146,13 +173,19 @@ func changeEffectIn(ctx context.Context, w interface {
 	if n, _ := r.RowsAffected(); n == 1 {
 		return nil
 	}
-	var state string
-	err = db.Read.QueryRowContext(ctx, `SELECT state FROM effects WHERE id = $1`, id).Scan(&state)
+	var (
+		state  string
+		erased bool
+	)
+	err = db.Read.QueryRowContext(ctx, `SELECT state, `+effectErased+` FROM effects WHERE id = $1`, id).Scan(&state, &erased)
 	if errors.Is(err, sql.ErrNoRows) {
 		return fmt.Errorf("effect %d: %w", id, ErrNoEffect)
 	}
 	if err != nil {
 		return fmt.Errorf("read effect %d: %w", id, err)
+	}
+	if erased && (stmt == retryEffect || stmt == resolveRetry) {
+		return fmt.Errorf("effect %d is %s and stays so: %w", id, state, ErrEffectErased)
 	}
 	return fmt.Errorf("effect %d is %s: %w", id, state, ErrEffectState)
 }

@@ -385,7 +385,8 @@ func (h *adminHandler) failLogging(w http.ResponseWriter, r *http.Request, err, 
 		status = http.StatusBadRequest
 	case errors.Is(err, admin.ErrNoEffect), errors.Is(err, admin.ErrNoCall):
 		status = http.StatusNotFound
-	case errors.Is(err, admin.ErrEffectState), errors.Is(err, admin.ErrNotResolvable), errors.Is(err, admin.ErrCallNotUnknown):
+	case errors.Is(err, admin.ErrEffectState), errors.Is(err, admin.ErrNotResolvable), errors.Is(err, admin.ErrCallNotUnknown),
+		errors.Is(err, admin.ErrEffectErased):
 		status = http.StatusConflict
 	default:
 		h.logger.Error("admin request failed", "method", r.Method, "path", r.URL.Path, "error", logged)
