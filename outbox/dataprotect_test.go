@@ -415,6 +415,49 @@ func TestSeal_Forget(t *testing.T) {
 	}
 }
 
+// TestSeal_ForgetLeavesNoWrappedKey: after a forget on SQLite, the
+// principal's wrapped data key stayed in the -wal file and in the freed
+// space of its page, so a copy of the files with the key file still
+// unwrapped it. Now neither file holds it, while the layer still runs.
+func TestSeal_ForgetLeavesNoWrappedKey(t *testing.T) {
+	t.Parallel()
+	sqliteOnly(t, "the SQLite files are read; PostgreSQL keeps dead tuples and WAL segments (see the README)")
+	db := openTarget(t, testTarget(t))
+	b := setupNote(t, db, sealerOf(t, newKeyLine(t, "k1")), nil)
+	for _, k := range []string{"a", "b", "c"} {
+		if res := note(t, b, k, marker); res.IsError {
+			t.Fatal(text(res))
+		}
+	}
+	var wrapped []byte
+	if err := db.Read.QueryRow(`SELECT wrapped FROM data_keys WHERE principal = 'local' AND purpose = 'seal'`).Scan(&wrapped); err != nil {
+		t.Fatal(err)
+	}
+	if len(wrapped) < 16 || !bytes.Contains(rawStore(t, db, ""), wrapped) {
+		t.Fatalf("wrapped key of %d bytes not in the files before the forget: the test would prove nothing", len(wrapped))
+	}
+	f, err := admin.ForgetPrincipal(context.Background(), db, "local", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.DataKeys != 1 || f.WALPending {
+		t.Errorf("forgot %+v, want 1 data key and the WAL checkpointed", f)
+	}
+	for _, suffix := range []string{"", "-wal"} {
+		raw, err := os.ReadFile(db.Path + suffix)
+		if err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+		if bytes.Contains(raw, wrapped) {
+			t.Errorf("the wrapped data key is still in the file%s after the forget", suffix)
+		}
+	}
+	// The layer goes on: a new call of the principal gets a new data key.
+	if res := note(t, b, "after", marker); res.IsError || !strings.Contains(text(res), marker) {
+		t.Errorf("a new call after forget: %s", text(res))
+	}
+}
+
 // unsealedEffects counts the effects whose headers or body are plaintext.
 func unsealedEffects(t *testing.T, db *schema.DB) int {
 	t.Helper()

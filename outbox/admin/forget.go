@@ -3,6 +3,7 @@ package admin
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"strings"
@@ -44,6 +45,12 @@ type Forgotten struct {
 	// server that end with Principal ("tenant:acme/user:alice" for
 	// "alice"): a tenant's principal is forgotten under its whole name.
 	Similar []string `json:"similar,omitempty"`
+	// WALPending (SQLite): the checkpoint after the erase could not empty
+	// the -wal file, since a reader held a snapshot from before it. The
+	// WAL keeps the pages written before the forget, the wrapped data key
+	// among them, until the next checkpoint does: run the forget again
+	// (it erases nothing more, and checkpoints) once readers are done.
+	WALPending bool `json:"walPending,omitempty"`
 }
 
 const (
@@ -105,45 +112,93 @@ func ForgetPrincipal(ctx context.Context, db *schema.DB, principal string, now t
 	if !strings.HasPrefix(principal, "tenant:") {
 		principal = callkey.ParsePrincipal(principal)
 	}
-	tx, err := db.Write.BeginTx(ctx, nil)
+	conn, err := db.Write.Conn(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("forget principal: %w", err)
 	}
-	defer tx.Rollback()
+	defer conn.Close()
 	f := &Forgotten{Principal: principal}
+	if db.Dialect == schema.Postgres {
+		if err := forget(ctx, conn, f, now); err != nil {
+			return nil, err
+		}
+		return f, nil
+	}
+	// SQLite only marks the space a deleted value took as free: the
+	// wrapped data key stayed in the page, and a copy of the file taken
+	// after the forget, with the key file, still unwrapped it. With
+	// secure_delete the erase overwrites it with zeros. It is a setting of
+	// the connection, changed outside a transaction and put back after.
+	var was int
+	if err := conn.QueryRowContext(ctx, `PRAGMA secure_delete`).Scan(&was); err != nil {
+		return nil, fmt.Errorf("forget principal: read secure_delete: %w", err)
+	}
+	if _, err := conn.ExecContext(ctx, `PRAGMA secure_delete = 1`); err != nil {
+		return nil, fmt.Errorf("forget principal: set secure_delete: %w", err)
+	}
+	ferr := forget(ctx, conn, f, now)
+	if _, err := conn.ExecContext(context.WithoutCancel(ctx), fmt.Sprintf(`PRAGMA secure_delete = %d`, was)); err != nil {
+		// The pool must not hand out a connection that zeroes every delete.
+		_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+		return nil, errors.Join(ferr, fmt.Errorf("forget principal: restore secure_delete: %w", err))
+	}
+	if ferr != nil {
+		return nil, ferr
+	}
+	// The pages written before the erase, data key and all, are still in
+	// the -wal file: a checkpoint copies the erased pages into the main
+	// file and TRUNCATE empties the WAL. It cannot while a reader holds an
+	// older snapshot; the erase is committed all the same, so that is
+	// reported, not failed.
+	var busy, logFrames, done int
+	if err := conn.QueryRowContext(ctx, `PRAGMA wal_checkpoint(TRUNCATE)`).Scan(&busy, &logFrames, &done); err != nil || busy != 0 {
+		f.WALPending = true
+	}
+	return f, nil
+}
+
+// forget erases f.Principal's data keys, calls and effects in one
+// transaction on conn, and fills in f.
+func forget(ctx context.Context, conn *sql.Conn, f *Forgotten, now time.Time) error {
+	principal := f.Principal
+	tx, err := conn.BeginTx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("forget principal: %w", err)
+	}
+	defer tx.Rollback()
 	if f.DataKeys, err = seal.Forget(ctx, tx, principal, now); err != nil {
-		return nil, err
+		return err
 	}
 	ms := now.UnixMilli()
 	// Effects first: their WHERE finds the principal's calls by state,
 	// which the calls' erase leaves as it is.
 	r, err := tx.ExecContext(ctx, eraseEffects, principal, ms)
 	if err != nil {
-		return nil, fmt.Errorf("erase effects: %w", err)
+		return fmt.Errorf("erase effects: %w", err)
 	}
 	f.Effects, _ = r.RowsAffected()
 	if r, err = tx.ExecContext(ctx, eraseCalls, principal, ms); err != nil {
-		return nil, fmt.Errorf("erase calls: %w", err)
+		return fmt.Errorf("erase calls: %w", err)
 	}
 	f.Calls, _ = r.RowsAffected()
 	if err := tx.QueryRowContext(ctx, countInFlight, principal).Scan(&f.InFlight); err != nil {
-		return nil, fmt.Errorf("count calls in flight: %w", err)
+		return fmt.Errorf("count calls in flight: %w", err)
 	}
 	if f.DataKeys == 0 && f.Calls == 0 && f.Effects == 0 && f.InFlight == 0 {
 		if err := similar(ctx, tx, f); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	if err := tx.Commit(); err != nil {
-		return nil, fmt.Errorf("forget principal: %w", err)
+		return fmt.Errorf("forget principal: %w", err)
 	}
-	return f, nil
+	return nil
 }
 
 // similar sets f.Unknown and f.Similar for a forget that erased nothing.
 func similar(ctx context.Context, tx *sql.Tx, f *Forgotten) error {
 	var known bool
-	if err := tx.QueryRowContext(ctx, principalKnown, f.Principal).Scan(&known); err != nil {
+	if err := tx.QueryRowContext(ctx, principalKnown).Scan(&known); err != nil {
 		return fmt.Errorf("look for the principal: %w", err)
 	}
 	if known {
