@@ -86,8 +86,18 @@ func TestEncryptionCLI(t *testing.T) {
 	if r.code != 0 || !strings.Contains(r.stdout, "1 data keys erased, 1 calls") || !strings.Contains(r.stderr, "operator action") {
 		t.Fatalf("forget-principal: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
-	if r := runCLI(t, vars, "outbox", "forget-principal", "nobody"); r.code != 0 || !strings.Contains(r.stdout, "no call or data key of user:nobody") {
-		t.Errorf("forget-principal of an unknown principal: exit %d, stdout %q, want it said that nothing was erased", r.code, r.stdout)
+	if !strings.Contains(r.stdout, "revoke local's tokens at the identity provider") {
+		t.Errorf("forget-principal: stdout %q, want the tokens' revocation asked for", r.stdout)
+	}
+	// An erasure script reads exit 0 as done: an unknown principal (a
+	// typo) erased nothing and must not exit 0; one forgotten before does.
+	if r := runCLI(t, vars, "outbox", "forget-principal", "nobody"); r.code != 1 ||
+		!strings.Contains(r.stderr, "principal user:nobody is unknown") || !strings.Contains(r.stderr, "nothing was erased") ||
+		strings.Contains(r.stdout, "forgotten") {
+		t.Errorf("forget-principal of an unknown principal: exit %d, stdout %q, stderr %q; want exit 1 saying it is unknown", r.code, r.stdout, r.stderr)
+	}
+	if r := runCLI(t, vars, "outbox", "forget-principal", "local"); r.code != 0 || !strings.Contains(r.stdout, "0 data keys erased") {
+		t.Errorf("forget-principal again: exit %d, stdout %q, stderr %q; want exit 0, nothing more erased", r.code, r.stdout, r.stderr)
 	}
 	erased := func(cs *mcp.ClientSession) {
 		t.Helper()

@@ -43,7 +43,9 @@ type Forgotten struct {
 	Unknown bool `json:"unknown,omitempty"`
 	// Similar names, when Unknown, principals recorded on a tenant's
 	// server that end with Principal ("tenant:acme/user:alice" for
-	// "alice"): a tenant's principal is forgotten under its whole name.
+	// "alice"): a tenant's principal is forgotten under its whole name;
+	// and the principals that differ from it in case only ("user:alice"
+	// for "user:Alice").
 	Similar []string `json:"similar,omitempty"`
 	// WALPending (SQLite): the checkpoint after the erase could not empty
 	// the -wal file, since a reader held a snapshot from before it. The
@@ -73,10 +75,12 @@ WHERE call_id IN (SELECT id FROM calls WHERE principal = $1 AND state <> 'in_fli
 	principalKnown = `SELECT
     EXISTS (SELECT 1 FROM calls WHERE principal = $1) OR EXISTS (SELECT 1 FROM data_keys WHERE principal = $1)`
 	// $1 is "/" and the principal, $2 its length in characters: a suffix
-	// test that LIKE would need escaping for.
+	// test that LIKE would need escaping for. $3 is the principal, found
+	// again in another case ("user:Alice" for "user:alice").
 	similarPrincipals = `
 SELECT DISTINCT principal FROM calls
-WHERE principal LIKE 'tenant:%' AND length(principal) > $2 AND substr(principal, length(principal) - $2 + 1) = $1
+WHERE (principal LIKE 'tenant:%' AND length(principal) > $2 AND substr(principal, length(principal) - $2 + 1) = $1)
+   OR lower(principal) = lower(CAST($3 AS TEXT))
 ORDER BY principal LIMIT 5`
 )
 
@@ -198,7 +202,7 @@ func forget(ctx context.Context, conn *sql.Conn, f *Forgotten, now time.Time) er
 // similar sets f.Unknown and f.Similar for a forget that erased nothing.
 func similar(ctx context.Context, tx *sql.Tx, f *Forgotten) error {
 	var known bool
-	if err := tx.QueryRowContext(ctx, principalKnown).Scan(&known); err != nil {
+	if err := tx.QueryRowContext(ctx, principalKnown, f.Principal).Scan(&known); err != nil {
 		return fmt.Errorf("look for the principal: %w", err)
 	}
 	if known {
@@ -206,7 +210,7 @@ func similar(ctx context.Context, tx *sql.Tx, f *Forgotten) error {
 	}
 	f.Unknown = true
 	suffix := "/" + f.Principal
-	rows, err := tx.QueryContext(ctx, similarPrincipals, suffix, utf8.RuneCountInString(suffix))
+	rows, err := tx.QueryContext(ctx, similarPrincipals, suffix, utf8.RuneCountInString(suffix), f.Principal)
 	if err != nil {
 		return fmt.Errorf("look for similar principals: %w", err)
 	}

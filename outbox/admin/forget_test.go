@@ -50,6 +50,14 @@ func TestForgetPrincipal_Forms(t *testing.T) {
 	if f.Calls != 0 || !f.Unknown || !slices.Equal(f.Similar, []string{"tenant:acme/user:bob"}) {
 		t.Errorf("forget bob: %+v, want unknown, similar to tenant:acme/user:bob", f)
 	}
+	// A typo in case: the stranger's "Alice" erased nothing and looked done.
+	f, err = admin.ForgetPrincipal(ctx, db, "Alice", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Calls != 0 || !f.Unknown || !slices.Equal(f.Similar, []string{"user:alice"}) {
+		t.Errorf("forget Alice: %+v, want unknown, similar to user:alice", f)
+	}
 	f, err = admin.ForgetPrincipal(ctx, db, "tenant:acme/user:bob", time.Now())
 	if err != nil {
 		t.Fatal(err)
