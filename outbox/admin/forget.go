@@ -89,7 +89,13 @@ ORDER BY principal LIMIT 5`
 //
 //   - crypto-erasure: the principal's data keys are deleted (see package
 //     seal), so what was sealed under them cannot be read from this
-//     database, its WAL or dead tuples, or a backup taken from now on;
+//     database or a backup taken from now on. The wrapped key must not
+//     linger either, since with the key file it unwraps: on SQLite the
+//     erase runs with secure_delete (freed space zeroed) and a
+//     wal_checkpoint(TRUNCATE) follows, which readers on an older snapshot
+//     can hold off (Forgotten.WALPending). On PostgreSQL the old row
+//     version stays as a dead tuple until VACUUM, and in WAL segments and
+//     archives until they are recycled;
 //   - hygiene: the ciphertexts themselves (and any plaintext of a database
 //     that was not encrypted) are deleted from calls and effects, and the
 //     effects not delivered yet are cancelled.
