@@ -158,3 +158,60 @@ func writeKeyLine(t *testing.T, dir string) string {
 	_, keys := writeKeyFile(t, dir, "scratch", "k2")
 	return "k2:" + keys["k2"]
 }
+
+// TestResolveCallSealedCLI: resolve-call stored the operator's note as
+// the call's result in plaintext on an encrypted database, and refused
+// --encryption-key-file. Now it takes the key file and seals the note,
+// which a retry replays; without the key file it changes nothing.
+func TestResolveCallSealedCLI(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	dbPath := filepath.Join(dir, "ledger.db")
+	keys, _ := writeKeyFile(t, dir, "keys", "k1")
+	cs, _ := serveStdio(t, bin, dbPath, nil, "--encryption-key-file", keys)
+	if res := chargeWith(t, cs, "lost", 4242); res.IsError {
+		t.Fatal(resultText(res))
+	}
+	cs.Close()
+	db, err := sql.Open("sqlite", dbPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	// What a call forwarded to a tool server that never answered leaves.
+	if _, err := db.Exec(`UPDATE calls SET state = 'unknown', result = NULL, completed_at = NULL WHERE key = 'lost'`); err != nil {
+		t.Fatal(err)
+	}
+	const note = "NOTE-ch_4242-at-the-processor"
+	vars := map[string]string{"MCP_OUTBOX_DB": dbPath}
+	args := []string{"outbox", "resolve-call", "--key", "lost", "--outcome", "completed", "--note", note}
+	if r := runCLI(t, vars, args...); r.code != 1 || !strings.Contains(r.stderr, "encrypted") || !strings.Contains(r.stderr, "--encryption-key-file") {
+		t.Errorf("resolve-call without the key file: exit %d, stderr %q; want exit 1 asking for the key file", r.code, r.stderr)
+	}
+	var state string
+	if err := db.QueryRow(`SELECT state FROM calls WHERE key = 'lost'`).Scan(&state); err != nil || state != "unknown" {
+		t.Fatalf("after the refusal: %q, %v; want unknown", state, err)
+	}
+	if r := runCLI(t, vars, append(args, "--encryption-key-file", keys)...); r.code != 0 || !strings.Contains(r.stdout, "now completed") {
+		t.Fatalf("resolve-call with the key file: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	var result string
+	if err := db.QueryRow(`SELECT result FROM calls WHERE key = 'lost'`).Scan(&result); err != nil || !strings.HasPrefix(result, "mcpo1:") {
+		t.Errorf("stored result %.40q, %v; want sealed", result, err)
+	}
+	db.Close()
+	for _, suffix := range []string{"", "-wal"} {
+		raw, err := os.ReadFile(dbPath + suffix)
+		if err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(raw), note) {
+			t.Errorf("the note is in the file%s in plaintext", suffix)
+		}
+	}
+	cs, _ = serveStdio(t, bin, dbPath, nil, "--encryption-key-file", keys)
+	defer cs.Close()
+	if res := chargeWith(t, cs, "lost", 4242); !strings.Contains(resultText(res), note) {
+		t.Errorf("retry after the resolution: %s, want the note replayed", resultText(res))
+	}
+}
