@@ -96,6 +96,19 @@ func TestEncryptionCLI(t *testing.T) {
 		strings.Contains(r.stdout, "forgotten") {
 		t.Errorf("forget-principal of an unknown principal: exit %d, stdout %q, stderr %q; want exit 1 saying it is unknown", r.code, r.stdout, r.stderr)
 	}
+	// Its effect was cancelled with its body erased: a retry sent an
+	// empty request, which the destination accepted.
+	var effect string
+	if err := db.QueryRow(`SELECT e.id FROM effects e JOIN calls c ON c.id = e.call_id WHERE c.key = 'enc-1'`).Scan(&effect); err != nil {
+		t.Fatal(err)
+	}
+	if r := runCLI(t, vars, "outbox", "retry", effect); r.code != 1 || !strings.Contains(r.stderr, "principal was forgotten") {
+		t.Errorf("retry of the forgotten effect: exit %d, stdout %q, stderr %q; want exit 1 saying why", r.code, r.stdout, r.stderr)
+	}
+	var effectState string
+	if err := db.QueryRow(`SELECT state FROM effects WHERE id = ?`, effect).Scan(&effectState); err != nil || effectState != "cancelled" {
+		t.Errorf("the forgotten effect after a retry: %q, %v; want cancelled", effectState, err)
+	}
 	if r := runCLI(t, vars, "outbox", "forget-principal", "local"); r.code != 0 || !strings.Contains(r.stdout, "0 data keys erased") {
 		t.Errorf("forget-principal again: exit %d, stdout %q, stderr %q; want exit 0, nothing more erased", r.code, r.stdout, r.stderr)
 	}
