@@ -466,6 +466,90 @@ func TestSeal_Forget(t *testing.T) {
 	}
 }
 
+// TestSeal_ForgetLeavesNoWrappedKey: after a forget on SQLite, the
+// principal's wrapped data key stayed in the -wal file and in the freed
+// space of its page, so a copy of the files with the key file still
+// unwrapped it. Now neither file holds it, while the layer still runs.
+func TestSeal_ForgetLeavesNoWrappedKey(t *testing.T) {
+	t.Parallel()
+	sqliteOnly(t, "the SQLite files are read; PostgreSQL keeps dead tuples and WAL segments (see the README)")
+	db := openTarget(t, testTarget(t))
+	b := setupNote(t, db, sealerOf(t, newKeyLine(t, "k1")), nil)
+	for _, k := range []string{"a", "b", "c"} {
+		if res := note(t, b, k, marker); res.IsError {
+			t.Fatal(text(res))
+		}
+	}
+	var wrapped []byte
+	if err := db.Read.QueryRow(`SELECT wrapped FROM data_keys WHERE principal = 'local' AND purpose = 'seal'`).Scan(&wrapped); err != nil {
+		t.Fatal(err)
+	}
+	if len(wrapped) < 16 || !bytes.Contains(rawStore(t, db, ""), wrapped) {
+		t.Fatalf("wrapped key of %d bytes not in the files before the forget: the test would prove nothing", len(wrapped))
+	}
+	f, err := admin.ForgetPrincipal(context.Background(), db, "local", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.DataKeys != 1 || f.WALPending {
+		t.Errorf("forgot %+v, want 1 data key and the WAL checkpointed", f)
+	}
+	for _, suffix := range []string{"", "-wal"} {
+		raw, err := os.ReadFile(db.Path + suffix)
+		if err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+		if bytes.Contains(raw, wrapped) {
+			t.Errorf("the wrapped data key is still in the file%s after the forget", suffix)
+		}
+	}
+	// The layer goes on: a new call of the principal gets a new data key.
+	if res := note(t, b, "after", marker); res.IsError || !strings.Contains(text(res), marker) {
+		t.Errorf("a new call after forget: %s", text(res))
+	}
+}
+
+// TestSeal_ResolveCallSealsNote: an operator's resolution of an unknown
+// call was recorded as the one plaintext result of an encrypted database.
+// It is sealed like the layer's own, a retry replays it, and without the
+// Sealer it is refused with nothing changed.
+func TestSeal_ResolveCallSealsNote(t *testing.T) {
+	t.Parallel()
+	target := testTarget(t)
+	db := openTarget(t, target)
+	s := sealerOf(t, newKeyLine(t, "k1"))
+	runs := new(atomic.Int64)
+	b := setupNote(t, db, s, runs)
+	if res := note(t, b, "lost", "x"); res.IsError {
+		t.Fatal(text(res))
+	}
+	// What a call forwarded to a tool server that never answered leaves.
+	if _, err := db.Write.Exec(`UPDATE calls SET state = 'unknown', result = NULL, completed_at = NULL WHERE key = 'lost'`); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	ref := admin.CallRef{Principal: "local", Key: "lost"}
+	err := admin.ResolveCall(ctx, db, ref, admin.Resolution{Outcome: admin.CallCompleted, Note: marker})
+	if !errors.Is(err, admin.ErrSealerNeeded) {
+		t.Errorf("resolve without the Sealer: %v, want ErrSealerNeeded", err)
+	}
+	if n := outboxtest.Count(t, db.Read, `SELECT count(*) FROM calls WHERE key = 'lost' AND state = 'unknown' AND result IS NULL`); n != 1 {
+		t.Fatal("the refused resolution changed the call")
+	}
+	if err := admin.ResolveCall(ctx, db, ref, admin.Resolution{Outcome: admin.CallCompleted, Note: marker, Sealer: s}); err != nil {
+		t.Fatal(err)
+	}
+	if r := resultOf(t, db, "lost"); !strings.HasPrefix(r, seal.Prefix) {
+		t.Errorf("resolved result %.40q, want sealed", r)
+	}
+	if bytes.Contains(rawStore(t, db, target), []byte(marker)) {
+		t.Error("the note is in the raw store")
+	}
+	if res := note(t, b, "lost", "x"); res.IsError || !strings.Contains(text(res), marker) || runs.Load() != 1 {
+		t.Errorf("retry after the resolution: %s (%d runs), want the note replayed, not run", text(res), runs.Load())
+	}
+}
+
 // unsealedEffects counts the effects whose headers or body are plaintext.
 func unsealedEffects(t *testing.T, db *schema.DB) int {
 	t.Helper()

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"strings"
@@ -63,21 +64,29 @@ func runOutboxForget(ctx context.Context, env *environment, s outboxSub, args []
 	}
 	logger.Warn("operator action", "action", "forget-principal", "principal", principal, "data_keys", f.DataKeys,
 		"calls", f.Calls, "effects", f.Effects, "in_flight", f.InFlight, "db", schema.Redact(*dbPath))
-	_, err = fmt.Fprintf(env.stdout, "principal %s forgotten: %d data keys erased, %d calls and %d effects cleared\n",
-		principal, f.DataKeys, f.Calls, f.Effects)
-	if err == nil && f.Unknown {
-		// Most likely a principal in another form than its calls' (a
-		// tenant's user given without the tenant): say so, or the
-		// operator believes a request to be forgotten was met.
-		msg := "no call or data key of " + principal + " is recorded in this database: nothing was erased"
+	if f.Unknown {
+		// An erasure script records exit 0 as done: a principal written
+		// in another form than its calls' (a typo, a tenant's user without
+		// the tenant) must not read as a request met.
+		msg := fmt.Sprintf("forget-principal: principal %s is unknown: no call or data key of it is recorded in this database, nothing was erased", principal)
 		if len(f.Similar) > 0 {
-			msg += "; principals of tenants' servers: " + strings.Join(f.Similar, ", ")
+			msg += "; similar principals recorded: " + strings.Join(f.Similar, ", ")
 		}
-		_, err = fmt.Fprintln(env.stdout, msg)
+		return errors.New(msg)
 	}
-	if err == nil && f.InFlight > 0 {
-		_, err = fmt.Fprintf(env.stdout, "%d calls were in flight and are not erased: run forget-principal again once they ended\n", f.InFlight)
+	fmt.Fprintf(env.stdout, "principal %s forgotten: %d data keys erased, %d calls and %d effects cleared\n",
+		principal, f.DataKeys, f.Calls, f.Effects)
+	if f.InFlight > 0 {
+		fmt.Fprintf(env.stdout, "%d calls were in flight and are not erased: run forget-principal again once they ended\n", f.InFlight)
 	}
+	if f.WALPending {
+		fmt.Fprintln(env.stdout, "the -wal file still holds pages from before the forget (a reader held an older snapshot): "+
+			"run forget-principal again once readers are done to checkpoint it")
+	}
+	// Forgetting erases what was recorded, not who may call: a token of
+	// the principal still works, and its next call is served and recorded
+	// under a new data key.
+	_, err = fmt.Fprintf(env.stdout, "revoke %s's tokens at the identity provider: a new call of theirs is served and recorded again\n", principal)
 	return err
 }
 

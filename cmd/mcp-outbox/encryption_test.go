@@ -91,8 +91,31 @@ func TestEncryptionCLI(t *testing.T) {
 	if r.code != 0 || !strings.Contains(r.stdout, "1 data keys erased, 1 calls") || !strings.Contains(r.stderr, "operator action") {
 		t.Fatalf("forget-principal: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
 	}
-	if r := runCLI(t, vars, "outbox", "forget-principal", "nobody"); r.code != 0 || !strings.Contains(r.stdout, "no call or data key of user:nobody") {
-		t.Errorf("forget-principal of an unknown principal: exit %d, stdout %q, want it said that nothing was erased", r.code, r.stdout)
+	if !strings.Contains(r.stdout, "revoke local's tokens at the identity provider") {
+		t.Errorf("forget-principal: stdout %q, want the tokens' revocation asked for", r.stdout)
+	}
+	// An erasure script reads exit 0 as done: an unknown principal (a
+	// typo) erased nothing and must not exit 0; one forgotten before does.
+	if r := runCLI(t, vars, "outbox", "forget-principal", "nobody"); r.code != 1 ||
+		!strings.Contains(r.stderr, "principal user:nobody is unknown") || !strings.Contains(r.stderr, "nothing was erased") ||
+		strings.Contains(r.stdout, "forgotten") {
+		t.Errorf("forget-principal of an unknown principal: exit %d, stdout %q, stderr %q; want exit 1 saying it is unknown", r.code, r.stdout, r.stderr)
+	}
+	// Its effect was cancelled with its body erased: a retry sent an
+	// empty request, which the destination accepted.
+	var effect string
+	if err := db.QueryRow(`SELECT e.id FROM effects e JOIN calls c ON c.id = e.call_id WHERE c.key = 'enc-1'`).Scan(&effect); err != nil {
+		t.Fatal(err)
+	}
+	if r := runCLI(t, vars, "outbox", "retry", effect); r.code != 1 || !strings.Contains(r.stderr, "principal was forgotten") {
+		t.Errorf("retry of the forgotten effect: exit %d, stdout %q, stderr %q; want exit 1 saying why", r.code, r.stdout, r.stderr)
+	}
+	var effectState string
+	if err := db.QueryRow(`SELECT state FROM effects WHERE id = ?`, effect).Scan(&effectState); err != nil || effectState != "cancelled" {
+		t.Errorf("the forgotten effect after a retry: %q, %v; want cancelled", effectState, err)
+	}
+	if r := runCLI(t, vars, "outbox", "forget-principal", "local"); r.code != 0 || !strings.Contains(r.stdout, "0 data keys erased") {
+		t.Errorf("forget-principal again: exit %d, stdout %q, stderr %q; want exit 0, nothing more erased", r.code, r.stdout, r.stderr)
 	}
 	erased := func(cs *mcp.ClientSession) {
 		t.Helper()
@@ -258,5 +281,62 @@ func TestEncryptionKeyRequiredCLI(t *testing.T) {
 	r = runCLI(t, nil, "drain", "--db", dbPath, "--dest", "payments="+fake.URL(), "--encryption-key-file", keys, "--timeout", "20s")
 	if r.code != 0 || !strings.Contains(r.stdout, "delivered 2") {
 		t.Errorf("drain with the key file: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+}
+
+// TestResolveCallSealedCLI: resolve-call stored the operator's note as
+// the call's result in plaintext on an encrypted database, and refused
+// --encryption-key-file. Now it takes the key file and seals the note,
+// which a retry replays; without the key file it changes nothing.
+func TestResolveCallSealedCLI(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	dbPath := filepath.Join(dir, "ledger.db")
+	keys, _ := writeKeyFile(t, dir, "keys", "k1")
+	cs, _ := serveStdio(t, bin, dbPath, nil, "--encryption-key-file", keys)
+	if res := chargeWith(t, cs, "lost", 4242); res.IsError {
+		t.Fatal(resultText(res))
+	}
+	cs.Close()
+	db, err := sql.Open("sqlite", dbPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	// What a call forwarded to a tool server that never answered leaves.
+	if _, err := db.Exec(`UPDATE calls SET state = 'unknown', result = NULL, completed_at = NULL WHERE key = 'lost'`); err != nil {
+		t.Fatal(err)
+	}
+	const note = "NOTE-ch_4242-at-the-processor"
+	vars := map[string]string{"MCP_OUTBOX_DB": dbPath}
+	args := []string{"outbox", "resolve-call", "--key", "lost", "--outcome", "completed", "--note", note}
+	if r := runCLI(t, vars, args...); r.code != 1 || !strings.Contains(r.stderr, "encrypted") || !strings.Contains(r.stderr, "--encryption-key-file") {
+		t.Errorf("resolve-call without the key file: exit %d, stderr %q; want exit 1 asking for the key file", r.code, r.stderr)
+	}
+	var state string
+	if err := db.QueryRow(`SELECT state FROM calls WHERE key = 'lost'`).Scan(&state); err != nil || state != "unknown" {
+		t.Fatalf("after the refusal: %q, %v; want unknown", state, err)
+	}
+	if r := runCLI(t, vars, append(args, "--encryption-key-file", keys)...); r.code != 0 || !strings.Contains(r.stdout, "now completed") {
+		t.Fatalf("resolve-call with the key file: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	var result string
+	if err := db.QueryRow(`SELECT result FROM calls WHERE key = 'lost'`).Scan(&result); err != nil || !strings.HasPrefix(result, "mcpo1:") {
+		t.Errorf("stored result %.40q, %v; want sealed", result, err)
+	}
+	db.Close()
+	for _, suffix := range []string{"", "-wal"} {
+		raw, err := os.ReadFile(dbPath + suffix)
+		if err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+		if strings.Contains(string(raw), note) {
+			t.Errorf("the note is in the file%s in plaintext", suffix)
+		}
+	}
+	cs, _ = serveStdio(t, bin, dbPath, nil, "--encryption-key-file", keys)
+	defer cs.Close()
+	if res := chargeWith(t, cs, "lost", 4242); !strings.Contains(resultText(res), note) {
+		t.Errorf("retry after the resolution: %s, want the note replayed", resultText(res))
 	}
 }

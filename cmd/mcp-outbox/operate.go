@@ -44,6 +44,7 @@ Subcommands:
                            calls in state unknown, the oldest first
   resolve-call --key K [--principal P] --outcome completed|failed|rerun [--note TEXT]
                            settle an unknown call by what you found out
+                           (and --encryption-key-file FILE if encrypted)
   forget-principal P       erase P's recorded arguments, results and effect
                            bodies; its keys stay used (a retry runs nothing)
   reencrypt --encryption-key-file FILE
@@ -134,7 +135,7 @@ forwarded to a tool server that keeps its work outside the outbox's
 transaction, and its outcome was lost: it may or may not have run, and it
 never runs again by itself. Settle each with resolve-call. --json prints
 every field of each row.`, runOutboxCalls},
-		{"resolve-call", `Usage: mcp-outbox outbox resolve-call (--key K [--principal P] | --call-id ID) --outcome OUTCOME [--note TEXT] [--db FILE]
+		{"resolve-call", `Usage: mcp-outbox outbox resolve-call (--key K [--principal P] | --call-id ID) --outcome OUTCOME [--note TEXT] [--encryption-key-file FILE] [--db FILE]
 
 Settles a call in state unknown by what you found out in the tool server's
 own records. OUTCOME is one of:
@@ -144,7 +145,9 @@ as the text of the call's result, which retries replay to the client: say
 what you found. The principal is "local" unless given: calls over stdio and
 unauthenticated HTTP belong to it. --call-id names the call by its call id
 instead (callId in the status tool and 'outbox calls', call_id in the logs),
-which no other call ever has. Only an unknown call can be resolved.`, runOutboxResolveCall},
+which no other call ever has. Only an unknown call can be resolved. On an
+encrypted database give its key file: the note is stored encrypted, as every
+recorded result is; without it nothing is changed.`, runOutboxResolveCall},
 		{"forget-principal", `Usage: mcp-outbox outbox forget-principal [--db FILE] PRINCIPAL
 
 Erases every recorded argument, result and effect body of PRINCIPAL (local,
@@ -152,11 +155,18 @@ or a token's principal: alice or user:alice; within a tenant, as the operator
 page shows it: tenant:NAME/user:alice, once per tenant), for a request to be
 forgotten (GDPR Art. 17). With encryption on it is crypto-erasure: the principal's data
 keys are deleted, so nothing sealed under them can be read again from the
-database, its WAL, or any backup taken from now on; the values themselves are
-deleted too, and undelivered effects are cancelled. Every key of the principal
-stays recorded: a retry runs nothing and the status tool answers "erased". It
-holds at once for a running serve and after a restart. Needs no key file.
-Calls in flight are left alone and counted: run it again once they ended.
+database or any backup taken from now on; the values themselves are deleted
+too, and undelivered effects are cancelled for good (retry refuses them: their
+body is gone). On SQLite the erased rows are overwritten with zeros and the
+WAL is checkpointed; if a reader holds the checkpoint off, it says so: run it
+again later. On PostgreSQL dead tuples and WAL segments keep the wrapped data
+key until vacuumed and recycled (see 'Data protection' in the README). Every
+key of the principal stays recorded: a retry runs nothing and the status tool
+answers "erased". It holds at once for a running serve and after a restart.
+Needs no key file. Calls in flight are left alone and counted: run it again
+once they ended. A principal the database never saw exits 1, erasing nothing,
+and names similar ones; one forgotten before exits 0. Revoke the principal's
+tokens at the identity provider too: a new call is served and recorded again.
 The erase is logged on stderr as an operator action and kept in data_keys.`, runOutboxForget},
 		{"reencrypt", `Usage: mcp-outbox outbox reencrypt --encryption-key-file FILE [--batch N] [--db FILE]
 
@@ -443,6 +453,8 @@ func runOutboxResolveCall(ctx context.Context, env *environment, s outboxSub, ar
 	callID := fs.String("call-id", "", "instead of --key and --principal: the call's `id` (callId in the status tool, call_id in the logs)")
 	outcome := fs.String("outcome", "", "what you found out: "+strings.Join(operate.CallOutcomeNames(), ", "))
 	note := fs.String("note", "", "what you found, recorded in the call's result (at most 1000 bytes)")
+	var keyFile string
+	keyFileFlag(env, fs, &keyFile)
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
 		return err
@@ -460,12 +472,19 @@ func runOutboxResolveCall(ctx context.Context, env *environment, s outboxSub, ar
 	if err := operate.CheckResolveCall(ref, *outcome, *note); err != nil {
 		return cliError(err)
 	}
+	// The note becomes the call's recorded result: on an encrypted
+	// database it is sealed like every other, or refused without the key
+	// file, rather than stored as the one plaintext result.
+	sealer, err := loadSealer(keyFile)
+	if err != nil {
+		return err
+	}
 	db, err := openExisting(ctx, *dbPath)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	res, err := operate.ResolveUnknownCall(ctx, db, ref, *outcome, *note)
+	res, err := operate.ResolveUnknownCall(ctx, db, sealer, ref, *outcome, *note)
 	if err != nil {
 		return cliError(err)
 	}

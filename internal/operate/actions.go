@@ -12,6 +12,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
+	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -339,8 +340,10 @@ func CheckResolveCall(ref CallRef, outcome, note string) error {
 	return nil
 }
 
-// ResolveUnknownCall validates and settles the unknown call ref names.
-func ResolveUnknownCall(ctx context.Context, db *schema.DB, ref CallRef, outcome, note string) (*CallResolution, error) {
+// ResolveUnknownCall validates and settles the unknown call ref names. s
+// is the Sealer of the database's key file, nil for a database without
+// one: the note is recorded as the call's result (admin.ResolveCall).
+func ResolveUnknownCall(ctx context.Context, db *schema.DB, s *seal.Sealer, ref CallRef, outcome, note string) (*CallResolution, error) {
 	if err := CheckResolveCall(ref, outcome, note); err != nil {
 		return nil, err
 	}
@@ -359,9 +362,9 @@ func ResolveUnknownCall(ctx context.Context, db *schema.DB, ref CallRef, outcome
 		return nil, fmt.Errorf("read the call: %w", err)
 	}
 	if ref.CallID != "" {
-		err = admin.ResolveCallUID(ctx, db, ref.CallID, admin.Resolution{Outcome: admin.CallOutcome(outcome), Note: note})
+		err = admin.ResolveCallUID(ctx, db, ref.CallID, admin.Resolution{Outcome: admin.CallOutcome(outcome), Note: note, Sealer: s})
 	} else {
-		err = admin.ResolveCall(ctx, db, admin.CallRef{Principal: ref.Principal, Key: ref.Key}, admin.Resolution{Outcome: admin.CallOutcome(outcome), Note: note})
+		err = admin.ResolveCall(ctx, db, admin.CallRef{Principal: ref.Principal, Key: ref.Key}, admin.Resolution{Outcome: admin.CallOutcome(outcome), Note: note, Sealer: s})
 	}
 	if err != nil {
 		if errors.Is(err, admin.ErrCallOutcome) {

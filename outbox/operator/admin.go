@@ -22,6 +22,7 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/internal/operate"
 	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
+	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -50,7 +51,7 @@ import (
 // Who may call it: see Options.AdminTokenSHA256.
 func NewAdmin(db *schema.DB, opts *Options) http.Handler {
 	o := mustOptions(opts)
-	h := &adminHandler{db: db, logger: o.Logger}
+	h := &adminHandler{db: db, sealer: o.Sealer, logger: o.Logger}
 	r := chi.NewRouter()
 	r.Use(middleware.Recoverer, adminGuard(newAdminAuth(o)))
 	r.NotFound(func(w http.ResponseWriter, _ *http.Request) {
@@ -73,7 +74,9 @@ func NewAdmin(db *schema.DB, opts *Options) http.Handler {
 }
 
 type adminHandler struct {
-	db     *schema.DB
+	db *schema.DB
+	// sealer seals a resolution's note on an encrypted database.
+	sealer *seal.Sealer
 	logger *slog.Logger
 }
 
@@ -303,7 +306,7 @@ func (h *adminHandler) resolveCall(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	body.Principal = ref.Principal
-	res, err := operate.ResolveUnknownCall(r.Context(), h.db, ref, body.Outcome, body.Note)
+	res, err := operate.ResolveUnknownCall(r.Context(), h.db, h.sealer, ref, body.Outcome, body.Note)
 	if err != nil {
 		h.failLogging(w, r, err, operate.RedactKey(err, body.Principal, body.Key))
 		return
@@ -385,7 +388,8 @@ func (h *adminHandler) failLogging(w http.ResponseWriter, r *http.Request, err, 
 		status = http.StatusBadRequest
 	case errors.Is(err, admin.ErrNoEffect), errors.Is(err, admin.ErrNoCall):
 		status = http.StatusNotFound
-	case errors.Is(err, admin.ErrEffectState), errors.Is(err, admin.ErrNotResolvable), errors.Is(err, admin.ErrCallNotUnknown):
+	case errors.Is(err, admin.ErrEffectState), errors.Is(err, admin.ErrNotResolvable), errors.Is(err, admin.ErrCallNotUnknown),
+		errors.Is(err, admin.ErrEffectErased), errors.Is(err, admin.ErrSealerNeeded):
 		status = http.StatusConflict
 	default:
 		h.logger.Error("admin request failed", "method", r.Method, "path", r.URL.Path, "error", logged)

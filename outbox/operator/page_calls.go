@@ -153,7 +153,7 @@ func (p *pageHandler) resolveCall(w http.ResponseWriter, r *http.Request) {
 		p.redirectFailed(w, r, action, err)
 		return
 	}
-	if err := admin.ResolveCallUID(r.Context(), p.db, call.UID, admin.Resolution{Outcome: admin.CallOutcome(outcome), Note: note}); err != nil {
+	if err := admin.ResolveCallUID(r.Context(), p.db, call.UID, admin.Resolution{Outcome: admin.CallOutcome(outcome), Note: note, Sealer: p.sealer}); err != nil {
 		if errors.Is(err, admin.ErrNoCall) || errors.Is(err, admin.ErrCallNotUnknown) {
 			err = fmt.Errorf("%s was settled meanwhile: %w", name, err)
 		}

@@ -228,7 +228,8 @@ func (p *pageHandler) retryDead(w http.ResponseWriter, r *http.Request) {
 func (p *pageHandler) redirectFailed(w http.ResponseWriter, r *http.Request, action string, err error) {
 	var known *operate.StateError
 	if !errors.As(err, new(operate.BadInput)) && !errors.As(err, &known) && !errors.Is(err, admin.ErrNoEffect) &&
-		!errors.Is(err, admin.ErrNoCall) && !errors.Is(err, admin.ErrCallNotUnknown) {
+		!errors.Is(err, admin.ErrNoCall) && !errors.Is(err, admin.ErrCallNotUnknown) && !errors.Is(err, admin.ErrEffectErased) &&
+		!errors.Is(err, admin.ErrSealerNeeded) {
 		p.logger.Error("operator page action failed", "action", action, "error", err)
 	}
 	p.redirectFlash(w, r, flashFailed, fmt.Sprintf("%s refused: %v", action, err))
