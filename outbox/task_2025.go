@@ -167,6 +167,9 @@ func (l *Layer) call2025(ctx context.Context, t *toolInfo, req *mcp.CallToolRequ
 		// CreateTaskResult only (the TypeScript SDK parses it with
 		// CreateTaskResultSchema, and fails on a CallToolResult).
 		res, err := l.callAsTask(ctx, t, req, true)
+		if cr, ok := res.(*mcp.CallToolResult); ok && err == nil {
+			return nil, refusal2025(cr), true
+		}
 		return res, err, true
 	case support == "required":
 		// The revision: MUST answer -32601 to a call made without a task.
@@ -174,6 +177,50 @@ func (l *Layer) call2025(ctx context.Context, t *toolInfo, req *mcp.CallToolRequ
 			"tool %q runs only as a task (execution.taskSupport required): send params.task. Nothing was executed.", t.name)}, true
 	}
 	return nil, nil, false
+}
+
+// refusal2025 is the JSON-RPC error that answers a task-augmented
+// tools/call with what the layer decided before any task was made (a key
+// conflict, an invalid key, arguments refused, a replay of a call recorded
+// without a task...). The revision leaves a receiver two answers: a
+// CreateTaskResult for a request it accepts, or a JSON-RPC error; the
+// TypeScript SDK rejects anything else with an unhelpful -32603 of its own
+// and the caller never reads why. No task exists here, and making one
+// (already failed) would show a task that never ran as a call's record, so
+// it is an error. Its message is the refusal's text, which says nothing
+// was executed; data keeps the layer's code and the CallToolResult a call
+// without params.task would have had.
+func refusal2025(cr *mcp.CallToolResult) error {
+	code, _ := cr.Meta[MetaKeyError].(string)
+	msg := ""
+	for _, c := range cr.Content {
+		if tc, ok := c.(*mcp.TextContent); ok {
+			msg = tc.Text
+			break
+		}
+	}
+	rpc := int64(jsonrpc.CodeInvalidParams)
+	switch {
+	case code == codeNotRecorded:
+		// The store failed (or the task ended before it was taken up):
+		// nothing about the request itself was wrong.
+		rpc = jsonrpc.CodeInternalError
+	case code == "" && !cr.IsError:
+		// A replay: the key names a call recorded without a task. Its
+		// result is the outcome a retry gets; here it goes under data.
+		msg = "this call was made earlier without a task and its outcome is recorded; no task was made and nothing was executed now. " +
+			"Call it again without params.task to get its recorded result (it is also under data.result)."
+		code = "not_a_task"
+	case code == "":
+		msg = "this call was made earlier without a task and its outcome, an error, is recorded; no task was made and nothing was executed now. " +
+			"Its recorded result: " + msg
+		code = "not_a_task"
+	}
+	data, err := json.Marshal(map[string]any{"code": code, "result": cr})
+	if err != nil {
+		data = nil
+	}
+	return &jsonrpc.Error{Code: rpc, Message: msg, Data: data}
 }
 
 // task2025 is a task on the 2025-11-25 wire (its Task type): ttl is

@@ -310,6 +310,35 @@ func TestTask2025_Refusals(t *testing.T) {
 	if r := result(t, plain.charge(false, "t25-plain", 5)); r["task"] != nil || r["isError"] == true {
 		t.Errorf("plain call = %v", r)
 	}
+	// What the layer answers instead of a task is a JSON-RPC error: the
+	// client, having sent params.task, takes only a CreateTaskResult or an
+	// error (the TypeScript SDK failed a CallToolResult with its own -32603).
+	for _, tc := range []struct {
+		name, key string
+		amount    int
+		code      string
+	}{
+		{"key conflict", "t25-plain", 6, "key_conflict"},
+		{"invalid key", "t25\x01bad", 5, "invalid_key"},
+		{"replay of a call made without a task", "t25-plain", 5, "not_a_task"},
+	} {
+		resp := plain.charge(true, tc.key, tc.amount)
+		e, ok := resp["error"].(map[string]any)
+		if !ok {
+			t.Errorf("%s with params.task: %v, want a JSON-RPC error", tc.name, resp)
+			continue
+		}
+		data, _ := e["data"].(map[string]any)
+		if e["code"] != float64(-32602) || data["code"] != tc.code || !strings.Contains(fmt.Sprint(e["message"]), "nothing was executed") {
+			t.Errorf("%s with params.task: error %v, want -32602 with data.code %s saying nothing was executed", tc.name, e, tc.code)
+		}
+		if _, ok := data["result"].(map[string]any); !ok {
+			t.Errorf("%s: data = %v, want the plain call's result under result", tc.name, data)
+		}
+	}
+	if n := count(t, db.Read, `SELECT count(*) FROM calls WHERE key LIKE 't25%' AND task_id IS NOT NULL`); n != 0 {
+		t.Errorf("a refused task request made %d tasks", n)
+	}
 	// tasks/update is the 2026 generation's.
 	if code, _ := rpcError(t, plain.task("tasks/update", "task_x")); code != -32601 {
 		t.Errorf("tasks/update at 2025-11-25: code %v, want -32601", code)
