@@ -273,6 +273,14 @@ func (t *taskResult) as2025() task2025 {
 		w.Status, w.StatusMessage = taskCancelled, "cancelled: its attempt rolls back, and nothing of it is kept"
 	case t.Status == taskFailed && t.Error != nil && w.StatusMessage == "":
 		w.StatusMessage = t.Error.Message
+	case t.toolError:
+		// The revision: failed "for tool calls specifically, ... where the
+		// tool call result has isError set to true", with a statusMessage
+		// to tell why; tasks/result still answers the CallToolResult.
+		w.Status = taskFailed
+		if w.StatusMessage == "" {
+			w.StatusMessage = resultText(t.stored)
+		}
 	}
 	return w
 }
@@ -350,8 +358,9 @@ func (r *storedResult2025) MarshalJSON() ([]byte, error) { return json.Marshal(r
 
 // taskPayload2025 answers tasks/result: it waits until the task is terminal
 // (reading its row, so the task may run in another process or replica),
-// then answers what its tools/call would have: the CallToolResult (isError
-// or not) of a completed task, the JSON-RPC error of a failed one.
+// then answers what its tools/call would have: the CallToolResult of a
+// task that ended with one (a failed task on this wire when it has
+// isError), the JSON-RPC error of a task that ended with an error.
 func (l *Layer) taskPayload2025(ctx context.Context, who, id string) (mcp.Result, error) {
 	for {
 		t, err := l.getTask(ctx, who, id, false)
@@ -360,7 +369,7 @@ func (l *Layer) taskPayload2025(ctx context.Context, who, id string) (mcp.Result
 		}
 		w := t.as2025()
 		switch {
-		case w.Status == taskCompleted:
+		case t.Status == taskCompleted: // isError or not (failed on this wire)
 			fields := map[string]json.RawMessage{}
 			if err := json.Unmarshal([]byte(t.stored), &fields); err != nil {
 				return nil, fmt.Errorf("read task result: %w", err)

@@ -563,3 +563,46 @@ func TestTask2025_TTLSurvivesTakeover(t *testing.T) {
 		t.Errorf("the recovered task's row does not expire 2 minutes after it completed")
 	}
 }
+
+// A tool result with isError ends a task failed at 2025-11-25 ("For tool
+// calls specifically, this includes cases where the tool call result has
+// isError set to true"), but completed in the 2026-07-28 extension, whose
+// failed is for JSON-RPC errors only; tasks/result answers the
+// CallToolResult either way, and call_status follows the asker's revision.
+func TestTask2025_ToolErrorFails(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	b := taskSetup(t, db, outbox.TasksAlways, nil)
+	p := stdio2025(t, b.server)
+	id := created2025(t, p.charge(true, "t25-err", 0))["taskId"].(string)
+	res := result(t, p.task("tasks/result", id))
+	if res["isError"] != true {
+		t.Fatalf("tasks/result = %v, want the CallToolResult with isError", res)
+	}
+	get := result(t, p.task("tasks/get", id))
+	if get["status"] != "failed" || !strings.Contains(fmt.Sprint(get["statusMessage"]), "amount must be greater than 0") {
+		t.Errorf("tasks/get = %v, want failed with the tool's error as statusMessage", get)
+	}
+	if tasks := result(t, p.request("tasks/list", map[string]any{}))["tasks"].([]any); len(tasks) != 1 || tasks[0].(map[string]any)["status"] != "failed" {
+		t.Errorf("tasks/list = %v", tasks)
+	}
+	if again := created2025(t, p.charge(true, "t25-err", 0)); again["taskId"] != id || again["status"] != "failed" {
+		t.Errorf("retry = %v, want task %s failed", again, id)
+	}
+	if code, _ := rpcError(t, p.task("tasks/cancel", id)); code != -32602 {
+		t.Errorf("tasks/cancel of a failed task: code %v, want -32602", code)
+	}
+	st := result(t, p.request("tools/call", map[string]any{"name": outbox.StatusToolName, "arguments": map[string]any{"key": "t25-err"}}))
+	if sc, _ := st["structuredContent"].(map[string]any); sc["taskStatus"] != "failed" || sc["state"] != "failed" {
+		t.Errorf("call_status at 2025-11-25 = %v, want taskStatus failed", sc)
+	}
+	// The same task read through the extension: completed, with the result.
+	p26 := stdioPeer(t, b.server)
+	if r := result(t, p26.task("tasks/get", id)); r["status"] != "completed" || r["result"].(map[string]any)["isError"] != true {
+		t.Errorf("tasks/get at 2026-07-28 = %v, want completed with the isError result", r)
+	}
+	st = result(t, p26.request("tools/call", map[string]any{"name": outbox.StatusToolName, "arguments": map[string]any{"key": "t25-err"}, "_meta": meta(false, "")}))
+	if sc, _ := st["structuredContent"].(map[string]any); sc["taskStatus"] != "completed" {
+		t.Errorf("call_status at 2026-07-28 = %v, want taskStatus completed", sc)
+	}
+}

@@ -165,7 +165,9 @@ func (l *Layer) getTask(ctx context.Context, principal, id string, withResult bo
 		t.Status = taskFailed
 		t.Error = &taskError{Code: jsonrpc.CodeInternalError, Message: "the call's outcome is unknown: it may or may not have run; an operator settles it"}
 	default: // completed or failed: a tool result, isError or not
-		t.Status = taskCompleted
+		// The extension: completed "includes tool calls that returned
+		// results with isError: true"; failed is for JSON-RPC errors only.
+		t.Status, t.toolError = taskCompleted, state == "failed"
 		if withResult && result.Valid {
 			inner, err := completeResult(result.String)
 			if err != nil {

@@ -64,8 +64,11 @@ type Status struct {
 	ToolCallID string `json:"toolCallId,omitempty"`
 	// TaskID is the id of the task the call runs as (MCP Tasks,
 	// 2026-07-28), empty for a call that is no task; TaskStatus is the
-	// task's status as tasks/get reports it: working, completed, failed or
-	// cancelled.
+	// task's status as tasks/get of the 2026-07-28 extension reports it:
+	// working, completed (a tool result, isError or not), failed or
+	// cancelled. The 2025-11-25 revision calls a task whose result has
+	// isError failed: the status tool says so to a session of that
+	// revision.
 	TaskID      string          `json:"taskId,omitempty"`
 	TaskStatus  string          `json:"taskStatus,omitempty"`
 	Attempts    int             `json:"attempts,omitempty"`
