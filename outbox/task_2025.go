@@ -379,6 +379,9 @@ func (l *Layer) taskPayload2025(ctx context.Context, who, id string) (mcp.Result
 				_ = json.Unmarshal(raw, &meta)
 			}
 			meta[relatedTaskMeta] = map[string]string{"taskId": id}
+			if t.callMeta != nil {
+				meta[MetaKeyCall] = t.callMeta
+			}
 			b, err := json.Marshal(meta)
 			if err != nil {
 				return nil, err

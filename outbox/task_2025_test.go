@@ -216,6 +216,12 @@ func TestTask2025_CreateResultGetList(t *testing.T) {
 	if rel, _ := res["_meta"].(map[string]any)["io.modelcontextprotocol/related-task"].(map[string]any); rel["taskId"] != id {
 		t.Errorf("tasks/result _meta = %v, want the related task", res["_meta"])
 	}
+	// And the layer's outcome, as every recorded result has it.
+	call, _ := res["_meta"].(map[string]any)[outbox.MetaKeyCall].(map[string]any)
+	if call["key"] != "t25-1" || call["keySource"] != "meta" || call["state"] != "completed" || call["replayed"] != false ||
+		!strings.HasPrefix(fmt.Sprint(call["callId"]), "call_") || call["completedAt"] == nil {
+		t.Errorf("tasks/result _meta[%s] = %v", outbox.MetaKeyCall, call)
+	}
 	if r := result(t, p.task("tasks/get", id)); r["status"] != "completed" {
 		t.Errorf("tasks/get = %v", r)
 	}
@@ -578,6 +584,9 @@ func TestTask2025_ToolErrorFails(t *testing.T) {
 	res := result(t, p.task("tasks/result", id))
 	if res["isError"] != true {
 		t.Fatalf("tasks/result = %v, want the CallToolResult with isError", res)
+	}
+	if call, _ := res["_meta"].(map[string]any)[outbox.MetaKeyCall].(map[string]any); call["state"] != "failed" || call["key"] != "t25-err" {
+		t.Errorf("tasks/result _meta[%s] = %v, want state failed", outbox.MetaKeyCall, call)
 	}
 	get := result(t, p.task("tasks/get", id))
 	if get["status"] != "failed" || !strings.Contains(fmt.Sprint(get["statusMessage"]), "amount must be greater than 0") {
