@@ -391,7 +391,16 @@ func (l *Layer) taskPayload2025(ctx context.Context, who, id string) (mcp.Result
 		case w.Status == taskFailed && t.Error != nil:
 			return nil, &jsonrpc.Error{Code: t.Error.Code, Message: t.Error.Message}
 		case terminal2025(w.Status):
-			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: fmt.Sprintf("task %s was cancelled before its commit: it has no result, and nothing of it was kept", id)}
+			// Cancelled. The revision has tasks/result answer what the
+			// request would have, but a cancelled request has no answer
+			// (cancellation: receivers SHOULD "Not send a response for the
+			// cancelled request"). So an error about the request's taskId,
+			// whose task holds no result: -32602, as the revision's other
+			// errors about a task that cannot serve the method. Not
+			// -32603, which reads as a fault of the server.
+			data, _ := json.Marshal(map[string]string{"taskId": id, "status": taskCancelled})
+			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Data: data, Message: fmt.Sprintf(
+				"task %s was cancelled before its commit: it has no result, nothing of it was kept, and it will not run again", id)}
 		}
 		// Poll the row: the task may run anywhere. Its own poll interval
 		// bounds the wait, and a short one keeps the answer prompt.

@@ -257,8 +257,10 @@ func TestTask2025_Cancel(t *testing.T) {
 	if r := result(t, p.task("tasks/get", id)); r["status"] != "cancelled" {
 		t.Errorf("tasks/get after cancel = %v", r)
 	}
-	if code, _ := rpcError(t, p.task("tasks/result", id)); code == 0 {
-		t.Errorf("tasks/result of a cancelled task answered a result")
+	// A cancelled request has no answer to give back: a clear -32602 about
+	// the task, not the -32603 of a server fault.
+	if code, msg := rpcError(t, p.task("tasks/result", id)); code != -32602 || !strings.Contains(msg, "cancelled before its commit") {
+		t.Errorf("tasks/result of a cancelled task: %v %s, want -32602 saying it was cancelled", code, msg)
 	}
 	if code, _ := rpcError(t, p.task("tasks/cancel", id)); code != -32602 {
 		t.Errorf("second tasks/cancel: code %v, want -32602", code)
@@ -272,6 +274,12 @@ func TestTask2025_Cancel(t *testing.T) {
 	}
 	if got := charges(t, b); got != 0 {
 		t.Errorf("charges = %d after a cancel, want 0", got)
+	}
+	st := result(t, p.request("tools/call", map[string]any{"name": outbox.StatusToolName, "arguments": map[string]any{"key": "t25-cancel"}}))
+	sc, _ := st["structuredContent"].(map[string]any)
+	if msg := fmt.Sprint(sc["message"]); sc["taskStatus"] != "cancelled" || sc["state"] != "failed" ||
+		!strings.Contains(msg, "cancelled (tasks/cancel) before its commit") || strings.Contains(msg, "The tool returned an error") {
+		t.Errorf("call_status of a cancelled task = %v", sc)
 	}
 }
 
