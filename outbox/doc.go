@@ -257,19 +257,30 @@
 // not wait: such a client reads only a CreateTaskResult), answered as
 // {"task":{taskId, status, createdAt, lastUpdatedAt, ttl, pollInterval}};
 // without params.task a TasksRequired tool answers -32601, and params.task
-// to a tool that allows no task is -32601 too (nothing runs). params.task
+// to a tool that allows no task is -32601 too (nothing runs). A call with
+// params.task that the layer answers before any task exists (a key
+// conflict, an invalid key, arguments refused, a key that names a call made
+// without a task) gets a JSON-RPC error, -32602 (-32603 when the store
+// failed), whose message says nothing was executed and whose data holds
+// the layer's code and the CallToolResult a plain call would have had:
+// such a client takes only a CreateTaskResult or an error. params.task
 // reaches the layer through the fronts (mcpstdio, mcphttp), which lift it
 // into _meta: the go-sdk drops it. The methods, over the same rows and
 // scoped by principal alike:
 //
 //	tasks/get     the task's fields at the top level of the result; a task
 //	              whose cancel is recorded is cancelled at once (it can end
-//	              no other way), failed carries the error's message
+//	              no other way), failed carries the error's message; a
+//	              tool result with isError is failed here (the revision
+//	              says so of tool calls), with its text as statusMessage,
+//	              where the 2026 extension says completed
 //	tasks/result  waits until the task ends, reading its row (so it may run
 //	              in another process), then answers the stored
-//	              CallToolResult with _meta
-//	              "io.modelcontextprotocol/related-task", or the JSON-RPC
-//	              error of a failed or cancelled task
+//	              CallToolResult, isError or not, with _meta
+//	              "io.modelcontextprotocol/related-task" and the layer's
+//	              MetaKeyCall, or the JSON-RPC error of a task that ended
+//	              with one; a cancelled task, whose request has no answer,
+//	              is -32602 saying it was cancelled
 //	tasks/list    the principal's tasks, oldest first, 50 a page, with
 //	              nextCursor
 //	tasks/cancel  -32602 on a terminal task (also one whose commit wins the

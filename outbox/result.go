@@ -143,7 +143,11 @@ func setCallMeta(cr *mcp.CallToolResult, id callIdentity, uid, state string, rep
 	if cr.Meta == nil {
 		cr.Meta = mcp.Meta{}
 	}
-	cr.Meta[MetaKeyCall] = map[string]any{
+	cr.Meta[MetaKeyCall] = callMeta(id, uid, state, replayed, created, completed)
+}
+
+func callMeta(id callIdentity, uid, state string, replayed bool, created, completed int64) map[string]any {
+	return map[string]any{
 		"key":         id.key,
 		"keySource":   string(id.source),
 		"callId":      uid,

@@ -12,6 +12,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/remote"
 	"github.com/mcp-outbox/mcp-outbox/query"
 )
 
@@ -26,6 +27,9 @@ type StatusInput struct {
 func (l *Layer) addStatusTool(s *mcp.Server, tenant string) {
 	mcp.AddTool(s, statusTool(), func(ctx context.Context, req *mcp.CallToolRequest, in StatusInput) (*mcp.CallToolResult, *query.Status, error) {
 		st, err := l.lookupStatus(ctx, scopedPrincipal(tenant, principalOf(req)), in)
+		if err == nil && speaks2025(req) {
+			as2025(st)
+		}
 		return nil, st, err
 	})
 }
@@ -64,11 +68,24 @@ func (l *Layer) callStatus(ctx context.Context, req *mcp.CallToolRequest) *mcp.C
 	if err != nil {
 		return statusError(err)
 	}
+	if remote.Tasks2025(ctx) {
+		as2025(st)
+	}
 	text, err := json.Marshal(st)
 	if err != nil {
 		return statusError(err)
 	}
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: string(text)}}, StructuredContent: st}
+}
+
+// as2025 makes a status's taskStatus what tasks/get tells the asking
+// session: query reports the extension's (2026-07-28), where a tool result
+// with isError completes a task, but 2025-11-25 calls that task failed, and
+// call_status must not contradict the tasks/get its client just read.
+func as2025(st *query.Status) {
+	if st.TaskStatus == taskCompleted && st.State == query.Failed {
+		st.TaskStatus = taskFailed
+	}
 }
 
 func statusError(err error) *mcp.CallToolResult {

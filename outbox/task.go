@@ -244,6 +244,11 @@ type taskResult struct {
 	// For the 2025-11-25 generation, which shapes these otherwise:
 	cancelAsked bool   // tasks/cancel is recorded in the row
 	stored      string // the stored result of a terminal task
+	// toolError: a completed task whose result has isError, which
+	// 2025-11-25 calls failed and the 2026-07-28 extension completed.
+	toolError bool
+	// callMeta: the _meta[MetaKeyCall] of a terminal task's result.
+	callMeta map[string]any
 }
 
 // Task statuses of the 2026-07-28 extension. input_required is not used:

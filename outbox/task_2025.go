@@ -167,6 +167,9 @@ func (l *Layer) call2025(ctx context.Context, t *toolInfo, req *mcp.CallToolRequ
 		// CreateTaskResult only (the TypeScript SDK parses it with
 		// CreateTaskResultSchema, and fails on a CallToolResult).
 		res, err := l.callAsTask(ctx, t, req, true)
+		if cr, ok := res.(*mcp.CallToolResult); ok && err == nil {
+			return nil, refusal2025(cr), true
+		}
 		return res, err, true
 	case support == "required":
 		// The revision: MUST answer -32601 to a call made without a task.
@@ -174,6 +177,50 @@ func (l *Layer) call2025(ctx context.Context, t *toolInfo, req *mcp.CallToolRequ
 			"tool %q runs only as a task (execution.taskSupport required): send params.task. Nothing was executed.", t.name)}, true
 	}
 	return nil, nil, false
+}
+
+// refusal2025 is the JSON-RPC error that answers a task-augmented
+// tools/call with what the layer decided before any task was made (a key
+// conflict, an invalid key, arguments refused, a replay of a call recorded
+// without a task...). The revision leaves a receiver two answers: a
+// CreateTaskResult for a request it accepts, or a JSON-RPC error; the
+// TypeScript SDK rejects anything else with an unhelpful -32603 of its own
+// and the caller never reads why. No task exists here, and making one
+// (already failed) would show a task that never ran as a call's record, so
+// it is an error. Its message is the refusal's text, which says nothing
+// was executed; data keeps the layer's code and the CallToolResult a call
+// without params.task would have had.
+func refusal2025(cr *mcp.CallToolResult) error {
+	code, _ := cr.Meta[MetaKeyError].(string)
+	msg := ""
+	for _, c := range cr.Content {
+		if tc, ok := c.(*mcp.TextContent); ok {
+			msg = tc.Text
+			break
+		}
+	}
+	rpc := int64(jsonrpc.CodeInvalidParams)
+	switch {
+	case code == codeNotRecorded:
+		// The store failed (or the task ended before it was taken up):
+		// nothing about the request itself was wrong.
+		rpc = jsonrpc.CodeInternalError
+	case code == "" && !cr.IsError:
+		// A replay: the key names a call recorded without a task. Its
+		// result is the outcome a retry gets; here it goes under data.
+		msg = "this call was made earlier without a task and its outcome is recorded; no task was made and nothing was executed now. " +
+			"Call it again without params.task to get its recorded result (it is also under data.result)."
+		code = "not_a_task"
+	case code == "":
+		msg = "this call was made earlier without a task and its outcome, an error, is recorded; no task was made and nothing was executed now. " +
+			"Its recorded result: " + msg
+		code = "not_a_task"
+	}
+	data, err := json.Marshal(map[string]any{"code": code, "result": cr})
+	if err != nil {
+		data = nil
+	}
+	return &jsonrpc.Error{Code: rpc, Message: msg, Data: data}
 }
 
 // task2025 is a task on the 2025-11-25 wire (its Task type): ttl is
@@ -226,6 +273,14 @@ func (t *taskResult) as2025() task2025 {
 		w.Status, w.StatusMessage = taskCancelled, "cancelled: its attempt rolls back, and nothing of it is kept"
 	case t.Status == taskFailed && t.Error != nil && w.StatusMessage == "":
 		w.StatusMessage = t.Error.Message
+	case t.toolError:
+		// The revision: failed "for tool calls specifically, ... where the
+		// tool call result has isError set to true", with a statusMessage
+		// to tell why; tasks/result still answers the CallToolResult.
+		w.Status = taskFailed
+		if w.StatusMessage == "" {
+			w.StatusMessage = resultText(t.stored)
+		}
 	}
 	return w
 }
@@ -303,8 +358,9 @@ func (r *storedResult2025) MarshalJSON() ([]byte, error) { return json.Marshal(r
 
 // taskPayload2025 answers tasks/result: it waits until the task is terminal
 // (reading its row, so the task may run in another process or replica),
-// then answers what its tools/call would have: the CallToolResult (isError
-// or not) of a completed task, the JSON-RPC error of a failed one.
+// then answers what its tools/call would have: the CallToolResult of a
+// task that ended with one (a failed task on this wire when it has
+// isError), the JSON-RPC error of a task that ended with an error.
 func (l *Layer) taskPayload2025(ctx context.Context, who, id string) (mcp.Result, error) {
 	for {
 		t, err := l.getTask(ctx, who, id, false)
@@ -313,7 +369,7 @@ func (l *Layer) taskPayload2025(ctx context.Context, who, id string) (mcp.Result
 		}
 		w := t.as2025()
 		switch {
-		case w.Status == taskCompleted:
+		case t.Status == taskCompleted: // isError or not (failed on this wire)
 			fields := map[string]json.RawMessage{}
 			if err := json.Unmarshal([]byte(t.stored), &fields); err != nil {
 				return nil, fmt.Errorf("read task result: %w", err)
@@ -323,6 +379,9 @@ func (l *Layer) taskPayload2025(ctx context.Context, who, id string) (mcp.Result
 				_ = json.Unmarshal(raw, &meta)
 			}
 			meta[relatedTaskMeta] = map[string]string{"taskId": id}
+			if t.callMeta != nil {
+				meta[MetaKeyCall] = t.callMeta
+			}
 			b, err := json.Marshal(meta)
 			if err != nil {
 				return nil, err
@@ -332,7 +391,16 @@ func (l *Layer) taskPayload2025(ctx context.Context, who, id string) (mcp.Result
 		case w.Status == taskFailed && t.Error != nil:
 			return nil, &jsonrpc.Error{Code: t.Error.Code, Message: t.Error.Message}
 		case terminal2025(w.Status):
-			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInternalError, Message: fmt.Sprintf("task %s was cancelled before its commit: it has no result, and nothing of it was kept", id)}
+			// Cancelled. The revision has tasks/result answer what the
+			// request would have, but a cancelled request has no answer
+			// (cancellation: receivers SHOULD "Not send a response for the
+			// cancelled request"). So an error about the request's taskId,
+			// whose task holds no result: -32602, as the revision's other
+			// errors about a task that cannot serve the method. Not
+			// -32603, which reads as a fault of the server.
+			data, _ := json.Marshal(map[string]string{"taskId": id, "status": taskCancelled})
+			return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Data: data, Message: fmt.Sprintf(
+				"task %s was cancelled before its commit: it has no result, nothing of it was kept, and it will not run again", id)}
 		}
 		// Poll the row: the task may run anywhere. Its own poll interval
 		// bounds the wait, and a short one keeps the answer prompt.

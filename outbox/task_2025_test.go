@@ -216,6 +216,12 @@ func TestTask2025_CreateResultGetList(t *testing.T) {
 	if rel, _ := res["_meta"].(map[string]any)["io.modelcontextprotocol/related-task"].(map[string]any); rel["taskId"] != id {
 		t.Errorf("tasks/result _meta = %v, want the related task", res["_meta"])
 	}
+	// And the layer's outcome, as every recorded result has it.
+	call, _ := res["_meta"].(map[string]any)[outbox.MetaKeyCall].(map[string]any)
+	if call["key"] != "t25-1" || call["keySource"] != "meta" || call["state"] != "completed" || call["replayed"] != false ||
+		!strings.HasPrefix(fmt.Sprint(call["callId"]), "call_") || call["completedAt"] == nil {
+		t.Errorf("tasks/result _meta[%s] = %v", outbox.MetaKeyCall, call)
+	}
 	if r := result(t, p.task("tasks/get", id)); r["status"] != "completed" {
 		t.Errorf("tasks/get = %v", r)
 	}
@@ -251,8 +257,10 @@ func TestTask2025_Cancel(t *testing.T) {
 	if r := result(t, p.task("tasks/get", id)); r["status"] != "cancelled" {
 		t.Errorf("tasks/get after cancel = %v", r)
 	}
-	if code, _ := rpcError(t, p.task("tasks/result", id)); code == 0 {
-		t.Errorf("tasks/result of a cancelled task answered a result")
+	// A cancelled request has no answer to give back: a clear -32602 about
+	// the task, not the -32603 of a server fault.
+	if code, msg := rpcError(t, p.task("tasks/result", id)); code != -32602 || !strings.Contains(msg, "cancelled before its commit") {
+		t.Errorf("tasks/result of a cancelled task: %v %s, want -32602 saying it was cancelled", code, msg)
 	}
 	if code, _ := rpcError(t, p.task("tasks/cancel", id)); code != -32602 {
 		t.Errorf("second tasks/cancel: code %v, want -32602", code)
@@ -266,6 +274,12 @@ func TestTask2025_Cancel(t *testing.T) {
 	}
 	if got := charges(t, b); got != 0 {
 		t.Errorf("charges = %d after a cancel, want 0", got)
+	}
+	st := result(t, p.request("tools/call", map[string]any{"name": outbox.StatusToolName, "arguments": map[string]any{"key": "t25-cancel"}}))
+	sc, _ := st["structuredContent"].(map[string]any)
+	if msg := fmt.Sprint(sc["message"]); sc["taskStatus"] != "cancelled" || sc["state"] != "failed" ||
+		!strings.Contains(msg, "cancelled (tasks/cancel) before its commit") || strings.Contains(msg, "The tool returned an error") {
+		t.Errorf("call_status of a cancelled task = %v", sc)
 	}
 }
 
@@ -309,6 +323,35 @@ func TestTask2025_Refusals(t *testing.T) {
 	plain := stdio2025(t, taskSetup(t, db, outbox.TasksAlways, nil).server)
 	if r := result(t, plain.charge(false, "t25-plain", 5)); r["task"] != nil || r["isError"] == true {
 		t.Errorf("plain call = %v", r)
+	}
+	// What the layer answers instead of a task is a JSON-RPC error: the
+	// client, having sent params.task, takes only a CreateTaskResult or an
+	// error (the TypeScript SDK failed a CallToolResult with its own -32603).
+	for _, tc := range []struct {
+		name, key string
+		amount    int
+		code      string
+	}{
+		{"key conflict", "t25-plain", 6, "key_conflict"},
+		{"invalid key", "t25\x01bad", 5, "invalid_key"},
+		{"replay of a call made without a task", "t25-plain", 5, "not_a_task"},
+	} {
+		resp := plain.charge(true, tc.key, tc.amount)
+		e, ok := resp["error"].(map[string]any)
+		if !ok {
+			t.Errorf("%s with params.task: %v, want a JSON-RPC error", tc.name, resp)
+			continue
+		}
+		data, _ := e["data"].(map[string]any)
+		if e["code"] != float64(-32602) || data["code"] != tc.code || !strings.Contains(fmt.Sprint(e["message"]), "nothing was executed") {
+			t.Errorf("%s with params.task: error %v, want -32602 with data.code %s saying nothing was executed", tc.name, e, tc.code)
+		}
+		if _, ok := data["result"].(map[string]any); !ok {
+			t.Errorf("%s: data = %v, want the plain call's result under result", tc.name, data)
+		}
+	}
+	if n := count(t, db.Read, `SELECT count(*) FROM calls WHERE key LIKE 't25%' AND task_id IS NOT NULL`); n != 0 {
+		t.Errorf("a refused task request made %d tasks", n)
 	}
 	// tasks/update is the 2026 generation's.
 	if code, _ := rpcError(t, plain.task("tasks/update", "task_x")); code != -32601 {
@@ -532,5 +575,51 @@ func TestTask2025_TTLSurvivesTakeover(t *testing.T) {
 	}
 	if n := count(t, db.Read, `SELECT count(*) FROM calls WHERE task_id = $1 AND expires_at = completed_at + 120000`, id); n != 1 {
 		t.Errorf("the recovered task's row does not expire 2 minutes after it completed")
+	}
+}
+
+// A tool result with isError ends a task failed at 2025-11-25 ("For tool
+// calls specifically, this includes cases where the tool call result has
+// isError set to true"), but completed in the 2026-07-28 extension, whose
+// failed is for JSON-RPC errors only; tasks/result answers the
+// CallToolResult either way, and call_status follows the asker's revision.
+func TestTask2025_ToolErrorFails(t *testing.T) {
+	t.Parallel()
+	db := openDB(t)
+	b := taskSetup(t, db, outbox.TasksAlways, nil)
+	p := stdio2025(t, b.server)
+	id := created2025(t, p.charge(true, "t25-err", 0))["taskId"].(string)
+	res := result(t, p.task("tasks/result", id))
+	if res["isError"] != true {
+		t.Fatalf("tasks/result = %v, want the CallToolResult with isError", res)
+	}
+	if call, _ := res["_meta"].(map[string]any)[outbox.MetaKeyCall].(map[string]any); call["state"] != "failed" || call["key"] != "t25-err" {
+		t.Errorf("tasks/result _meta[%s] = %v, want state failed", outbox.MetaKeyCall, call)
+	}
+	get := result(t, p.task("tasks/get", id))
+	if get["status"] != "failed" || !strings.Contains(fmt.Sprint(get["statusMessage"]), "amount must be greater than 0") {
+		t.Errorf("tasks/get = %v, want failed with the tool's error as statusMessage", get)
+	}
+	if tasks := result(t, p.request("tasks/list", map[string]any{}))["tasks"].([]any); len(tasks) != 1 || tasks[0].(map[string]any)["status"] != "failed" {
+		t.Errorf("tasks/list = %v", tasks)
+	}
+	if again := created2025(t, p.charge(true, "t25-err", 0)); again["taskId"] != id || again["status"] != "failed" {
+		t.Errorf("retry = %v, want task %s failed", again, id)
+	}
+	if code, _ := rpcError(t, p.task("tasks/cancel", id)); code != -32602 {
+		t.Errorf("tasks/cancel of a failed task: code %v, want -32602", code)
+	}
+	st := result(t, p.request("tools/call", map[string]any{"name": outbox.StatusToolName, "arguments": map[string]any{"key": "t25-err"}}))
+	if sc, _ := st["structuredContent"].(map[string]any); sc["taskStatus"] != "failed" || sc["state"] != "failed" {
+		t.Errorf("call_status at 2025-11-25 = %v, want taskStatus failed", sc)
+	}
+	// The same task read through the extension: completed, with the result.
+	p26 := stdioPeer(t, b.server)
+	if r := result(t, p26.task("tasks/get", id)); r["status"] != "completed" || r["result"].(map[string]any)["isError"] != true {
+		t.Errorf("tasks/get at 2026-07-28 = %v, want completed with the isError result", r)
+	}
+	st = result(t, p26.request("tools/call", map[string]any{"name": outbox.StatusToolName, "arguments": map[string]any{"key": "t25-err"}, "_meta": meta(false, "")}))
+	if sc, _ := st["structuredContent"].(map[string]any); sc["taskStatus"] != "completed" {
+		t.Errorf("call_status at 2026-07-28 = %v, want taskStatus completed", sc)
 	}
 }

@@ -9,6 +9,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 )
 
 // taskParams are the params of tasks/get, tasks/update and tasks/cancel.
@@ -108,7 +110,7 @@ func requestPrincipal(req mcp.Request) string {
 }
 
 const selectTask = `
-SELECT id, state, result, created_at, completed_at, expires_at, task_ttl_ms, task_poll_ms, task_end, task_error_code, task_cancel
+SELECT id, uid, key, key_source, state, result, created_at, completed_at, expires_at, task_ttl_ms, task_poll_ms, task_end, task_error_code, task_cancel
 FROM calls WHERE principal = $1 AND task_id = $2`
 
 // getTask reads a task: a pure read of the call's row, from any process or
@@ -119,13 +121,14 @@ func (l *Layer) getTask(ctx context.Context, principal, id string, withResult bo
 	}
 	var (
 		callID, created, expires int64
+		uid, key, source         string
 		state, end               string
 		result                   sql.NullString
 		completed, ttl           sql.NullInt64
 		poll, code, cancel       int64
 	)
 	err := l.db.Read.QueryRowContext(ctx, selectTask, principal, id).Scan(
-		&callID, &state, &result, &created, &completed, &expires, &ttl, &poll, &end, &code, &cancel)
+		&callID, &uid, &key, &source, &state, &result, &created, &completed, &expires, &ttl, &poll, &end, &code, &cancel)
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, errTaskNotFound
 	}
@@ -149,6 +152,10 @@ func (l *Layer) getTask(ctx context.Context, principal, id string, withResult bo
 	t.cancelAsked, t.stored = cancel != 0, result.String
 	if completed.Valid {
 		t.LastUpdatedAt = taskTime(completed.Int64)
+		// A recorded result carries the layer's outcome, as a plain
+		// call's does (setCallMeta): the task's is delivered, not
+		// replayed, however often it is read.
+		t.callMeta = callMeta(callIdentity{key: key, source: callkey.Source(source)}, uid, state, false, created, completed.Int64)
 	}
 	switch {
 	case state == "in_flight":
@@ -165,9 +172,11 @@ func (l *Layer) getTask(ctx context.Context, principal, id string, withResult bo
 		t.Status = taskFailed
 		t.Error = &taskError{Code: jsonrpc.CodeInternalError, Message: "the call's outcome is unknown: it may or may not have run; an operator settles it"}
 	default: // completed or failed: a tool result, isError or not
-		t.Status = taskCompleted
+		// The extension: completed "includes tool calls that returned
+		// results with isError: true"; failed is for JSON-RPC errors only.
+		t.Status, t.toolError = taskCompleted, state == "failed"
 		if withResult && result.Valid {
-			inner, err := completeResult(result.String)
+			inner, err := completeResult(result.String, t.callMeta)
 			if err != nil {
 				return nil, fmt.Errorf("read task result: %w", err)
 			}
@@ -180,12 +189,20 @@ func (l *Layer) getTask(ctx context.Context, principal, id string, withResult bo
 // completeResult is a stored tool result as a task's "result": the
 // extension's client wants resultType "complete" inside it too (without it,
 // ext-tasks 0.2.2 reports the task failed).
-func completeResult(stored string) (json.RawMessage, error) {
+func completeResult(stored string, call map[string]any) (json.RawMessage, error) {
 	var m map[string]any
 	if err := json.Unmarshal([]byte(stored), &m); err != nil {
 		return nil, err
 	}
 	m["resultType"] = "complete"
+	if call != nil {
+		meta, _ := m["_meta"].(map[string]any)
+		if meta == nil {
+			meta = map[string]any{}
+		}
+		meta[MetaKeyCall] = call
+		m["_meta"] = meta
+	}
 	return json.Marshal(m)
 }
 

@@ -303,6 +303,10 @@ func TestTask_CreatedDurablyThenCompletes(t *testing.T) {
 	if sc, _ := inner["structuredContent"].(map[string]any); sc["amount"] != float64(700) {
 		t.Errorf("structuredContent = %v", inner["structuredContent"])
 	}
+	// A recorded result carries the layer's outcome, under a task too.
+	if call, _ := inner["_meta"].(map[string]any)[outbox.MetaKeyCall].(map[string]any); call["state"] != "completed" || call["replayed"] != false || call["callId"] == nil {
+		t.Errorf("task result _meta[%s] = %v", outbox.MetaKeyCall, call)
+	}
 	if got := charges(t, b); got != 1 {
 		t.Errorf("charges = %d, want 1", got)
 	}

@@ -64,8 +64,11 @@ type Status struct {
 	ToolCallID string `json:"toolCallId,omitempty"`
 	// TaskID is the id of the task the call runs as (MCP Tasks,
 	// 2026-07-28), empty for a call that is no task; TaskStatus is the
-	// task's status as tasks/get reports it: working, completed, failed or
-	// cancelled.
+	// task's status as tasks/get of the 2026-07-28 extension reports it:
+	// working, completed (a tool result, isError or not), failed or
+	// cancelled. The 2025-11-25 revision calls a task whose result has
+	// isError failed: the status tool says so to a session of that
+	// revision.
 	TaskID      string          `json:"taskId,omitempty"`
 	TaskStatus  string          `json:"taskStatus,omitempty"`
 	Attempts    int             `json:"attempts,omitempty"`
@@ -273,6 +276,20 @@ func message(st *Status) string {
 	case Erased:
 		return "The call's principal was forgotten: its arguments and result were erased for good. The key stays used: " + retry + " runs nothing."
 	case Failed:
+		switch st.TaskStatus {
+		case "cancelled":
+			// Its row holds an error the layer wrote, not the tool's: the
+			// tool's work rolled back when the cancel won over its commit.
+			again := "To run it, make a new call with a new key."
+			if st.KeySource == "fingerprint" {
+				again = "After expiresAt an identical call runs as a new one."
+			}
+			return "The call ran as a task that was cancelled (tasks/cancel) before its commit: nothing of its work was kept, " +
+				"and it will not run again. " + retryCap + " gets the cancelled task, or its cancellation as an error, and runs nothing. " + again
+		case "failed":
+			return "The call ran as a task that ended with an error (a fault or a protocol error of its tool, not a tool result); " +
+				"nothing of its work was kept. " + retryCap + " replays the error."
+		}
 		return "The tool returned an error; nothing of its work was kept. " + retryCap + " replays the error."
 	case OutcomeUnknown:
 		m := "The call was forwarded to the tool server but its outcome was lost: it may or may not have run. " +

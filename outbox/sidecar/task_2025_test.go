@@ -107,6 +107,12 @@ func TestTask2025ThroughProxy(t *testing.T) {
 	if r := c.request("tasks/cancel", map[string]any{"taskId": id}); errCode(r) != -32602 {
 		t.Fatalf("tasks/cancel of a completed task: %v %s, want -32602", r.Error, r.Result)
 	}
+	// The key with other arguments: no task is made, and the client, which
+	// reads only a CreateTaskResult or an error, gets an error saying so.
+	if r := c.request("tools/call", call2025("gate", "g1", 8)); errCode(r) != -32602 ||
+		!strings.Contains(r.Error.Error(), "nothing was executed") {
+		t.Fatalf("a key conflict with params.task: %v %s, want -32602 saying nothing was executed", r.Error, r.Result)
+	}
 	if r := c.request("tasks/update", map[string]any{"taskId": id}); errCode(r) != -32601 {
 		t.Fatalf("tasks/update at 2025-11-25: %v %s, want -32601", r.Error, r.Result)
 	}
