@@ -100,10 +100,11 @@ type Options struct {
 	// ResponseLimit bounds the response body recorded per attempt.
 	ResponseLimit int
 	// Sealer opens effect bodies and headers the layer sealed (package
-	// seal); nil reads plaintext ones only, and leaves sealed ones pending
-	// with a last error naming their data key. Layer.Start passes the
-	// layer's; a dispatcher made with New (mcp-outbox drain, a process of
-	// its own) needs one of the same key file. With a Sealer the
+	// seal); nil reads plaintext ones only: on a database that holds data
+	// keys, Run and Drain then fail with seal.ErrKeyRequired before they
+	// claim anything. Layer.Start passes the layer's; a dispatcher made
+	// with New (mcp-outbox drain, a process of its own) needs one of the
+	// same key file. With a Sealer the
 	// destination's response is not kept (it may echo the body): only its
 	// status and the error text.
 	Sealer *seal.Sealer
@@ -327,6 +328,20 @@ func (d *Dispatcher) Notify() {
 	}
 }
 
+// requireKeyFile refuses to deliver from an encrypted database without a
+// Sealer (seal.ErrKeyRequired): every sealed effect would be claimed,
+// fail to open, and lose an attempt and its place in time, which a
+// stranger's drain without the key file did to all of them.
+func (d *Dispatcher) requireKeyFile(ctx context.Context) error {
+	if d.opts.Sealer != nil {
+		return nil
+	}
+	if err := seal.RequireKeyFile(ctx, d.db.Read, nil); err != nil {
+		return fmt.Errorf("dispatch: %w", err)
+	}
+	return nil
+}
+
 // Run delivers effects until ctx ends. It starts at once, reclaiming the
 // expired leases of a previous run. When ctx ends it stops claiming, lets
 // attempts in flight finish for up to ShutdownTimeout, then cancels the rest
@@ -337,6 +352,9 @@ func (d *Dispatcher) Notify() {
 // listen.go); PollInterval then only bounds how late an effect is
 // found when a notification was lost.
 func (d *Dispatcher) Run(ctx context.Context) error {
+	if err := d.requireKeyFile(ctx); err != nil {
+		return err
+	}
 	d.running.Store(true)
 	defer d.running.Store(false)
 	d.stopping.Store(false)
@@ -438,6 +456,9 @@ const drainProgressEvery = 100 * time.Millisecond
 // drainProgressEvery: counting reads every effect's index entry (about
 // 0.1 s per million), too much for every round.
 func (d *Dispatcher) Drain(ctx context.Context, progress func(query.Counts)) (query.Counts, error) {
+	if err := d.requireKeyFile(ctx); err != nil {
+		return query.Counts{}, err
+	}
 	d.stopping.Store(false)
 	defer d.closeStatements()
 	defer d.settle(ctx)

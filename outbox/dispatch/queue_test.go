@@ -2,12 +2,14 @@ package dispatch_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/downstream"
 	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
+	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -127,5 +129,42 @@ func TestDispatchQueue_ShutdownReleasesQueued(t *testing.T) {
 	}
 	if got := count(t, s.db.Read, `SELECT sum(attempts) FROM effects`); got != 1 {
 		t.Errorf("attempts = %d, want 1: only the hanging request was made", got)
+	}
+}
+
+// On an encrypted database (it holds data keys), a dispatcher without a
+// Sealer refuses to start: Drain and Run fail with seal.ErrKeyRequired
+// before they claim an effect, so no attempt is spent and no effect is
+// pushed back (a stranger's drain without the key file did both to all
+// of them). With no data keys, nothing changes.
+func TestDispatch_EncryptedDatabaseNeedsSealer(t *testing.T) {
+	t.Parallel()
+	s := newDispatchSetup(t, 0, nil)
+	insertEffects(t, s.db, 3)
+	if _, err := s.db.Write.Exec(`INSERT INTO data_keys (id, principal, purpose, key_id, wrapped, created_at)
+		VALUES ('dek-1', 'local', 'seal', 'k1', $1, 0)`, []byte("wrapped")); err != nil {
+		t.Fatal(err)
+	}
+	d := s.dispatcher(t, dispatch.Destination{}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := d.Drain(ctx, nil); !errors.Is(err, seal.ErrKeyRequired) {
+		t.Errorf("Drain without a Sealer: %v, want seal.ErrKeyRequired", err)
+	}
+	if err := d.Run(ctx); !errors.Is(err, seal.ErrKeyRequired) {
+		t.Errorf("Run without a Sealer: %v, want seal.ErrKeyRequired", err)
+	}
+	if n := count(t, s.db.Read, `SELECT count(*) FROM effects WHERE attempts = 0 AND next_attempt_at = 0 AND state = 'pending'`); n != 3 {
+		t.Errorf("%d of 3 effects untouched", n)
+	}
+	if n := len(s.fake.Requests()); n != 0 {
+		t.Errorf("the destination got %d requests, want none", n)
+	}
+	// Erased, the key no longer counts: the database holds no live one.
+	if _, err := s.db.Write.Exec(`UPDATE data_keys SET erased_at = 1, wrapped = NULL`); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := d.Drain(ctx, nil); err != nil || c.Delivered != 3 {
+		t.Errorf("Drain after the key was erased: %+v, %v; want the 3 delivered", c, err)
 	}
 }
