@@ -353,6 +353,9 @@ func (d *Dispatcher) requireKeyFile(ctx context.Context) error {
 // found when a notification was lost.
 func (d *Dispatcher) Run(ctx context.Context) error {
 	if err := d.requireKeyFile(ctx); err != nil {
+		if ctx.Err() != nil {
+			return nil // stopped before it began: the end Run reports as nil
+		}
 		return err
 	}
 	d.running.Store(true)
