@@ -684,26 +684,12 @@ func TestTask_StoreFaultRunsBounded(t *testing.T) {
 // fails, and is not run again, which would only fail the same way.
 func TestTask_EncodeErrorFailsTask(t *testing.T) {
 	t.Parallel()
-	l, err := outbox.New(openDB(t), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := l.NewServer(&mcp.Implementation{Name: "t", Version: "v0"}, nil)
 	var runs atomic.Int64
-	outbox.AddTool(l, s, &mcp.Tool{Name: "nan"},
-		func(context.Context, outbox.Tx, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
-			runs.Add(1)
-			return &mcp.CallToolResult{StructuredContent: map[string]any{"x": math.NaN()}}, nil, nil
-		}, &outbox.ToolOptions{Tasks: outbox.TaskOptions{Mode: outbox.TasksAlways, PollInterval: 20 * time.Millisecond}})
-	running, err := l.Start(context.Background(), &outbox.StartOptions{NoDispatcher: true, ReapInterval: outbox.ReaperOff,
-		TaskScanInterval: 20 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = running.Stop(context.Background()) })
-	p := stdioPeer(t, s)
-	id := result(t, p.request("tools/call", map[string]any{"name": "nan", "arguments": map[string]any{}, "_meta": meta(true, "nan-1")}))["taskId"].(string)
-	if done := p.waitTask(id); done["status"] != "failed" {
+	done := runTaskOf(t, "nan", func(context.Context, outbox.Tx, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
+		runs.Add(1)
+		return &mcp.CallToolResult{StructuredContent: map[string]any{"x": math.NaN()}}, nil, nil
+	})
+	if done["status"] != "failed" {
 		t.Fatalf("task = %v; want failed", done)
 	}
 	if n := runs.Load(); n != 1 {
@@ -717,27 +703,12 @@ func TestTask_EncodeErrorFailsTask(t *testing.T) {
 // cannot commit, and a run again would fail the same way.
 func TestTask_IgnoredStatementErrorNotRunAgain(t *testing.T) {
 	t.Parallel()
-	l, err := outbox.New(openDB(t), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := l.NewServer(&mcp.Implementation{Name: "t", Version: "v0"}, nil)
 	var runs atomic.Int64
-	outbox.AddTool(l, s, &mcp.Tool{Name: "ignore"},
-		func(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
-			runs.Add(1)
-			_, _ = tx.ExecContext(ctx, `INSERT INTO no_such_table VALUES (1)`)
-			return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "ok"}}}, nil, nil
-		}, &outbox.ToolOptions{Tasks: outbox.TaskOptions{Mode: outbox.TasksAlways, PollInterval: 20 * time.Millisecond}})
-	running, err := l.Start(context.Background(), &outbox.StartOptions{NoDispatcher: true, ReapInterval: outbox.ReaperOff,
-		TaskScanInterval: 20 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = running.Stop(context.Background()) })
-	p := stdioPeer(t, s)
-	id := result(t, p.request("tools/call", map[string]any{"name": "ignore", "arguments": map[string]any{}, "_meta": meta(true, "ignore-1")}))["taskId"].(string)
-	done := p.waitTask(id)
+	done := runTaskOf(t, "ignore", func(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
+		runs.Add(1)
+		_, _ = tx.ExecContext(ctx, `INSERT INTO no_such_table VALUES (1)`)
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "ok"}}}, nil, nil
+	})
 	want := "completed" // SQLite keeps the rest of the handler's work
 	if onPostgres() {
 		want = "failed"
@@ -748,4 +719,26 @@ func TestTask_IgnoredStatementErrorNotRunAgain(t *testing.T) {
 	if n := runs.Load(); n != 1 {
 		t.Errorf("runs = %d, want 1", n)
 	}
+}
+
+// runTaskOf serves tool name, always a task run by h, with the task
+// runner on, calls it once and returns the task as it ended.
+func runTaskOf(t *testing.T, name string, h outbox.HandlerFor[struct{}, any]) map[string]any {
+	t.Helper()
+	l, err := outbox.New(openDB(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := l.NewServer(&mcp.Implementation{Name: "t", Version: "v0"}, nil)
+	outbox.AddTool(l, s, &mcp.Tool{Name: name}, h,
+		&outbox.ToolOptions{Tasks: outbox.TaskOptions{Mode: outbox.TasksAlways, PollInterval: 20 * time.Millisecond}})
+	running, err := l.Start(context.Background(), &outbox.StartOptions{NoDispatcher: true, ReapInterval: outbox.ReaperOff,
+		TaskScanInterval: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = running.Stop(context.Background()) })
+	p := stdioPeer(t, s)
+	id := result(t, p.request("tools/call", map[string]any{"name": name, "arguments": map[string]any{}, "_meta": meta(true, name+"-1")}))["taskId"].(string)
+	return p.waitTask(id)
 }
