@@ -192,6 +192,24 @@ func TestEncryptionCLI(t *testing.T) {
 	}
 }
 
+// encryptedLedger serves a new ledger with key file "keys" (key k1),
+// makes a charge of amount under each key and stops; it returns the
+// database and the key file.
+func encryptedLedger(t *testing.T, amount int, callKeys ...string) (dbPath, keys string) {
+	t.Helper()
+	dir := t.TempDir()
+	dbPath = filepath.Join(dir, "ledger.db")
+	keys, _ = writeKeyFile(t, dir, "keys", "k1")
+	cs, _ := serveStdio(t, bin, dbPath, nil, "--encryption-key-file", keys)
+	for _, key := range callKeys {
+		if res := chargeWith(t, cs, key, amount); res.IsError {
+			t.Fatal(resultText(res))
+		}
+	}
+	cs.Close()
+	return dbPath, keys
+}
+
 func writeKeyLine(t *testing.T, dir string) string {
 	t.Helper()
 	_, keys := writeKeyFile(t, dir, "scratch", "k2")
@@ -205,21 +223,8 @@ func writeKeyLine(t *testing.T, dir string) string {
 // --timeout, spending an attempt of every effect.
 func TestEncryptionKeyRequiredCLI(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	dbPath := filepath.Join(dir, "ledger.db")
-	keys, _ := writeKeyFile(t, dir, "keys", "k1")
-	cs, _ := serveStdio(t, bin, dbPath, nil, "--encryption-key-file", keys)
-	for _, key := range []string{"req-1", "req-2"} {
-		if res := chargeWith(t, cs, key, 10); res.IsError {
-			t.Fatal(resultText(res))
-		}
-	}
-	cs.Close()
-	db, err := sql.Open("sqlite", dbPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	dbPath, keys := encryptedLedger(t, 10, "req-1", "req-2")
+	db := openLedgerDB(t, dbPath)
 	effects := func() string {
 		t.Helper()
 		rows, err := db.Query(`SELECT id, state, attempts, next_attempt_at FROM effects ORDER BY id`)
@@ -290,19 +295,8 @@ func TestEncryptionKeyRequiredCLI(t *testing.T) {
 // which a retry replays; without the key file it changes nothing.
 func TestResolveCallSealedCLI(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	dbPath := filepath.Join(dir, "ledger.db")
-	keys, _ := writeKeyFile(t, dir, "keys", "k1")
-	cs, _ := serveStdio(t, bin, dbPath, nil, "--encryption-key-file", keys)
-	if res := chargeWith(t, cs, "lost", 4242); res.IsError {
-		t.Fatal(resultText(res))
-	}
-	cs.Close()
-	db, err := sql.Open("sqlite", dbPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	dbPath, keys := encryptedLedger(t, 4242, "lost")
+	db := openLedgerDB(t, dbPath)
 	// What a call forwarded to a tool server that never answered leaves.
 	if _, err := db.Exec(`UPDATE calls SET state = 'unknown', result = NULL, completed_at = NULL WHERE key = 'lost'`); err != nil {
 		t.Fatal(err)
@@ -334,7 +328,7 @@ func TestResolveCallSealedCLI(t *testing.T) {
 			t.Errorf("the note is in the file%s in plaintext", suffix)
 		}
 	}
-	cs, _ = serveStdio(t, bin, dbPath, nil, "--encryption-key-file", keys)
+	cs, _ := serveStdio(t, bin, dbPath, nil, "--encryption-key-file", keys)
 	defer cs.Close()
 	if res := chargeWith(t, cs, "lost", 4242); !strings.Contains(resultText(res), note) {
 		t.Errorf("retry after the resolution: %s, want the note replayed", resultText(res))
