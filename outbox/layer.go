@@ -162,10 +162,11 @@ type Layer struct {
 	// outcomes without --cooperating was logged (remote.go).
 	warnedCooperating atomic.Bool
 	// plainTools: tools registered with mcp.AddTool on a server of the
-	// layer, whose first call was logged (servers.go), and, as
-	// "upstream:" and the name, a cooperating proxy's tools that answered
-	// without recording (remote.go).
+	// layer, whose first call was logged (servers.go); name → struct{}.
 	plainTools sync.Map
+	// unrecordingTools: a cooperating proxy's tools that answered without
+	// recording, logged once each (remote.go); name → struct{}.
+	unrecordingTools sync.Map
 	// taskTick is closed when a task of this layer ends or is asked to
 	// cancel, waking the listens that watch tasks (task_listen.go);
 	// guarded by mu.

@@ -184,17 +184,7 @@ func (r *remoteTool) finish(ctx context.Context, a *attempt, res *mcp.CallToolRe
 		case rerr != nil:
 			a.layer.logger.ErrorContext(ctx, "read forwarded call", "tool", a.tool.name, "error", rerr)
 		case row.state == "completed" || row.state == "failed":
-			a.outcome = outcomeExecuted
-			if row.state == "failed" {
-				a.outcome = outcomeFailed
-			}
-			if res == nil {
-				// Answer lost after the upstream's commit: the record is the answer.
-				res = recorded(row, a.id)
-			}
-			setCallMeta(res, a.id, a.uid, row.state, false, row.createdAt, row.completedAt.Int64)
-			r.layer.enqueued()
-			return res, nil
+			return r.upstreamOutcome(a, row, res), nil
 		case row.state != "in_flight" || row.owner != a.owner:
 			a.outcome = outcomeInProgress
 			return a.notCommitted(ErrOwnershipLost), nil
@@ -212,7 +202,7 @@ func (r *remoteTool) finish(ctx context.Context, a *attempt, res *mcp.CallToolRe
 		// keep the contract --cooperating promised, and a crash while it
 		// runs would have a retry run it again (a stranger's plain tool
 		// behind --cooperating ran twice so): say so, once per tool.
-		if _, seen := r.layer.plainTools.LoadOrStore("upstream:"+a.tool.name, struct{}{}); !seen {
+		if _, seen := r.layer.unrecordingTools.LoadOrStore(a.tool.name, struct{}{}); !seen {
 			r.layer.logger.WarnContext(ctx, "a tool of a cooperating tool server answered without recording its outcome: "+
 				"the proxy records it, but if the proxy or the tool server dies while it runs, a retry runs it again; "+
 				"make the tool keep the contract (schema/README.md), or run the proxy without --cooperating", "tool", a.tool.name)
@@ -313,14 +303,23 @@ func (r *remoteTool) recordedByUpstream(ctx context.Context, a *attempt) (*mcp.C
 			"with --cooperating, so that a crash before the tool server's commit runs the call again instead of "+
 			"leaving it unknown", "tool", a.tool.name)
 	}
+	return r.upstreamOutcome(a, row, nil), true
+}
+
+// upstreamOutcome answers the outcome the upstream committed on the call's
+// row, with the upstream's answer res, or the record when res was lost
+// (nil), and wakes the dispatcher for the effects it committed with it.
+func (r *remoteTool) upstreamOutcome(a *attempt, row callRow, res *mcp.CallToolResult) *mcp.CallToolResult {
 	a.outcome = outcomeExecuted
 	if row.state == "failed" {
 		a.outcome = outcomeFailed
 	}
-	res := recorded(row, a.id)
+	if res == nil {
+		res = recorded(row, a.id)
+	}
 	setCallMeta(res, a.id, a.uid, row.state, false, row.createdAt, row.completedAt.Int64)
 	r.layer.enqueued()
-	return res, true
+	return res
 }
 
 // recorded is a call's recorded result, answered as its own outcome (not a
