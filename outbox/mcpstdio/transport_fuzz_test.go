@@ -152,11 +152,15 @@ func withoutHandle(t *testing.T, params json.RawMessage, request bool) any {
 	return p
 }
 
-// withoutNullMeta drops a "_meta": null, which the handle replaces.
+// withoutNullMeta drops a "_meta" that is null or {}: the handle replaces
+// a null one and fills an empty one, and withoutHandle cannot tell either
+// from a _meta that was absent.
 func withoutNullMeta(v any) any {
 	if p, ok := v.(map[string]any); ok {
-		if m, present := p["_meta"]; present && m == nil {
-			delete(p, "_meta")
+		if m, present := p["_meta"]; present {
+			if obj, isObject := m.(map[string]any); m == nil || (isObject && len(obj) == 0) {
+				delete(p, "_meta")
+			}
 		}
 	}
 	return v
