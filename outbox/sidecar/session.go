@@ -42,6 +42,9 @@ type session struct {
 	// started (supervise): an upstream that fails at start, whose
 	// requests a retry cannot help (goneMessage).
 	quickEnds atomic.Int32
+	// endCounted is the last upstream connection (gen) whose end
+	// quickEnds took into account; guarded by mu.
+	endCounted int
 
 	writeMu sync.Mutex // serializes writes to the client
 

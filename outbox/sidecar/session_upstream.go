@@ -139,9 +139,16 @@ func (s *session) writeFailed(o *outgoing, err error) {
 		return
 	}
 	msg := fmt.Sprintf("the tool server did not take the request: %v", err)
-	if n := s.quickEnds.Load(); n >= 1 {
-		// This one is going the way of the last.
-		msg += "; " + failingAtStart(n+1)
+	s.mu.Lock()
+	n := s.quickEnds.Load()
+	if s.endCounted < o.p.gen {
+		// This one is going the way of the last, and its end is not
+		// counted yet (the supervisor may count it first: once only).
+		n++
+	}
+	s.mu.Unlock()
+	if n >= 2 {
+		msg += "; " + failingAtStart(n)
 	}
 	s.replyError(o.p.clientID, codeInternal, msg)
 }
@@ -192,11 +199,14 @@ func (s *session) supervise() {
 				s.mu.Unlock()
 			}
 			<-done
+			s.mu.Lock()
 			if time.Since(started) < quickEnd {
 				s.quickEnds.Add(1)
 			} else {
 				s.quickEnds.Store(0)
 			}
+			s.endCounted = gen
+			s.mu.Unlock()
 			s.markDown(gen)
 			if s.ctx.Err() != nil {
 				return
