@@ -420,7 +420,7 @@ func TestAdminUnknownCalls(t *testing.T) {
 
 // TestAdminForgetPrincipal: POST /admin/principals/forget erases the
 // principal's results and cancels its undelivered effects; others are
-// untouched; an empty principal is refused.
+// untouched; an empty principal is refused, and one never seen answers 404.
 func TestAdminForgetPrincipal(t *testing.T) {
 	t.Parallel()
 	path, db := newEffectsDB(t, 2) // calls operate-1 and operate-2 of local, each with a pending effect
@@ -428,8 +428,9 @@ func TestAdminForgetPrincipal(t *testing.T) {
 	status, m := f.do(t, http.MethodPost, "/admin/principals/forget", `{}`)
 	wantError(t, "forget without a principal", status, m, http.StatusBadRequest, "give the principal")
 	status, m = f.do(t, http.MethodPost, "/admin/principals/forget", `{"principal": "alice"}`)
-	if status != http.StatusOK || m["principal"] != "user:alice" || m["calls"] != 0.0 {
-		t.Errorf("forget alice: %d %v, want nothing erased", status, m)
+	wantError(t, "forget a principal never seen", status, m, http.StatusNotFound, "principal user:alice is unknown")
+	if m["principal"] != "user:alice" || m["unknown"] != true || m["calls"] != 0.0 {
+		t.Errorf("forget alice: %v, want the answer's fields beside the error", m)
 	}
 	status, m = f.do(t, http.MethodPost, "/admin/principals/forget", `{"principal": "local"}`)
 	if status != http.StatusOK || m["calls"] != 2.0 || m["effects"] != 2.0 {

@@ -68,11 +68,7 @@ func runOutboxForget(ctx context.Context, env *environment, s outboxSub, args []
 		// An erasure script records exit 0 as done: a principal written
 		// in another form than its calls' (a typo, a tenant's user without
 		// the tenant) must not read as a request met.
-		msg := fmt.Sprintf("forget-principal: principal %s is unknown: no call or data key of it is recorded in this database, nothing was erased", principal)
-		if len(f.Similar) > 0 {
-			msg += "; similar principals recorded: " + strings.Join(f.Similar, ", ")
-		}
-		return errors.New(msg)
+		return errors.New("forget-principal: " + f.UnknownMessage())
 	}
 	fmt.Fprintf(env.stdout, "principal %s forgotten: %d data keys erased, %d calls and %d effects cleared\n",
 		principal, f.DataKeys, f.Calls, f.Effects)

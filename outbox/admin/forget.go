@@ -111,8 +111,8 @@ ORDER BY principal LIMIT 5`
 // forget-principal takes it: "local", a user's ID ("alice", recorded as
 // "user:alice"), or the recorded form ("user:alice", a tenant's
 // "tenant:acme/user:alice"). A principal the database never saw erases
-// nothing and is no error: Forgotten.Unknown says so, and Similar names the
-// tenants' principals it may have meant.
+// nothing and is no error here: Forgotten.Unknown says so, Similar names
+// the principals it may have meant, and UnknownMessage puts both in words.
 func ForgetPrincipal(ctx context.Context, db *schema.DB, principal string, now time.Time) (*Forgotten, error) {
 	if principal == "" {
 		return nil, errors.New("forget principal: empty principal")
@@ -165,6 +165,22 @@ func ForgetPrincipal(ctx context.Context, db *schema.DB, principal string, now t
 		f.WALPending = true
 	}
 	return f, nil
+}
+
+// UnknownMessage says, for a forget whose principal the database never
+// saw (Unknown), that nothing was erased, naming the similar principals
+// it may have meant; "" otherwise. An erasure script that records success
+// as done must not read a typo as a request met: the CLI exits 1 with
+// this message, and the admin API answers 404 with it.
+func (f *Forgotten) UnknownMessage() string {
+	if !f.Unknown {
+		return ""
+	}
+	msg := fmt.Sprintf("principal %s is unknown: no call or data key of it is recorded in this database, nothing was erased", f.Principal)
+	if len(f.Similar) > 0 {
+		msg += "; similar principals recorded: " + strings.Join(f.Similar, ", ")
+	}
+	return msg
 }
 
 // forget erases f.Principal's data keys, calls and effects in one

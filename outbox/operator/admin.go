@@ -343,6 +343,15 @@ func (h *adminHandler) forgetPrincipal(w http.ResponseWriter, r *http.Request) {
 	}
 	h.logger.Warn("admin action", "action", "forget-principal", "principal", principal, "data_keys", res.DataKeys,
 		"calls", res.Calls, "effects", res.Effects, "in_flight", res.InFlight, "remote", r.RemoteAddr, "by", operatorOf(r))
+	if res.Unknown {
+		// As the CLI exits 1: a script that takes 200 for a request met
+		// would file a typo as an erasure done.
+		writeAdminJSON(w, http.StatusNotFound, struct {
+			Error string `json:"error"`
+			*admin.Forgotten
+		}{res.UnknownMessage(), res})
+		return
+	}
 	writeAdminJSON(w, http.StatusOK, res)
 }
 
