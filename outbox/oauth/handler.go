@@ -156,9 +156,9 @@ func (rs *ResourceServer) requireToolScopes(next http.Handler) http.Handler {
 // the go-sdk does (FuzzToolsCalled holds it to that), so it reads as
 // leniently: the SDK decodes with a decoder of its own that matches keys
 // case-sensitively and ignores what follows the first JSON value; here a
-// key counts in any spelling, only the first value is read, and whatever
-// cannot be read at all is reported as unnamed, which then requires every
-// tool's scopes.
+// key counts in any spelling, only the first value is read, and a call
+// without the exact key "name", or whatever cannot be read at all, is
+// reported as unnamed, which then requires every tool's scopes.
 func toolsCalled(body []byte) (names []string, unnamed bool) {
 	var msgs []json.RawMessage
 	trimmed := bytes.TrimSpace(body)
@@ -198,7 +198,11 @@ func toolsCalled(body []byte) (names []string, unnamed bool) {
 			for k, v := range pm {
 				var s string
 				if strings.EqualFold(k, "name") && decodeFirst(v, &s) == nil {
-					names, named = append(names, s), true
+					names = append(names, s)
+					// Only the exact key names the call for the SDK:
+					// params with "Name" alone reach it as a call of
+					// tool "", which no scope covers.
+					named = named || k == "name"
 				}
 			}
 		}
