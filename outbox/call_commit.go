@@ -224,7 +224,7 @@ func (a *attempt) commit(ctx context.Context, cr *mcp.CallToolResult) error {
 		// whether it matched.
 		q := recordOutcomePiped
 		if len(a.pending) > 0 {
-			q, args = recordOutcomeWithEffectsPiped, append(args, effectColumns(a.pending)...)
+			q, args = recordOutcomeWithEffectsPiped, append(args, effectColumns(a.id.principal, a.pending)...)
 		}
 		if err := failpoint.Inject(failpoint.CallBeforeCommit); err != nil {
 			return err
@@ -234,7 +234,7 @@ func (a *attempt) commit(ctx context.Context, cr *mcp.CallToolResult) error {
 	}
 	q := recordOutcome
 	if len(a.pending) > 0 {
-		q, args = recordOutcomeWithEffects, append(args, effectColumns(a.pending)...)
+		q, args = recordOutcomeWithEffects, append(args, effectColumns(a.id.principal, a.pending)...)
 	}
 	r, err := a.unit.exec(q, args...)
 	if err != nil {

@@ -33,17 +33,17 @@ func (a *attempt) defersEffects() bool {
 // not commit, and the transaction rolls back with the effects.
 const recordOutcomeWithEffects = `
 WITH effects_in AS (
-  INSERT INTO effects (call_id, seq, destination, method, path, headers, body, idempotency_key,
+  INSERT INTO effects (call_id, principal, seq, destination, method, path, headers, body, idempotency_key,
                        next_attempt_at, created_at, updated_at, traceparent)
-  SELECT $5, e.seq, e.destination, e.method, e.path, e.headers, e.body, e.key, e.at, e.at, e.at, e.traceparent
+  SELECT $5, $16::text, e.seq, e.destination, e.method, e.path, e.headers, e.body, e.key, e.at, e.at, e.at, e.traceparent
   FROM unnest($7::integer[], $8::text[], $9::text[], $10::text[], $11::text[], $12::bytea[], $13::text[], $14::bigint[], $15::text[])
        AS e(seq, destination, method, path, headers, body, key, at, traceparent))
 UPDATE calls SET state = $1, result = $2, completed_at = $3, expires_at = $4, owner = '', lease_until = 0, task_params = NULL
 WHERE id = $5 AND owner = $6 AND state = 'in_flight' AND task_cancel = 0`
 
 // effectColumns lays the pending effects out as the arrays of
-// recordOutcomeWithEffects ($7 to $15).
-func effectColumns(effects []pendingEffect) []any {
+// recordOutcomeWithEffects ($7 to $15), and their call's principal ($16).
+func effectColumns(principal string, effects []pendingEffect) []any {
 	n := len(effects)
 	var (
 		seq                                            = make([]int32, n)
@@ -55,5 +55,5 @@ func effectColumns(effects []pendingEffect) []any {
 		seq[i], destination[i], method[i], path[i], headers[i] = int32(e.seq), e.destination, e.method, e.path, e.headers
 		body[i], key[i], at[i], trace[i] = e.body, e.key, e.at, e.traceparent
 	}
-	return []any{seq, destination, method, path, headers, body, key, at, trace}
+	return []any{seq, destination, method, path, headers, body, key, at, trace, principal}
 }

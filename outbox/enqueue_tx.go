@@ -66,7 +66,7 @@ func (l *Layer) EnqueueTx(ctx context.Context, tx *sql.Tx, e Effect) (string, er
 		return "", err
 	}
 	if _, err := tx.ExecContext(ctx, insertEffect,
-		nil, 1, e.Destination, e.Method, e.Path, headers, body, key, now, now, now, traceparentOf(ctx)); err != nil {
+		nil, nil, 1, e.Destination, e.Method, e.Path, headers, body, key, now, now, now, traceparentOf(ctx)); err != nil {
 		return "", fmt.Errorf("outbox: enqueue effect: %w", err)
 	}
 	return key, nil

@@ -176,9 +176,9 @@ SELECT CASE count(*) WHEN 1 THEN 1 ELSE ('outbox outcome matched rows: ' || coun
 // unless the outcome matched one row; keep the two in step.
 const recordOutcomeWithEffectsPiped = `
 WITH effects_in AS (
-  INSERT INTO effects (call_id, seq, destination, method, path, headers, body, idempotency_key,
+  INSERT INTO effects (call_id, principal, seq, destination, method, path, headers, body, idempotency_key,
                        next_attempt_at, created_at, updated_at, traceparent)
-  SELECT $5, e.seq, e.destination, e.method, e.path, e.headers, e.body, e.key, e.at, e.at, e.at, e.traceparent
+  SELECT $5, $16::text, e.seq, e.destination, e.method, e.path, e.headers, e.body, e.key, e.at, e.at, e.at, e.traceparent
   FROM unnest($7::integer[], $8::text[], $9::text[], $10::text[], $11::text[], $12::bytea[], $13::text[], $14::bigint[], $15::text[])
        AS e(seq, destination, method, path, headers, body, key, at, traceparent)),
 outcome AS (

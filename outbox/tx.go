@@ -515,7 +515,7 @@ func (a *attempt) Enqueue(ctx context.Context, e Effect) (string, error) {
 		callID = a.callID
 	}
 	_, err = a.unit.exec(insertEffect,
-		callID, a.effects, e.Destination, e.Method, e.Path, headers, body, key, now, now, now, traceparentOf(ctx))
+		callID, a.id.principal, a.effects, e.Destination, e.Method, e.Path, headers, body, key, now, now, now, traceparentOf(ctx))
 	if err != nil {
 		a.effects--
 		return "", a.wrap(fmt.Errorf("enqueue effect: %w", err))
@@ -524,9 +524,9 @@ func (a *attempt) Enqueue(ctx context.Context, e Effect) (string, error) {
 }
 
 const insertEffect = `
-INSERT INTO effects (call_id, seq, destination, method, path, headers, body, idempotency_key,
+INSERT INTO effects (call_id, principal, seq, destination, method, path, headers, body, idempotency_key,
                      next_attempt_at, created_at, updated_at, traceparent)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)`
 
 func validateEffect(e *Effect) error {
 	if e.Destination == "" {

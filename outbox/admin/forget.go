@@ -35,10 +35,10 @@ type Forgotten struct {
 	// not seen and not counted: forget again after the principal's calls
 	// have stopped.
 	InFlight int64 `json:"inFlight"`
-	// Unknown: the database holds no call and no data key of Principal
-	// (not even a forgotten one; calls the retention purged are gone). A
-	// request for someone who never called is met by nothing;
-	// a principal written in another form than the one calls are
+	// Unknown: the database holds no call, no effect and no data key of
+	// Principal (not even a forgotten one; calls and effects the retention
+	// purged are gone). A request for someone who never called is met by
+	// nothing; a principal written in another form than the one calls are
 	// recorded under is a mistake, which Similar helps to see.
 	Unknown bool `json:"unknown,omitempty"`
 	// Similar names, when Unknown, principals recorded on a tenant's
@@ -61,19 +61,22 @@ UPDATE calls SET result = NULL, task_params = NULL, erased_at = $2
 WHERE principal = $1 AND state <> 'in_flight' AND erased_at IS NULL`
 	// An effect an operator had cancelled is marked too: the mark is what
 	// keeps it from being retried once the purge took its call
-	// (effectErased).
+	// (effectErased). An effect no call leads to (its call purged, or
+	// never recorded) is found by its own principal column.
 	eraseEffects = `
 UPDATE effects SET body = NULL, headers = '{}', response = NULL,
     state = CASE WHEN state IN ('pending', 'in_flight', 'dead', 'unknown') THEN 'cancelled' ELSE state END,
     last_error = CASE WHEN state IN ('pending', 'in_flight', 'dead', 'unknown', 'cancelled')
         THEN '` + forgottenEffectError + `' ELSE last_error END,
     lease_owner = '', lease_until = 0, updated_at = $2
-WHERE call_id IN (SELECT id FROM calls WHERE principal = $1 AND state <> 'in_flight')
+WHERE (call_id IN (SELECT id FROM calls WHERE principal = $1 AND state <> 'in_flight')
+       OR (call_id IS NULL AND principal = $1))
   AND (body IS NOT NULL OR headers <> '{}' OR response IS NOT NULL OR state IN ('pending', 'in_flight', 'dead', 'unknown')
     OR (state = 'cancelled' AND last_error <> '` + forgottenEffectError + `'))`
 	countInFlight  = `SELECT count(*) FROM calls WHERE principal = $1 AND state = 'in_flight'`
 	principalKnown = `SELECT
-    EXISTS (SELECT 1 FROM calls WHERE principal = $1) OR EXISTS (SELECT 1 FROM data_keys WHERE principal = $1)`
+    EXISTS (SELECT 1 FROM calls WHERE principal = $1) OR EXISTS (SELECT 1 FROM data_keys WHERE principal = $1)
+    OR EXISTS (SELECT 1 FROM effects WHERE call_id IS NULL AND principal = $1)`
 	// $1 is "/" and the principal, $2 its length in characters: a suffix
 	// test that LIKE would need escaping for. $3 is the principal, found
 	// again in another case ("user:Alice" for "user:alice").

@@ -8,6 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
 )
 
@@ -116,4 +119,86 @@ func TestForgetPrincipal_ErasedEffectsStayUnsent(t *testing.T) {
 		t.Fatal(err)
 	}
 	try("after the calls went")
+}
+
+// TestForgetPrincipal_EffectsWithoutCall: a forget found effects only
+// through their calls, so two kinds kept their bodies (plaintext on a
+// database without a key file) after their principal was forgotten: those
+// whose call the retention purge had removed, and those of a call that is
+// not recorded (an idempotent tool's). Each effect now carries its
+// principal, and the forget finds them by it; another principal's stay.
+func TestForgetPrincipal_EffectsWithoutCall(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := openDB(t)
+	l, err := outbox.New(db, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := l.NewServer(&mcp.Implementation{Name: "test", Version: "v0"}, nil)
+	type in struct {
+		Note string `json:"note"`
+	}
+	notify := func(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolRequest, in in) (*mcp.CallToolResult, any, error) {
+		_, err := tx.Enqueue(ctx, outbox.Effect{Destination: "mail", Path: "/send", Body: []byte(in.Note)})
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "sent"}}}, nil, err
+	}
+	outbox.AddTool(l, s, &mcp.Tool{Name: "notify"}, notify, nil)
+	outbox.AddTool(l, s, &mcp.Tool{Name: "notify_idempotent", Annotations: &mcp.ToolAnnotations{IdempotentHint: true}}, notify, nil)
+	st, ct := mcp.NewInMemoryTransports()
+	ss, err := s.Connect(ctx, st, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs, err := mcp.NewClient(&mcp.Implementation{Name: "client", Version: "v0"}, nil).Connect(ctx, ct, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cs.Close(); ss.Wait() })
+	for _, c := range []struct{ tool, key string }{
+		{"notify", "purged"}, {"notify_idempotent", "never-recorded"},
+	} {
+		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: c.tool, Arguments: map[string]any{"note": "secret " + c.key},
+			Meta: mcp.Meta{outbox.MetaKeyIdempotency: c.key}})
+		if err != nil || res.IsError {
+			t.Fatalf("%s: %v %v", c.tool, res, err)
+		}
+	}
+	// Another principal's effect without a call, which the forget must leave.
+	if _, err := db.Write.ExecContext(ctx, `INSERT INTO effects (principal, seq, destination, method, path, headers, body,
+		idempotency_key, state, next_attempt_at, created_at, updated_at) VALUES ('user:bob', 1, 'mail', 'POST', '/send', '{}', $1, 'k-bob', 'pending', 0, 0, 0)`,
+		[]byte("bob's")); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, db.Read, `SELECT count(*) FROM effects WHERE call_id IS NULL`); n != 2 {
+		t.Fatalf("%d effects without a call before the purge, want 2: the idempotent tool's and bob's", n)
+	}
+	// What the retention's purge of a call leaves: its delivered effect,
+	// with call_id set NULL.
+	if _, err := db.Write.ExecContext(ctx, `UPDATE effects SET state = 'delivered', delivered_at = 1, response = $1 WHERE call_id IS NOT NULL`,
+		[]byte("receipt")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Write.ExecContext(ctx, `DELETE FROM calls`); err != nil {
+		t.Fatal(err)
+	}
+	f, err := admin.ForgetPrincipal(ctx, db, "local", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Effects != 2 || f.Unknown {
+		t.Errorf("forget: %+v, want both of local's effects erased", f)
+	}
+	if n := count(t, db.Read, `SELECT count(*) FROM effects WHERE principal = 'local'
+		AND (body IS NOT NULL OR response IS NOT NULL OR state NOT IN ('delivered', 'cancelled'))`); n != 0 {
+		t.Errorf("%d of local's effects kept a body or a response, or can still be sent", n)
+	}
+	if n := count(t, db.Read, `SELECT count(*) FROM effects WHERE principal = 'user:bob' AND body IS NOT NULL AND state = 'pending'`); n != 1 {
+		t.Errorf("bob's effect: %d left as it was, want 1", n)
+	}
+	// A second forget finds the principal by its effects alone: known,
+	// nothing more to erase.
+	if f, err = admin.ForgetPrincipal(ctx, db, "local", time.Now()); err != nil || f.Unknown || f.Effects != 0 {
+		t.Errorf("forget again: %+v, %v; want known, nothing erased", f, err)
+	}
 }
