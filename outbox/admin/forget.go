@@ -179,7 +179,7 @@ func (f *Forgotten) UnknownMessage() string {
 	if !f.Unknown {
 		return ""
 	}
-	msg := fmt.Sprintf("principal %s is unknown: no call or data key of it is recorded in this database, nothing was erased", f.Principal)
+	msg := fmt.Sprintf("principal %s is unknown: no call, effect or data key of it is recorded in this database, nothing was erased", f.Principal)
 	if len(f.Similar) > 0 {
 		msg += "; similar principals recorded: " + strings.Join(f.Similar, ", ")
 	}
