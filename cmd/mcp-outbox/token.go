@@ -73,23 +73,31 @@ func newToken(env *environment, principal string) error {
 	return nil
 }
 
+// The refusals of 'token hash': fixed texts, so that none can repeat the
+// token (FuzzTokenHash holds it to that).
+var (
+	errNoToken    = usagef("token hash: no token on stdin")
+	errTokenSpace = usagef("token hash: the token contains white space or a control character, which an Authorization header cannot carry")
+	errTokenLarge = fmt.Errorf("read token: more than %d bytes on stdin", maxTokenInput)
+)
+
 func hashToken(env *environment) error {
 	b, err := io.ReadAll(io.LimitReader(env.stdin, maxTokenInput+1))
 	if err != nil {
 		return fmt.Errorf("read token: %w", err)
 	}
 	if len(b) > maxTokenInput {
-		return fmt.Errorf("read token: more than %d bytes on stdin", maxTokenInput)
+		return errTokenLarge
 	}
 	// The trailing newline of `echo` or a file is not part of the token, and
 	// no token can contain white space: the Authorization header would
 	// split it.
 	token := strings.TrimSpace(string(b))
 	if token == "" {
-		return usagef("token hash: no token on stdin")
+		return errNoToken
 	}
 	if strings.ContainsFunc(token, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
-		return usagef("token hash: the token contains white space or a control character, which an Authorization header cannot carry")
+		return errTokenSpace
 	}
 	fmt.Fprintln(env.stdout, bearer.Hash(token))
 	return nil
