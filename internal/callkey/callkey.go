@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"sort"
 	"strconv"
@@ -80,7 +81,9 @@ func Canonical(args json.RawMessage) ([]byte, error) {
 	if err := dec.Decode(&v); err != nil {
 		return nil, fmt.Errorf("canonical arguments: %w", err)
 	}
-	if dec.More() {
+	// Not dec.More, which is false before a stray ']' or '}': only the
+	// end of the input ends the value.
+	if _, err := dec.Token(); err != io.EOF {
 		return nil, errors.New("canonical arguments: trailing data")
 	}
 	if v == nil {

@@ -21,7 +21,9 @@ func TestCanonical(t *testing.T) {
 			t.Errorf("Canonical(%s) = %s, %v; want %s", tc.in, got, err, tc.want)
 		}
 	}
-	for _, bad := range []string{`{`, `{"a":1} x`, `{"n":1e999}`} {
+	// dec.More is false before a ']' or '}', so a stray closer once
+	// passed for the end of the value.
+	for _, bad := range []string{`{`, `{"a":1} x`, `{"n":1e999}`, `{"a":1}]`, `{"a":1}}`, `[1]]`} {
 		if _, err := Canonical([]byte(bad)); err == nil {
 			t.Errorf("Canonical(%s): want an error", bad)
 		}
