@@ -35,10 +35,11 @@ var liftSeeds = []string{
 }
 
 // FuzzLiftBody checks the Streamable HTTP lift (LiftParamsKey's body
-// rewrite): a body is either reported unchanged (and passed on as it
-// came), or becomes valid JSON in which every message and every params member is the same
-// JSON value as before, except that _meta gained the key, as it was sent,
-// under paramskey.MetaKey.
+// rewrite): a body is reported unchanged (and passed on as it came) only
+// when no message in it needed a lift, and otherwise becomes valid JSON in
+// which every message and every params member is the same JSON value as
+// before, except that _meta of the messages that needed one gained exactly
+// the members wantMeta says, and kept every other.
 func FuzzLiftBody(f *testing.F) {
 	for _, s := range liftSeeds {
 		f.Add([]byte(s))
@@ -50,7 +51,8 @@ func FuzzLiftBody(f *testing.F) {
 			t.Fatalf("liftBody wrote into its input")
 		}
 		if !changed {
-			return // LiftParamsKey passes the body on as it came
+			checkUnlifted(t, in) // LiftParamsKey passes the body on as it came
+			return
 		}
 		if !json.Valid(out) {
 			t.Fatalf("liftBody(%q) = %q, not JSON", in, out)
@@ -70,6 +72,102 @@ func FuzzLiftBody(f *testing.F) {
 	})
 }
 
+// checkUnlifted fails when a body the lift left alone holds a message
+// that needed a lift.
+func checkUnlifted(t *testing.T, body []byte) {
+	t.Helper()
+	trimmed := bytes.TrimSpace(body)
+	if len(trimmed) == 0 {
+		return
+	}
+	msgs := []json.RawMessage{trimmed}
+	if trimmed[0] == '[' && json.Unmarshal(trimmed, &msgs) != nil {
+		return // not a batch: the SDK's to refuse
+	}
+	for _, m := range msgs {
+		var msg map[string]json.RawMessage
+		if json.Unmarshal(m, &msg) != nil {
+			continue
+		}
+		if want := wantMeta(msg); want != nil {
+			t.Fatalf("body %q passed on unchanged, but its message %q needed _meta %q", body, m, want)
+		}
+	}
+}
+
+// wantMeta is what the lift (liftMessage) must set in a message's
+// params._meta, member by member, or nil when it must leave the message
+// alone. It restates the rules of lift.go and paramskey per method:
+//
+//   - tools/call: params.idempotencyKey, even null, under
+//     paramskey.MetaKey, and a params.task that is not null under
+//     paramskey.TaskMetaKey;
+//   - initialize: true under paramskey.FrontMetaKey, params absent or
+//     null counting as {};
+//   - subscriptions/listen with an id (even null): {"id": id, "taskIds":
+//     params.notifications.taskIds} under paramskey.ListenMetaKey, when
+//     notifications is an object with taskIds.
+//
+// In every case params must be an object and its _meta absent, null or an
+// object: anything else is the SDK's to refuse. Any other method is left
+// alone.
+func wantMeta(msg map[string]json.RawMessage) map[string]json.RawMessage {
+	var method string
+	if json.Unmarshal(msg["method"], &method) != nil {
+		return nil
+	}
+	var p map[string]json.RawMessage
+	params, hasParams := msg["params"]
+	if method == "initialize" && (!hasParams || isNull(params)) {
+		p = map[string]json.RawMessage{}
+	} else if json.Unmarshal(params, &p) != nil || p == nil {
+		return nil
+	}
+	if meta, ok := p["_meta"]; ok {
+		var m map[string]json.RawMessage
+		if json.Unmarshal(meta, &m) != nil {
+			return nil
+		}
+	}
+	set := map[string]json.RawMessage{}
+	switch method {
+	case "tools/call":
+		if key, ok := p["idempotencyKey"]; ok {
+			set[paramskey.MetaKey] = key
+		}
+		if task, ok := p["task"]; ok && !isNull(task) {
+			set[paramskey.TaskMetaKey] = task
+		}
+	case "initialize":
+		set[paramskey.FrontMetaKey] = json.RawMessage(`true`)
+	case "subscriptions/listen":
+		id, hasID := msg["id"]
+		var n map[string]json.RawMessage
+		if !hasID || json.Unmarshal(p["notifications"], &n) != nil {
+			return nil
+		}
+		ids, ok := n["taskIds"]
+		if !ok {
+			return nil
+		}
+		v, err := json.Marshal(map[string]json.RawMessage{"id": id, "taskIds": ids})
+		if err != nil {
+			return nil
+		}
+		set[paramskey.ListenMetaKey] = v
+	}
+	if len(set) == 0 {
+		return nil
+	}
+	return set
+}
+
+// isNull reports whether v is the JSON null.
+func isNull(v json.RawMessage) bool {
+	x, err := decodeExact(v)
+	return err == nil && x == nil
+}
+
 // checkLifted compares one message before and after the lift.
 func checkLifted(t *testing.T, before, after json.RawMessage) {
 	t.Helper()
@@ -83,13 +181,8 @@ func checkLifted(t *testing.T, before, after json.RawMessage) {
 	if err := json.Unmarshal(after, &a); err != nil {
 		t.Fatalf("message %q became %q: %v", before, after, err)
 	}
-	var method string
-	_ = json.Unmarshal(b["method"], &method)
-	key, hasKey := paramsMember(b["params"], "idempotencyKey")
-	meta, hasMeta := paramsMember(b["params"], "_meta")
-	var m map[string]json.RawMessage
-	// A _meta that is not an object is the SDK's to refuse.
-	lifted := method == "tools/call" && hasKey && (!hasMeta || json.Unmarshal(meta, &m) == nil)
+	want := wantMeta(b)
+	lifted := want != nil
 	for k := range union(a, b) {
 		if k == "params" && lifted {
 			continue
@@ -103,7 +196,7 @@ func checkLifted(t *testing.T, before, after json.RawMessage) {
 	}
 	var bp, ap map[string]json.RawMessage
 	_ = json.Unmarshal(b["params"], &bp)
-	if err := json.Unmarshal(a["params"], &ap); err != nil {
+	if err := json.Unmarshal(a["params"], &ap); err != nil || ap == nil {
 		t.Fatalf("params of %q became %q", before, after)
 	}
 	for k := range union(ap, bp) {
@@ -113,28 +206,22 @@ func checkLifted(t *testing.T, before, after json.RawMessage) {
 	}
 	var bm, am map[string]json.RawMessage
 	_ = json.Unmarshal(bp["_meta"], &bm)
-	if err := json.Unmarshal(ap["_meta"], &am); err != nil {
+	if err := json.Unmarshal(ap["_meta"], &am); err != nil || am == nil {
 		t.Fatalf("_meta of %q became %q", before, after)
 	}
-	for k := range union(am, bm) {
-		want := bm[k]
-		if k == paramskey.MetaKey {
-			want = key
+	keys := union(am, bm)
+	for k := range want {
+		keys[k] = true // a member to set that is missing fails
+	}
+	for k := range keys {
+		w, set := want[k]
+		if !set {
+			w = bm[k]
 		}
-		if !jsonEqual(am[k], want) {
-			t.Fatalf("_meta member %q of %q is %q in %q, want %q", k, before, am[k], after, want)
+		if !jsonEqual(am[k], w) {
+			t.Fatalf("_meta member %q of %q is %q in %q, want %q", k, before, am[k], after, w)
 		}
 	}
-}
-
-// paramsMember is params[name] when params is a JSON object with it.
-func paramsMember(params json.RawMessage, name string) (json.RawMessage, bool) {
-	var p map[string]json.RawMessage
-	if json.Unmarshal(params, &p) != nil {
-		return nil, false
-	}
-	v, ok := p[name]
-	return v, ok
 }
 
 func union(a, b map[string]json.RawMessage) map[string]bool {
