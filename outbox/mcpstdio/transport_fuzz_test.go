@@ -53,10 +53,15 @@ func (t fakeTransport) Connect(context.Context) (mcp.Connection, error) { return
 
 // FuzzNewTransport checks the lift on the message the SDK decoded:
 // NewTransport's connection never fails or panics on a message, hands on
-// the message it read, changes nothing but a tools/call's params, and
-// there gives exactly what paramskey.Lift gives, with the key under
-// paramskey.MetaKey. That the lift keeps every other member of params
-// and _meta is mcphttp's FuzzLiftBody's to check: it drives the same Lift.
+// the message it read, changes nothing but the params of the requests
+// it lifts, and there gives exactly what paramskey gives for the method
+// (besides a tools/call's request handle): LiftCall for tools/call, with
+// the key under paramskey.MetaKey and a task under paramskey.TaskMetaKey;
+// MarkFront for initialize, with true under paramskey.FrontMetaKey;
+// LiftListen with the request's id for subscriptions/listen, under
+// paramskey.ListenMetaKey. That the lift keeps every other member of
+// params and _meta is mcphttp's FuzzLiftBody's to check: it drives the
+// same functions.
 func FuzzNewTransport(f *testing.F) {
 	for _, s := range liftSeeds {
 		f.Add([]byte(s))
@@ -70,11 +75,25 @@ func FuzzNewTransport(f *testing.F) {
 		if err != nil {
 			t.Skip("the SDK cannot encode what it decoded")
 		}
-		req, isCall := msg.(*jsonrpc.Request)
-		isCall = isCall && req.Method == "tools/call"
-		var params json.RawMessage
-		if isCall {
+		req, _ := msg.(*jsonrpc.Request)
+		var params, want json.RawMessage
+		lifts := false // whether the connection may change req.Params
+		if req != nil {
 			params = bytes.Clone(req.Params)
+			switch req.Method {
+			case "tools/call":
+				want, _ = paramskey.LiftCall(params)
+				lifts = true
+			case "initialize":
+				want, _ = paramskey.MarkFront(params)
+				lifts = true
+			case "subscriptions/listen":
+				want = params
+				if req.ID.IsValid() {
+					want, _ = paramskey.LiftListen(requestID(t, before), params)
+				}
+				lifts = true
+			}
 		}
 		conn, err := NewTransport(fakeTransport{&fakeConn{msg: msg}}, nil).Connect(context.Background())
 		if err != nil {
@@ -87,20 +106,15 @@ func FuzzNewTransport(f *testing.F) {
 		if got != msg {
 			t.Fatalf("Read(%q) handed on another message than it read", line)
 		}
-		if isCall {
-			want, lifted := paramskey.Lift(params, paramskey.MetaKey)
-			if !reflect.DeepEqual(withoutNullMeta(withoutHandle(t, req.Params, req.IsCall())), withoutNullMeta(decodeParams(want))) {
-				t.Fatalf("params of %q became %q, want %q and the request's handle", line, req.Params, want)
+		if lifts {
+			gotParams := decodeParams(req.Params)
+			if req.Method == "tools/call" {
+				gotParams = withoutHandle(t, req.Params, req.IsCall())
 			}
-			if lifted {
-				var p struct {
-					Key  json.RawMessage            `json:"idempotencyKey"`
-					Meta map[string]json.RawMessage `json:"_meta"`
-				}
-				if err := json.Unmarshal(req.Params, &p); err != nil || !bytes.Equal(p.Meta[paramskey.MetaKey], p.Key) {
-					t.Fatalf("params of %q became %q: the key is not under _meta[%q]", line, req.Params, paramskey.MetaKey)
-				}
+			if !reflect.DeepEqual(withoutNullMeta(gotParams), withoutNullMeta(decodeParams(want))) {
+				t.Fatalf("params of %q became %q, want %q (and a tools/call request's handle)", line, req.Params, want)
 			}
+			checkMeta(t, line, params, req.Params, req.Method, requestID(t, before))
 			req.Params = params // for the comparison of the rest
 		}
 		after, err := jsonrpc.EncodeMessage(got)
@@ -114,6 +128,58 @@ func FuzzNewTransport(f *testing.F) {
 			t.Fatalf("second Read: %v, want EOF", err)
 		}
 	})
+}
+
+// requestID is the id of the encoded message msg, as the SDK writes it:
+// nil when it has none.
+func requestID(t *testing.T, msg []byte) json.RawMessage {
+	var m struct {
+		ID json.RawMessage `json:"id"`
+	}
+	if err := json.Unmarshal(msg, &m); err != nil {
+		t.Fatalf("encoded message %q: %v", msg, err)
+	}
+	return m.ID
+}
+
+// checkMeta checks, apart from paramskey, that the lift of a request with
+// method put in _meta of lifted what it had to, when it lifted at all (a
+// changed params): for tools/call the idempotencyKey of params, even null,
+// under paramskey.MetaKey and a task that is not null under
+// paramskey.TaskMetaKey; for initialize true under paramskey.FrontMetaKey;
+// for subscriptions/listen the id and notifications.taskIds under
+// paramskey.ListenMetaKey.
+func checkMeta(t *testing.T, line []byte, params, lifted json.RawMessage, method string, id json.RawMessage) {
+	t.Helper()
+	var in, out, meta map[string]json.RawMessage
+	if json.Unmarshal(lifted, &out) != nil || json.Unmarshal(out["_meta"], &meta) != nil || meta == nil {
+		return // not lifted: whether it had to be, the comparison with paramskey tells
+	}
+	_ = json.Unmarshal(params, &in)
+	want := map[string]any{}
+	switch method {
+	case "tools/call":
+		if key, ok := in["idempotencyKey"]; ok {
+			want[paramskey.MetaKey] = decodeParams(key)
+		}
+		if task, ok := in["task"]; ok && decodeParams(task) != nil {
+			want[paramskey.TaskMetaKey] = decodeParams(task)
+		}
+	case "initialize":
+		want[paramskey.FrontMetaKey] = true
+	case "subscriptions/listen":
+		var n map[string]json.RawMessage
+		_ = json.Unmarshal(in["notifications"], &n)
+		if ids, ok := n["taskIds"]; ok && id != nil {
+			want[paramskey.ListenMetaKey] = map[string]any{"id": decodeParams(id), "taskIds": decodeParams(ids)}
+		}
+	}
+	for k, w := range want {
+		v, ok := meta[k]
+		if !ok || !reflect.DeepEqual(decodeParams(v), w) {
+			t.Fatalf("params of %q became %q: _meta[%q] is %s, want %v", line, lifted, k, v, w)
+		}
+	}
 }
 
 // decodeParams decodes params for a comparison by value: the lift and the
