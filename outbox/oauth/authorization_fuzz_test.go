@@ -6,8 +6,10 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/go-jose/go-jose/v4"
+	"github.com/go-jose/go-jose/v4/jwt"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox/oauth"
 )
@@ -24,7 +26,11 @@ func FuzzAuthorization(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	good := is.mint("k1", is.good(resource))
+	// Valid for as long as a fuzz run may last (the default claims expire
+	// in 5 minutes, and the issuer's token would then be refused).
+	long := is.good(resource)
+	long.Expiry = jwt.NewNumericDate(time.Now().Add(24 * time.Hour))
+	good := is.mint("k1", long)
 	reached := 0
 	h := rs.Require(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { reached++ }))
 	parts := strings.Split(good, ".")
