@@ -37,9 +37,11 @@ var destSettings = []string{"auth_header", "max_attempts", "at_most_once", "conc
 // Parse merges the destinations of environ (NAME=value pairs, as
 // os.Environ returns them; variables without [EnvPrefix] are ignored) and
 // of flags (--dest values, NAME=URL[;SETTING=VALUE...]); a flag's URL and
-// settings win over the environment's. The destinations come sorted by
-// name, which is lower case. A refusal names the flag, variable or
-// destination it is about.
+// settings win over the environment's. White space around a URL or a
+// setting's value is ignored, in a flag and in a variable alike, except
+// around the credential of MCP_OUTBOX_DEST_<NAME>_AUTH, which is taken as
+// written. The destinations come sorted by name, which is lower case. A
+// refusal names the flag, variable or destination it is about.
 func Parse(environ, flags []string) ([]dispatch.Destination, error) {
 	type raw struct {
 		url      string
@@ -62,6 +64,16 @@ func Parse(environ, flags []string) ([]dispatch.Destination, error) {
 			}
 		}
 		if setting != "" {
+			// Trimmed like a --dest setting, so that a stray space (say
+			// after a probe's path) does not become part of the value.
+			// The credential alone is taken as written: the parser never
+			// alters it, and one with a control character, such as the
+			// newline a secret file may end with, is refused below rather
+			// than repaired. (net/http drops the spaces and tabs around a
+			// header's value when it writes the request.)
+			if setting != "auth" {
+				v = strings.TrimSpace(v)
+			}
 			get(name).settings[setting] = v
 			continue
 		}

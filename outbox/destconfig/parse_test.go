@@ -1,6 +1,7 @@
 package destconfig
 
 import (
+	"reflect"
 	"testing"
 	"time"
 )
@@ -41,4 +42,50 @@ func environ(vars map[string]string) []string {
 		out = append(out, k+"="+v)
 	}
 	return out
+}
+
+// A setting from the environment is trimmed as one from --dest is: a
+// stray space does not become part of a probe's path (or refuse a
+// timeout). The credential alone is kept as written.
+func TestParseTrimsEnvironmentSettings(t *testing.T) {
+	trimmed := map[string]string{
+		"MCP_OUTBOX_DEST_A":              "https://a.test/base",
+		"MCP_OUTBOX_DEST_A_AT_MOST_ONCE": "true",
+		"MCP_OUTBOX_DEST_A_PROBE":        "GET /x/{key}",
+		"MCP_OUTBOX_DEST_A_TIMEOUT":      "3s",
+		"MCP_OUTBOX_DEST_A_MAX_AGE":      "1h",
+		"MCP_OUTBOX_DEST_A_CONCURRENCY":  "2",
+		"MCP_OUTBOX_DEST_A_MAX_ATTEMPTS": "5",
+		"MCP_OUTBOX_DEST_A_AUTH_HEADER":  "X-Api-Key",
+		"MCP_OUTBOX_DEST_A_AUTH":         "sk_test",
+	}
+	spaced := map[string]string{}
+	for k, v := range trimmed {
+		spaced[k] = " \t" + v + " \n"
+	}
+	spaced["MCP_OUTBOX_DEST_A_AUTH"] = " sk_test\t"
+	want, err := Parse(environ(trimmed), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Parse(environ(spaced), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0].Probe == nil || got[0].Probe.Path != "/x/{key}" || got[0].AuthValue != " sk_test\t" {
+		t.Fatalf("spaced environment parses to %+v", got)
+	}
+	got[0].AuthValue = "sk_test"
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("spaced environment parses to %+v, want %+v (probe %+v, want %+v)", got[0], want[0], *got[0].Probe, *want[0].Probe)
+	}
+	// A flag and a variable agree on the same spaced value.
+	flag, err := Parse(environ(map[string]string{"MCP_OUTBOX_DEST_A_PROBE": "GET /x/{key} "}),
+		[]string{"a=https://a.test/base;at_most_once;probe=GET /x/{key} "})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := flag[0].Probe; p == nil || p.Path != "/x/{key}" {
+		t.Errorf("probe = %+v, want path /x/{key}", p)
+	}
 }
