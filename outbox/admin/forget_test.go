@@ -10,6 +10,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/outboxtest"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
 )
@@ -145,23 +146,12 @@ func TestForgetPrincipal_EffectsWithoutCall(t *testing.T) {
 	}
 	outbox.AddTool(l, s, &mcp.Tool{Name: "notify"}, notify, nil)
 	outbox.AddTool(l, s, &mcp.Tool{Name: "notify_idempotent", Annotations: &mcp.ToolAnnotations{IdempotentHint: true}}, notify, nil)
-	st, ct := mcp.NewInMemoryTransports()
-	ss, err := s.Connect(ctx, st, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cs, err := mcp.NewClient(&mcp.Implementation{Name: "client", Version: "v0"}, nil).Connect(ctx, ct, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cs.Close(); ss.Wait() })
+	cs := outboxtest.Connect(t, s)
 	for _, c := range []struct{ tool, key string }{
 		{"notify", "purged"}, {"notify_idempotent", "never-recorded"},
 	} {
-		res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: c.tool, Arguments: map[string]any{"note": "secret " + c.key},
-			Meta: mcp.Meta{outbox.MetaKeyIdempotency: c.key}})
-		if err != nil || res.IsError {
-			t.Fatalf("%s: %v %v", c.tool, res, err)
+		if res := outboxtest.Call(t, cs, c.tool, c.key, map[string]any{"note": "secret " + c.key}); res.IsError {
+			t.Fatalf("%s: %v", c.tool, res)
 		}
 	}
 	// Another principal's effect without a call, which the forget must leave.
