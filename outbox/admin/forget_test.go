@@ -127,7 +127,8 @@ func TestForgetPrincipal_ErasedEffectsStayUnsent(t *testing.T) {
 // database without a key file) after their principal was forgotten: those
 // whose call the retention purge had removed, and those of a call that is
 // not recorded (an idempotent tool's). Each effect now carries its
-// principal, and the forget finds them by it; another principal's stay.
+// principal (written with it, or given its call's when the call is
+// deleted), and the forget finds them by it; another principal's stay.
 func TestForgetPrincipal_EffectsWithoutCall(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -164,9 +165,10 @@ func TestForgetPrincipal_EffectsWithoutCall(t *testing.T) {
 		t.Fatalf("%d effects without a call before the purge, want 2: the idempotent tool's and bob's", n)
 	}
 	// What the retention's purge of a call leaves: its delivered effect,
-	// with call_id set NULL.
-	if _, err := db.Write.ExecContext(ctx, `UPDATE effects SET state = 'delivered', delivered_at = 1, response = $1 WHERE call_id IS NOT NULL`,
-		[]byte("receipt")); err != nil {
+	// with call_id set NULL. Inserted as a cooperating upstream does,
+	// without its principal: the call's delete gives it the call's.
+	if _, err := db.Write.ExecContext(ctx, `UPDATE effects SET state = 'delivered', delivered_at = 1, response = $1, principal = NULL
+		WHERE call_id IS NOT NULL`, []byte("receipt")); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := db.Write.ExecContext(ctx, `DELETE FROM calls`); err != nil {
