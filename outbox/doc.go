@@ -352,9 +352,15 @@
 //		Destinations: []dispatch.Destination{{Name: "mailer", URL: mailerURL}},
 //	}})
 //	...
-//	h := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return server }, nil)
+//	h := mcphttp.NewHandler(server, nil)        // keeps every key source (see below)
 //	err = mcphttp.Serve(ctx, ln, h)             // returns once the calls in flight finished
 //	return errors.Join(err, running.Stop(context.WithoutCancel(ctx)))
+//
+// Serve HTTP with mcphttp.NewHandler (or wrap your own endpoint in
+// mcphttp.LiftParamsKey) and stdio with mcpstdio.NewTransport: go-sdk's
+// own mcp.NewStreamableHTTPHandler drops a top-level
+// params.idempotencyKey while it unmarshals the request, so such a call
+// falls back to a fingerprint without a word.
 //
 // The order matters: serving stops first, and the calls in flight finish
 // (mcphttp.Serve shuts its server down gracefully when ctx ends; go-sdk's

@@ -21,3 +21,21 @@ func TestDoc_ListsSpanAttributes(t *testing.T) {
 		}
 	}
 }
+
+// The lifecycle sketch is what users copy: it must serve HTTP with the
+// handler that keeps a top-level params.idempotencyKey, not go-sdk's own,
+// which drops it without a word.
+func TestDoc_SketchKeepsEveryKeySource(t *testing.T) {
+	b, err := os.ReadFile("doc.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "//\t") && strings.Contains(line, "mcp.NewStreamableHTTPHandler") {
+			t.Errorf("doc.go's sketch serves HTTP with mcp.NewStreamableHTTPHandler, which drops params.idempotencyKey: %s", line)
+		}
+	}
+	if !strings.Contains(string(b), "mcphttp.NewHandler(server") {
+		t.Error("doc.go's lifecycle sketch does not serve HTTP with mcphttp.NewHandler")
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"go/parser"
 	"go/token"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -146,4 +147,79 @@ func dedent(s string) string {
 		b.WriteString(strings.TrimPrefix(l, "\t"))
 	}
 	return strings.TrimRight(b.String(), "\n\t ") + "\n"
+}
+
+// TestREADMELayout keeps the README's Layout table true: a well-formed
+// table that names every package of the module, and whose layers hold, as
+// the text above it says: no package imports one of a higher layer (tests'
+// own imports aside). Packages of the "test" layer rank with the
+// applications: only they, and tests, may use them.
+func TestREADMELayout(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs go list")
+	}
+	readme, err := os.ReadFile(filepath.Join("..", "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(readme), "\n## Layout\n")
+	if !ok {
+		t.Fatal("README.md has no Layout section")
+	}
+	section, _, _ = strings.Cut(section, "\n## ")
+	rank := map[string]int{"foundation": 0, "library": 1, "surface": 2, "application": 3, "test": 3}
+	layerOf := map[string]string{} // a directory, as "path/", to its layer
+	header := -1
+	for i, line := range strings.Split(section, "\n") {
+		if !strings.HasPrefix(line, "|") {
+			continue
+		}
+		cells := strings.Split(strings.Trim(line, "|"), "|")
+		if header < 0 {
+			header = len(cells)
+			continue
+		}
+		if len(cells) != header {
+			t.Errorf("Layout table, line %d of the section: %d cells, the header has %d: %s", i+1, len(cells), header, line)
+			continue
+		}
+		layer := strings.TrimSpace(cells[0])
+		if strings.Trim(layer, "-") == "" {
+			continue // the separator
+		}
+		if _, known := rank[layer]; !known {
+			t.Errorf("Layout table: unknown layer %q in %s", layer, line)
+			continue
+		}
+		for _, m := range regexp.MustCompile("`([a-z0-9_./-]+/)`").FindAllStringSubmatch(cells[1], -1) {
+			layerOf[m[1]] = layer
+		}
+	}
+	if header < 0 {
+		t.Fatal("README.md's Layout section has no table")
+	}
+
+	out, err := exec.Command("go", "list", "-f", "{{.ImportPath}} {{join .Imports \" \"}}", "./...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	const module = "github.com/mcp-outbox/mcp-outbox/"
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		fields := strings.Fields(line)
+		dir := strings.TrimPrefix(fields[0], module) + "/"
+		layer, listed := layerOf[dir]
+		if !listed {
+			t.Errorf("README.md's Layout table does not name package %s", dir)
+			continue
+		}
+		for _, imp := range fields[1:] {
+			if !strings.HasPrefix(imp, module) {
+				continue
+			}
+			to := strings.TrimPrefix(imp, module) + "/"
+			if l, ok := layerOf[to]; ok && rank[l] > rank[layer] {
+				t.Errorf("%s (%s) imports %s (%s), a higher layer", dir, layer, to, l)
+			}
+		}
+	}
 }

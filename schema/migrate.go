@@ -78,6 +78,9 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 )`
 
 // Migrate applies the migrations in fsys that the set has not applied yet.
+// Open applies the outbox's own set ([OutboxSet]); an application migrates
+// its tables with a set of its own name, on every start, from a directory
+// per store ([DB.MigrationsFor]); see ExampleDB_Migrate.
 // All of them run in one IMMEDIATE transaction: a concurrent Migrate of the
 // same set in another process waits for the lock, then finds them applied.
 // A database that has a version this binary does not know is refused, so an
