@@ -66,7 +66,9 @@ func addSendInvoice(layer *outbox.Layer, server *mcp.Server) {
 				return nil, InvoiceOut{}, err
 			}
 			// Delivered after the commit, with the same Idempotency-Key on
-			// every attempt; gone if the call does not commit.
+			// every attempt; gone if the call does not commit. A JSON body
+			// goes as Content-Type: application/json unless Header names
+			// another type.
 			if _, err := tx.Enqueue(ctx, outbox.Effect{Destination: "mailer", Path: "/v1/send", Body: body}); err != nil {
 				return nil, InvoiceOut{}, err
 			}
@@ -138,6 +140,9 @@ func billTwice(ctx context.Context, target string, w io.Writer) error {
 	mails := make(chan string, 4)
 	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
+		if ct := r.Header.Get("Content-Type"); ct != "application/json" {
+			body = fmt.Appendf(body, " with Content-Type %q", ct) // not the mail the Output wants
+		}
 		mails <- string(body)
 	}))
 	defer api.Close()

@@ -105,6 +105,19 @@ func TestCLIHelp(t *testing.T) {
 	}
 }
 
+// The commands that take --dest describe its settings, key_form included.
+func TestCLIHelpDestSettings(t *testing.T) {
+	t.Parallel()
+	for _, cmd := range []string{"serve", "proxy", "drain"} {
+		r := runCLI(t, nil, cmd, "--help")
+		for _, want := range []string{"--dest", "at_most_once", "key_form=quoted", "bare"} {
+			if !strings.Contains(r.stdout, want) {
+				t.Errorf("%s --help does not mention %s", cmd, want)
+			}
+		}
+	}
+}
+
 func TestCLIUsageErrors(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -144,6 +157,9 @@ func TestCLIBadServeConfig(t *testing.T) {
 		{"dest unknown setting", []string{"--dest", "payments=http://127.0.0.1:1;colour=blue"}, nil, `unknown setting`},
 		{"dest secret on command line", []string{"--dest", "payments=http://127.0.0.1:1;auth=sk_live"}, nil, `MCP_OUTBOX_DEST_PAYMENTS_AUTH`},
 		{"dest probe without at_most_once", []string{"--dest", "payments=http://127.0.0.1:1;probe=GET /x/{key}"}, nil, `only for at_most_once`},
+		{"dest key form", []string{"--dest", "payments=http://127.0.0.1:1;key_form=unquoted"}, nil, `destination payments: key_form="unquoted": want quoted or bare`},
+		{"dest key form env", nil, map[string]string{"MCP_OUTBOX_DEST_PAYMENTS": "http://127.0.0.1:1", "MCP_OUTBOX_DEST_PAYMENTS_KEY_FORM": "sf"},
+			`destination payments: key_form="sf": want quoted or bare`},
 		{"dest settings without URL", nil, map[string]string{"MCP_OUTBOX_DEST_PAYMENTS_TIMEOUT": "5s"}, `has settings but no URL`},
 		{"dest not http", []string{"--dest", "payments=ftp://example.com"}, nil, `destination payments: "ftp://example.com" is not an http(s) URL`},
 		{"dest env", nil, map[string]string{"MCP_OUTBOX_DEST_PAYMENTS": "nope"}, `destination payments: "nope" is not an http(s) URL`},

@@ -75,6 +75,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) (err error) {
 			if err != nil {
 				return nil, invoiceOut{}, err
 			}
+			// Sent as Content-Type: application/json, the dispatcher's
+			// default for a JSON body; Header would name another type.
 			if _, err := tx.Enqueue(ctx, outbox.Effect{Destination: "mailer", Path: "/v1/send", Body: body}); err != nil {
 				return nil, invoiceOut{}, err
 			}

@@ -89,6 +89,9 @@ func TestServeExample(t *testing.T) {
 		string(req.Body) != fmt.Sprintf(`{"invoice":%v}`, first["invoice"]) {
 		t.Errorf("mail request %s %q key %q; want /v1/send of invoice %v with the effect's key", req.Path, req.Body, req.Key, first["invoice"])
 	}
+	if req := mailer.Requests()[0]; req.Header.Get("Content-Type") != "application/json" {
+		t.Errorf("mail request's Content-Type %q, want application/json for its JSON body", req.Header.Get("Content-Type"))
+	}
 
 	base := strings.TrimSuffix(url, "/mcp")
 	for _, path := range []string{"/healthz", "/admin/summary", "/metrics"} {

@@ -25,6 +25,9 @@ const Help = `Destinations (where effects are delivered):
     probe='GET /path/{key}'  for at_most_once: asks whether an unknown effect arrived
                        (2xx: delivered; 404/410: send again)
     auth_header=Authorization  the header that carries MCP_OUTBOX_DEST_<NAME>_AUTH
+    key_form=quoted    how Idempotency-Key carries the effect's key: quoted, as the
+                       IETF draft's Structured Field string ("call_…-1"), or bare
+                       (call_…-1), as Stripe takes it
   The credential is read only from MCP_OUTBOX_DEST_<NAME>_AUTH and never stored.`
 
 // EnvPrefix starts the name of every environment variable Parse reads.
@@ -32,7 +35,7 @@ const EnvPrefix = "MCP_OUTBOX_DEST_"
 
 // destSettings are the per-destination settings, longest first so that an
 // environment name like MCP_OUTBOX_DEST_MY_API_AUTH_HEADER splits correctly.
-var destSettings = []string{"auth_header", "max_attempts", "at_most_once", "concurrency", "max_age", "timeout", "probe", "auth"}
+var destSettings = []string{"auth_header", "max_attempts", "at_most_once", "concurrency", "key_form", "max_age", "timeout", "probe", "auth"}
 
 // Parse merges the destinations of environ (NAME=value pairs, as
 // os.Environ returns them; variables without [EnvPrefix] are ignored) and
@@ -192,6 +195,11 @@ func buildDest(name, rawURL string, s map[string]string) (dispatch.Destination, 
 			if strings.ContainsFunc(v, func(r rune) bool { return r < ' ' && r != '\t' || r == 0x7f }) {
 				// Never quoted: the value is a credential.
 				return dispatch.Destination{}, fmt.Errorf("auth: the credential contains a control character, which an HTTP header cannot carry")
+			}
+		case "key_form":
+			d.KeyForm = dispatch.KeyForm(strings.ToLower(v))
+			if d.KeyForm != dispatch.KeyQuoted && d.KeyForm != dispatch.KeyBare {
+				err = fmt.Errorf("want %s or %s", dispatch.KeyQuoted, dispatch.KeyBare)
 			}
 		case "probe":
 			method, path, found := strings.Cut(v, " ")

@@ -33,6 +33,9 @@ func FuzzParse(f *testing.F) {
 		{"a=https://a.test;timeout=-1s", "", ""},
 		{"a=https://a.test;concurrency=0", "", ""},
 		{"a=https://a.test;bogus=1", "", ""},
+		{"stripe=https://api.stripe.test;key_form=bare", "", ""},
+		{"a=https://a.test;key_form=sf", "", ""},
+		{"", "STRIPE_KEY_FORM", "BARE"},
 		{"a=https://a.test;auth=secret", "", ""},
 		{"a=ftp://a.test", "", ""},
 		{"a=", "", ""},
@@ -133,6 +136,9 @@ func checkUsable(t *testing.T, d dispatch.Destination) {
 	if d.Probe != nil && (!d.AtMostOnce || !strings.HasPrefix(d.Probe.Path, "/")) {
 		t.Fatalf("destination %+v: probe without at_most_once, or not a path", d)
 	}
+	if d.KeyForm != "" && d.KeyForm != dispatch.KeyQuoted && d.KeyForm != dispatch.KeyBare {
+		t.Fatalf("destination %+v: a key form the dispatcher refuses", d)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel() // net/http checks method and header before it would connect
 	try := func(what, method, target string) {
@@ -190,6 +196,9 @@ func formatDest(d dispatch.Destination) string {
 	}
 	if d.AuthHeader != "" {
 		fmt.Fprintf(&b, ";auth_header=%s", d.AuthHeader)
+	}
+	if d.KeyForm != "" {
+		fmt.Fprintf(&b, ";key_form=%s", d.KeyForm)
 	}
 	return b.String()
 }

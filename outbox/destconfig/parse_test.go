@@ -2,8 +2,11 @@ package destconfig
 
 import (
 	"reflect"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
 )
 
 func TestParse(t *testing.T) {
@@ -87,5 +90,52 @@ func TestParseTrimsEnvironmentSettings(t *testing.T) {
 	}
 	if p := flag[0].Probe; p == nil || p.Path != "/x/{key}" {
 		t.Errorf("probe = %+v, want path /x/{key}", p)
+	}
+}
+
+// key_form chooses how Idempotency-Key carries the key, from a flag or a
+// variable, in any case; left out, the dispatcher's default (quoted)
+// applies. Another value is refused, naming the destination and the forms.
+func TestParseKeyForm(t *testing.T) {
+	dests, err := Parse(environ(map[string]string{
+		"MCP_OUTBOX_DEST_STRIPE":          "https://api.stripe.test",
+		"MCP_OUTBOX_DEST_STRIPE_KEY_FORM": "Bare",
+		"MCP_OUTBOX_DEST_IETF":            "https://ietf.test",
+	}), []string{"quoted=https://q.test;key-form=quoted", "plain=https://p.test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]dispatch.KeyForm{}
+	for _, d := range dests {
+		got[d.Name] = d.KeyForm
+	}
+	want := map[string]dispatch.KeyForm{"stripe": dispatch.KeyBare, "quoted": dispatch.KeyQuoted, "ietf": "", "plain": ""}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("key forms = %v, want %v", got, want)
+	}
+	for _, c := range []struct{ env, flag []string }{
+		{flag: []string{"stripe=https://api.stripe.test;key_form=unquoted"}},
+		{env: []string{"MCP_OUTBOX_DEST_STRIPE=https://api.stripe.test", "MCP_OUTBOX_DEST_STRIPE_KEY_FORM=unquoted"}},
+	} {
+		_, err := Parse(c.env, c.flag)
+		if err == nil || !strings.Contains(err.Error(), "stripe") || !strings.Contains(err.Error(), `key_form="unquoted"`) ||
+			!strings.Contains(err.Error(), "quoted or bare") {
+			t.Errorf("Parse(%q, %q) = %v, want a refusal naming the destination, the setting and the forms", c.env, c.flag, err)
+		}
+	}
+}
+
+// Help, which serve, proxy and drain print, names every setting but the
+// credential, which it names as a variable.
+func TestHelpNamesEverySetting(t *testing.T) {
+	for _, s := range destSettings {
+		if s == "auth" {
+			s = "MCP_OUTBOX_DEST_<NAME>_AUTH"
+		} else if s != "at_most_once" {
+			s += "="
+		}
+		if !strings.Contains(Help, s) {
+			t.Errorf("Help does not mention %s", s)
+		}
 	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/dbclock"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/metrics"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/otelattr"
@@ -65,6 +66,37 @@ type Destination struct {
 	// Probe, for an AtMostOnce destination, asks whether an unknown effect
 	// was applied: 2xx means delivered, 404 or 410 means safe to retry.
 	Probe *Probe
+	// KeyForm is how the Idempotency-Key header writes the key, on
+	// deliveries and probes alike; zero means KeyQuoted. Any other value
+	// is refused by New.
+	KeyForm KeyForm
+}
+
+// KeyForm is how a destination gets an effect's Idempotency-Key: the key
+// itself is what Tx.Enqueue returned either way; only the header's
+// spelling differs.
+type KeyForm string
+
+// Key forms.
+const (
+	// KeyQuoted sends the key as a Structured Field String (RFC 8941), in
+	// double quotes, as draft-ietf-httpapi-idempotency-key-header defines
+	// the header: Idempotency-Key: "call_…-1". A destination that
+	// compares the header with the key Enqueue returned removes the
+	// quotes first (the layer's keys hold no quote or backslash to
+	// unescape).
+	KeyQuoted KeyForm = "quoted"
+	// KeyBare sends the key as it is, Stripe's form:
+	// Idempotency-Key: call_…-1.
+	KeyBare KeyForm = "bare"
+)
+
+// headerValue is key as the Idempotency-Key header of form f carries it.
+func (f KeyForm) headerValue(key string) string {
+	if f == KeyBare {
+		return key
+	}
+	return callkey.HeaderValue(key)
 }
 
 // Probe is a request that looks an effect up at its destination. Path may
@@ -269,6 +301,13 @@ func New(db *schema.DB, opts *Options) (*Dispatcher, error) {
 		}
 		if dst.Probe != nil && !dst.AtMostOnce {
 			return nil, fmt.Errorf("destination %q: a probe is only for at_most_once destinations", dst.Name)
+		}
+		switch dst.KeyForm {
+		case "":
+			dst.KeyForm = KeyQuoted
+		case KeyQuoted, KeyBare:
+		default:
+			return nil, fmt.Errorf("destination %q: key form %q: want %q or %q", dst.Name, dst.KeyForm, KeyQuoted, KeyBare)
 		}
 		longest = max(longest, dst.Timeout)
 		transport := o.Transport

@@ -10,6 +10,23 @@
 // [Dispatcher.Run] and connects the layer's commits with
 // Layer.OnEnqueue(d.Notify).
 //
+// # The request
+//
+// An attempt sends the effect's method, path (on the destination's URL),
+// headers and body. The dispatcher adds these headers, over the effect's
+// own except for Content-Type:
+//
+//	Idempotency-Key  the key Enqueue returned, as a Structured Field String
+//	                 ("call_…-1", draft-ietf-httpapi-idempotency-key-header),
+//	                 or bare (call_…-1, Stripe's form) for a destination
+//	                 whose KeyForm is KeyBare
+//	Content-Type     application/json when the body is JSON (json.Valid)
+//	                 and the effect set no Content-Type, in any case of the
+//	                 name: the effect's own wins. Another body without one
+//	                 is sent without one; the dispatcher does not guess.
+//	traceparent      the attempt's span (see Traces)
+//	AuthHeader       the destination's credential, when it has one
+//
 // # Traces
 //
 // Each delivery attempt is a CLIENT span (Options.TracerProvider, nil

@@ -116,7 +116,7 @@ func (d *Dispatcher) probeOne(ctx context.Context, ds *destState, p probed) erro
 	if err != nil {
 		return fmt.Errorf("build probe: %w", err)
 	}
-	req.Header.Set(callkey.Header, callkey.HeaderValue(key))
+	req.Header.Set(callkey.Header, ds.KeyForm.headerValue(key))
 	if ds.AuthHeader != "" {
 		req.Header.Set(ds.AuthHeader, ds.AuthValue)
 	}

@@ -3,6 +3,7 @@ package dispatch
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -109,9 +110,16 @@ func (d *Dispatcher) attempt(ctx context.Context, ds *destState, e *claimedEffec
 		req.GetBody = nil // belt and braces: not replayable by the transport either
 	}
 	for k, v := range e.headers {
-		req.Header.Set(k, v)
+		req.Header.Set(k, v) // canonical: "content-type" is Content-Type
 	}
-	req.Header.Set(callkey.Header, callkey.HeaderValue(e.key))
+	if _, own := req.Header["Content-Type"]; !own && json.Valid(e.body) {
+		// Most APIs refuse or misread a JSON body sent without its type
+		// (net/http's client sets none, and the effect's author seldom
+		// thinks of it). Any other body is sent as the effect wrote it:
+		// a type guessed wrong is worse than none.
+		req.Header.Set("Content-Type", "application/json")
+	}
+	req.Header.Set(callkey.Header, ds.KeyForm.headerValue(e.key))
 	otelattr.Propagator.Inject(ctx, propagation.HeaderCarrier(req.Header)) // the attempt's span (trace.go)
 	if ds.AuthHeader != "" {
 		req.Header.Set(ds.AuthHeader, ds.AuthValue)
