@@ -353,6 +353,11 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 	if fs.NArg() > 0 {
 		return usagef("unexpected argument %q", fs.Arg(0))
 	}
+	if cfg.bare {
+		if err := checkBare(env, fs); err != nil {
+			return err
+		}
+	}
 	if err := cfg.parseLedgerRetention(env); err != nil {
 		return err
 	}
