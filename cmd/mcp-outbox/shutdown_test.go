@@ -130,6 +130,15 @@ func testSIGTERMDuringCall(t *testing.T, store, delay, bound string, handedOver 
 	if n := countRows(t, db, `SELECT count(*) FROM charges`) + countRows(t, db, `SELECT count(*) FROM effects`); n != 0 {
 		t.Fatalf("%d charges and effects committed by a call handed over at shutdown, want none", n)
 	}
+	// What mcphttp.ServeWith says of the claim: on SQLite it stays, for a
+	// retry to take over; on PostgreSQL a first attempt's rolled back.
+	if store == "sqlite" {
+		if c := onlyCall(t, db); c.state != "in_flight" {
+			t.Errorf("call handed over: %+v, want its in_flight claim", c)
+		}
+	} else if n := countRows(t, db, `SELECT count(*) FROM calls`); n != 0 {
+		t.Errorf("%d calls after a first attempt was handed over on PostgreSQL, want none", n)
+	}
 
 	u2, _ := startHTTP(t, bin, dbPath, env)
 	cs2 := connectHTTP(t, u2, statefulVersion, httpClient(t, ""))

@@ -98,22 +98,24 @@ func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
 //
 // When the bound passes with requests still running, ServeWith closes
 // their connections (their clients get no answer), logs how many were
-// running, and returns nil: the requests are handed over. For a tools/call
-// of the outbox layer that is safe, because a call's outcome is all or
-// nothing in its transaction: a handler still running either commits
-// before the process exits, and a retry replays its result, or its
-// transaction rolls back (at the latest when the process exits and its
-// database connection ends), and its claim stays in_flight with this
-// process as owner. A retry then takes the call over and runs it once: on
-// SQLite at once, since the owner process is gone; on PostgreSQL once the
-// claim's lease (outbox.Options.Lease) passes, since nobody renews it any
-// more. A call whose work commits outside the layer's transaction (the
-// proxy's, to an upstream that does not cooperate) is marked unknown
-// instead, never run again. outbox.Runner.Stop gives tasks the same
-// contract.
-// So the caller should go on with its shutdown (the layer's Runner.Stop,
-// then closing the database) and exit successfully. A handler not written
-// against the outbox gets no such guarantee: what it did is what it did.
+// running, and returns nil: the requests are handed over. What "handed
+// over" means for a tools/call of the outbox layer, whose outcome is all
+// or nothing in its transaction: the handler, still running, either
+// commits before the process exits, and a retry replays its result; or
+// its transaction rolls back (at the latest when the process exits and
+// its database connection ends) and a retry runs the call once. The
+// call's claim either rolled back with it (on PostgreSQL, a first
+// attempt's claim rides in the call's transaction: the key is free at
+// once), or stays in_flight with this process as owner, and the retry
+// takes it over: on SQLite at once, the owner process being gone; on
+// PostgreSQL once the claim's lease (outbox.Options.Lease) passes, nobody
+// renewing it. A call whose work commits outside the layer's transaction
+// (the proxy's, to an upstream that does not cooperate) is marked unknown
+// instead, and never runs again. outbox.Runner.Stop hands over the tasks
+// it stops in the same way. So the caller should go on with its shutdown
+// (the layer's Runner.Stop, then closing the database) and exit
+// successfully. A handler not written against the outbox gets no such
+// guarantee: what it did is what it did.
 //
 // The error is not nil only when serving failed before ctx ended.
 func ServeWith(ctx context.Context, ln net.Listener, h http.Handler, opts *Options) error {
@@ -143,29 +145,20 @@ func ServeWith(ctx context.Context, ln net.Listener, h http.Handler, opts *Optio
 	// busy ones close once their response is written. It would also wait
 	// for the event streams, which end only when their client leaves. So
 	// the streams are ended here, but only once every other connection
-	// closed: a stream cut while a call's answer was still on its way made
-	// the go-sdk client fail the session, and the call with it, before it
-	// read the answer.
+	// closed, its answer written out: the go-sdk client fails its session
+	// when the stream ends (at once with MaxRetries -1, else when it cannot
+	// reconnect), and with it a call whose answer it has not read yet.
 	deadline := time.Now().Add(max(bound, 0))
 	sctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	defer cancel()
 	shut := make(chan error, 1)
 	go func() { shut <- srv.Shutdown(sctx) }()
-	for {
-		changed, settled := tr.settled()
-		if settled {
-			tr.endStreams()
-			if err := <-shut; err == nil {
-				return nil
-			}
-			break // the bound passed while the streams ended
+	if tr.waitSettled(sctx) {
+		tr.endStreams()
+		if err := <-shut; err != nil {
+			srv.Close() // the bound passed while the streams ended
 		}
-		select {
-		case <-changed:
-			continue
-		case <-sctx.Done():
-		}
-		break
+		return nil
 	}
 	if n := tr.running(); n > 0 {
 		logger.Warn("shutdown: requests still running when the shutdown bound passed were handed over: "+
@@ -240,13 +233,7 @@ func (t *tracker) track(h http.Handler) http.Handler {
 			}
 			ctx, stop := context.WithCancel(r.Context())
 			defer stop()
-			go func() {
-				select {
-				case <-t.streams.Done():
-					stop()
-				case <-ctx.Done():
-				}
-			}()
+			defer context.AfterFunc(t.streams, stop)()
 			h.ServeHTTP(w, r.WithContext(ctx))
 			return
 		}
@@ -284,6 +271,21 @@ func (t *tracker) settled() (changed <-chan struct{}, settled bool) {
 		}
 	}
 	return t.changed, true
+}
+
+// waitSettled waits until settled, or ctx ends (false).
+func (t *tracker) waitSettled(ctx context.Context) bool {
+	for {
+		changed, settled := t.settled()
+		if settled {
+			return true
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return false
+		}
+	}
 }
 
 // endStreams ends the event streams' requests: their handlers return, and
