@@ -72,8 +72,17 @@ func openWaiting(ctx context.Context, target string, opts *schema.Options, logge
 // healthz 200 (the process runs), readyz 503 (do not route calls here),
 // anything else 503 with Retry-After. Once the database is open, the real
 // handler takes over on the same listener and server.
+//
+// Only a store that can be down (PostgreSQL) gets that window: a local
+// SQLite file opens at once or fails, and a client that connected right
+// after launch was refused with 503 for nothing. So with SQLite it listens
+// only in serve, with the real handler, once the database is open and
+// migrated.
 type earlyHTTP struct {
-	ln     net.Listener
+	ctx    context.Context // the server ends with it
+	addr   string
+	opts   mcphttp.Options
+	ln     net.Listener // nil until it listens
 	h      atomic.Pointer[http.Handler]
 	served chan error
 	cancel context.CancelFunc
@@ -81,16 +90,31 @@ type earlyHTTP struct {
 	err    error // the server's end, once waited for
 }
 
-// listenEarly starts serving addr before the database opens, for serve and
-// proxy with --http; nil without. Once the database turns out to be
-// unavailable it says where the health checks are.
+// listenEarly prepares serving addr for serve and proxy with --http; nil
+// without. With PostgreSQL it listens at once, before the database opens,
+// and once the database turns out to be unavailable it says where the
+// health checks are; with SQLite it listens in serve (see earlyHTTP).
+// It makes cfg's logger, which the shutdown's log needs.
 func listenEarly(ctx context.Context, env *environment, cfg *appConfig, ac *authConfig, addr string) (*earlyHTTP, error) {
 	if addr == "" {
 		return nil, nil
 	}
+	if cfg.shutdownTimeout < 0 {
+		return nil, usagef("--shutdown-timeout %v: must not be negative", cfg.shutdownTimeout)
+	}
+	if cfg.logger == nil {
+		logger, err := newLogger(env.stderr, cfg.logLevel, cfg.logFormat)
+		if err != nil {
+			return nil, err
+		}
+		cfg.logger = logger
+	}
+	e := &earlyHTTP{ctx: ctx, addr: addr, opts: mcphttp.Options{Logger: cfg.logger, ShutdownTimeout: cfg.shutdownTimeout}}
+	if !schema.IsPostgresURL(cfg.db) {
+		return e, nil
+	}
 	base := ac.operatorBase()
-	e, err := startEarlyHTTP(ctx, addr, base)
-	if err != nil {
+	if err := e.listen(waitingHandler(base)); err != nil {
 		return nil, err
 	}
 	cfg.dbWaiting = func() {
@@ -99,36 +123,42 @@ func listenEarly(ctx context.Context, env *environment, cfg *appConfig, ac *auth
 	return e, nil
 }
 
-// startEarlyHTTP listens on addr and serves the waiting handler, under the
-// operator path base ("/" when not set). The server ends with ctx.
-func startEarlyHTTP(ctx context.Context, addr, base string) (*earlyHTTP, error) {
-	ln, err := net.Listen("tcp", addr)
+// listen listens on e.addr and serves h until e.ctx ends.
+func (e *earlyHTTP) listen(h http.Handler) error {
+	ln, err := net.Listen("tcp", e.addr)
 	if err != nil {
-		return nil, fmt.Errorf("listen %s: %w", addr, err)
+		return fmt.Errorf("listen %s: %w", e.addr, err)
 	}
-	sctx, cancel := context.WithCancel(ctx)
-	e := &earlyHTTP{ln: ln, served: make(chan error, 1), cancel: cancel}
-	var h http.Handler = waitingHandler(base)
+	sctx, cancel := context.WithCancel(e.ctx)
+	e.ln, e.served, e.cancel = ln, make(chan error, 1), cancel
 	e.h.Store(&h)
-	go func() { e.served <- mcphttp.Serve(sctx, ln, e) }()
-	return e, nil
+	go func() { e.served <- mcphttp.ServeWith(sctx, ln, e, &e.opts) }()
+	return nil
 }
 
 func (e *earlyHTTP) ServeHTTP(w http.ResponseWriter, r *http.Request) { (*e.h.Load()).ServeHTTP(w, r) }
 
-// use hands the listener to h: requests from now on go to it.
-func (e *earlyHTTP) use(h http.Handler) { e.h.Store(&h) }
+// use hands the listener to h: requests from now on go to it. If e does not
+// listen yet (SQLite), it listens now, with h from the first request.
+func (e *earlyHTTP) use(h http.Handler) error {
+	if e.ln == nil {
+		return e.listen(h)
+	}
+	e.h.Store(&h)
+	return nil
+}
 
-// wait waits until the server ends (with the ctx of startEarlyHTTP).
+// wait waits until the server ends (with the ctx of listenEarly).
 func (e *earlyHTTP) wait() error {
 	e.once.Do(func() { e.err = <-e.served })
 	return e.err
 }
 
 // abort ends the server if it still runs: the command fails before
-// serving. It does nothing on nil, or once the server ended.
+// serving. It does nothing on nil, before listening, or once the server
+// ended.
 func (e *earlyHTTP) abort() {
-	if e == nil {
+	if e == nil || e.ln == nil {
 		return
 	}
 	e.cancel()

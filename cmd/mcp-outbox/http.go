@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
@@ -82,12 +84,16 @@ func (d appDispatcher) Destinations() []string {
 // serveHTTP serves the app on early's listener until the ctx early was
 // started with ends, then shuts down gracefully.
 func serveHTTP(ctx context.Context, a *app, early *earlyHTTP, logger *slog.Logger, stderr io.Writer) error {
-	ln := early.ln
 	h, err := newRouter(ctx, a, logger)
 	if err != nil {
 		return err
 	}
-	early.use(h) // before the address is printed: whoever reads it connects at once
+	// Before the address is printed: whoever reads it connects at once.
+	// With SQLite this is where it begins to listen.
+	if err := early.use(h); err != nil {
+		return err
+	}
+	ln := early.ln
 	// Tests and scripts read the bound address (useful with port 0).
 	fmt.Fprintf(stderr, "mcp-outbox: serving MCP at http://%s/mcp\n", ln.Addr())
 	mcpAuth, adminAuth := "no authentication", "loopback clients only"
@@ -120,4 +126,17 @@ func serveHTTP(ctx context.Context, a *app, early *earlyHTTP, logger *slog.Logge
 	fmt.Fprintf(stderr, "mcp-outbox: operator API at http://%s%sadmin (%s)\n", ln.Addr(), base, adminAuth)
 	fmt.Fprintf(stderr, "mcp-outbox: operator page at http://%s%s (%s)\n", ln.Addr(), base, adminAuth)
 	return early.wait()
+}
+
+// shutdownFlag adds --shutdown-timeout, serve's and proxy's bound on the
+// wait for the calls in flight at SIGTERM (mcphttp.Options.ShutdownTimeout).
+func shutdownFlag(env *environment, fs *flag.FlagSet, p *time.Duration) error {
+	v, err := env.envDuration("MCP_OUTBOX_SHUTDOWN_TIMEOUT", 0)
+	if err != nil {
+		return err
+	}
+	fs.DurationVar(p, "shutdown-timeout", v, fmt.Sprintf("with --http, how long SIGTERM waits for the calls in flight "+
+		"before it hands them over (they commit or roll back, and a retry runs a rolled-back one once); 0 means %v [MCP_OUTBOX_SHUTDOWN_TIMEOUT]",
+		mcphttp.DefaultShutdownTimeout))
+	return nil
 }

@@ -316,9 +316,11 @@ func (s matrixServer) command(t *testing.T, db string, fake *downstream.Server, 
 	cmd := exec.Command(bin)
 	var up *exec.Cmd
 	if s.upstream == nil {
-		cmd.Args = append(cmd.Args, "serve", "--db", db, "--dest", paymentsDest(fake), "--log-level", "warn", "--demo-delay", delay.String())
+		cmd.Args = append(cmd.Args, "serve", "--db", db, "--log-level", "warn", "--demo-delay", delay.String())
 		if bare {
-			cmd.Args = append(cmd.Args, "--bare")
+			cmd.Args = append(cmd.Args, "--bare") // which delivers nothing, and refuses --dest
+		} else {
+			cmd.Args = append(cmd.Args, "--dest", paymentsDest(fake))
 		}
 		cmd.Env = matrixEnv()
 	} else {

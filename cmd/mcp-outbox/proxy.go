@@ -68,6 +68,9 @@ func runProxy(ctx context.Context, env *environment, args []string) error {
 		"the upstream records its calls' outcomes itself (schema/README.md) [MCP_OUTBOX_COOPERATING=1]")
 	httpAddr := fs.String("http", env.envDefault("MCP_OUTBOX_HTTP", ""),
 		"serve Streamable HTTP at `ADDR` (e.g. 127.0.0.1:8080) instead of stdio; a non-loopback ADDR needs --tokens or --oauth-issuer [MCP_OUTBOX_HTTP]")
+	if err := shutdownFlag(env, fs, &cfg.shutdownTimeout); err != nil {
+		return err
+	}
 	var taskValues []string
 	fs.Var((*multiFlag)(&taskValues), "task", "make calls of an upstream tool MCP tasks: `TOOL=always|required|after:DURATION`, repeatable; see Tasks above [MCP_OUTBOX_TASKS]")
 	var bounds proxyBounds

@@ -41,7 +41,8 @@ Streamable HTTP at /mcp with --http, which also serves the operator API
 current, dispatcher running). See Authentication below.
 A PostgreSQL database that cannot be reached at start is waited for, with
 backoff up to 10s and a warning per attempt, until it answers or a signal
-comes; with --http, /healthz answers 200 and /readyz 503 meanwhile.
+comes; with --http, /healthz answers 200 and /readyz 503 meanwhile. An
+SQLite file is opened before --http listens.
 Logs go to stderr only. Runs with GOGC=400 unless GOGC is set (the go-sdk's
 per-call garbage makes Go's default of 100 cost a third of the CPU).
 
@@ -51,8 +52,10 @@ another destination then fails, enqueueing nothing, and serve refuses to
 start while effects are pending for a destination not given. Without --dest
 nothing is delivered here: effects stay queued for 'mcp-outbox drain' or a
 serve that knows their destinations. On SIGTERM or SIGINT it stops taking
-new work, lets calls in flight finish, then deliveries in flight (up to
-10s), and exits.
+new work, lets calls in flight finish (with --http up to --shutdown-timeout;
+calls still running then are handed over: each commits or rolls back, and a
+retry runs a rolled-back one once), then deliveries in flight (up to 10s),
+and exits 0.
 Every 10 minutes it purges expired calls and old delivered effects (see
 'mcp-outbox purge --help'); dead and unknown effects are kept.
 
@@ -97,6 +100,9 @@ type appConfig struct {
 	dbWaiting func()
 	// toolRetention is retentions parsed, by tool (parseLedgerRetention).
 	toolRetention map[string]outbox.ToolRetention
+	// shutdownTimeout is --shutdown-timeout: how long --http waits for
+	// the calls in flight at SIGTERM (mcphttp.Options.ShutdownTimeout).
+	shutdownTimeout time.Duration
 }
 
 // app is a running example server: database, layer and MCP server.
@@ -336,6 +342,9 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 	}
 	httpAddr := fs.String("http", env.envDefault("MCP_OUTBOX_HTTP", ""),
 		"serve Streamable HTTP at `ADDR` (e.g. 127.0.0.1:8080) instead of stdio; a non-loopback ADDR needs --tokens or --oauth-issuer [MCP_OUTBOX_HTTP]")
+	if err := shutdownFlag(env, fs, &cfg.shutdownTimeout); err != nil {
+		return err
+	}
 	var ac authConfig
 	ac.flags(env, fs)
 	if err := parseFlags(fs, args); err != nil {
@@ -343,6 +352,11 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 	}
 	if fs.NArg() > 0 {
 		return usagef("unexpected argument %q", fs.Arg(0))
+	}
+	if cfg.bare {
+		if err := checkBare(env, fs); err != nil {
+			return err
+		}
 	}
 	if err := cfg.parseLedgerRetention(env); err != nil {
 		return err

@@ -4,8 +4,9 @@
 // stateless requests from 2026-07-28, which the go-sdk serves only from a
 // stateless handler), with a top-level params.idempotencyKey lifted into
 // _meta before the SDK drops it ([LiftParamsKey], which an endpoint of
-// your own can use too). [Serve] runs an http.Server until its context
-// ends, then shuts it down gracefully.
+// your own can use too). [Serve] and [ServeWith] run an http.Server until
+// their context ends, then shut it down gracefully: they wait for the calls
+// in flight up to a bound, and hand over those still running.
 //
 // It is the HTTP front of `mcp-outbox serve`: mount [NewHandler] at /mcp,
 // behind bearer.Verifier.Require when clients authenticate, and the

@@ -2,11 +2,12 @@ package mcphttp
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -19,10 +20,18 @@ import (
 // Mcp-Protocol-Version header to one of two handlers on the same server.
 const StatelessVersion = "2026-07-28"
 
-// Options configure [NewHandler]; the zero value is usable.
+// Options configure [NewHandler] and [ServeWith]; the zero value is usable.
 type Options struct {
-	// Logger gets the go-sdk's transport logs; nil discards them.
+	// Logger gets the go-sdk's transport logs ([NewHandler]) and what
+	// [ServeWith] did with the requests still running when its shutdown
+	// bound passed. Nil discards the former and sends the latter to
+	// slog.Default(): a shutdown that cut requests is never silent.
 	Logger *slog.Logger
+	// ShutdownTimeout bounds how long [ServeWith] waits, once its context
+	// ends, for the requests in flight to finish. Zero means
+	// DefaultShutdownTimeout; negative waits for none of them (they are
+	// handed over at once, as described on ServeWith).
+	ShutdownTimeout time.Duration
 }
 
 // NewHandler returns the Streamable HTTP endpoint of s (serve mounts it at
@@ -51,14 +60,80 @@ func NewHandler(s *mcp.Server, opts *Options) http.Handler {
 	})))
 }
 
-// ShutdownTimeout bounds how long Serve waits for requests in flight once
-// its context ends.
-const ShutdownTimeout = 10 * time.Second
+// DefaultShutdownTimeout is [Options.ShutdownTimeout] when zero. It is
+// long enough for the calls in flight under the documented defaults:
+//
+//   - before its handler runs, a call of the outbox layer may wait up to
+//     outbox.DefaultInFlightWait (30 s): a duplicate for the outcome of the
+//     attempt it duplicates, a claim for SQLite's write lock held by
+//     another process;
+//   - the handler itself has no limit the layer imposes, but a client's
+//     does: the TypeScript SDK abandons a request after 60 s
+//     (DEFAULT_REQUEST_TIMEOUT_MSEC), so waiting longer for an answer
+//     serves no default client;
+//   - a task-augmented call is answered at once with its task, which
+//     runs on in the layer and is waited for by outbox.Runner.Stop, not
+//     here; deliveries of effects are the dispatcher's, also after Serve.
+//
+// So 60 s covers a handler of up to 30 s after the longest wait, and any
+// call a default client still waits for. An orchestrator's grace period
+// must be longer for the bound to apply (Kubernetes' default
+// terminationGracePeriodSeconds is 30 s; systemd's TimeoutStopSec 90 s):
+// a SIGKILL before it hands the calls over in the same way, without the
+// log line.
+const DefaultShutdownTimeout = 60 * time.Second
 
-// Serve serves h on ln until ctx ends, then shuts down gracefully: it stops
-// accepting, and waits up to ShutdownTimeout for requests in flight.
+// Serve is [ServeWith] with nil options: the default shutdown bound, and
+// its log to slog.Default().
 func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	return ServeWith(ctx, ln, h, nil)
+}
+
+// ServeWith serves h on ln until ctx ends, then shuts down gracefully: it
+// stops accepting, and waits up to opts.ShutdownTimeout for the requests in
+// flight (a POST that carries a tools/call ends once its answer is
+// written). An event stream (a GET that accepts text/event-stream: the
+// standalone stream of a session, which never ends on its own) is not
+// waited for; it is closed once the other requests finished.
+//
+// When the bound passes with requests still running, ServeWith closes
+// their connections (their clients get no answer), logs how many were
+// running, and returns nil: the requests are handed over. What "handed
+// over" means for a tools/call of the outbox layer, whose outcome is all
+// or nothing in its transaction: the handler, still running, either
+// commits before the process exits, and a retry replays its result; or
+// its transaction rolls back (at the latest when the process exits and
+// its database connection ends) and a retry runs the call once. The
+// call's claim either rolled back with it (on PostgreSQL, a first
+// attempt's claim rides in the call's transaction: the key is free at
+// once), or stays in_flight with this process as owner, and the retry
+// takes it over: on SQLite at once, the owner process being gone; on
+// PostgreSQL once the claim's lease (outbox.Options.Lease) passes, nobody
+// renewing it. A call whose work commits outside the layer's transaction
+// (the proxy's, to an upstream that does not cooperate) is marked unknown
+// instead, and never runs again. outbox.Runner.Stop hands over the tasks
+// it stops in the same way. So the caller should go on with its shutdown
+// (the layer's Runner.Stop, then closing the database) and exit
+// successfully. A handler not written against the outbox gets no such
+// guarantee: what it did is what it did.
+//
+// The error is not nil only when serving failed before ctx ended.
+func ServeWith(ctx context.Context, ln net.Listener, h http.Handler, opts *Options) error {
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	bound := o.ShutdownTimeout
+	if bound == 0 {
+		bound = DefaultShutdownTimeout
+	}
+	logger := o.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	tr := newTracker()
+	srv := &http.Server{Handler: tr.track(h), ReadHeaderTimeout: 10 * time.Second,
+		ConnState: tr.connState, ConnContext: tr.connContext}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
@@ -66,10 +141,153 @@ func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
 		return fmt.Errorf("serve http: %w", err)
 	case <-ctx.Done():
 	}
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ShutdownTimeout)
+	// Shutdown closes the listener and the idle connections, and makes the
+	// busy ones close once their response is written. It would also wait
+	// for the event streams, which end only when their client leaves. So
+	// the streams are ended here, but only once every other connection
+	// closed, its answer written out: the go-sdk client fails its session
+	// when the stream ends (at once with MaxRetries -1, else when it cannot
+	// reconnect), and with it a call whose answer it has not read yet.
+	deadline := time.Now().Add(max(bound, 0))
+	sctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		return fmt.Errorf("shut down http: %w", err)
+	shut := make(chan error, 1)
+	go func() { shut <- srv.Shutdown(sctx) }()
+	if tr.waitSettled(sctx) {
+		tr.endStreams()
+		if err := <-shut; err != nil {
+			srv.Close() // the bound passed while the streams ended
+		}
+		return nil
 	}
+	if n := tr.running(); n > 0 {
+		logger.Warn("shutdown: requests still running when the shutdown bound passed were handed over: "+
+			"their connections are closed and their clients get no answer; a call of the outbox layer among them "+
+			"either commits before the process exits (a retry replays it) or rolls back, and a retry runs it once",
+			"running", n, "shutdown_timeout", bound)
+	}
+	srv.Close()
+	<-shut
 	return nil
 }
+
+// tracker follows what ServeWith waits for at shutdown: the requests other
+// than event streams, and the connections that carried them.
+type tracker struct {
+	mu       sync.Mutex
+	requests int               // running, event streams aside
+	conns    map[net.Conn]bool // that carried a request; true: an event stream
+	changed  chan struct{}     // closed at the next change, then made anew
+	streams  context.Context   // the event streams' requests end with it
+	end      context.CancelFunc
+}
+
+type connKey struct{}
+
+func newTracker() *tracker {
+	t := &tracker{conns: map[net.Conn]bool{}, changed: make(chan struct{})}
+	t.streams, t.end = context.WithCancel(context.Background())
+	return t
+}
+
+// changedLocked wakes the shutdown's wait.
+func (t *tracker) changedLocked() {
+	close(t.changed)
+	t.changed = make(chan struct{})
+}
+
+func (t *tracker) connContext(ctx context.Context, c net.Conn) context.Context {
+	return context.WithValue(ctx, connKey{}, c)
+}
+
+func (t *tracker) connState(c net.Conn, s http.ConnState) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch s {
+	case http.StateActive:
+		if _, ok := t.conns[c]; !ok {
+			t.conns[c] = false
+		}
+	case http.StateIdle:
+		if _, ok := t.conns[c]; ok {
+			t.conns[c] = false // its stream ended; Shutdown closes it
+		}
+	case http.StateClosed, http.StateHijacked:
+		delete(t.conns, c)
+	default:
+		return
+	}
+	t.changedLocked()
+}
+
+// track passes every request to h, counting all but event streams (a GET
+// that accepts text/event-stream), whose context ends with endStreams.
+func (t *tracker) track(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && strings.Contains(r.Header.Get("Accept"), "text/event-stream") {
+			if c, ok := r.Context().Value(connKey{}).(net.Conn); ok {
+				t.mu.Lock()
+				t.conns[c] = true
+				t.changedLocked()
+				t.mu.Unlock()
+			}
+			ctx, stop := context.WithCancel(r.Context())
+			defer stop()
+			defer context.AfterFunc(t.streams, stop)()
+			h.ServeHTTP(w, r.WithContext(ctx))
+			return
+		}
+		t.add(1)
+		defer t.add(-1)
+		h.ServeHTTP(w, r)
+	})
+}
+
+func (t *tracker) add(d int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.requests += d
+	t.changedLocked()
+}
+
+func (t *tracker) running() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.requests
+}
+
+// settled reports whether only event streams are left: no request runs,
+// and every other connection closed (so their answers were written out);
+// changed is closed at the next change.
+func (t *tracker) settled() (changed <-chan struct{}, settled bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.requests > 0 {
+		return t.changed, false
+	}
+	for _, stream := range t.conns {
+		if !stream {
+			return t.changed, false
+		}
+	}
+	return t.changed, true
+}
+
+// waitSettled waits until settled, or ctx ends (false).
+func (t *tracker) waitSettled(ctx context.Context) bool {
+	for {
+		changed, settled := t.settled()
+		if settled {
+			return true
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// endStreams ends the event streams' requests: their handlers return, and
+// Shutdown closes their connections.
+func (t *tracker) endStreams() { t.end() }
