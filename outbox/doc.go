@@ -353,7 +353,7 @@
 //	}})
 //	...
 //	h := mcphttp.NewHandler(server, nil)        // keeps every key source (see below)
-//	err = mcphttp.Serve(ctx, ln, h)             // returns once the calls in flight finished
+//	err = mcphttp.Serve(ctx, ln, h)             // returns once the calls in flight finished (bounded)
 //	return errors.Join(err, running.Stop(context.WithoutCancel(ctx)))
 //
 // Serve HTTP with mcphttp.NewHandler (or wrap your own endpoint in
@@ -363,7 +363,10 @@
 // falls back to a fingerprint without a word.
 //
 // The order matters: serving stops first, and the calls in flight finish
-// (mcphttp.Serve shuts its server down gracefully when ctx ends; go-sdk's
+// (mcphttp.Serve shuts its server down gracefully when ctx ends, waiting
+// up to mcphttp.DefaultShutdownTimeout, a minute, and then hands over
+// what still runs: each such call either commits before the process
+// exits or leaves nothing, and a retry replays or runs it; go-sdk's
 // Server.Run, when its context ends, closes the session, which waits for
 // the requests in flight); then Stop lets the deliveries
 // in flight finish, bounded by its context and
