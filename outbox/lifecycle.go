@@ -88,8 +88,11 @@ type Runner struct {
 //
 // Start fails, and starts nothing, when effects are pending for a
 // destination the dispatcher does not know: they would wait forever,
-// silently. Configure the destination, cancel the effects (mcp-outbox
-// outbox cancel), or use NoDispatcher if another process delivers them.
+// silently. Its error names the way out: move them to the right name
+// (mcp-outbox outbox retarget --from NAME --to NAME, or
+// admin.RetargetPending), cancel them (mcp-outbox outbox cancel --dest
+// NAME), configure the destination, or use NoDispatcher if another
+// process delivers them.
 // Replicas on one PostgreSQL database must configure the same
 // destinations, for the same reason. A second Start before Stop is an
 // error; after Stop the layer can be started again.
@@ -291,7 +294,7 @@ func (l *Layer) checkPending(ctx context.Context, d *dispatch.Dispatcher) error 
 	}
 	defer rows.Close()
 	known := newDestSet(d)
-	var unknown []string
+	var unknown, names []string
 	for rows.Next() {
 		var (
 			dest string
@@ -302,6 +305,7 @@ func (l *Layer) checkPending(ctx context.Context, d *dispatch.Dispatcher) error 
 		}
 		if !known.names[dest] {
 			unknown = append(unknown, fmt.Sprintf("%q (%d)", dest, n))
+			names = append(names, dest)
 		}
 	}
 	if err := rows.Err(); err != nil {
@@ -311,8 +315,35 @@ func (l *Layer) checkPending(ctx context.Context, d *dispatch.Dispatcher) error 
 		return nil
 	}
 	return fmt.Errorf("start outbox: effects are pending for destinations the dispatcher does not know: %s; "+
-		"the dispatcher knows %s. Configure them, cancel the effects, or set StartOptions.NoDispatcher if another process delivers them: %w",
-		strings.Join(unknown, ", "), known.list, ErrUnknownDestination)
+		"the dispatcher knows %s. Move them to the right destination (%s), cancel them (mcp-outbox outbox cancel --dest NAME), "+
+		"configure the destination, or set StartOptions.NoDispatcher if another process delivers them: %w",
+		strings.Join(unknown, ", "), known.list, retargetHint(names), ErrUnknownDestination)
+}
+
+// retargetHint is the command that moves the effects of names, the way
+// out of a refused Start that a typo in Enqueue leads to. A name that a
+// shell would split or expand is quoted for it.
+func retargetHint(names []string) string {
+	var cmds []string
+	for i, n := range names {
+		if i == 3 {
+			cmds = append(cmds, "…")
+			break
+		}
+		cmds = append(cmds, "mcp-outbox outbox retarget --from "+shellWord(n)+" --to NAME")
+	}
+	return strings.Join(cmds, "; ")
+}
+
+// shellWord quotes s for a POSIX shell unless it is plain.
+func shellWord(s string) string {
+	plain := s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_.:/@", r))
+	}) < 0
+	if plain {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // destSet is the destinations of the dispatcher that Start runs.
