@@ -31,14 +31,14 @@ type DestinationResult struct {
 
 // CheckRetarget validates a retarget's names before anything is opened.
 func CheckRetarget(from, to string) error {
-	if err := checkDestName("--from", from); err != nil {
+	if err := checkDestName("from", from); err != nil {
 		return err
 	}
-	if err := checkDestName("--to", to); err != nil {
+	if err := checkDestName("to", to); err != nil {
 		return err
 	}
 	if from == to {
-		return BadInputf("--from and --to are both %q: nothing to move", from)
+		return BadInputf("from and to are both %q: nothing to move", from)
 	}
 	return nil
 }
@@ -82,7 +82,7 @@ func RetargetPending(ctx context.Context, db *schema.DB, from, to string, known 
 		return nil, err
 	}
 	if !slices.Contains(known, to) {
-		return nil, BadInputf("--to %q: no destination of that name is configured or was ever delivered to (known: %s); "+
+		return nil, BadInputf("to %q: no destination of that name is configured or was ever delivered to (known: %s); "+
 			"nothing was moved", to, quotedList(known))
 	}
 	n, err := admin.RetargetPending(ctx, db, from, to)
@@ -93,7 +93,7 @@ func RetargetPending(ctx context.Context, db *schema.DB, from, to string, known 
 }
 
 // CheckDestName validates the destination of a cancel by destination.
-func CheckDestName(dest string) error { return checkDestName("--dest", dest) }
+func CheckDestName(dest string) error { return checkDestName("cancel by destination", dest) }
 
 // CancelPendingOf validates and cancels dest's pending effects
 // (admin.CancelPending).
