@@ -65,6 +65,7 @@ type Runner struct {
 	err        error         // theirs; read after done
 	stopOnce   sync.Once
 	stopped    atomic.Bool
+	started    bool // Start returned it; guarded by layer.mu
 }
 
 // Start begins what a server needs beside the layer, and returns at once:
@@ -130,7 +131,6 @@ func (l *Layer) Start(ctx context.Context, opts *StartOptions) (*Runner, error) 
 	}
 	r := &Runner{layer: l, done: make(chan struct{})}
 	l.runner = r // held while Start checks, so that a concurrent Start fails
-	l.started = true
 	l.mu.Unlock()
 	fail := func(err error) (*Runner, error) {
 		l.mu.Lock()
@@ -203,7 +203,34 @@ func (l *Layer) Start(ctx context.Context, opts *StartOptions) (*Runner, error) 
 		r.err = errors.Join(dispatchErr, reapErr)
 		close(r.done)
 	}()
+	// Only now: a Start that failed leaves the layer unstarted, so that
+	// its first enqueue still warns and readiness still says so.
+	l.mu.Lock()
+	l.started, r.started = true, true
+	l.mu.Unlock()
 	return r, nil
+}
+
+// Runner returns the Runner of the layer's running Start: nil before the
+// first Start, while a Start is still checking, and after Stop.
+func (l *Layer) Runner() *Runner {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.runner == nil || !l.runner.started {
+		return nil
+	}
+	return l.runner
+}
+
+// Started reports whether a Start of the layer ever succeeded, with a
+// dispatcher or NoDispatcher. A layer never started delivers nothing it
+// enqueues, and nothing else in its process says so: it logs a warning at
+// its first enqueue, and package operator's readiness check
+// (Options.Layer) reports it degraded.
+func (l *Layer) Started() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.started
 }
 
 // Stop stops the dispatcher and the reaper and returns once both have

@@ -386,6 +386,21 @@ func TestLayer_EnqueueWithoutStartIsLogged(t *testing.T) {
 		t.Errorf("%d effects pending, want both calls' (the warning changes nothing)", n)
 	}
 
+	// A Start that failed leaves the layer unstarted: it still says so.
+	var failed logBuffer
+	b3 := setup(t, &outbox.Options{Logger: failed.logger()}, nil)
+	noURL := &outbox.StartOptions{Dispatcher: &dispatch.Options{Destinations: []dispatch.Destination{{Name: "x"}}}}
+	if _, err := b3.layer.Start(context.Background(), noURL); err == nil {
+		t.Fatal("a bad Start started")
+	}
+	if b3.layer.Started() || b3.layer.Runner() != nil {
+		t.Errorf("after a failed Start: Started %v, Runner %v; want neither", b3.layer.Started(), b3.layer.Runner())
+	}
+	callCharge(t, b3.session, "failed-start-1", 100)
+	if recs := failed.records(t, msg); len(recs) != 1 {
+		t.Errorf("after a failed Start: %d warnings, want one\nlog:\n%s", len(recs), failed.String())
+	}
+
 	var quiet logBuffer
 	b2 := setup(t, &outbox.Options{Logger: quiet.logger()}, nil)
 	start(t, b2, &outbox.StartOptions{NoDispatcher: true, ReapInterval: outbox.ReaperOff})
