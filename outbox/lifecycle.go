@@ -39,6 +39,15 @@ type StartOptions struct {
 	// accepts any name, as a layer that was never started does. False
 	// means a dispatcher runs. Dispatcher must then be nil.
 	NoDispatcher bool
+	// KnownDestinations, with NoDispatcher, names the destinations the
+	// process that delivers is configured with. Enqueue then refuses any
+	// other name with [ErrUnknownDestination], where the mistake is made,
+	// rather than leaving an effect that no dispatcher will ever deliver,
+	// and [Runner.Destinations] returns them, so that readiness (package
+	// operator) reports effects pending for another name. Nil accepts any
+	// name. Without NoDispatcher it must be nil: the Dispatcher's
+	// Destinations are the set.
+	KnownDestinations []string
 	// Retention is what the reaper keeps (see [Retention]); its zero
 	// value keeps calls for DefaultCallRetention after their key expires,
 	// delivered and cancelled effects for DefaultDeliveredRetention and
@@ -65,7 +74,8 @@ type Runner struct {
 	err        error         // theirs; read after done
 	stopOnce   sync.Once
 	stopped    atomic.Bool
-	started    bool // Start returned it; guarded by layer.mu
+	started    bool     // Start returned it; guarded by layer.mu
+	known      []string // StartOptions.KnownDestinations, sorted
 }
 
 // Start begins what a server needs beside the layer, and returns at once:
@@ -83,7 +93,8 @@ type Runner struct {
 //
 // From Start on, Enqueue to a destination the dispatcher does not know is
 // an error that names the destination and the known ones, and enqueues
-// nothing; with NoDispatcher any name is accepted, as before Start. A
+// nothing; with NoDispatcher any name is accepted, as before Start,
+// unless StartOptions.KnownDestinations names the deliverer's set. A
 // layer never started logs a warning at its first commit that enqueued
 // effects: nothing in its process delivers them.
 //
@@ -111,6 +122,13 @@ func (l *Layer) Start(ctx context.Context, opts *StartOptions) (*Runner, error) 
 	}
 	if o.NoDispatcher && o.Dispatcher != nil {
 		return nil, errors.New("start outbox: StartOptions has both Dispatcher and NoDispatcher; choose one")
+	}
+	if o.KnownDestinations != nil && !o.NoDispatcher {
+		return nil, errors.New("start outbox: StartOptions.KnownDestinations is for NoDispatcher; " +
+			"a dispatcher's destinations are those of Dispatcher.Destinations")
+	}
+	if slices.Contains(o.KnownDestinations, "") {
+		return nil, errors.New("start outbox: StartOptions.KnownDestinations has an empty name")
 	}
 	if o.ReapInterval < 0 && o.ReapInterval != ReaperOff {
 		return nil, fmt.Errorf("start outbox: negative reap interval %s (ReaperOff turns the reaper off)", o.ReapInterval)
@@ -166,12 +184,15 @@ func (l *Layer) Start(ctx context.Context, opts *StartOptions) (*Runner, error) 
 		// The set first, then the check: an Enqueue from now on is
 		// refused, so a pending effect the check does not see was
 		// committed by a call that enqueued before Start.
-		old := l.known.Swap(newDestSet(d))
+		old := l.known.Swap(newDestSet(d.Destinations(), "this process's dispatcher delivers to"))
 		if err := l.checkPending(ctx, d); err != nil {
 			l.known.Store(old)
 			return fail(err)
 		}
 		r.dispatcher = d
+	} else if o.KnownDestinations != nil {
+		r.known = slices.Compact(slices.Sorted(slices.Values(o.KnownDestinations)))
+		l.known.Store(newDestSet(r.known, "StartOptions.KnownDestinations names"))
 	} else {
 		l.known.Store(nil) // forget the set of an earlier Start
 	}
@@ -285,13 +306,14 @@ func (r *Runner) Running() bool {
 }
 
 // Destinations returns the names the started dispatcher delivers to,
-// sorted, or nil with NoDispatcher (another process delivers, so this one
-// cannot tell which names are configured). With Running it makes the
+// sorted; with NoDispatcher, StartOptions.KnownDestinations, or nil
+// without them (another process delivers, so this one cannot tell which
+// names are configured). With Running it makes the
 // Runner what package operator's Options.Dispatcher wants: readiness then
 // reports effects pending for a name outside this set.
 func (r *Runner) Destinations() []string {
 	if r.dispatcher == nil {
-		return nil
+		return slices.Clone(r.known)
 	}
 	return r.dispatcher.Destinations()
 }
@@ -320,7 +342,7 @@ func (l *Layer) checkPending(ctx context.Context, d *dispatch.Dispatcher) error 
 		return fmt.Errorf("start outbox: count pending effects: %w", err)
 	}
 	defer rows.Close()
-	known := newDestSet(d)
+	known := newDestSet(d.Destinations(), "")
 	var unknown, names []string
 	for rows.Next() {
 		var (
@@ -373,16 +395,18 @@ func shellWord(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
-// destSet is the destinations of the dispatcher that Start runs.
+// destSet is the destinations of the dispatcher that Start runs, or
+// those StartOptions.KnownDestinations names.
 type destSet struct {
 	names map[string]bool
 	list  string // for errors: "a", "b", or none
+	whose string // for errors: who names them, before the list
 }
 
-func newDestSet(d *dispatch.Dispatcher) *destSet {
-	s := &destSet{names: map[string]bool{}}
+func newDestSet(names []string, whose string) *destSet {
+	s := &destSet{names: map[string]bool{}, whose: whose}
 	var quoted []string
-	for _, name := range d.Destinations() {
+	for _, name := range names {
 		s.names[name] = true
 		quoted = append(quoted, fmt.Sprintf("%q", name))
 	}
@@ -395,16 +419,17 @@ func newDestSet(d *dispatch.Dispatcher) *destSet {
 }
 
 // checkDestination refuses a destination that the dispatcher of Start does
-// not deliver to; before Start, or with NoDispatcher, the layer does not
-// know the deliverer's set and accepts any name. Every way of enqueueing
+// not deliver to, or that StartOptions.KnownDestinations does not name;
+// before Start, or with NoDispatcher alone, the layer does not know the
+// deliverer's set and accepts any name. Every way of enqueueing
 // calls it before writing anything.
 func (l *Layer) checkDestination(name string) error {
 	s := l.known.Load()
 	if s == nil || s.names[name] {
 		return nil
 	}
-	return fmt.Errorf("%w %q: this process's dispatcher delivers to %s; nothing was enqueued",
-		ErrUnknownDestination, name, s.list)
+	return fmt.Errorf("%w %q: %s %s; nothing was enqueued",
+		ErrUnknownDestination, name, s.whose, s.list)
 }
 
 // enqueueHook is one function of OnEnqueue; a pointer, so that the one

@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/url"
 	"runtime"
 	"strings"
@@ -298,9 +299,41 @@ func TestLayer_Enqueue_ChecksDestination(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	start(t, b, &outbox.StartOptions{NoDispatcher: true})
+	r = start(t, b, &outbox.StartOptions{NoDispatcher: true})
 	if res := enqueue("elsewhere", "drained-elsewhere"); res.IsError || effects("drained-elsewhere") != 1 {
 		t.Errorf("with NoDispatcher: %s, %d effects; want any destination accepted", text(res), effects("drained-elsewhere"))
+	}
+	if err := r.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+
+	// Another process delivers, and this one is told its destinations:
+	// a typo fails here, where it is made.
+	r = start(t, b, &outbox.StartOptions{NoDispatcher: true, KnownDestinations: []string{"payments", "anywhere", "payments"}})
+	if got := fmt.Sprint(r.Destinations()); got != "[anywhere payments]" {
+		t.Errorf("Runner.Destinations with KnownDestinations: %s, want [anywhere payments]", got)
+	}
+	res = enqueue("typo-elsewhere", "paymnets")
+	if !res.IsError || !strings.Contains(text(res), "nothing of this call was kept") || effects("paymnets") != 0 {
+		t.Errorf("enqueue to a typo with KnownDestinations: %q, %d effects; want a fault, nothing enqueued", text(res), effects("paymnets"))
+	}
+	if n := count(t, b.db.Read, `SELECT count(*) FROM calls WHERE key = 'typo-elsewhere'`); n != 0 {
+		t.Errorf("the call that enqueued to a typo left %d calls rows; want it unrecorded", n)
+	}
+	if res := enqueue("known-elsewhere", "payments"); res.IsError {
+		t.Errorf("enqueue to a known destination with KnownDestinations: %s", text(res))
+	}
+	for _, bad := range []*outbox.StartOptions{
+		{KnownDestinations: []string{"payments"}},
+		{NoDispatcher: true, KnownDestinations: []string{""}},
+	} {
+		if err := r.Stop(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if r2, err := b.layer.Start(context.Background(), bad); err == nil {
+			r2.Stop(context.Background())
+			t.Errorf("Start(%+v) started", bad)
+		}
 	}
 }
 
