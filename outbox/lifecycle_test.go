@@ -442,3 +442,27 @@ func TestLayer_EnqueueWithoutStartIsLogged(t *testing.T) {
 		t.Errorf("with NoDispatcher: %v, want no warning", recs)
 	}
 }
+
+// A handler that wrote a row and then returns Enqueue's refusal of an
+// unknown destination commits nothing of its call: not the row, not the
+// effect, not the call's record; the client is told nothing was kept, and
+// a retry once the name is fixed runs the call.
+func TestLayer_Enqueue_UnknownDestinationKeepsNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil, nil)
+	u, _ := url.Parse(downstream.Start(t, nil).URL())
+	start(t, b, &outbox.StartOptions{Dispatcher: &dispatch.Options{Destinations: []dispatch.Destination{{Name: "billing", URL: u}}}})
+	res := callCharge(t, b.session, "charge-to-payments", 100) // the ledger enqueues to "payments"
+	if !res.IsError || !strings.Contains(text(res), "nothing of this call was kept") {
+		t.Errorf("charge with payments unknown: %q; want a fault saying nothing was kept", text(res))
+	}
+	for table, q := range map[string]string{
+		"charges": `SELECT count(*) FROM charges`,
+		"effects": `SELECT count(*) FROM effects`,
+		"calls":   `SELECT count(*) FROM calls`,
+	} {
+		if n := count(t, b.db.Read, q); n != 0 {
+			t.Errorf("%s: %d rows after the refused enqueue, want none", table, n)
+		}
+	}
+}
