@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -437,7 +438,13 @@ func runOutboxRetarget(ctx context.Context, env *environment, s outboxSub, args 
 		if err != nil {
 			return nil, err
 		}
-		return operate.RetargetPending(ctx, db, *from, *to, known)
+		res, err := operate.RetargetPending(ctx, db, *from, *to, known)
+		if err != nil && !slices.Contains(known, *to) {
+			// The one way to name a destination that has not delivered yet.
+			err = fmt.Errorf("%w (if %q is configured but has delivered nothing yet, give its URL as serve reads it: %s%s=URL)",
+				err, *to, destconfig.EnvPrefix, strings.ToUpper(*to))
+		}
+		return res, err
 	}, func() error { return operate.CheckRetarget(*from, *to) })
 }
 

@@ -65,7 +65,8 @@ func TestOutboxRetarget(t *testing.T) {
 		{[]string{"retarget", "--to", "payments"}, 2, "from: give a destination name"},
 		{[]string{"retarget", "--from", "paymnets", "--to", "paymnets"}, 2, `from and to are both "paymnets"`},
 		{[]string{"retarget", "--from", "paymnets", "--to", "paymentz"}, 2,
-			`to "paymentz": no destination of that name is configured or was ever delivered to (known: "payments"); nothing was moved`},
+			`to "paymentz": no destination of that name is configured or was ever delivered to (known: "payments"); nothing was moved ` +
+				`(if "paymentz" is configured but has delivered nothing yet, give its URL as serve reads it: MCP_OUTBOX_DEST_PAYMENTZ=URL)`},
 		{[]string{"retarget", "--from", "paymnets", "--to", "payments", "extra"}, 2, `unexpected argument "extra"`},
 		{[]string{"retarget", "--from", "payments-typo", "--to", "payments"}, 1,
 			`no pending effects for that destination; pending effects are for "payments" (1), "paymnets" (2)`},
