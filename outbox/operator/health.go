@@ -85,6 +85,10 @@ func (rd *readiness) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		case err != nil:
 			rd.logger.Error("readiness: count pending effects", "error", err)
 			checks["destinations"], degraded = "unchecked: see the server's log", true
+		case len(u) > 0 && len(rd.dispatcher.Destinations()) == 0:
+			// mcp-outbox serve without --dest: nothing here delivers at all.
+			checks["destinations"], degraded = "effects pending, and this process delivers to no destination: "+
+				unconfiguredNames(u), true
 		case len(u) > 0:
 			checks["destinations"], degraded = "effects pending for destinations this dispatcher does not know: "+
 				unconfiguredNames(u), true

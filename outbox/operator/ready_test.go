@@ -198,6 +198,15 @@ func TestUnconfiguredDestination(t *testing.T) {
 		t.Errorf("page does not name paymnets as unconfigured (once):\n%s", grepLines(html, "paymnets"))
 	}
 
+	// A process that delivers to no destination at all (mcp-outbox serve
+	// without --dest) says so, rather than blaming a dispatcher.
+	code, body = getJSON(t, NewHealth(db, &Options{Dispatcher: runningDispatcher{}}), "/readyz")
+	checks, _ = body["checks"].(map[string]any)
+	if code != http.StatusOK || body["status"] != "degraded" ||
+		checks["destinations"] != "effects pending, and this process delivers to no destination: payments, paymnets" {
+		t.Errorf("no destinations at all: %d %v, want 200 degraded saying nothing here delivers", code, body)
+	}
+
 	// Without a dispatcher there is no set to compare with.
 	if code, body := getJSON(t, NewHealth(db, nil), "/readyz"); code != http.StatusOK || body["status"] != "ok" {
 		t.Errorf("no dispatcher: %d %v, want 200 ok", code, body)
