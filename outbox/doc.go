@@ -396,11 +396,15 @@
 // destination and the known ones, and enqueues nothing; a handler returns
 // it like any other error. Start itself fails while effects are pending
 // for a destination its dispatcher does not know, since they would wait
-// forever. A layer that was never started, or was started with
-// [StartOptions.NoDispatcher] because another process delivers
-// (mcp-outbox drain, or a replica), cannot know that process's
-// destinations, and accepts any name. Replicas on one PostgreSQL database
-// must configure the same destinations.
+// forever; its error names the way out, mcp-outbox outbox retarget --from
+// NAME --to NAME (or admin.RetargetPending), which moves them to the right
+// name. A layer started with [StartOptions.NoDispatcher] because another
+// process delivers (mcp-outbox drain, or a replica) checks the names
+// [StartOptions.KnownDestinations] gives, or accepts any name without them.
+// A layer that was never started accepts any name too, and nothing in its
+// process delivers: its first enqueue logs a warning, and package
+// operator's /readyz, given the layer, reports degraded. Replicas on one
+// PostgreSQL database must configure the same destinations.
 //
 // # Operators
 //

@@ -34,6 +34,14 @@ func ExampleToolRetention() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	// The reaper and the task runner until Stop, and a dispatcher: with
+	// no destinations, as this server enqueues no effects, so that an
+	// Enqueue added later without its destination fails at once.
+	running, err := layer.Start(ctx, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer running.Stop(context.WithoutCancel(ctx)) // before db.Close: defers run last in, first out
 	server := layer.NewServer(&mcp.Implementation{Name: "quotes", Version: "v1"}, nil)
 	outbox.AddTool(layer, server, &mcp.Tool{Name: "quote", Description: "Quote a price."},
 		func(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, struct{}, error) {

@@ -56,6 +56,14 @@ func Example_dataProtection() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	// The reaper and the task runner until Stop, and a dispatcher: with
+	// no destinations, as this server enqueues no effects, so that an
+	// Enqueue added later without its destination fails at once.
+	running, err := layer.Start(ctx, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer running.Stop(context.WithoutCancel(ctx)) // before db.Close: defers run last in, first out
 	server := layer.NewServer(&mcp.Implementation{Name: "payments", Version: "v1"}, nil)
 	runs := 0
 	outbox.AddTool(layer, server, &mcp.Tool{Name: "charge", Description: "Charge a card."},

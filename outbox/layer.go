@@ -152,7 +152,7 @@ type Layer struct {
 	// warnedNoFront: a session without a transport front was logged
 	// (task_2025.go, fronted).
 	warnedNoFront atomic.Bool
-	// started: Start was called once (lifecycle.go, enqueued); guarded
+	// started: a Start succeeded once (lifecycle.go, enqueued); guarded
 	// by mu.
 	started bool
 	// warnedUndelivered: effects enqueued by a layer never started were

@@ -39,6 +39,15 @@ type StartOptions struct {
 	// accepts any name, as a layer that was never started does. False
 	// means a dispatcher runs. Dispatcher must then be nil.
 	NoDispatcher bool
+	// KnownDestinations, with NoDispatcher, names the destinations the
+	// process that delivers is configured with. Enqueue then refuses any
+	// other name with [ErrUnknownDestination], where the mistake is made,
+	// rather than leaving an effect that no dispatcher will ever deliver,
+	// and [Runner.Destinations] returns them, so that readiness (package
+	// operator) reports effects pending for another name. Nil accepts any
+	// name. Without NoDispatcher it must be nil: the Dispatcher's
+	// Destinations are the set.
+	KnownDestinations []string
 	// Retention is what the reaper keeps (see [Retention]); its zero
 	// value keeps calls for DefaultCallRetention after their key expires,
 	// delivered and cancelled effects for DefaultDeliveredRetention and
@@ -65,6 +74,8 @@ type Runner struct {
 	err        error         // theirs; read after done
 	stopOnce   sync.Once
 	stopped    atomic.Bool
+	started    bool     // Start returned it; guarded by layer.mu
+	known      []string // StartOptions.KnownDestinations, sorted
 }
 
 // Start begins what a server needs beside the layer, and returns at once:
@@ -82,14 +93,18 @@ type Runner struct {
 //
 // From Start on, Enqueue to a destination the dispatcher does not know is
 // an error that names the destination and the known ones, and enqueues
-// nothing; with NoDispatcher any name is accepted, as before Start. A
+// nothing; with NoDispatcher any name is accepted, as before Start,
+// unless StartOptions.KnownDestinations names the deliverer's set. A
 // layer never started logs a warning at its first commit that enqueued
 // effects: nothing in its process delivers them.
 //
 // Start fails, and starts nothing, when effects are pending for a
 // destination the dispatcher does not know: they would wait forever,
-// silently. Configure the destination, cancel the effects (mcp-outbox
-// outbox cancel), or use NoDispatcher if another process delivers them.
+// silently. Its error names the way out: move them to the right name
+// (mcp-outbox outbox retarget --from NAME --to NAME, or
+// admin.RetargetPending), cancel them (mcp-outbox outbox cancel --dest
+// NAME), configure the destination, or use NoDispatcher if another
+// process delivers them.
 // Replicas on one PostgreSQL database must configure the same
 // destinations, for the same reason. A second Start before Stop is an
 // error; after Stop the layer can be started again.
@@ -107,6 +122,13 @@ func (l *Layer) Start(ctx context.Context, opts *StartOptions) (*Runner, error) 
 	}
 	if o.NoDispatcher && o.Dispatcher != nil {
 		return nil, errors.New("start outbox: StartOptions has both Dispatcher and NoDispatcher; choose one")
+	}
+	if o.KnownDestinations != nil && !o.NoDispatcher {
+		return nil, errors.New("start outbox: StartOptions.KnownDestinations is for NoDispatcher; " +
+			"a dispatcher's destinations are those of Dispatcher.Destinations")
+	}
+	if slices.Contains(o.KnownDestinations, "") {
+		return nil, errors.New("start outbox: StartOptions.KnownDestinations has an empty name")
 	}
 	if o.ReapInterval < 0 && o.ReapInterval != ReaperOff {
 		return nil, fmt.Errorf("start outbox: negative reap interval %s (ReaperOff turns the reaper off)", o.ReapInterval)
@@ -127,7 +149,6 @@ func (l *Layer) Start(ctx context.Context, opts *StartOptions) (*Runner, error) 
 	}
 	r := &Runner{layer: l, done: make(chan struct{})}
 	l.runner = r // held while Start checks, so that a concurrent Start fails
-	l.started = true
 	l.mu.Unlock()
 	fail := func(err error) (*Runner, error) {
 		l.mu.Lock()
@@ -163,12 +184,15 @@ func (l *Layer) Start(ctx context.Context, opts *StartOptions) (*Runner, error) 
 		// The set first, then the check: an Enqueue from now on is
 		// refused, so a pending effect the check does not see was
 		// committed by a call that enqueued before Start.
-		old := l.known.Swap(newDestSet(d))
+		old := l.known.Swap(newDestSet(d.Destinations(), "this process's dispatcher delivers to"))
 		if err := l.checkPending(ctx, d); err != nil {
 			l.known.Store(old)
 			return fail(err)
 		}
 		r.dispatcher = d
+	} else if o.KnownDestinations != nil {
+		r.known = slices.Compact(slices.Sorted(slices.Values(o.KnownDestinations)))
+		l.known.Store(newDestSet(r.known, "StartOptions.KnownDestinations names"))
 	} else {
 		l.known.Store(nil) // forget the set of an earlier Start
 	}
@@ -200,7 +224,34 @@ func (l *Layer) Start(ctx context.Context, opts *StartOptions) (*Runner, error) 
 		r.err = errors.Join(dispatchErr, reapErr)
 		close(r.done)
 	}()
+	// Only now: a Start that failed leaves the layer unstarted, so that
+	// its first enqueue still warns and readiness still says so.
+	l.mu.Lock()
+	l.started, r.started = true, true
+	l.mu.Unlock()
 	return r, nil
+}
+
+// Runner returns the Runner of the layer's running Start: nil before the
+// first Start, while a Start is still checking, and after Stop.
+func (l *Layer) Runner() *Runner {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.runner == nil || !l.runner.started {
+		return nil
+	}
+	return l.runner
+}
+
+// Started reports whether a Start of the layer ever succeeded, with a
+// dispatcher or NoDispatcher. A layer never started delivers nothing it
+// enqueues, and nothing else in its process says so: it logs a warning at
+// its first enqueue, and package operator's readiness check
+// (Options.Layer) reports it degraded.
+func (l *Layer) Started() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.started
 }
 
 // Stop stops the dispatcher and the reaper and returns once both have
@@ -255,13 +306,14 @@ func (r *Runner) Running() bool {
 }
 
 // Destinations returns the names the started dispatcher delivers to,
-// sorted, or nil with NoDispatcher (another process delivers, so this one
-// cannot tell which names are configured). With Running it makes the
+// sorted; with NoDispatcher, StartOptions.KnownDestinations, or nil
+// without them (another process delivers, so this one cannot tell which
+// names are configured). With Running it makes the
 // Runner what package operator's Options.Dispatcher wants: readiness then
 // reports effects pending for a name outside this set.
 func (r *Runner) Destinations() []string {
 	if r.dispatcher == nil {
-		return nil
+		return slices.Clone(r.known)
 	}
 	return r.dispatcher.Destinations()
 }
@@ -290,8 +342,8 @@ func (l *Layer) checkPending(ctx context.Context, d *dispatch.Dispatcher) error 
 		return fmt.Errorf("start outbox: count pending effects: %w", err)
 	}
 	defer rows.Close()
-	known := newDestSet(d)
-	var unknown []string
+	known := newDestSet(d.Destinations(), "")
+	var unknown, names []string
 	for rows.Next() {
 		var (
 			dest string
@@ -302,6 +354,7 @@ func (l *Layer) checkPending(ctx context.Context, d *dispatch.Dispatcher) error 
 		}
 		if !known.names[dest] {
 			unknown = append(unknown, fmt.Sprintf("%q (%d)", dest, n))
+			names = append(names, dest)
 		}
 	}
 	if err := rows.Err(); err != nil {
@@ -311,20 +364,49 @@ func (l *Layer) checkPending(ctx context.Context, d *dispatch.Dispatcher) error 
 		return nil
 	}
 	return fmt.Errorf("start outbox: effects are pending for destinations the dispatcher does not know: %s; "+
-		"the dispatcher knows %s. Configure them, cancel the effects, or set StartOptions.NoDispatcher if another process delivers them: %w",
-		strings.Join(unknown, ", "), known.list, ErrUnknownDestination)
+		"the dispatcher knows %s. Move them to the right destination (%s), cancel them (mcp-outbox outbox cancel --dest NAME), "+
+		"configure the destination, or set StartOptions.NoDispatcher if another process delivers them: %w",
+		strings.Join(unknown, ", "), known.list, retargetHint(names), ErrUnknownDestination)
 }
 
-// destSet is the destinations of the dispatcher that Start runs.
+// retargetHint is the command that moves the effects of names, the way
+// out of a refused Start that a typo in Enqueue leads to. A name that a
+// shell would split or expand is quoted for it.
+func retargetHint(names []string) string {
+	var cmds []string
+	for i, n := range names {
+		if i == 3 {
+			cmds = append(cmds, "…")
+			break
+		}
+		cmds = append(cmds, "mcp-outbox outbox retarget --from "+shellWord(n)+" --to NAME")
+	}
+	return strings.Join(cmds, "; ")
+}
+
+// shellWord quotes s for a POSIX shell unless it is plain.
+func shellWord(s string) string {
+	plain := s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_.:/@", r))
+	}) < 0
+	if plain {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+// destSet is the destinations of the dispatcher that Start runs, or
+// those StartOptions.KnownDestinations names.
 type destSet struct {
 	names map[string]bool
 	list  string // for errors: "a", "b", or none
+	whose string // for errors: who names them, before the list
 }
 
-func newDestSet(d *dispatch.Dispatcher) *destSet {
-	s := &destSet{names: map[string]bool{}}
+func newDestSet(names []string, whose string) *destSet {
+	s := &destSet{names: map[string]bool{}, whose: whose}
 	var quoted []string
-	for _, name := range d.Destinations() {
+	for _, name := range names {
 		s.names[name] = true
 		quoted = append(quoted, fmt.Sprintf("%q", name))
 	}
@@ -337,16 +419,17 @@ func newDestSet(d *dispatch.Dispatcher) *destSet {
 }
 
 // checkDestination refuses a destination that the dispatcher of Start does
-// not deliver to; before Start, or with NoDispatcher, the layer does not
-// know the deliverer's set and accepts any name. Every way of enqueueing
+// not deliver to, or that StartOptions.KnownDestinations does not name;
+// before Start, or with NoDispatcher alone, the layer does not know the
+// deliverer's set and accepts any name. Every way of enqueueing
 // calls it before writing anything.
 func (l *Layer) checkDestination(name string) error {
 	s := l.known.Load()
 	if s == nil || s.names[name] {
 		return nil
 	}
-	return fmt.Errorf("%w %q: this process's dispatcher delivers to %s; nothing was enqueued",
-		ErrUnknownDestination, name, s.list)
+	return fmt.Errorf("%w %q: %s %s; nothing was enqueued",
+		ErrUnknownDestination, name, s.whose, s.list)
 }
 
 // enqueueHook is one function of OnEnqueue; a pointer, so that the one

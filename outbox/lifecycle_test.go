@@ -3,6 +3,7 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/url"
 	"runtime"
 	"strings"
@@ -298,9 +299,41 @@ func TestLayer_Enqueue_ChecksDestination(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	start(t, b, &outbox.StartOptions{NoDispatcher: true})
+	r = start(t, b, &outbox.StartOptions{NoDispatcher: true})
 	if res := enqueue("elsewhere", "drained-elsewhere"); res.IsError || effects("drained-elsewhere") != 1 {
 		t.Errorf("with NoDispatcher: %s, %d effects; want any destination accepted", text(res), effects("drained-elsewhere"))
+	}
+	if err := r.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+
+	// Another process delivers, and this one is told its destinations:
+	// a typo fails here, where it is made.
+	r = start(t, b, &outbox.StartOptions{NoDispatcher: true, KnownDestinations: []string{"payments", "anywhere", "payments"}})
+	if got := fmt.Sprint(r.Destinations()); got != "[anywhere payments]" {
+		t.Errorf("Runner.Destinations with KnownDestinations: %s, want [anywhere payments]", got)
+	}
+	res = enqueue("typo-elsewhere", "paymnets")
+	if !res.IsError || !strings.Contains(text(res), "nothing of this call was kept") || effects("paymnets") != 0 {
+		t.Errorf("enqueue to a typo with KnownDestinations: %q, %d effects; want a fault, nothing enqueued", text(res), effects("paymnets"))
+	}
+	if n := count(t, b.db.Read, `SELECT count(*) FROM calls WHERE key = 'typo-elsewhere'`); n != 0 {
+		t.Errorf("the call that enqueued to a typo left %d calls rows; want it unrecorded", n)
+	}
+	if res := enqueue("known-elsewhere", "payments"); res.IsError {
+		t.Errorf("enqueue to a known destination with KnownDestinations: %s", text(res))
+	}
+	for _, bad := range []*outbox.StartOptions{
+		{KnownDestinations: []string{"payments"}},
+		{NoDispatcher: true, KnownDestinations: []string{""}},
+	} {
+		if err := r.Stop(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if r2, err := b.layer.Start(context.Background(), bad); err == nil {
+			r2.Stop(context.Background())
+			t.Errorf("Start(%+v) started", bad)
+		}
 	}
 }
 
@@ -386,11 +419,50 @@ func TestLayer_EnqueueWithoutStartIsLogged(t *testing.T) {
 		t.Errorf("%d effects pending, want both calls' (the warning changes nothing)", n)
 	}
 
+	// A Start that failed leaves the layer unstarted: it still says so.
+	var failed logBuffer
+	b3 := setup(t, &outbox.Options{Logger: failed.logger()}, nil)
+	noURL := &outbox.StartOptions{Dispatcher: &dispatch.Options{Destinations: []dispatch.Destination{{Name: "x"}}}}
+	if _, err := b3.layer.Start(context.Background(), noURL); err == nil {
+		t.Fatal("a bad Start started")
+	}
+	if b3.layer.Started() || b3.layer.Runner() != nil {
+		t.Errorf("after a failed Start: Started %v, Runner %v; want neither", b3.layer.Started(), b3.layer.Runner())
+	}
+	callCharge(t, b3.session, "failed-start-1", 100)
+	if recs := failed.records(t, msg); len(recs) != 1 {
+		t.Errorf("after a failed Start: %d warnings, want one\nlog:\n%s", len(recs), failed.String())
+	}
+
 	var quiet logBuffer
 	b2 := setup(t, &outbox.Options{Logger: quiet.logger()}, nil)
 	start(t, b2, &outbox.StartOptions{NoDispatcher: true, ReapInterval: outbox.ReaperOff})
 	callCharge(t, b2.session, "elsewhere-1", 100)
 	if recs := quiet.records(t, msg); len(recs) != 0 {
 		t.Errorf("with NoDispatcher: %v, want no warning", recs)
+	}
+}
+
+// A handler that wrote a row and then returns Enqueue's refusal of an
+// unknown destination commits nothing of its call: not the row, not the
+// effect, not the call's record; the client is told nothing was kept, and
+// a retry once the name is fixed runs the call.
+func TestLayer_Enqueue_UnknownDestinationKeepsNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t, nil, nil)
+	u, _ := url.Parse(downstream.Start(t, nil).URL())
+	start(t, b, &outbox.StartOptions{Dispatcher: &dispatch.Options{Destinations: []dispatch.Destination{{Name: "billing", URL: u}}}})
+	res := callCharge(t, b.session, "charge-to-payments", 100) // the ledger enqueues to "payments"
+	if !res.IsError || !strings.Contains(text(res), "nothing of this call was kept") {
+		t.Errorf("charge with payments unknown: %q; want a fault saying nothing was kept", text(res))
+	}
+	for table, q := range map[string]string{
+		"charges": `SELECT count(*) FROM charges`,
+		"effects": `SELECT count(*) FROM effects`,
+		"calls":   `SELECT count(*) FROM calls`,
+	} {
+		if n := count(t, b.db.Read, q); n != 0 {
+			t.Errorf("%s: %d rows after the refused enqueue, want none", table, n)
+		}
 	}
 }

@@ -7,13 +7,16 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/internal/operate"
 	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
+	"github.com/mcp-outbox/mcp-outbox/outbox/destconfig"
 	"github.com/mcp-outbox/mcp-outbox/query"
+	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
 // The command line.
@@ -36,6 +39,10 @@ Subcommands:
                            attempt budget and the same Idempotency-Key
   retry --dead             retry every dead effect
   cancel ID                stop delivering a pending, dead or unknown effect
+  cancel --dest NAME       cancel every pending effect of destination NAME
+  retarget --from NAME --to NAME
+                           move every pending effect of destination NAME to
+                           another (a typo'd or renamed destination)
   resolve ID delivered     settle an unknown or dead effect that you found the
                            destination has: it becomes delivered, not sent again
   resolve ID retry         settle an unknown or dead effect that you found the
@@ -116,11 +123,38 @@ destination.
 
 An effect in flight cannot be retried; delivered effects are final.`, runOutboxRetry},
 		{"cancel", `Usage: mcp-outbox outbox cancel [--db FILE] ID
+       mcp-outbox outbox cancel [--db FILE] --dest NAME
 
 Stops delivering a pending, dead or unknown effect: it becomes cancelled and is
 never sent (again). A request that already left is not recalled. The effects
 after it in the same call are no longer held back by it. 'retry ID' undoes a
-cancel.`, runOutboxCancel},
+cancel.
+
+--dest cancels every pending effect of destination NAME at once (those of a
+destination that no configuration names, which would wait forever); effects
+in flight and in other states are left alone. A NAME with no pending effects
+exits 1, changing nothing, and names the destinations that have some. The
+cancel is logged on stderr as an operator action.`, runOutboxCancel},
+		{"retarget", `Usage: mcp-outbox outbox retarget --from NAME --to NAME [--db FILE]
+
+Moves every pending effect of destination --from to destination --to: due
+now, with a fresh attempt budget, the same Idempotency-Key, body and headers,
+and its place among its call's effects. This is the way out when effects
+were enqueued for a name that no dispatcher delivers to (a typo, a renamed
+destination): they wait forever, and serve and Layer.Start refuse to start
+while they do. Effects in flight and in other states are left alone.
+
+--to must be a destination this command knows: one configured in the
+environment as serve reads it (MCP_OUTBOX_DEST_<NAME>=URL), or one the
+database has delivered an effect to. Anything else exits 2, changing
+nothing, and names the known ones: moving effects to another typo would only
+move the problem. Give the variable for a destination that is configured
+but has not delivered yet. The same --from and --to, or a missing flag,
+exits 2; a --from with no pending effects exits 1 and names the destinations
+that have some. The move is logged on stderr as an operator action.
+
+Run it while serve runs or not: a running dispatcher that knows --to picks
+the effects up within its poll interval (1s).`, runOutboxRetarget},
 		{"resolve", `Usage: mcp-outbox outbox resolve [--db FILE] ID delivered|retry
 
 Settles an unknown or dead effect by what you found out at its destination:
@@ -197,7 +231,7 @@ and the data keys kept.`, runOutboxDecrypt},
 
 func runOutbox(ctx context.Context, env *environment, args []string) error {
 	if len(args) == 0 {
-		return usagef("give a subcommand: list, summary, retry, cancel, resolve, calls, resolve-call, forget-principal, reencrypt or decrypt")
+		return usagef("give a subcommand: list, summary, retry, cancel, retarget, resolve, calls, resolve-call, forget-principal, reencrypt or decrypt")
 	}
 	name := args[0]
 	if isHelpFlag(name) || (name == "help" && len(args) == 1) {
@@ -212,7 +246,7 @@ func runOutbox(ctx context.Context, env *environment, args []string) error {
 			return s.run(ctx, env, s, args[1:])
 		}
 	}
-	return usagef("unknown subcommand %q (want list, summary, retry, cancel, resolve, calls, resolve-call, forget-principal, reencrypt or decrypt)", name)
+	return usagef("unknown subcommand %q (want list, summary, retry, cancel, retarget, resolve, calls, resolve-call, forget-principal, reencrypt or decrypt)", name)
 }
 
 // subFlags is the flag set of a subcommand, with the --db every one takes.
@@ -358,14 +392,93 @@ func runOutboxRetry(ctx context.Context, env *environment, s outboxSub, args []s
 
 func runOutboxCancel(ctx context.Context, env *environment, s outboxSub, args []string) error {
 	fs, dbPath := subFlags(env, s)
+	dest := fs.String("dest", "", "cancel every pending effect of the destination `NAME`")
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
 		return err
 	}
-	if len(pos) != 1 {
-		return usagef("cancel: give one effect ID")
+	destGiven := false
+	fs.Visit(func(f *flag.Flag) { destGiven = destGiven || f.Name == "dest" })
+	switch {
+	case destGiven && len(pos) > 0:
+		return usagef("cancel: give an effect ID or --dest, not both")
+	case destGiven:
+		return runDestinationAction(ctx, env, *dbPath, func(db *schema.DB) (*operate.DestinationResult, error) {
+			return operate.CancelPendingOf(ctx, db, *dest)
+		}, func() error { return operate.CheckDestName(*dest) })
+	case len(pos) != 1:
+		return usagef("cancel: give one effect ID, or --dest NAME")
 	}
 	return runEffectAction(ctx, env, *dbPath, "cancel", pos[0], "")
+}
+
+func runOutboxRetarget(ctx context.Context, env *environment, s outboxSub, args []string) error {
+	fs, dbPath := subFlags(env, s)
+	from := fs.String("from", "", "the destination `NAME` the pending effects have now")
+	to := fs.String("to", "", "the destination `NAME` to move them to: configured (MCP_OUTBOX_DEST_<NAME>) or delivered to before")
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usagef("retarget: unexpected argument %q (give the names with --from and --to)", pos[0])
+	}
+	// The configuration serve reads, for the names alone: a destination
+	// configured there may not have delivered anything yet.
+	dests, err := destconfig.Parse(env.environ(), nil)
+	if err != nil {
+		return usageError{err}
+	}
+	var configured []string
+	for _, d := range dests {
+		configured = append(configured, d.Name)
+	}
+	return runDestinationAction(ctx, env, *dbPath, func(db *schema.DB) (*operate.DestinationResult, error) {
+		known, err := operate.KnownDestinations(ctx, db, configured)
+		if err != nil {
+			return nil, err
+		}
+		res, err := operate.RetargetPending(ctx, db, *from, *to, known)
+		if err != nil && !slices.Contains(known, *to) {
+			// The one way to name a destination that has not delivered yet.
+			err = fmt.Errorf("%w (if %q is configured but has delivered nothing yet, give its URL as serve reads it: %s%s=URL)",
+				err, *to, destconfig.EnvPrefix, strings.ToUpper(*to))
+		}
+		return res, err
+	}, func() error { return operate.CheckRetarget(*from, *to) })
+}
+
+// runDestinationAction checks the names before it opens the database, so
+// that a mistyped command changes nothing, then runs act, reports what it
+// did and logs it on stderr as an operator action.
+func runDestinationAction(ctx context.Context, env *environment, dbPath string,
+	act func(*schema.DB) (*operate.DestinationResult, error), check func() error) error {
+	if err := check(); err != nil {
+		return cliError(err)
+	}
+	db, err := openExisting(ctx, dbPath)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	res, err := act(db)
+	if err != nil {
+		return cliError(err)
+	}
+	logger, err := newLogger(env.stderr, "info", "text")
+	if err != nil {
+		return err
+	}
+	if res.Action == "retarget" {
+		logger.Info("operator action", "action", "retarget", "from", res.Destination, "to", res.To,
+			"effects", res.Effects, "db", schema.Redact(dbPath))
+		_, err = fmt.Fprintf(env.stdout, "moved %d pending effects from %q to %q\n", res.Effects, res.Destination, res.To)
+		return err
+	}
+	logger.Info("operator action", "action", "cancel-destination", "destination", res.Destination,
+		"effects", res.Effects, "db", schema.Redact(dbPath))
+	_, err = fmt.Fprintf(env.stdout, "cancelled %d pending effects of %q\n", res.Effects, res.Destination)
+	return err
 }
 
 func runOutboxResolve(ctx context.Context, env *environment, s outboxSub, args []string) error {

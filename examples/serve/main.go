@@ -110,7 +110,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) (err error) {
 	}
 	r := chi.NewRouter()
 	r.Handle("/mcp", bearer.NewVerifier(toks).Require(mcphttp.NewHandler(server, nil)))
-	ops, err := operator.NewHandler(ctx, db, &operator.Options{Dispatcher: running, Registry: reg})
+	// Layer: readiness follows its Start (degraded were it never started)
+	// and the page judges destinations by the running dispatcher's.
+	ops, err := operator.NewHandler(ctx, db, &operator.Options{Layer: layer, Registry: reg})
 	if err != nil {
 		return err
 	}

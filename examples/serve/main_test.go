@@ -94,7 +94,7 @@ func TestServeExample(t *testing.T) {
 	}
 
 	base := strings.TrimSuffix(url, "/mcp")
-	for _, path := range []string{"/healthz", "/admin/summary", "/metrics"} {
+	for _, path := range []string{"/healthz", "/readyz", "/admin/summary", "/metrics"} {
 		resp, err := http.Get(base + path)
 		if err != nil {
 			t.Fatal(err)

@@ -3,7 +3,11 @@ package sqlcexample_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"log"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 
@@ -11,6 +15,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/examples/sqlc/sqlite/ticketsqlite"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
 	"github.com/mcp-outbox/mcp-outbox/outbox/mcpstdio"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -53,6 +58,27 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	// The pager API the effect goes to; here a stand-in that passes on
+	// what it got.
+	paged := make(chan string, 1)
+	pager := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		paged <- r.URL.Path + " " + string(body)
+	}))
+	defer pager.Close()
+	pagerURL, err := url.Parse(pager.URL)
+	if err != nil {
+		log.Fatal(err)
+	}
+	// Without Start nothing delivers the effects (the layer warns once),
+	// and an Enqueue to a mistyped destination is not caught.
+	running, err := layer.Start(ctx, &outbox.StartOptions{Dispatcher: &dispatch.Options{
+		Destinations: []dispatch.Destination{{Name: "pager", URL: pagerURL}},
+	}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer running.Stop(context.WithoutCancel(ctx)) // before db.Close: defers run last in, first out
 	server := layer.NewServer(&mcp.Implementation{Name: "helpdesk", Version: "v1"}, nil)
 	outbox.AddTool(layer, server, &mcp.Tool{Name: "create_ticket", Description: "Open a support ticket."},
 		func(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolRequest, in CreateTicketIn) (*mcp.CallToolResult, CreateTicketOut, error) {
@@ -100,8 +126,10 @@ func Example() {
 		log.Fatal(err)
 	}
 	fmt.Printf("tickets: %d, effects: %d\n", len(list), effects)
+	fmt.Println("pager got:", <-paged) // the commit woke the dispatcher
 	// Output:
 	// result: map[ticket_id:1] replay noted: false
 	// result: map[ticket_id:1] replay noted: true
 	// tickets: 1, effects: 1
+	// pager got: /v1/alerts {"ticket":1}
 }

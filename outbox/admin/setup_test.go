@@ -32,6 +32,7 @@ func openDB(tb testing.TB) *schema.DB { tb.Helper(); return outboxtest.OpenDB(tb
 // left.
 type bundle struct {
 	db      *schema.DB
+	layer   *outbox.Layer
 	session *mcp.ClientSession
 }
 
@@ -56,7 +57,7 @@ func setup(tb testing.TB, opts *outbox.Options) *bundle {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { cs.Close(); ss.Wait() })
-	return &bundle{db: db, session: cs}
+	return &bundle{db: db, layer: l, session: cs}
 }
 
 func callCharge(t *testing.T, cs *mcp.ClientSession, key string, amount int) *mcp.CallToolResult {

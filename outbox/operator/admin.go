@@ -38,6 +38,11 @@ import (
 //	POST /effects/{id}/cancel         (no body, or {})
 //	POST /effects/{id}/resolve        {"outcome": "delivered" | "retry"}
 //	POST /effects/retry-dead          (no body, or {})
+//	POST /effects/retarget            {"from": NAME, "to": NAME}: move every pending
+//	                                   effect of destination from to destination to,
+//	                                   one Options.Dispatcher delivers to (without
+//	                                   one, one the database has delivered to)
+//	POST /effects/cancel-pending      {"destination": NAME}: cancel its pending effects
 //	GET  /calls/unknown?limit=        calls in state unknown, oldest first
 //	POST /calls/resolve               {"principal": P (default local), "key": K,
 //	                                   "outcome": "completed" | "failed" | "rerun", "note": TEXT}
@@ -45,13 +50,13 @@ import (
 //	                                   results and effect bodies (admin.ForgetPrincipal)
 //
 // Errors are {"error": "..."}: 400 bad input, 403 refused, 404 no such
-// effect or call, 409 not in a state the action applies to, 413 body too
+// effect or call (or no pending effect for the destination), 409 not in a state the action applies to, 413 body too
 // large.
 //
 // Who may call it: see Options.AdminTokenSHA256.
 func NewAdmin(db *schema.DB, opts *Options) http.Handler {
 	o := mustOptions(opts)
-	h := &adminHandler{db: db, sealer: o.Sealer, logger: o.Logger}
+	h := &adminHandler{db: db, sealer: o.Sealer, logger: o.Logger, dispatcher: o.Dispatcher}
 	r := chi.NewRouter()
 	r.Use(middleware.Recoverer, adminGuard(newAdminAuth(o)))
 	r.NotFound(func(w http.ResponseWriter, _ *http.Request) {
@@ -64,6 +69,8 @@ func NewAdmin(db *schema.DB, opts *Options) http.Handler {
 	r.Get("/effects", h.list)
 	r.Get("/effects/{id}", h.get)
 	r.Post("/effects/retry-dead", h.retryDead)
+	r.Post("/effects/retarget", h.retarget)
+	r.Post("/effects/cancel-pending", h.cancelDestination)
 	for _, a := range operate.EffectActions {
 		r.Post("/effects/{id}/"+a.Name(), h.action(a))
 	}
@@ -78,6 +85,8 @@ type adminHandler struct {
 	// sealer seals a resolution's note on an encrypted database.
 	sealer *seal.Sealer
 	logger *slog.Logger
+	// dispatcher names the destinations a retarget may move effects to.
+	dispatcher Dispatcher
 }
 
 type adminErrorBody struct {
@@ -395,7 +404,7 @@ func (h *adminHandler) failLogging(w http.ResponseWriter, r *http.Request, err, 
 		status = http.StatusRequestEntityTooLarge
 	case errors.As(err, new(operate.BadInput)):
 		status = http.StatusBadRequest
-	case errors.Is(err, admin.ErrNoEffect), errors.Is(err, admin.ErrNoCall):
+	case errors.Is(err, admin.ErrNoEffect), errors.Is(err, admin.ErrNoCall), errors.Is(err, admin.ErrNoPending):
 		status = http.StatusNotFound
 	case errors.Is(err, admin.ErrEffectState), errors.Is(err, admin.ErrNotResolvable), errors.Is(err, admin.ErrCallNotUnknown),
 		errors.Is(err, admin.ErrEffectErased), errors.Is(err, admin.ErrSealerNeeded):

@@ -30,10 +30,14 @@
 // routes by path. A handler accepts its paths with the prefix (chi's Mount,
 // http.ServeMux) or with the prefix already stripped (http.StripPrefix):
 //
-//	running, err := layer.Start(ctx, startOpts) // an *outbox.Runner
+//	running, err := layer.Start(ctx, startOpts) // an *outbox.Runner; Stop it at shutdown
 //	...
-//	ops, err := operator.NewHandler(ctx, db, &operator.Options{BasePath: "/ops/", AdminTokenSHA256: hash, Dispatcher: running})
+//	ops, err := operator.NewHandler(ctx, db, &operator.Options{BasePath: "/ops/", AdminTokenSHA256: hash, Layer: layer})
 //	mux.Handle("/ops/", ops)
+//
+// With Options.Layer, /readyz follows the layer's Start: degraded (still
+// 200) while it was never started, since nothing then delivers what its
+// calls enqueue.
 //
 // # Who may use it
 //

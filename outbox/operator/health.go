@@ -13,6 +13,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/operate"
+	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -24,10 +25,19 @@ import (
 //	              schema and Options.Dispatcher runs, else 503
 //
 // readyz answers JSON: {"ready": bool, "status": "ok" | "degraded" |
-// "unavailable", "checks": {name: reason}}. Degraded is still ready (200):
-// effects are pending for a destination the dispatcher does not know, and
-// checks.destinations names it; taking the replica out of a load balancer
-// would not deliver them. Reasons are generic; the database's error is in
+// "unavailable", "checks": {name: reason}}. Degraded is still ready (200),
+// with the reason in its check:
+//
+//   - checks.dispatcher: Options.Layer was never started, so nothing in
+//     this process delivers the effects its calls enqueue (they are kept,
+//     and wait for a dispatcher);
+//   - checks.destinations: effects are pending for a destination the
+//     dispatcher does not know, named there.
+//
+// Ready, because the process does serve calls, and what they enqueue is
+// committed: taking it out of a load balancer would stop the calls and
+// deliver nothing more. A dispatcher that ran and stopped (Runner.Stop,
+// during a shutdown) is unavailable (503), as before. Reasons are generic; the database's error is in
 // the log, never in the answer, which anyone who can reach it reads. The
 // checks are public, as load balancers expect: they name no tool and no
 // key, only destinations.
@@ -35,7 +45,11 @@ func NewHealth(db *schema.DB, opts *Options) http.Handler {
 	o := mustOptions(opts)
 	r := chi.NewRouter()
 	r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
-	r.Get("/readyz", (&readiness{db: db, dispatcher: o.Dispatcher, logger: o.Logger}).ServeHTTP)
+	rd := &readiness{db: db, dispatcher: o.Dispatcher, logger: o.Logger}
+	if _, ok := o.Dispatcher.(layerDispatcher); ok {
+		rd.layer = o.Layer // else a dispatcher of its own delivers
+	}
+	r.Get("/readyz", rd.ServeHTTP)
 	return underBase(o.BasePath, r)
 }
 
@@ -43,8 +57,13 @@ func NewHealth(db *schema.DB, opts *Options) http.Handler {
 type readiness struct {
 	db         *schema.DB
 	dispatcher Dispatcher
+	layer      *outbox.Layer // nil: judge by dispatcher alone
 	logger     *slog.Logger
 }
+
+// notStarted is checks.dispatcher of a layer never started.
+const notStarted = "not started: nothing in this process delivers the effects its calls enqueue; they wait " +
+	"(Layer.Start runs the dispatcher, StartOptions.NoDispatcher says another process delivers)"
 
 func (rd *readiness) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	checks := map[string]string{"database": "ok", "dispatcher": "ok"}
@@ -55,7 +74,10 @@ func (rd *readiness) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		rd.logger.Error("readiness: database not ready", "error", err)
 		checks["database"], ready = "not ready: see the server's log", false
 	}
-	if rd.dispatcher != nil && !rd.dispatcher.Running() {
+	switch {
+	case rd.layer != nil && !rd.layer.Started():
+		checks["dispatcher"], degraded = notStarted, true
+	case rd.dispatcher != nil && !rd.dispatcher.Running():
 		checks["dispatcher"], ready = "not running", false
 	}
 	if ready {
@@ -63,6 +85,10 @@ func (rd *readiness) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		case err != nil:
 			rd.logger.Error("readiness: count pending effects", "error", err)
 			checks["destinations"], degraded = "unchecked: see the server's log", true
+		case len(u) > 0 && len(rd.dispatcher.Destinations()) == 0:
+			// mcp-outbox serve without --dest: nothing here delivers at all.
+			checks["destinations"], degraded = "effects pending, and this process delivers to no destination: "+
+				unconfiguredNames(u), true
 		case len(u) > 0:
 			checks["destinations"], degraded = "effects pending for destinations this dispatcher does not know: "+
 				unconfiguredNames(u), true

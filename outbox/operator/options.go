@@ -11,6 +11,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
@@ -52,8 +53,17 @@ type Options struct {
 	// it /readyz answers 503 while it is not running, and the readiness,
 	// the metrics and the page report effects pending for destinations it
 	// does not deliver to. Nil skips both checks (a process that runs no
-	// dispatcher).
+	// dispatcher), unless Layer is set.
 	Dispatcher Dispatcher
+	// Layer is the process's layer. A nil Dispatcher then means the Runner
+	// of the layer's Start as it is when asked (Start may come after the
+	// handler is built), and /readyz reports "degraded" while the layer was
+	// never started: nothing in this process delivers the effects its calls
+	// enqueue (see Layer.Start; a Start with NoDispatcher says another
+	// process does, and is not degraded). A nil Sealer means the layer's.
+	// Nil Layer judges by Dispatcher alone, which cannot tell a forgotten
+	// Start from a process that delivers nothing on purpose.
+	Layer *outbox.Layer
 	// SessionKey signs the page's login sessions and flash messages
 	// (HMAC-SHA256): at least 32 bytes, the same on every replica. Nil
 	// means the key kept in the database (table operator_secret), which
@@ -84,6 +94,28 @@ type Dispatcher interface {
 
 var _ Dispatcher = (*dispatch.Dispatcher)(nil)
 
+// layerDispatcher is Options.Layer's Runner, read when asked: Start may
+// come after the handler is built, and Stop and a new Start may follow.
+type layerDispatcher struct{ l *outbox.Layer }
+
+// Running: a layer never started is not a dispatcher that stopped (which
+// is unavailable), but degraded; readiness tells the two apart by
+// Layer.Started, and the page and the metrics need no dispatcher running.
+func (d layerDispatcher) Running() bool {
+	if r := d.l.Runner(); r != nil {
+		return r.Running()
+	}
+	return !d.l.Started()
+}
+
+// Destinations are the running Start's; nil (no judgement) without one.
+func (d layerDispatcher) Destinations() []string {
+	if r := d.l.Runner(); r != nil {
+		return r.Destinations()
+	}
+	return nil
+}
+
 // options returns a copy of opts with defaults filled in.
 func options(opts *Options) (Options, error) {
 	var o Options
@@ -92,6 +124,14 @@ func options(opts *Options) (Options, error) {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Layer != nil {
+		if o.Dispatcher == nil {
+			o.Dispatcher = layerDispatcher{o.Layer}
+		}
+		if o.Sealer == nil {
+			o.Sealer = o.Layer.Sealer()
+		}
 	}
 	if o.Now == nil {
 		o.Now = time.Now

@@ -33,6 +33,10 @@ import (
 //	POST /lookup                    the page, with one call looked up by key
 //	POST /effects/{id}/{action}     retry, cancel or resolve (form field outcome)
 //	POST /effects/retry-dead        retry every dead effect
+//	POST /effects/retarget          move a destination's pending effects (form
+//	                                fields from, to; destinations.go)
+//	POST /effects/cancel-pending    cancel a destination's pending effects
+//	                                (form field destination)
 //	POST /calls/{id}/resolve        settle an unknown call (page_calls.go)
 //	GET  /login, POST /login        exchange the admin token for a session cookie
 //	                                (page_login.go)
@@ -140,6 +144,8 @@ func (p *pageHandler) routes(r chi.Router) {
 	r.Get("/", p.guard(accessRead, p.index))
 	r.Post("/lookup", p.guard(accessRead, p.lookupCall))
 	r.Post("/effects/retry-dead", p.guard(accessAct, p.retryDead))
+	r.Post("/effects/retarget", p.guard(accessAct, p.retarget))
+	r.Post("/effects/cancel-pending", p.guard(accessAct, p.cancelDestination))
 	for _, a := range operate.EffectActions {
 		r.Post("/effects/{id}/"+a.Name(), p.guard(accessAct, p.action(a)))
 	}

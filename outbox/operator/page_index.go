@@ -41,6 +41,9 @@ type indexData struct {
 	// process's dispatcher does not know; UnconfiguredSet has their names.
 	Unconfigured    []unconfiguredDest
 	UnconfiguredSet map[string]bool
+	// Targets are the destinations the effects of an unconfigured one
+	// may be moved to (retargetTargets).
+	Targets []string
 }
 
 type lookupResult struct {
@@ -116,6 +119,11 @@ func (p *pageHandler) read(ctx context.Context, d *indexData, window chartWindow
 	d.UnconfiguredSet = map[string]bool{}
 	for _, u := range d.Unconfigured {
 		d.UnconfiguredSet[u.Destination] = true
+	}
+	if len(d.Unconfigured) > 0 {
+		if d.Targets, err = retargetTargets(ctx, p.db, p.dispatcher); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -229,7 +237,7 @@ func (p *pageHandler) redirectFailed(w http.ResponseWriter, r *http.Request, act
 	var known *operate.StateError
 	if !errors.As(err, new(operate.BadInput)) && !errors.As(err, &known) && !errors.Is(err, admin.ErrNoEffect) &&
 		!errors.Is(err, admin.ErrNoCall) && !errors.Is(err, admin.ErrCallNotUnknown) && !errors.Is(err, admin.ErrEffectErased) &&
-		!errors.Is(err, admin.ErrSealerNeeded) {
+		!errors.Is(err, admin.ErrSealerNeeded) && !errors.Is(err, admin.ErrNoPending) {
 		p.logger.Error("operator page action failed", "action", action, "error", err)
 	}
 	p.redirectFlash(w, r, flashFailed, fmt.Sprintf("%s refused: %v", action, err))

@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -17,6 +19,7 @@ import (
 	"time"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/pgtest"
+	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -195,6 +198,15 @@ func TestUnconfiguredDestination(t *testing.T) {
 		t.Errorf("page does not name paymnets as unconfigured (once):\n%s", grepLines(html, "paymnets"))
 	}
 
+	// A process that delivers to no destination at all (mcp-outbox serve
+	// without --dest) says so, rather than blaming a dispatcher.
+	code, body = getJSON(t, NewHealth(db, &Options{Dispatcher: runningDispatcher{}}), "/readyz")
+	checks, _ = body["checks"].(map[string]any)
+	if code != http.StatusOK || body["status"] != "degraded" ||
+		checks["destinations"] != "effects pending, and this process delivers to no destination: payments, paymnets" {
+		t.Errorf("no destinations at all: %d %v, want 200 degraded saying nothing here delivers", code, body)
+	}
+
 	// Without a dispatcher there is no set to compare with.
 	if code, body := getJSON(t, NewHealth(db, nil), "/readyz"); code != http.StatusOK || body["status"] != "ok" {
 		t.Errorf("no dispatcher: %d %v, want 200 ok", code, body)
@@ -223,4 +235,85 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "")
+}
+
+// readyState GETs /readyz and returns its status code, status and the
+// dispatcher's and destinations' checks.
+func readyState(t *testing.T, h http.Handler) string {
+	t.Helper()
+	code, body := getJSON(t, h, "/readyz")
+	checks, _ := body["checks"].(map[string]any)
+	return fmt.Sprintf("%d %v ready=%v dispatcher=%v destinations=%v", code, body["status"], body["ready"], checks["dispatcher"], checks["destinations"])
+}
+
+// A layer whose Start was forgotten serves calls and keeps their effects,
+// but nothing delivers them: with Options.Layer, readiness says so,
+// degraded (still 200: taking the process out of a load balancer would
+// deliver nothing more), until Start. The checks of the Runner then come
+// from the layer without passing it; a Runner stopped is unavailable.
+func TestReadyz_LayerNotStarted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := openTestDB(t)
+	layer, err := outbox.New(db, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	health := NewHealth(db, &Options{Layer: layer})
+	notStartedState := "200 degraded ready=true dispatcher=" + notStarted + " destinations=ok"
+	if got := readyState(t, health); got != notStartedState {
+		t.Errorf("never started:\n got %s\nwant %s", got, notStartedState)
+	}
+	if got := readyState(t, NewHealth(db, nil)); got != "200 ok ready=true dispatcher=ok destinations=<nil>" {
+		t.Errorf("without Options.Layer (cannot tell): %s", got)
+	}
+	if got := readyState(t, NewHealth(db, &Options{Layer: layer, Dispatcher: runningDispatcher{"payments"}})); got != "200 ok ready=true dispatcher=ok destinations=ok" {
+		t.Errorf("with a dispatcher of its own: %s, want ok", got)
+	}
+	noURL := &outbox.StartOptions{Dispatcher: &dispatch.Options{Destinations: []dispatch.Destination{{Name: "x"}}}}
+	if _, err := layer.Start(ctx, noURL); err == nil {
+		t.Fatal("a bad Start started")
+	}
+	if got := readyState(t, health); got != notStartedState {
+		t.Errorf("after a failed Start: %s, want still not started", got)
+	}
+
+	quiet := &outbox.StartOptions{ReapInterval: outbox.ReaperOff, TaskScanInterval: -1}
+	elsewhere := *quiet
+	elsewhere.NoDispatcher = true
+	r, err := layer.Start(ctx, &elsewhere)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := readyState(t, health); got != "200 ok ready=true dispatcher=ok destinations=ok" {
+		t.Errorf("started with NoDispatcher: %s, want ok", got)
+	}
+	if err := r.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := readyState(t, health); !strings.HasPrefix(got, "503 unavailable ready=false dispatcher=not running") {
+		t.Errorf("stopped: %s, want 503 not running", got)
+	}
+
+	u, _ := url.Parse("http://127.0.0.1:1")
+	delivering := *quiet
+	delivering.Dispatcher = &dispatch.Options{Destinations: []dispatch.Destination{{Name: "payments", URL: u}}}
+	r, err = layer.Start(ctx, &delivering)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Stop(context.Background()) })
+	for deadline := time.Now().Add(10 * time.Second); !r.Running(); {
+		if time.Now().After(deadline) {
+			t.Fatal("dispatcher not running within 10s")
+		}
+		runtime.Gosched()
+	}
+	if got := readyState(t, health); got != "200 ok ready=true dispatcher=ok destinations=ok" {
+		t.Errorf("started with a dispatcher: %s, want ok", got)
+	}
+	insertEffect(t, db, "paymnets", "pending")
+	if got := readyState(t, health); got != "200 degraded ready=true dispatcher=ok destinations=effects pending for destinations this dispatcher does not know: paymnets" {
+		t.Errorf("pending for a name the layer's dispatcher does not know: %s", got)
+	}
 }

@@ -45,6 +45,14 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
+	// The reaper and the task runner until Stop, and a dispatcher: with
+	// no destinations, as this server enqueues no effects, so that an
+	// Enqueue added later without its destination fails at once.
+	running, err := layer.Start(ctx, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer running.Stop(context.WithoutCancel(ctx)) // before db.Close: defers run last in, first out
 
 	// The upstream: any MCP server; here one tool that counts its runs.
 	var runs atomic.Int64
