@@ -44,6 +44,10 @@ type ToolOptions struct {
 	FingerprintWindow time.Duration
 	// Record forces recording of a tool annotated idempotentHint.
 	Record bool
+	// ShowErrors lets the text of a plain error the handler returns reach
+	// the client, still unrecorded, as [Options.ShowErrors] does for every
+	// tool of the layer; false keeps the layer's setting.
+	ShowErrors bool
 	// OnCancel says what a client's cancel does to a running call; the
 	// zero value is FinishOnTimeout. A task is not stopped by a client's
 	// notifications/cancelled (the request was answered already), only by
@@ -61,6 +65,7 @@ type toolInfo struct {
 	name        string
 	record      bool // false: runs in a transaction, never recorded or replayed
 	readOnly    bool // read-only transaction, never recorded
+	showErrors  bool // a plain handler error's text reaches the client (ShowErrors)
 	keyArgument bool // input schema declares idempotency_key
 	window      time.Duration
 	annotations toolAnnotations
@@ -152,7 +157,7 @@ func AddTool[In, Out any](l *Layer, s *mcp.Server, t *mcp.Tool, h HandlerFor[In,
 		panic(fmt.Sprintf("outbox.AddTool %q: ToolOptions: %v", t.Name, err))
 	}
 	info := &toolInfo{name: t.Name, record: true, window: l.opts.FingerprintWindow, annotations: annotationsOf(t.Annotations),
-		floatArgs: true, onCancel: o.OnCancel, tasks: o.Tasks.withDefaults(),
+		floatArgs: true, onCancel: o.OnCancel, tasks: o.Tasks.withDefaults(), showErrors: l.opts.ShowErrors || o.ShowErrors,
 		keyRetention: o.Retention.Key, outcomeRetention: o.Retention.Outcome}
 	if o.FingerprintWindow != 0 {
 		info.window = o.FingerprintWindow
