@@ -27,8 +27,9 @@ import (
 // answer): the handler's writes roll back, nothing is recorded, so a retry
 // runs the handler again, and the client gets a generic tool error naming
 // the call's id, never the error's text, which goes to the layer's log
-// with that id. A *jsonrpc.Error is a protocol error and is not recorded
-// either.
+// with that id; with [ToolOptions.ShowErrors] or [Options.ShowErrors] the
+// client gets the text, unless it carries the database's. A
+// *jsonrpc.Error is a protocol error and is not recorded either.
 //
 // ctx ends when the call stops before its commit: a client's cancel that
 // the tool's [CancelPolicy] does not ride out, or the connection closing.
@@ -132,7 +133,7 @@ func (t *toolInfo) onLostPolicy() string {
 // "Numbers in arguments" in the package doc).
 //
 // Tools annotated readOnlyHint run in a read-only transaction and are not
-// recorded. Tools annotated idempotentHint run in a transaction but are not
+// recorded: their writes fail (see [ErrReadOnly]). Tools annotated idempotentHint run in a transaction but are not
 // recorded unless [Options.RecordIdempotent] or [ToolOptions.Record] is set.
 //
 // t is not changed: the SDK gets a copy whose input schema is JSON text

@@ -45,6 +45,13 @@ import (
 // them. A refusal, like a database failure under the handler, means the
 // call can no longer commit: whatever the handler returns, nothing of it
 // is recorded, the client is told so, and a retry runs the call again.
+//
+// A tool annotated readOnlyHint gets a read-only transaction, which the
+// layer never commits: a statement that writes fails, with an error
+// wrapping [ErrReadOnly], and the call is not answered as done. On
+// PostgreSQL the first statement that fails aborts the transaction; the
+// error of every statement after it names that first one (see "The
+// handler's transaction" in the package doc).
 type Tx interface {
 	// ExecContext runs a statement in the call's transaction.
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
