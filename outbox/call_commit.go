@@ -166,9 +166,11 @@ func (a *attempt) notCommitted(err error) *mcp.CallToolResult {
 		if keyless(a.id) {
 			retry = "make the identical call again"
 		}
-		return toolError(codeInProgress, "the database did not confirm the call's commit (%v), and could not be read to tell: "+
+		// err is the driver's: finish logs it under the call id.
+		return toolError(codeInProgress, "the database did not confirm the call's commit, and could not be read to tell: "+
 			"the call may have been recorded. %s for its outcome, or %s: "+
-			"a retry replays the outcome if it was recorded, and runs the call if it was not.", err, askStatus(a.id), retry)
+			"a retry replays the outcome if it was recorded, and runs the call if it was not. "+
+			"The server's log has the cause under call id %s.", askStatus(a.id), retry, a.uid)
 	}
 	a.outcome = outcomeNotRecorded
 	retry := a.retryGets()
@@ -177,11 +179,16 @@ func (a *attempt) notCommitted(err error) *mcp.CallToolResult {
 		// The layer's own reasons (the fence's) are said.
 		return toolError(codeNotRecorded, "the call did not commit (%v); nothing of it was kept: %s.", err, retry)
 	}
+	if errors.Is(err, ErrReadOnly) {
+		return toolError(codeNotRecorded, "the tool is annotated readOnlyHint, so its transaction is read-only and never committed, "+
+			"and its handler wrote: the write was refused, and nothing of the call was kept. "+
+			"The server's log has the statement under call id %s.", a.uid)
+	}
 	// Anything else may carry the driver's text (the database failed under
 	// the handler, its COMMIT or the outcome's statement failed): it goes
 	// to the log (finish), not to the client.
-	return toolError(codeNotRecorded, "the call did not commit, and nothing of it was kept: %s. "+
-		"The server's log has the cause under call id %s.", retry, a.uid)
+	return toolError(codeNotRecorded, "the call did not commit%s, and nothing of it was kept: %s. "+
+		"The server's log has the cause under call id %s.", withCondition(a.layer.db, err), retry, a.uid)
 }
 
 // saidError marks an error whose text is the layer's own, which a client
