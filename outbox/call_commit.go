@@ -188,7 +188,16 @@ func (a *attempt) notCommitted(err error) *mcp.CallToolResult {
 	// the handler, its COMMIT or the outcome's statement failed): it goes
 	// to the log (finish), not to the client.
 	return toolError(codeNotRecorded, "the call did not commit%s, and nothing of it was kept: %s. "+
-		"The server's log has the cause under call id %s.", withCondition(a.layer.db, err), retry, a.uid)
+		"The server's log has the cause under call id %s.", withCondition(a.db(), err), retry, a.uid)
+}
+
+// db is the attempt's database; nil for an attempt built without a layer
+// (the tests of answers' words).
+func (a *attempt) db() *schema.DB {
+	if a.layer == nil {
+		return nil
+	}
+	return a.layer.db
 }
 
 // saidError marks an error whose text is the layer's own, which a client

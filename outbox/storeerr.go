@@ -69,7 +69,7 @@ const sqliteBusy = 5
 // told this, never the driver's text, which may name the server, its
 // user, tables and values.
 func storeCondition(db *schema.DB, err error) string {
-	if db.Unavailable(err) {
+	if db != nil && db.Unavailable(err) {
 		return "the database could not be reached"
 	}
 	var e interface{ Code() int } // modernc.org/sqlite's *Error
