@@ -469,7 +469,7 @@ func (failedContext) Value(any) any               { return nil }
 // It also says, in the error the handler gets, what the database's own
 // text does not: that a read-only tool's write was refused and why, and on
 // PostgreSQL which earlier statement aborted the transaction. Every error
-// it returns is remembered as the Tx's (see fromTx).
+// it returns is remembered as the Tx's (see showable).
 func (a *attempt) wrapStmt(query string, err error) error {
 	if err == nil {
 		return nil
