@@ -165,6 +165,26 @@ func TestTx_FirstErrorWins(t *testing.T) {
 	if runs.Load() != 2 || charges(t, b) != 1 {
 		t.Errorf("runs = %d, charges = %d; want 2 and 1", runs.Load(), charges(t, b))
 	}
+
+	// A tool whose calls are not recorded (idempotentHint) commits its
+	// work on success: the same holds there.
+	outbox.AddTool(b.layer, b.server, &mcp.Tool{Name: "sloppy_idem", Annotations: &mcp.ToolAnnotations{IdempotentHint: true}},
+		func(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolRequest, in in) (*mcp.CallToolResult, struct{}, error) {
+			_, _ = tx.ExecContext(ctx, `SELECT 1 / (SELECT count(*) FROM charges WHERE amount = -43)`)
+			_, _ = tx.ExecContext(ctx, `INSERT INTO charges (amount, currency, created_at) VALUES (8, 'usd', 0)`)
+			return nil, struct{}{}, nil
+		}, nil)
+	res = call(t, b.session, "sloppy_idem", "", in{})
+	if !res.IsError || errorCode(res) != "not_recorded" || strings.Contains(text(res), "SQLSTATE") {
+		t.Errorf("unrecorded tool's answer: %v %s; want not_recorded in the layer's words", res.Meta, text(res))
+	}
+	recs = logs.Records(t, "commit call")
+	if logged, _ := recs[len(recs)-1]["error"].(string); !strings.Contains(logged, "amount = -43") || !strings.Contains(logged, "22012") {
+		t.Errorf("unrecorded tool's logged error %q; want the first statement and its SQLSTATE", logged)
+	}
+	if n := charges(t, b); n != 1 {
+		t.Errorf("charges = %d, want 1", n)
+	}
 }
 
 // With ShowErrors, a handler's plain error reaches the client as a tool
