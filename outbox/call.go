@@ -44,6 +44,11 @@ type attempt struct {
 	readConn *sql.Conn // a read-only tool's connection
 	tx       handlerTx // where the handler's statements run: the unit's or the read transaction
 	txErr    error     // the database failed under the handler
+	// failedStmt: on PostgreSQL, the handler's first statement that the
+	// server refused, which aborted the transaction; nil after discardWork.
+	failedStmt *stmtError
+	// returned: errors the Tx gave the handler (noteReturned).
+	returned []error
 	// handlerErr: the handler returned an error not marked Final, which
 	// is logged and never recorded or shown to the client.
 	handlerErr error

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"time"
@@ -33,8 +34,11 @@ func (a *attempt) finish(ctx context.Context, res mcp.Result, err error) (mcp.Re
 		// guard refused one of its statements: either says nothing of the
 		// call, so it is never its outcome.
 		msg := "database failed under the handler; nothing recorded"
-		if errors.Is(a.txErr, ErrStatementRefused) {
+		switch {
+		case errors.Is(a.txErr, ErrStatementRefused):
 			msg = "handler ran a statement the layer refuses; nothing recorded"
+		case errors.Is(a.txErr, ErrReadOnly):
+			msg = "handler of a read-only tool wrote; nothing recorded"
 		}
 		a.layer.logger.ErrorContext(ctx, msg, "tool", a.tool.name, "call_id", a.uid, "error", a.txErr)
 		a.giveTaskBack(a.txErr)
@@ -48,6 +52,9 @@ func (a *attempt) finish(ctx context.Context, res mcp.Result, err error) (mcp.Re
 		a.layer.logger.ErrorContext(ctx, "tool handler failed; nothing recorded",
 			"tool", a.tool.name, "call_id", a.uid, "error", a.handlerErr)
 		a.abandon(ctx)
+		if a.tool.showErrors && a.showable(a.handlerErr) {
+			return a.handlerFailedShown(a.handlerErr), nil
+		}
 		return a.handlerFailed(), nil
 	case cr == nil:
 		reason = "no result"
@@ -148,7 +155,8 @@ func (e *commitUnknownError) Unwrap() error { return e.err }
 func (a *attempt) notCommitted(err error) *mcp.CallToolResult {
 	if errors.Is(err, ErrOwnershipLost) {
 		a.outcome = outcomeInProgress
-		return toolError(codeInProgress, "%v; this attempt recorded nothing. %s for the call's outcome.",
+		return toolError(codeInProgress, "%v; this attempt recorded nothing. That attempt's outcome is the call's: "+
+			"a retry gets it, replayed, or waits for it while the call runs. %s for the call's outcome.",
 			ErrOwnershipLost, askStatus(a.id))
 	}
 	var unknown *commitUnknownError
@@ -158,20 +166,75 @@ func (a *attempt) notCommitted(err error) *mcp.CallToolResult {
 		if keyless(a.id) {
 			retry = "make the identical call again"
 		}
-		return toolError(codeInProgress, "the database did not confirm the call's commit (%v), and could not be read to tell: "+
+		// err is the driver's: finish logs it under the call id.
+		return toolError(codeInProgress, "the database did not confirm the call's commit, and could not be read to tell: "+
 			"the call may have been recorded. %s for its outcome, or %s: "+
-			"a retry replays the outcome if it was recorded, and runs the call if it was not.", err, askStatus(a.id), retry)
+			"a retry replays the outcome if it was recorded, and runs the call if it was not. "+
+			"The server's log has the cause under call id %s.", askStatus(a.id), retry, a.uid)
 	}
 	a.outcome = outcomeNotRecorded
-	var te *txError
-	if errors.As(err, &te) && !errors.Is(err, errLeaseExpired) && !errors.Is(err, errClaimGone) {
-		// The database failed under the handler's statements: the text is
-		// the driver's, so it goes to the log (finish), not to the client.
+	retry := a.retryGets()
+	var said *saidError
+	if errors.Is(err, errLeaseExpired) || errors.Is(err, errClaimGone) || errors.As(err, &said) {
 		// The layer's own reasons (the fence's) are said.
-		return toolError(codeNotRecorded, "the call did not commit, and nothing of it was kept: a retry runs it again. "+
-			"The server's log has the cause under call id %s.", a.uid)
+		return toolError(codeNotRecorded, "the call did not commit (%v); nothing of it was kept: %s.", err, retry)
 	}
-	return toolError(codeNotRecorded, "the call did not commit (%v); nothing of it was kept, a retry runs it again.", err)
+	if errors.Is(err, ErrReadOnly) {
+		return toolError(codeNotRecorded, "the tool is annotated readOnlyHint, so its transaction is read-only and never committed, "+
+			"and its handler wrote: the write was refused, and nothing of the call was kept. "+
+			"The server's log has the statement under call id %s.", a.uid)
+	}
+	// Anything else may carry the driver's text (the database failed under
+	// the handler, its COMMIT or the outcome's statement failed): it goes
+	// to the log (finish), not to the client.
+	return toolError(codeNotRecorded, "the call did not commit%s, and nothing of it was kept: %s. "+
+		"The server's log has the cause under call id %s.", withCondition(a.db(), err), retry, a.uid)
+}
+
+// db is the attempt's database; nil for an attempt built without a layer
+// (the tests of answers' words).
+func (a *attempt) db() *schema.DB {
+	if a.layer == nil {
+		return nil
+	}
+	return a.layer.db
+}
+
+// saidError marks an error whose text is the layer's own, which a client
+// may read (a failpoint's, in tests of a binary built with them).
+type saidError struct{ err error }
+
+func (e *saidError) Error() string { return e.err.Error() }
+func (e *saidError) Unwrap() error { return e.err }
+
+// retryGets says what a retry of a call this attempt did not commit gets.
+// "Runs it again" is true only while no other attempt has the call: an
+// attempt cut off from the database past its lease, or whose connection
+// died with its uncommitted claim, may have lost the call to another
+// replica, which ran it, and whose outcome a retry then gets. The call's
+// row tells, if it can be read.
+func (a *attempt) retryGets() string {
+	const runs = "a retry runs it again"
+	if !a.recorded() || a.task != nil {
+		return runs
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	var uid, state string
+	var expires int64
+	err := a.layer.db.Read.QueryRowContext(ctx, `SELECT uid, state, expires_at FROM calls WHERE principal = $1 AND key = $2`,
+		a.id.principal, a.id.key).Scan(&uid, &state, &expires)
+	switch {
+	case errors.Is(err, sql.ErrNoRows), err == nil && uid == a.uid:
+		return runs
+	case err != nil:
+		return "a retry runs it again, unless another attempt took the call over meanwhile: the retry then gets that attempt's outcome"
+	case state == "in_flight":
+		return "another attempt has taken the call over; a retry waits for that attempt's outcome and gets it, replayed"
+	case expires <= a.layer.nowMS():
+		return runs
+	}
+	return "another attempt has run the call since; a retry gets its outcome, replayed"
 }
 
 func stateOf(cr *mcp.CallToolResult) string {
@@ -194,6 +257,10 @@ func (a *attempt) commit(ctx context.Context, cr *mcp.CallToolResult) error {
 			a.closeTx(false)
 			return nil
 		}
+		if err := a.abortedTx(); err != nil {
+			a.closeTx(false)
+			return err
+		}
 		return a.closeTx(true)
 	}
 	if err := a.begin(ctx); err != nil {
@@ -204,6 +271,9 @@ func (a *attempt) commit(ctx context.Context, cr *mcp.CallToolResult) error {
 		if err := a.discardWork(ctx); err != nil {
 			return err
 		}
+	}
+	if err := a.abortedTx(); err != nil {
+		return err
 	}
 	stored, err := encodeResult(cr)
 	if err != nil {
@@ -227,7 +297,7 @@ func (a *attempt) commit(ctx context.Context, cr *mcp.CallToolResult) error {
 			q, args = recordOutcomeWithEffectsPiped, append(args, effectColumns(a.id.principal, a.pending)...)
 		}
 		if err := failpoint.Inject(failpoint.CallBeforeCommit); err != nil {
-			return err
+			return &saidError{err}
 		}
 		p.last = &schema.Piped{SQL: q, Args: args}
 		return a.closeTx(true)
@@ -244,9 +314,21 @@ func (a *attempt) commit(ctx context.Context, cr *mcp.CallToolResult) error {
 		return ErrOwnershipLost
 	}
 	if err := failpoint.Inject(failpoint.CallBeforeCommit); err != nil {
-		return err
+		return &saidError{err}
 	}
 	return a.closeTx(true)
+}
+
+// abortedTx is the commit's error when a statement error aborted the
+// handler's transaction (PostgreSQL) and the handler still answered
+// success: COMMIT would only roll back, and the outcome's statement fail
+// with 25P02, which names neither the error nor its statement. Neither is
+// sent.
+func (a *attempt) abortedTx() error {
+	if a.failedStmt == nil {
+		return nil
+	}
+	return a.wrap(fmt.Errorf("%w: %w", errAbortedTx, a.failedStmt))
 }
 
 // recordOutcome is the fence's last word: the row must still name the
@@ -262,7 +344,7 @@ WHERE id = $5 AND owner = $6 AND state = 'in_flight' AND task_cancel = 0`
 func (a *attempt) closeTx(commit bool) error {
 	if a.readConn != nil {
 		_ = a.tx.(*sql.Tx).Rollback() // a read-only tool has nothing to commit
-		a.readConn.Close()
+		a.layer.releaseReadConn(a.readConn)
 		a.tx, a.readConn = nil, nil
 		return nil
 	}
@@ -272,6 +354,19 @@ func (a *attempt) closeTx(commit bool) error {
 		return b.wait()
 	}
 	return nil
+}
+
+// releaseReadConn gives a read-only tool's connection back to the pool,
+// on SQLite with query_only off again (see openTx); one that cannot be
+// set back is closed rather than left to refuse the next user's writes.
+func (l *Layer) releaseReadConn(conn *sql.Conn) {
+	if l.db.Dialect == schema.SQLite {
+		if _, err := conn.ExecContext(context.Background(), "PRAGMA query_only = 0"); err != nil {
+			// Raw's ErrBadConn makes database/sql discard the connection.
+			_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+		}
+	}
+	_ = conn.Close()
 }
 
 // abandon rolls back the handler's work and deletes the attempt's claim, so

@@ -75,11 +75,15 @@ func (l *Layer) acquire(ctx context.Context, a *attempt) *mcp.CallToolResult {
 				poll = min(2*poll, 200*time.Millisecond)
 				continue
 			}
-			l.logger.ErrorContext(ctx, "claim call", "tool", a.tool.name, "error", err)
+			l.logger.ErrorContext(ctx, "claim call", "tool", a.tool.name, "call_id", a.uid, "error", err)
 			// The claim may have failed before it could read the call's
 			// row, so whether an earlier attempt recorded an outcome is
-			// not known here: say what a retry does in either case.
-			return toolError(codeNotRecorded, "could not record the call (%v); nothing was executed, a retry will run it, or replay its outcome if an earlier attempt recorded one.", err)
+			// not known here: say what a retry does in either case. The
+			// error is the driver's (it may name the server's address):
+			// the log has it.
+			return toolError(codeNotRecorded, "could not record the call%s; nothing was executed, a retry will run it, "+
+				"or replay its outcome if an earlier attempt recorded one. The server's log has the cause under call id %s.",
+				withCondition(l.db, err), a.uid)
 		}
 		switch c.kind {
 		case claimed:

@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -152,5 +153,44 @@ func TestPostgres_ClaimInTx_IdleHandlerPastLeaseCommits(t *testing.T) {
 	}
 	if n := payCharges(t, a.db); n != 1 || b.runs.Load() != 0 {
 		t.Fatalf("charges = %d, runs on b = %d; want 1 and 0", n, b.runs.Load())
+	}
+}
+
+// A replica cut off from the database while its handler runs (here its
+// connection is ended, which rolls back its uncommitted claim) loses the
+// call to another replica, which runs it. The cut-off replica must not
+// tell its client that a retry runs the call again: a retry gets the
+// other replica's outcome, replayed.
+func TestPostgres_ClaimInTx_CutOffReplicaSaysRetryReplays(t *testing.T) {
+	postgresOnly(t)
+	url := pgtest.Database(t)
+	a := newReplica(t, url, nil)
+	b := newReplica(t, url, nil)
+	close(b.hold)
+	release := sync.OnceFunc(func() { close(a.hold) })
+	t.Cleanup(release)
+
+	first := make(chan *mcp.CallToolResult, 1)
+	go func() { first <- call(t, a.session, "pay", "cut-off", payIn{Amount: 4, Hold: true}) }()
+	<-a.reached
+	// The partition: a's transaction, which holds its claim, ends.
+	if n := count(t, b.db.Read, `SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+		WHERE datname = current_database() AND state = 'idle in transaction' AND pid <> pg_backend_pid()) AS t`); n != 1 {
+		t.Fatalf("ended %d transactions, want a's one", n)
+	}
+	if res := call(t, b.session, "pay", "cut-off", payIn{Amount: 4}); res.IsError || callMeta(res)["replayed"] != false {
+		t.Fatalf("b's call: %s %s; want it run", errorCode(res), text(res))
+	}
+	release()
+	res := <-first
+	if !res.IsError || errorCode(res) != "not_recorded" || strings.Contains(text(res), "runs it again") ||
+		!strings.Contains(text(res), "a retry gets its outcome, replayed") {
+		t.Fatalf("cut-off replica's answer: %s %s; want that a retry gets the other's outcome", errorCode(res), text(res))
+	}
+	if again := call(t, a.session, "pay", "cut-off", payIn{Amount: 4}); again.IsError || callMeta(again)["replayed"] != true {
+		t.Fatalf("retry: %s %s; want b's outcome replayed", errorCode(again), text(again))
+	}
+	if n := payCharges(t, a.db); n != 1 {
+		t.Fatalf("charges = %d, want 1", n)
 	}
 }

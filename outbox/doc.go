@@ -59,6 +59,13 @@
 //     the handler again. The client gets a generic tool error (code
 //     not_recorded) naming the call id, never the error's text, which may be
 //     a driver's; the layer logs the error at level ERROR with that call_id.
+//     With [Options.ShowErrors] or [ToolOptions.ShowErrors], the client gets
+//     the error's text instead (still not_recorded, and a retry runs the
+//     handler again): a validation error such as
+//     fmt.Errorf("unsupported currency %q", c) tells the model what to
+//     change. The database's text is never passed on: an error that wraps
+//     one the Tx returned, one of a driver's or database/sql's, or any error
+//     after the call's transaction failed, still gets the generic answer.
 //   - A failure of the database under the handler (busy, I/O, full, the
 //     connection gone) is never recorded either, even if the handler marks
 //     it Final: it says nothing of the call.
@@ -103,6 +110,28 @@
 // which covers statements PrepareContext returned too. (PostgreSQL's
 // SQL-standard function bodies, BEGIN ATOMIC … END, are refused too: use
 // a $$ body.)
+//
+// Some transactions are never committed, and a write in them would vanish
+// while the handler reported it done. A tool annotated readOnlyHint runs
+// in a read-only transaction (BEGIN READ ONLY on PostgreSQL; on SQLite
+// with PRAGMA query_only on its connection, since the driver's
+// TxOptions.ReadOnly does not make SQLite refuse writes): a write fails
+// at its statement with an error wrapping [ErrReadOnly], and the call
+// answers not_recorded whatever the handler returns. Every other tool's
+// transaction commits when the handler succeeds, a tool whose calls are
+// not recorded (idempotentHint) included. Its work is rolled back only by
+// the handler's own answer, which comes after its statements: an error, a
+// result with isError (a failed outcome keeps nothing), a multi
+// round-trip request for input (only the run that completes the call
+// keeps its work), or a cancel that stops the call.
+//
+// On PostgreSQL an error aborts the transaction: every later statement
+// fails with SQLSTATE 25P02, which does not say why, and nothing of the
+// call can commit. The layer remembers the first failed statement: the
+// error of each later statement names it and its error, and a handler
+// that answers success anyway gets not_recorded, with the first error in
+// the log under the call id. (On SQLite a failed statement leaves the
+// transaction usable, unless SQLite ended it, above.)
 //
 // Work that must commit outside any call, from an HTTP handler or a job,
 // can enqueue an effect in its own transaction with [Layer.EnqueueTx]: the

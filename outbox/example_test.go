@@ -48,6 +48,11 @@ const (
 func addSendInvoice(layer *outbox.Layer, server *mcp.Server) {
 	outbox.AddTool(layer, server, &mcp.Tool{Name: "send_invoice", Description: "Bill a customer and mail the invoice."},
 		func(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolRequest, in InvoiceIn) (*mcp.CallToolResult, InvoiceOut, error) {
+			if in.Customer == "" {
+				// A plain error: nothing is recorded, and a retry runs the
+				// handler again. With ShowErrors (below) the model reads it.
+				return nil, InvoiceOut{}, fmt.Errorf("customer is required, got %q", in.Customer)
+			}
 			if in.Cents <= 0 {
 				// A business rejection: recorded as the call's outcome and
 				// replayed to a retry with the same key.
@@ -57,8 +62,8 @@ func addSendInvoice(layer *outbox.Layer, server *mcp.Server) {
 			err := tx.QueryRowContext(ctx, `INSERT INTO invoices (customer, cents) VALUES ($1, $2) RETURNING id`,
 				in.Customer, in.Cents).Scan(&id)
 			if err != nil {
-				// Any other error is a fault: nothing is recorded, and a
-				// retry runs the handler again.
+				// A database error too, but the client gets a generic error
+				// naming the call, never the driver's text.
 				return nil, InvoiceOut{}, err
 			}
 			body, err := json.Marshal(map[string]int64{"invoice": id})
@@ -73,7 +78,7 @@ func addSendInvoice(layer *outbox.Layer, server *mcp.Server) {
 				return nil, InvoiceOut{}, err
 			}
 			return nil, InvoiceOut{InvoiceID: id}, nil
-		}, nil)
+		}, &outbox.ToolOptions{ShowErrors: true})
 }
 
 // serve runs the billing server on transport t until ctx ends (a stdio
@@ -122,6 +127,7 @@ func ExampleAddTool() {
 	// result map[invoice_id:1], replayed: false, noted: false
 	// result map[invoice_id:1], replayed: true, noted: true
 	// rejected: true, replayed: true
+	// invalid: true, says: true
 	// the mail API got {"invoice":1} once
 	// invoices: 1
 }
@@ -194,6 +200,13 @@ func billTwice(ctx context.Context, target string, w io.Writer) error {
 		}
 	}
 	fmt.Fprintf(w, "rejected: %v, replayed: %v\n", res.IsError, replayed)
+	invalid, err := client.CallTool(ctx, &mcp.CallToolParams{Name: "send_invoice", Arguments: InvoiceIn{Cents: 100},
+		Meta: mcp.Meta{"idempotencyKey": "invoice-nobody"}})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "invalid: %v, says: %v\n", invalid.IsError,
+		strings.HasPrefix(invalid.Content[0].(*mcp.TextContent).Text, `customer is required, got ""`))
 	select {
 	case body := <-mails:
 		fmt.Fprintf(w, "the mail API got %s once\n", body)

@@ -41,7 +41,7 @@ func TestFault_RealFullDatabase(t *testing.T) {
 		if !res.IsError {
 			continue
 		}
-		if err := actionable(errorCode(res), text(res)); err != nil || !strings.Contains(text(res), "database or disk is full") {
+		if err := actionable(errorCode(res), text(res)); err != nil || !strings.Contains(text(res), "the database is full") {
 			t.Fatalf("call %d on a full database: %v: %s", i, err, text(res))
 		}
 		failed = append(failed, i)
@@ -81,7 +81,7 @@ func TestFault_RealReadOnlyDatabase(t *testing.T) {
 	}
 	for _, key := range []string{"ro-1", ""} {
 		res := callCharge(t, b.session, key, 2)
-		if err := actionable(errorCode(res), text(res)); err != nil || !strings.Contains(text(res), "readonly database") {
+		if err := actionable(errorCode(res), text(res)); err != nil || !strings.Contains(text(res), "the database is read-only") {
 			t.Fatalf("call %q on a read-only database: %v: %s", key, err, text(res))
 		}
 	}

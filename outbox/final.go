@@ -1,10 +1,14 @@
 package outbox
 
 import (
+	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
 // What a handler returns decides what is recorded (see "What is recorded"
@@ -57,4 +61,41 @@ func (a *attempt) handlerFailed() *mcp.CallToolResult {
 func handlerFailedText(uid string) string {
 	return fmt.Sprintf("the tool failed, and nothing of this call was kept: a retry runs it again. "+
 		"The server's log has the error under call id %s.", uid)
+}
+
+// handlerFailedShown is the answer of a call whose handler returned an
+// unmarked error that ShowErrors lets the client read.
+func (a *attempt) handlerFailedShown(err error) *mcp.CallToolResult {
+	return toolError(codeNotRecorded, "%v\n\n(Nothing of this call was kept: a retry runs it again. Call id %s.)", err, a.uid)
+}
+
+// showable reports whether a handler's error may reach the client under
+// ShowErrors: the handler's own words, not the database's. The database's
+// may name tables, columns and values of other principals' rows.
+func (a *attempt) showable(err error) bool {
+	if a.txErr != nil || a.failedStmt != nil {
+		return false // the call's transaction failed: what follows is about that
+	}
+	for _, r := range a.returned {
+		if errors.Is(err, r) {
+			return false
+		}
+	}
+	return !fromDatabase(err) && !a.layer.db.Unavailable(err)
+}
+
+// fromDatabase reports whether err wraps an error of a database driver or
+// of database/sql, which a handler may have got outside its Tx.
+func fromDatabase(err error) bool {
+	var sqliteErr interface{ Code() int } // modernc.org/sqlite's *Error
+	if errors.As(err, &sqliteErr) || schema.PgCode(err) != "" {
+		return true
+	}
+	for _, e := range []error{sql.ErrNoRows, sql.ErrTxDone, sql.ErrConnDone, driver.ErrBadConn, driver.ErrSkip,
+		ErrStatementRefused, ErrReadOnly, ErrOwnershipLost} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }

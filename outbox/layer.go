@@ -75,6 +75,18 @@ type Options struct {
 	// RecordIdempotent records tools annotated idempotentHint too; by default
 	// they run in a transaction but are not recorded or replayed.
 	RecordIdempotent bool
+	// ShowErrors lets the text of a plain error a handler returns (one not
+	// marked [Final]) reach the client, as a tool error the model reads:
+	// fmt.Errorf("unsupported currency %q", c). As without it, nothing of
+	// the call is recorded and a retry runs the handler again. The false
+	// default answers such an error with a generic not_recorded error
+	// naming the call id. Either way the error goes to the log, and the
+	// database's errors never reach the client: an error that wraps one
+	// the handler's Tx returned, one of a driver's types (SQLite's,
+	// PostgreSQL's, database/sql's), or any error after the call's
+	// transaction failed, gets the generic answer. [ToolOptions.ShowErrors]
+	// sets it for one tool.
+	ShowErrors bool
 	// Now is the clock; nil means time.Now. Tests inject one.
 	Now func() time.Time
 	// Metrics, if not nil, count calls and their outcomes (see [NewMetrics]).

@@ -390,6 +390,7 @@ func TestExampleAddToolOnTestStore(t *testing.T) {
 	want := `result map[invoice_id:1], replayed: false, noted: false
 result map[invoice_id:1], replayed: true, noted: true
 rejected: true, replayed: true
+invalid: true, says: true
 the mail API got {"invoice":1} once
 invoices: 1
 `

@@ -272,8 +272,14 @@ func TestPostgres_StoreDownFailsLoudlyAndRecovers(t *testing.T) {
 		t.Fatal(err)
 	}
 	down := callCharge(t, b.session, "during", 100)
-	if !down.IsError || errorCode(down) != "not_recorded" || !strings.Contains(text(down), "nothing was executed") {
+	if !down.IsError || errorCode(down) != "not_recorded" || !strings.Contains(text(down), "nothing was executed") ||
+		!strings.Contains(text(down), "call id call_") {
 		t.Fatalf("with the store down: %s %s", errorCode(down), text(down))
+	}
+	for _, driver := range []string{"dial", "connect", "127.0.0.1", "SQLSTATE"} {
+		if strings.Contains(text(down), driver) {
+			t.Errorf("with the store down, the answer carries the driver's text %q: %s", driver, text(down))
+		}
 	}
 	if err := db.CheckReady(context.Background()); err == nil {
 		t.Fatal("CheckReady says ready with the store down")

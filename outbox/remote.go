@@ -236,7 +236,7 @@ func (r *remoteTool) finish(ctx context.Context, a *attempt, res *mcp.CallToolRe
 			}
 		}
 		// The upstream ran the call, but its outcome is not recorded.
-		a.layer.logger.ErrorContext(ctx, "record forwarded call", "tool", a.tool.name, "error", cerr)
+		a.layer.logger.ErrorContext(ctx, "record forwarded call", "tool", a.tool.name, "call_id", a.uid, "error", cerr)
 		if !errors.Is(cerr, ErrOwnershipLost) || a.task != nil {
 			// A task's commit also fails its fence when tasks/cancel came
 			// first; the upstream did the work all the same, so the call
@@ -245,8 +245,9 @@ func (r *remoteTool) finish(ctx context.Context, a *attempt, res *mcp.CallToolRe
 			a.markUnknown(ctx)
 		}
 		a.outcome = outcomeUnknown
-		return toolError(codeUnknown, "the tool server answered, but its answer could not be recorded (%v); the call is unknown. Ask the %s tool for its state.",
-			cerr, StatusToolName), nil
+		// cerr may be the driver's: the log has it, under the call id.
+		return toolError(codeUnknown, "the tool server answered, but its answer could not be recorded; the call is unknown. "+
+			"Ask the %s tool for its state. The server's log has the cause under call id %s.", StatusToolName, a.uid), nil
 	}
 	a.outcome = outcomeExecuted
 	if res.IsError {

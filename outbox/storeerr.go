@@ -63,3 +63,38 @@ func isBusy(err error) bool {
 
 // sqliteBusy is SQLite's primary result code SQLITE_BUSY.
 const sqliteBusy = 5
+
+// storeCondition names, in the layer's words, the state of the database
+// that err reports, or "" if it is not one the layer knows. A client is
+// told this, never the driver's text, which may name the server, its
+// user, tables and values.
+func storeCondition(db *schema.DB, err error) string {
+	if db != nil && db.Unavailable(err) {
+		return "the database could not be reached"
+	}
+	var e interface{ Code() int } // modernc.org/sqlite's *Error
+	if !errors.As(err, &e) {
+		return ""
+	}
+	switch e.Code() & 0xff {
+	case 5, 6: // SQLITE_BUSY, SQLITE_LOCKED
+		return "the database was locked by another connection"
+	case 8: // SQLITE_READONLY
+		return "the database is read-only"
+	case 10: // SQLITE_IOERR
+		return "the database met an I/O error"
+	case 11, 26: // SQLITE_CORRUPT, SQLITE_NOTADB
+		return "the database file is damaged"
+	case 13: // SQLITE_FULL
+		return "the database is full"
+	}
+	return ""
+}
+
+// withCondition is " (cond)" for a known condition of the database, or "".
+func withCondition(db *schema.DB, err error) string {
+	if c := storeCondition(db, err); c != "" {
+		return " (" + c + ")"
+	}
+	return ""
+}

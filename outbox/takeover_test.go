@@ -53,6 +53,10 @@ func TestTakeover_FenceStopsOldOwner(t *testing.T) {
 	if old == nil || !old.IsError {
 		t.Fatalf("old owner's result = %v, want an error", old)
 	}
+	// Its client hears what a retry gets: B's outcome, not a new run.
+	if strings.Contains(text(old), "runs it again") || !strings.Contains(text(old), "a retry gets it, replayed") {
+		t.Errorf("old owner's answer: %s; want that a retry gets the other attempt's outcome", text(old))
+	}
 	if err := <-ga.lastErrs; !errors.Is(err, outbox.ErrOwnershipLost) {
 		t.Errorf("old owner's first statement: %v, want ErrOwnershipLost", err)
 	}

@@ -188,7 +188,7 @@ WHERE id = $4 AND owner = $5 AND state = 'in_flight' AND (task_cancel = 1 OR $6 
 // failed.
 func (a *attempt) giveTaskBack(err error) {
 	if a.task == nil || errors.Is(err, ErrOwnershipLost) || errors.Is(err, ErrStatementRefused) || errors.Is(err, errTxEnded) ||
-		errors.Is(err, errEncodeResult) || errors.Is(err, errOwnTxEnded) || schema.PgCode(err) == pgInFailedTx {
+		errors.Is(err, errEncodeResult) || errors.Is(err, errOwnTxEnded) || errors.Is(err, errAbortedTx) || schema.PgCode(err) == pgInFailedTx {
 		return
 	}
 	a.task.storeFault = true

@@ -27,8 +27,9 @@ import (
 // answer): the handler's writes roll back, nothing is recorded, so a retry
 // runs the handler again, and the client gets a generic tool error naming
 // the call's id, never the error's text, which goes to the layer's log
-// with that id. A *jsonrpc.Error is a protocol error and is not recorded
-// either.
+// with that id; with [ToolOptions.ShowErrors] or [Options.ShowErrors] the
+// client gets the text, unless it carries the database's. A
+// *jsonrpc.Error is a protocol error and is not recorded either.
 //
 // ctx ends when the call stops before its commit: a client's cancel that
 // the tool's [CancelPolicy] does not ride out, or the connection closing.
@@ -44,6 +45,10 @@ type ToolOptions struct {
 	FingerprintWindow time.Duration
 	// Record forces recording of a tool annotated idempotentHint.
 	Record bool
+	// ShowErrors lets the text of a plain error the handler returns reach
+	// the client, still unrecorded, as [Options.ShowErrors] does for every
+	// tool of the layer; false keeps the layer's setting.
+	ShowErrors bool
 	// OnCancel says what a client's cancel does to a running call; the
 	// zero value is FinishOnTimeout. A task is not stopped by a client's
 	// notifications/cancelled (the request was answered already), only by
@@ -61,6 +66,7 @@ type toolInfo struct {
 	name        string
 	record      bool // false: runs in a transaction, never recorded or replayed
 	readOnly    bool // read-only transaction, never recorded
+	showErrors  bool // a plain handler error's text reaches the client (ShowErrors)
 	keyArgument bool // input schema declares idempotency_key
 	window      time.Duration
 	annotations toolAnnotations
@@ -127,7 +133,7 @@ func (t *toolInfo) onLostPolicy() string {
 // "Numbers in arguments" in the package doc).
 //
 // Tools annotated readOnlyHint run in a read-only transaction and are not
-// recorded. Tools annotated idempotentHint run in a transaction but are not
+// recorded: their writes fail (see [ErrReadOnly]). Tools annotated idempotentHint run in a transaction but are not
 // recorded unless [Options.RecordIdempotent] or [ToolOptions.Record] is set.
 //
 // t is not changed: the SDK gets a copy whose input schema is JSON text
@@ -152,7 +158,7 @@ func AddTool[In, Out any](l *Layer, s *mcp.Server, t *mcp.Tool, h HandlerFor[In,
 		panic(fmt.Sprintf("outbox.AddTool %q: ToolOptions: %v", t.Name, err))
 	}
 	info := &toolInfo{name: t.Name, record: true, window: l.opts.FingerprintWindow, annotations: annotationsOf(t.Annotations),
-		floatArgs: true, onCancel: o.OnCancel, tasks: o.Tasks.withDefaults(),
+		floatArgs: true, onCancel: o.OnCancel, tasks: o.Tasks.withDefaults(), showErrors: l.opts.ShowErrors || o.ShowErrors,
 		keyRetention: o.Retention.Key, outcomeRetention: o.Retention.Outcome}
 	if o.FingerprintWindow != 0 {
 		info.window = o.FingerprintWindow

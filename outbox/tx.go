@@ -45,6 +45,13 @@ import (
 // them. A refusal, like a database failure under the handler, means the
 // call can no longer commit: whatever the handler returns, nothing of it
 // is recorded, the client is told so, and a retry runs the call again.
+//
+// A tool annotated readOnlyHint gets a read-only transaction, which the
+// layer never commits: a statement that writes fails, with an error
+// wrapping [ErrReadOnly], and the call is not answered as done. On
+// PostgreSQL the first statement that fails aborts the transaction; the
+// error of every statement after it names that first one (see "The
+// handler's transaction" in the package doc).
 type Tx interface {
 	// ExecContext runs a statement in the call's transaction.
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
@@ -144,9 +151,23 @@ func (a *attempt) openTx(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("take database connection: %w", err)
 		}
-		tx, err := conn.BeginTx(background(ctx), nil)
+		if a.layer.db.Dialect == schema.SQLite {
+			// modernc.org/sqlite reads TxOptions.ReadOnly only to send a
+			// plain (deferred) BEGIN: a write in the transaction would run,
+			// and vanish with its rollback. query_only makes SQLite refuse
+			// it (SQLITE_READONLY) at the statement. It is the connection's
+			// setting, so closeTx sets it back before the connection goes
+			// back to the pool; the guard refuses the PRAGMA to a handler.
+			if _, err := conn.ExecContext(background(ctx), "PRAGMA query_only = 1"); err != nil {
+				conn.Close()
+				return fmt.Errorf("make the connection read-only: %w", err)
+			}
+		}
+		// On PostgreSQL this is BEGIN READ ONLY: a write fails with
+		// SQLSTATE 25006.
+		tx, err := conn.BeginTx(background(ctx), &sql.TxOptions{ReadOnly: true})
 		if err != nil {
-			conn.Close()
+			a.layer.releaseReadConn(conn)
 			return fmt.Errorf("begin: %w", err)
 		}
 		a.readConn, a.tx = conn, tx
@@ -289,6 +310,8 @@ func (a *attempt) discardWork(ctx context.Context) error {
 	// sealed value) and rolled back with it: look it up again, or the
 	// outcome would be sealed under a key no row holds.
 	a.sealKey, a.sealKeyTx = nil, nil
+	// The transaction an earlier statement's error aborted is gone too.
+	a.failedStmt = nil
 	return nil
 }
 
@@ -316,7 +339,11 @@ func (a *attempt) statement(ctx context.Context, query string) error {
 		a.txErr = &txError{err}
 		return a.txErr
 	}
-	return a.begin(ctx)
+	if err := a.begin(ctx); err != nil {
+		a.noteReturned(err)
+		return err
+	}
+	return nil
 }
 
 // ExecContext runs a statement in the call's transaction.
@@ -331,7 +358,7 @@ func (a *attempt) ExecContext(ctx context.Context, query string, args ...any) (s
 	} else {
 		r, err = a.tx.ExecContext(ctx, query, args...)
 	}
-	return r, a.wrapStmt(a.placeholderHint(query, err))
+	return r, a.wrapStmt(query, a.placeholderHint(query, err))
 }
 
 // QueryContext runs a query in the call's transaction.
@@ -343,7 +370,7 @@ func (a *attempt) QueryContext(ctx context.Context, query string, args ...any) (
 		ctx = a.unit.stmtContext(ctx) // see unit.exec
 	}
 	r, err := a.tx.QueryContext(ctx, query, args...)
-	return r, a.wrapStmt(a.placeholderHint(query, err))
+	return r, a.wrapStmt(query, a.placeholderHint(query, err))
 }
 
 // QueryRowContext runs a query expected to return one row.
@@ -361,14 +388,14 @@ func (a *attempt) QueryRowContext(ctx context.Context, query string, args ...any
 	// QueryRowContext returns (modernc steps it; pgx's stdlib preloads
 	// it), so a failure of the store is in the row's Err now, and the
 	// attempt learns of it whatever the handler does with the row.
-	_ = a.wrapStmt(row.Err())
 	if err := row.Err(); err != nil {
 		// The row's error is what Scan returns: a row carrying the hint
 		// in its place (a stranger's INSERT … VALUES (?, ?) RETURNING id
 		// got PostgreSQL's bare syntax error here, and the hint only
-		// from ExecContext).
-		if hinted := a.placeholderHint(query, err); hinted != err {
-			return a.errRow(hinted)
+		// from ExecContext), or the layer's word on it (a read-only
+		// tool's write, a statement after an aborting error).
+		if said := a.wrapStmt(query, a.placeholderHint(query, err)); said != err {
+			return a.errRow(said)
 		}
 	}
 	return row
@@ -401,7 +428,7 @@ func (a *attempt) PrepareContext(ctx context.Context, query string) (*sql.Stmt, 
 		// closed; a *sql.Tx closes its own.
 		a.unit.b.piped.trackStmt(st)
 	}
-	return st, a.wrapStmt(a.placeholderHint(query, err))
+	return st, a.wrapStmt(query, a.placeholderHint(query, err))
 }
 
 // placeholderHint names the likely cause of PostgreSQL's syntax error in a
@@ -438,9 +465,24 @@ func (failedContext) Value(any) any               { return nil }
 // handler's to decide on, but remembers errors that mean the database is
 // unusable (busy, I/O, full, read-only, closed), which must never become a
 // recorded outcome.
-func (a *attempt) wrapStmt(err error) error {
+//
+// It also says, in the error the handler gets, what the database's own
+// text does not: that a read-only tool's write was refused and why, and on
+// PostgreSQL which earlier statement aborted the transaction. Every error
+// it returns is remembered as the Tx's (see showable).
+func (a *attempt) wrapStmt(query string, err error) error {
 	if err == nil {
 		return nil
+	}
+	err = a.sayStmt(query, err)
+	a.noteReturned(err)
+	if errors.Is(err, ErrReadOnly) {
+		// Whatever the handler answers now, it would report as done a
+		// write that was not kept.
+		if a.txErr == nil {
+			a.txErr = &txError{err}
+		}
+		return err
 	}
 	msg := err.Error()
 	// isBusy: PostgreSQL's 40001, 40P01 and 55P03 are its SQLITE_BUSY, a
@@ -460,6 +502,70 @@ func (a *attempt) wrapStmt(err error) error {
 	}
 	return err
 }
+
+// sayStmt adds to a statement's error what the database's text leaves out.
+func (a *attempt) sayStmt(query string, err error) error {
+	if a.tool.readOnly && isReadOnlyRefusal(a.layer.db.Dialect, err) {
+		err = &readOnlyError{tool: a.tool.name, stmt: excerpt(query), err: err}
+	}
+	if a.layer.db.Dialect != schema.Postgres {
+		return err
+	}
+	switch code := schema.PgCode(err); {
+	case code == "":
+		// Not the server's: pgx refused it before sending (a wrong
+		// number of arguments), and the transaction goes on.
+	case code == pgInFailedTx && a.failedStmt != nil:
+		return &abortedError{err: err, first: a.failedStmt}
+	case a.failedStmt == nil && code != pgInFailedTx:
+		// PostgreSQL aborts the transaction at any error: every later
+		// statement, and COMMIT, fail with 25P02, which names neither
+		// this error nor its statement. The first error is what the
+		// log must show.
+		a.failedStmt = &stmtError{stmt: excerpt(query), err: err}
+	}
+	return err
+}
+
+// stmtError is a handler's statement that failed, and how.
+type stmtError struct {
+	stmt string // an excerpt
+	err  error
+}
+
+func (e *stmtError) Error() string { return fmt.Sprintf("statement %q: %v", e.stmt, e.err) }
+func (e *stmtError) Unwrap() error { return e.err }
+
+// abortedError is PostgreSQL's 25P02 with the error that aborted the
+// transaction before it.
+type abortedError struct {
+	err   error // the 25P02
+	first *stmtError
+}
+
+func (e *abortedError) Error() string {
+	return fmt.Sprintf("%v; an earlier statement's error aborted the transaction, and the handler went on: %v", e.err, e.first)
+}
+
+// Unwrap: the 25P02 first, so that the error's SQLSTATE is this
+// statement's (schema.PgCode).
+func (e *abortedError) Unwrap() []error { return []error{e.err, e.first} }
+
+// errAbortedTx is the commit's error when the handler answered after a
+// statement error that aborted its transaction (PostgreSQL).
+var errAbortedTx = errors.New("an error aborted the call's transaction, and the handler answered as if it had not")
+
+// noteReturned remembers an error the Tx gave the handler, so that a
+// handler's error that wraps it is never shown to the client (see
+// ShowErrors). A handler that fails more statements than are kept is
+// still covered for the driver's errors by their types (fromDatabase).
+func (a *attempt) noteReturned(err error) {
+	if err != nil && len(a.returned) < maxReturned {
+		a.returned = append(a.returned, err)
+	}
+}
+
+const maxReturned = 32
 
 // txEnded reports whether SQLite ended the batch's transaction, as it does
 // after some statement errors. Later statements of the turn would then run

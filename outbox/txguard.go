@@ -31,6 +31,40 @@ import (
 // not run in the call's transaction; see [Tx].
 var ErrStatementRefused = errors.New("statement refused")
 
+// ErrReadOnly is wrapped by the error of a statement that writes in the
+// transaction of a tool annotated readOnlyHint: that transaction is
+// read-only (BEGIN READ ONLY on PostgreSQL, PRAGMA query_only on SQLite)
+// because the layer never commits it, so a write would vanish while the
+// handler reported it done. The call then records nothing, whatever the
+// handler answers.
+var ErrReadOnly = errors.New("write in a read-only tool")
+
+// readOnlyError is a read-only tool's write, refused by the database.
+type readOnlyError struct {
+	tool string
+	stmt string // an excerpt
+	err  error  // the database's refusal
+}
+
+func (e *readOnlyError) Error() string {
+	return fmt.Sprintf("outbox: statement %q refused: tool %q is annotated readOnlyHint, so it runs in a read-only "+
+		"transaction that is never committed; a tool that writes must not be annotated readOnlyHint (%v)", e.stmt, e.tool, e.err)
+}
+
+func (e *readOnlyError) Unwrap() []error { return []error{ErrReadOnly, e.err} }
+
+// isReadOnlyRefusal reports whether err is the database refusing a write
+// in a read-only transaction: SQLITE_READONLY, which query_only gives (a
+// read-only file gives it too, and refuses the write all the same), or
+// PostgreSQL's read_only_sql_transaction.
+func isReadOnlyRefusal(d schema.Dialect, err error) bool {
+	if d == schema.Postgres {
+		return schema.PgCode(err) == "25006"
+	}
+	var e interface{ Code() int } // modernc.org/sqlite's *Error
+	return errors.As(err, &e) && e.Code()&0xff == 8
+}
+
 // refusedError names the refused statement and says why.
 type refusedError struct {
 	stmt string // an excerpt of the refused statement
