@@ -64,8 +64,15 @@ type httpSessions struct {
 
 	mu       sync.Mutex
 	sessions map[string]*httpSession
+	// ending counts the sessions closed but not over yet: their calls
+	// settling, or their upstream process still exiting (the go-sdk's
+	// CommandTransport closes stdin, then waits up to its
+	// TerminateDuration before a signal). They count against the limits
+	// until they are over, so that no more processes run than
+	// Options.MaxSessions allows.
+	ending   int
 	mux      *muxClient     // the stateless session's, once started (http_stateless.go)
-	perUser  map[string]int // open sessions by principal
+	perUser  map[string]int // sessions by principal, ending ones included
 	refusals refusalLog     // sessions the limits refused, for the log (bounds.go)
 }
 
@@ -163,6 +170,7 @@ func (h *httpSessions) open(user string) (_ *httpSession, lim *limitError, _ err
 	conn, err := t.Connect(ctx)
 	if err != nil {
 		h.close(id)
+		h.release(s)
 		return nil, nil, err
 	}
 	go func() {
@@ -171,26 +179,40 @@ func (h *httpSessions) open(user string) (_ *httpSession, lim *limitError, _ err
 			s.s = ps
 			h.mu.Unlock()
 		}
+		// serve returns once the session's calls are settled and its
+		// upstream connection closed, for a command once its process
+		// exited: only then is its place free.
 		if err := h.p.serve(ctx, conn, &s.act, started); err != nil {
 			h.p.logger.Warn("http session ended", "error", err)
 		}
 		h.close(id)
+		h.release(s)
 	}()
 	return s, nil, nil
 }
 
+// close ends session id: requests naming it get 404 from now on, but it
+// counts against the limits until release.
 func (h *httpSessions) close(id string) {
 	h.mu.Lock()
 	s := h.sessions[id]
 	if s != nil {
 		delete(h.sessions, id)
-		if h.perUser[s.user]--; h.perUser[s.user] <= 0 {
-			delete(h.perUser, s.user)
-		}
+		h.ending++
 	}
 	h.mu.Unlock()
 	if s != nil {
 		s.cancel()
+	}
+}
+
+// release frees the place of s, closed and over.
+func (h *httpSessions) release(s *httpSession) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.ending--
+	if h.perUser[s.user]--; h.perUser[s.user] <= 0 {
+		delete(h.perUser, s.user)
 	}
 }
 
