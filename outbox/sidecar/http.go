@@ -35,13 +35,15 @@ const sessionHeader = "Mcp-Session-Id"
 func (p *Proxy) HTTPHandler(ctx context.Context) http.Handler {
 	// The event store gives every SSE event an id, so that a client whose
 	// stream broke resumes it with Last-Event-ID (2025-11-25), and keeps
-	// what goes to the standalone stream before the client's GET opens it:
-	// without a store the go-sdk drops it. The TypeScript SDK's client
-	// opens that GET only after notifications/initialized was accepted,
-	// and an upstream's request sent as soon as it is initialized
-	// (sampling, elicitation) would be lost in between. The store is
-	// bounded (the go-sdk's default, 10 MiB for all sessions, oldest
-	// purged first), and a session's events go when the session does.
+	// the upstream's requests sent to the standalone stream before the
+	// client's first GET opens it: without a store the go-sdk drops them.
+	// The TypeScript SDK's client opens that GET only after
+	// notifications/initialized was accepted, and an upstream's request
+	// sent as soon as it is initialized (sampling, elicitation) would be
+	// lost in between. A GET without Last-Event-ID replays nothing else
+	// (events.go). The store is bounded (the go-sdk's default, 10 MiB for
+	// all sessions, oldest purged first), and a session's events go when
+	// the session does.
 	//
 	// One thing of resumption is out of reach: the go-sdk writes a priming
 	// event (an id before any message) on a POST's stream only when it
@@ -52,7 +54,7 @@ func (p *Proxy) HTTPHandler(ctx context.Context) http.Handler {
 	// before that cannot be resumed (the call's outcome is still recorded,
 	// for the client's retry or call_status).
 	h := &httpSessions{p: p, ctx: ctx, sessions: map[string]*httpSession{}, perUser: map[string]int{},
-		events: mcp.NewMemoryEventStore(nil)}
+		events: newStandaloneEvents()}
 	go h.reap()
 	return mcphttp.LiftParamsKey(h)
 }
