@@ -56,6 +56,8 @@ type session struct {
 	pending     map[int64]*pending         // requests sent to the upstream, by the proxy's id
 	forwarded   map[jsonrpc.ID]int64       // the proxy's ids of the client's forwarded requests
 	calls       map[jsonrpc.ID]*clientCall // the tool calls the layer runs
+	tokens      map[string]jsonrpc.ID      // the client's running requests by progressToken (session_related.go)
+	tokenOf     map[jsonrpc.ID]string      // and their tokens
 	initParams  json.RawMessage            // the client's initialize, replayed to a restarted upstream
 	initSent    bool                       // the client's initialize went to an upstream
 	initialized bool                       // the client's notifications/initialized went to an upstream

@@ -37,6 +37,7 @@ func (s *session) readClient() error {
 }
 
 func (s *session) onClientCall(m *jsonrpc.Request) {
+	s.running(m)
 	switch m.Method {
 	case "":
 		// Written on, a request without a method loses its "method"
@@ -100,6 +101,7 @@ func (s *session) onClientCall(m *jsonrpc.Request) {
 				s.mu.Lock()
 				delete(s.calls, m.ID)
 				s.mu.Unlock()
+				s.settled(m.ID)
 				cancel()
 				if s.act != nil {
 					s.act.end()
@@ -209,7 +211,18 @@ func cancelNotification(upID int64, clientParams json.RawMessage) *jsonrpc.Reque
 func (s *session) writeClient(m jsonrpc.Message) {
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
-	if err := s.client.Write(s.ctx, m); err != nil && s.ctx.Err() == nil {
+	// Under writeMu, so that no message about a request goes out after
+	// its answer, on a stream that is over.
+	var ctx context.Context = s.ctx
+	switch m := m.(type) {
+	case *jsonrpc.Response:
+		s.settled(m.ID)
+	case *jsonrpc.Request:
+		if id, ok := s.relatedTo(m); ok {
+			ctx = relatedContext{ctx, id}
+		}
+	}
+	if err := s.client.Write(ctx, m); err != nil && s.ctx.Err() == nil {
 		s.p.logger.Warn("write to client", "error", err)
 	}
 }

@@ -1,12 +1,15 @@
 package sidecar
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,7 +22,7 @@ import (
 type notingUpstream struct{}
 
 type noteIn struct {
-	Token string `json:"token"`
+	Token string `json:"token,omitempty"`
 }
 
 func (notingUpstream) Dial(ctx context.Context) (mcp.Connection, error) {
@@ -45,6 +48,114 @@ func (notingUpstream) Dial(ctx context.Context) (mcp.Connection, error) {
 }
 
 func (notingUpstream) String() string { return "noting upstream" }
+
+// streamTap records which HTTP requests' responses carried which
+// progress tokens: "POST" for a request's own stream, "GET" for the
+// standalone stream.
+type streamTap struct {
+	mu        sync.Mutex
+	seen      map[string]string // progress token: the method of the response that carried it
+	getOpened chan struct{}     // closed once the standalone stream is open
+	once      sync.Once
+}
+
+func (tp *streamTap) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer alice")
+	resp, err := http.DefaultTransport.RoundTrip(r)
+	if err != nil || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+		return resp, err
+	}
+	if r.Method == http.MethodGet && resp.StatusCode == http.StatusOK {
+		tp.once.Do(func() { close(tp.getOpened) })
+	}
+	resp.Body = &tapBody{ReadCloser: resp.Body, tap: tp, method: r.Method}
+	return resp, nil
+}
+
+// tapBody reads the events of a response as its reader does.
+type tapBody struct {
+	io.ReadCloser
+	buf    bytes.Buffer
+	tap    *streamTap
+	method string
+}
+
+func (b *tapBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.buf.Write(p[:n])
+	// Whole events only: each ends with a blank line.
+	for {
+		i := bytes.Index(b.buf.Bytes(), []byte("\n\n"))
+		if i < 0 {
+			break
+		}
+		ev, _ := newSSEReader(bytes.NewReader(b.buf.Next(i+2)), maxSSEEvent).next()
+		var m struct {
+			Method string `json:"method"`
+			Params struct {
+				Token any `json:"progressToken"`
+			} `json:"params"`
+		}
+		if json.Unmarshal(ev.data, &m) == nil && m.Method == "notifications/progress" {
+			b.tap.mu.Lock()
+			b.tap.seen[fmt.Sprint(m.Params.Token)] = b.method
+			b.tap.mu.Unlock()
+		}
+	}
+	return n, err
+}
+
+// TestProgressOnCallStream: over Streamable HTTP, the upstream's progress
+// for a running call reaches a go-sdk client on the call's own stream (the
+// response to its POST), in a session (2025-11-25) and without one
+// (2026-07-28); in a session, a notification about no running request
+// comes on the standalone stream (its GET).
+func TestProgressOnCallStream(t *testing.T) {
+	for _, protocol := range []string{"2025-11-25", "2026-07-28"} {
+		t.Run(protocol, func(t *testing.T) {
+			bp := newBoundedProxy(t, notingUpstream{}, Options{})
+			tap := &streamTap{seen: map[string]string{}, getOpened: make(chan struct{})}
+			progress := make(chan string, 8)
+			client := mcp.NewClient(&mcp.Implementation{Name: "client", Version: "v0"}, &mcp.ClientOptions{
+				ProgressNotificationHandler: func(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
+					progress <- fmt.Sprint(req.Params.ProgressToken)
+				}})
+			cs, err := client.Connect(context.Background(), &mcp.StreamableClientTransport{Endpoint: bp.url, HTTPClient: &http.Client{Transport: tap}},
+				&mcp.ClientSessionOptions{ProtocolVersion: protocol})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { cs.Close() })
+			session := protocol < protocolStateless
+			params := &mcp.CallToolParams{Name: "note", Arguments: map[string]any{}}
+			if session {
+				// What goes to the standalone stream before it opens is dropped.
+				recv(t, tap.getOpened, "the client's standalone stream")
+				params.Arguments = map[string]any{"token": "unrelated"}
+			}
+			params.SetProgressToken("mine")
+			res, err := cs.CallTool(context.Background(), params)
+			if err != nil || res.IsError {
+				t.Fatalf("call: %v %q", err, textOf(res))
+			}
+			want := map[string]string{"mine": http.MethodPost}
+			if session {
+				want["unrelated"] = http.MethodGet
+			}
+			for got := map[string]bool{}; len(got) < len(want); {
+				got[recv(t, progress, "the progress notifications")] = true
+			}
+			tap.mu.Lock()
+			defer tap.mu.Unlock()
+			for token, method := range want {
+				if m := tap.seen[token]; m != method {
+					t.Errorf("progress %q came on the response to %q, want %s", token, m, method)
+				}
+			}
+		})
+	}
+}
 
 // TestGetWithoutLastEventIDReplaysNothing: a GET without Last-Event-ID
 // opens a new standalone stream that carries only what comes after it:
