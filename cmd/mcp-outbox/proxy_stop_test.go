@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -8,8 +9,11 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
 
 // slowExitUpstream is silentUpstream that takes 1.5 s to exit once its
@@ -131,5 +135,67 @@ func TestProxySessionsBoundedSlowExit(t *testing.T) {
 	}
 	if refused.Load() == 0 || naming.Load() == 0 {
 		t.Errorf("%d refusals, %d naming sessions still ending; want some of each", refused.Load(), naming.Load())
+	}
+}
+
+// TestProxyShutdownAnswersCalls: SIGTERM while a call waits for an
+// upstream that never answers gives the client a JSON-RPC error saying
+// that the proxy stopped and naming call_status, over stdio, over HTTP in
+// a session (2025-11-25), and over HTTP without one (2026-07-28).
+func TestProxyShutdownAnswersCalls(t *testing.T) {
+	for _, tc := range []struct{ name, protocol string }{
+		{"stdio", ""},
+		{"http-session", "2025-11-25"},
+		{"http-stateless", "2026-07-28"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			db := filepath.Join(t.TempDir(), "proxy.db")
+			var args []string
+			if tc.protocol != "" {
+				args = []string{"--http", "127.0.0.1:0"}
+			}
+			cmd, stderr := startBoundedProxy(t, db, args...)
+			var ct mcp.Transport = &mcp.CommandTransport{Command: cmd}
+			if tc.protocol != "" {
+				if err := cmd.Start(); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+				select {
+				case u := <-stderr.url:
+					ct = &mcp.StreamableClientTransport{Endpoint: u}
+				case <-time.After(30 * time.Second):
+					t.Fatal("the proxy did not report its address")
+				}
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			cs, err := mcp.NewClient(&mcp.Implementation{Name: "t", Version: "0"}, nil).Connect(ctx, ct,
+				&mcp.ClientSessionOptions{ProtocolVersion: tc.protocol})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cs.Close()
+			answered := make(chan error, 1)
+			go func() {
+				params := &mcp.CallToolParams{Name: "hang", Arguments: map[string]any{}}
+				params.Meta = mcp.Meta{"idempotencyKey": "k-stop"}
+				_, err := cs.CallTool(ctx, params)
+				answered <- err
+			}()
+			waitState(t, db, "in_flight")
+			if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case err := <-answered:
+				if err == nil || !strings.Contains(err.Error(), "the proxy stopped") || !strings.Contains(err.Error(), "call_status") {
+					t.Errorf("the call's answer at SIGTERM: %v; want an error saying the proxy stopped, naming call_status", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("no answer to the call after SIGTERM")
+			}
+			waitState(t, db, "unknown")
+		})
 	}
 }

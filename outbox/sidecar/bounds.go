@@ -67,6 +67,13 @@ func (v *serving) end() {
 	v.wg.Wait()
 }
 
+// isClosed reports whether Close was called.
+func (v *serving) isClosed() bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.closed
+}
+
 // errProxyClosed refuses a session that starts after Close.
 var errProxyClosed = errors.New("proxy: closed")
 

@@ -10,6 +10,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/outbox"
 )
 
 // JSON-RPC error codes the proxy answers with.
@@ -89,8 +91,8 @@ func (p *Proxy) Serve(ctx context.Context, client mcp.Connection) error {
 // serve is Serve, counting the session's activity in act (if set, for
 // the idle timeout) and calling started (if set) with the session before
 // it reads from the client.
-func (p *Proxy) serve(ctx context.Context, client mcp.Connection, act *activity, started func(*session)) error {
-	ctx, cancel := context.WithCancel(ctx)
+func (p *Proxy) serve(parent context.Context, client mcp.Connection, act *activity, started func(*session)) error {
+	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
 	s := &session{
 		p: p, ctx: ctx, client: client,
@@ -114,6 +116,10 @@ func (p *Proxy) serve(ctx context.Context, client mcp.Connection, act *activity,
 	go func() { defer wg.Done(); s.supervise() }()
 	go func() { defer wg.Done(); s.writeUpstream() }()
 	err := s.readClient()
+	if ctx.Err() != nil {
+		// Ended by the proxy, not by its client, which still waits.
+		s.answerEnded(parent.Err() != nil || p.serving.isClosed())
+	}
 	cancel()
 	client.Close()
 	s.mu.Lock()
@@ -127,4 +133,41 @@ func (p *Proxy) serve(ctx context.Context, client mcp.Connection, act *activity,
 		return nil
 	}
 	return err
+}
+
+// answerEnded answers each of the client's running tool calls with an
+// error, before the connection closes at the end of the session: without
+// it, over HTTP the call's stream ended with 200 and no event, and the
+// client learnt nothing. The call goes on settling (a forward still
+// waiting for the upstream is settled as a lost answer, Options.CallTimeout),
+// and call_status tells what became of it. stopping says that the proxy is
+// stopping (SIGTERM, Close), rather than the session alone ending (its
+// DELETE, its idle timeout).
+func (s *session) answerEnded(stopping bool) {
+	what := "the proxy's session ended"
+	if stopping {
+		what = "the proxy stopped"
+	}
+	msg := what + " before this call was answered: the call may or may not have run. " +
+		"Ask the " + outbox.StatusToolName + " tool (with this call's idempotency key) what became of it before you retry; " +
+		"a retry with the same key gets its outcome if it was recorded."
+	s.mu.Lock()
+	var open []jsonrpc.ID
+	for id, c := range s.calls {
+		if !c.withheld.Load() && c.answered.CompareAndSwap(false, true) {
+			open = append(open, id)
+		}
+	}
+	s.mu.Unlock()
+	// The session's context is over; the answers must still go out.
+	ctx := context.WithoutCancel(s.ctx)
+	for _, id := range open {
+		s.writeMu.Lock()
+		s.settled(id)
+		err := s.client.Write(ctx, &jsonrpc.Response{ID: id, Error: &jsonrpc.Error{Code: codeInternal, Message: msg}})
+		s.writeMu.Unlock()
+		if err != nil {
+			s.p.logger.Debug("answer a running call at the session's end", "error", err)
+		}
+	}
 }

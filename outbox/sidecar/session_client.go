@@ -119,6 +119,7 @@ func (s *session) onClientCall(m *jsonrpc.Request) {
 type clientCall struct {
 	cancel    context.CancelFunc // ends the call's context
 	withheld  atomic.Bool        // the client cancelled it: no answer goes back
+	answered  atomic.Bool        // its answer went to the client (the first to set it answers)
 	rodeOutOf atomic.Pointer[string]
 }
 
