@@ -61,17 +61,12 @@ func (v *serving) end() {
 	}
 	v.closed = true
 	for _, cancel := range v.cancels {
-		cancel()
+		// Each answers its session's running calls first: a client that
+		// is slow to read must not hold up the others.
+		go cancel()
 	}
 	v.mu.Unlock()
 	v.wg.Wait()
-}
-
-// isClosed reports whether Close was called.
-func (v *serving) isClosed() bool {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	return v.closed
 }
 
 // errProxyClosed refuses a session that starts after Close.

@@ -81,7 +81,7 @@ type httpSessions struct {
 type httpSession struct {
 	t      *mcp.StreamableServerTransport
 	user   string
-	cancel context.CancelFunc
+	cancel context.CancelCauseFunc
 	s      *session // the proxy's session over t; set under httpSessions.mu once it runs
 	act    activity
 }
@@ -157,13 +157,13 @@ func (s *httpSession) serve(w http.ResponseWriter, r *http.Request) {
 func (h *httpSessions) open(user string) (_ *httpSession, lim *limitError, _ error) {
 	id := rand.Text()
 	t := &mcp.StreamableServerTransport{SessionID: id, EventStore: h.events}
-	ctx, cancel := context.WithCancel(h.ctx)
+	ctx, cancel := context.WithCancelCause(h.ctx)
 	s := &httpSession{t: t, user: user, cancel: cancel}
 	s.act.last.Store(time.Now().UnixNano())
 	h.mu.Lock()
 	if lim := h.admit(user); lim != nil {
 		h.mu.Unlock()
-		cancel()
+		cancel(errSessionClosed)
 		return nil, lim, nil
 	}
 	h.sessions[id] = s
@@ -204,7 +204,7 @@ func (h *httpSessions) close(id string) {
 	}
 	h.mu.Unlock()
 	if s != nil {
-		s.cancel()
+		s.cancel(errSessionClosed)
 	}
 }
 

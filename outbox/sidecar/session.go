@@ -92,7 +92,11 @@ func (p *Proxy) Serve(ctx context.Context, client mcp.Connection) error {
 // the idle timeout) and calling started (if set) with the session before
 // it reads from the client.
 func (p *Proxy) serve(parent context.Context, client mcp.Connection, act *activity, started func(*session)) error {
-	ctx, cancel := context.WithCancel(parent)
+	// The session's context ends after parent does, not with it: its
+	// running calls are answered first (answerEnded), and only then is the
+	// rest cancelled, so that no call settling at the same moment answers
+	// in between, or is left without an answer.
+	ctx, cancel := context.WithCancel(context.WithoutCancel(parent))
 	defer cancel()
 	s := &session{
 		p: p, ctx: ctx, client: client,
@@ -103,11 +107,16 @@ func (p *Proxy) serve(parent context.Context, client mcp.Connection, act *activi
 		calls:     map[jsonrpc.ID]*clientCall{},
 		act:       act,
 	}
-	if !p.serving.add(s, cancel) {
+	end := func(stopping bool) {
+		s.answerEnded(stopping)
+		cancel()
+	}
+	if !p.serving.add(s, func() { end(true) }) {
 		client.Close()
 		return errProxyClosed
 	}
 	defer p.serving.done(s)
+	defer context.AfterFunc(parent, func() { end(!errors.Is(context.Cause(parent), errSessionClosed)) })()
 	if started != nil {
 		started(s)
 	}
@@ -116,10 +125,6 @@ func (p *Proxy) serve(parent context.Context, client mcp.Connection, act *activi
 	go func() { defer wg.Done(); s.supervise() }()
 	go func() { defer wg.Done(); s.writeUpstream() }()
 	err := s.readClient()
-	if ctx.Err() != nil {
-		// Ended by the proxy, not by its client, which still waits.
-		s.answerEnded(parent.Err() != nil || p.serving.isClosed())
-	}
 	cancel()
 	client.Close()
 	s.mu.Lock()
@@ -135,14 +140,19 @@ func (p *Proxy) serve(parent context.Context, client mcp.Connection, act *activi
 	return err
 }
 
+// errSessionClosed is the cause of an HTTP session's end by its DELETE or
+// its idle timeout, rather than by the proxy's stop.
+var errSessionClosed = errors.New("the session was closed")
+
 // answerEnded answers each of the client's running tool calls with an
-// error, before the connection closes at the end of the session: without
-// it, over HTTP the call's stream ended with 200 and no event, and the
-// client learnt nothing. The call goes on settling (a forward still
-// waiting for the upstream is settled as a lost answer, Options.CallTimeout),
-// and call_status tells what became of it. stopping says that the proxy is
-// stopping (SIGTERM, Close), rather than the session alone ending (its
-// DELETE, its idle timeout).
+// error when the proxy ends the session, before the session's context
+// ends and its connection closes: without it, over HTTP the call's stream
+// ended with 200 and no event, and over stdio the client read EOF. The
+// call goes on settling (a forward still waiting for the upstream is
+// settled as a lost answer, Options.CallTimeout), and call_status tells
+// what became of it. stopping says that the proxy is stopping (SIGTERM,
+// Close), rather than the session alone ending (its DELETE, its idle
+// timeout).
 func (s *session) answerEnded(stopping bool) {
 	what := "the proxy's session ended"
 	if stopping {
@@ -159,15 +169,7 @@ func (s *session) answerEnded(stopping bool) {
 		}
 	}
 	s.mu.Unlock()
-	// The session's context is over; the answers must still go out.
-	ctx := context.WithoutCancel(s.ctx)
 	for _, id := range open {
-		s.writeMu.Lock()
-		s.settled(id)
-		err := s.client.Write(ctx, &jsonrpc.Response{ID: id, Error: &jsonrpc.Error{Code: codeInternal, Message: msg}})
-		s.writeMu.Unlock()
-		if err != nil {
-			s.p.logger.Debug("answer a running call at the session's end", "error", err)
-		}
+		s.replyError(id, codeInternal, msg)
 	}
 }

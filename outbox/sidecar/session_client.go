@@ -213,8 +213,11 @@ func (s *session) writeClient(m jsonrpc.Message) {
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
 	// Under writeMu, so that no message about a request goes out after
-	// its answer, on a stream that is over.
-	var ctx context.Context = s.ctx
+	// its answer, on a stream that is over. Not cancelled with the
+	// session: an answer settled as it ends still goes out until the
+	// connection closes (the go-sdk's stdio connection refuses a write
+	// with a cancelled context).
+	var ctx context.Context = context.WithoutCancel(s.ctx)
 	switch m := m.(type) {
 	case *jsonrpc.Response:
 		s.settled(m.ID)
