@@ -61,7 +61,9 @@ func (v *serving) end() {
 	}
 	v.closed = true
 	for _, cancel := range v.cancels {
-		cancel()
+		// Each answers its session's running calls first: a client that
+		// is slow to read must not hold up the others.
+		go cancel()
 	}
 	v.mu.Unlock()
 	v.wg.Wait()
@@ -151,11 +153,15 @@ func (e *limitError) Error() string { return e.msg }
 // caller holds h.mu.
 func (h *httpSessions) admit(user string) *limitError {
 	o := h.p.opts
-	if n := len(h.sessions); n >= o.MaxSessions {
+	if n := len(h.sessions) + h.ending; n >= o.MaxSessions {
+		ending := ""
+		if h.ending > 0 {
+			ending = fmt.Sprintf(" (%d of them ending: their tool server has yet to exit)", h.ending)
+		}
 		return &limitError{http.StatusServiceUnavailable, fmt.Sprintf(
-			"too many sessions: the proxy has %d open, its limit (mcp-outbox proxy --max-sessions, MCP_OUTBOX_MAX_SESSIONS) is %d. "+
+			"too many sessions: the proxy has %d open%s, its limit (mcp-outbox proxy --max-sessions, MCP_OUTBOX_MAX_SESSIONS) is %d. "+
 				"End sessions you no longer use (HTTP DELETE with their Mcp-Session-Id); idle ones end after %v (--session-idle-timeout).",
-			n, o.MaxSessions, o.SessionIdleTimeout)}
+			n, ending, o.MaxSessions, o.SessionIdleTimeout)}
 	}
 	if n := h.perUser[user]; n >= o.MaxSessionsPerPrincipal {
 		return &limitError{http.StatusTooManyRequests, fmt.Sprintf(

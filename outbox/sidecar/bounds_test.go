@@ -234,7 +234,8 @@ func TestCallTimeout(t *testing.T) {
 
 // TestCloseSettlesCalls: Close returns once the calls its sessions forwarded
 // are settled, the one still waiting for its upstream as unknown, so that
-// the database may close after it.
+// the database may close after it; its client is told that the proxy
+// stopped, and to ask call_status.
 func TestCloseSettlesCalls(t *testing.T) {
 	up := newUpstream()
 	bp := newBoundedProxy(t, up, Options{})
@@ -249,7 +250,9 @@ func TestCloseSettlesCalls(t *testing.T) {
 	if got := outboxtest.CallStates(t, bp.db.Read); got != "unknown" {
 		t.Errorf("calls after Close: %s, want unknown", got)
 	}
-	recv(t, done, "the client's answer")
+	if err := recv(t, done, "the client's answer"); err == nil || !strings.Contains(err.Error(), "the proxy stopped") || !strings.Contains(err.Error(), "call_status") {
+		t.Errorf("the client's answer: %v; want an error saying the proxy stopped, naming call_status", err)
+	}
 }
 
 func httpClient(t *testing.T, url, token string) *mcp.ClientSession {

@@ -35,13 +35,15 @@ const sessionHeader = "Mcp-Session-Id"
 func (p *Proxy) HTTPHandler(ctx context.Context) http.Handler {
 	// The event store gives every SSE event an id, so that a client whose
 	// stream broke resumes it with Last-Event-ID (2025-11-25), and keeps
-	// what goes to the standalone stream before the client's GET opens it:
-	// without a store the go-sdk drops it. The TypeScript SDK's client
-	// opens that GET only after notifications/initialized was accepted,
-	// and an upstream's request sent as soon as it is initialized
-	// (sampling, elicitation) would be lost in between. The store is
-	// bounded (the go-sdk's default, 10 MiB for all sessions, oldest
-	// purged first), and a session's events go when the session does.
+	// the upstream's requests sent to the standalone stream before the
+	// client's first GET opens it: without a store the go-sdk drops them.
+	// The TypeScript SDK's client opens that GET only after
+	// notifications/initialized was accepted, and an upstream's request
+	// sent as soon as it is initialized (sampling, elicitation) would be
+	// lost in between. A GET without Last-Event-ID replays nothing else
+	// (events.go). The store is bounded (the go-sdk's default, 10 MiB for
+	// all sessions, oldest purged first), and a session's events go when
+	// the session does.
 	//
 	// One thing of resumption is out of reach: the go-sdk writes a priming
 	// event (an id before any message) on a POST's stream only when it
@@ -52,7 +54,7 @@ func (p *Proxy) HTTPHandler(ctx context.Context) http.Handler {
 	// before that cannot be resumed (the call's outcome is still recorded,
 	// for the client's retry or call_status).
 	h := &httpSessions{p: p, ctx: ctx, sessions: map[string]*httpSession{}, perUser: map[string]int{},
-		events: mcp.NewMemoryEventStore(nil)}
+		events: newStandaloneEvents()}
 	go h.reap()
 	return mcphttp.LiftParamsKey(h)
 }
@@ -64,15 +66,22 @@ type httpSessions struct {
 
 	mu       sync.Mutex
 	sessions map[string]*httpSession
+	// ending counts the sessions closed but not over yet: their calls
+	// settling, or their upstream process still exiting (the go-sdk's
+	// CommandTransport closes stdin, then waits up to its
+	// TerminateDuration before a signal). They count against the limits
+	// until they are over, so that no more processes run than
+	// Options.MaxSessions allows.
+	ending   int
 	mux      *muxClient     // the stateless session's, once started (http_stateless.go)
-	perUser  map[string]int // open sessions by principal
+	perUser  map[string]int // sessions by principal, ending ones included
 	refusals refusalLog     // sessions the limits refused, for the log (bounds.go)
 }
 
 type httpSession struct {
 	t      *mcp.StreamableServerTransport
 	user   string
-	cancel context.CancelFunc
+	cancel context.CancelCauseFunc
 	s      *session // the proxy's session over t; set under httpSessions.mu once it runs
 	act    activity
 }
@@ -148,13 +157,13 @@ func (s *httpSession) serve(w http.ResponseWriter, r *http.Request) {
 func (h *httpSessions) open(user string) (_ *httpSession, lim *limitError, _ error) {
 	id := rand.Text()
 	t := &mcp.StreamableServerTransport{SessionID: id, EventStore: h.events}
-	ctx, cancel := context.WithCancel(h.ctx)
+	ctx, cancel := context.WithCancelCause(h.ctx)
 	s := &httpSession{t: t, user: user, cancel: cancel}
 	s.act.last.Store(time.Now().UnixNano())
 	h.mu.Lock()
 	if lim := h.admit(user); lim != nil {
 		h.mu.Unlock()
-		cancel()
+		cancel(errSessionClosed)
 		return nil, lim, nil
 	}
 	h.sessions[id] = s
@@ -163,6 +172,7 @@ func (h *httpSessions) open(user string) (_ *httpSession, lim *limitError, _ err
 	conn, err := t.Connect(ctx)
 	if err != nil {
 		h.close(id)
+		h.release(s)
 		return nil, nil, err
 	}
 	go func() {
@@ -171,26 +181,40 @@ func (h *httpSessions) open(user string) (_ *httpSession, lim *limitError, _ err
 			s.s = ps
 			h.mu.Unlock()
 		}
+		// serve returns once the session's calls are settled and its
+		// upstream connection closed, for a command once its process
+		// exited: only then is its place free.
 		if err := h.p.serve(ctx, conn, &s.act, started); err != nil {
 			h.p.logger.Warn("http session ended", "error", err)
 		}
 		h.close(id)
+		h.release(s)
 	}()
 	return s, nil, nil
 }
 
+// close ends session id: requests naming it get 404 from now on, but it
+// counts against the limits until release.
 func (h *httpSessions) close(id string) {
 	h.mu.Lock()
 	s := h.sessions[id]
 	if s != nil {
 		delete(h.sessions, id)
-		if h.perUser[s.user]--; h.perUser[s.user] <= 0 {
-			delete(h.perUser, s.user)
-		}
+		h.ending++
 	}
 	h.mu.Unlock()
 	if s != nil {
-		s.cancel()
+		s.cancel(errSessionClosed)
+	}
+}
+
+// release frees the place of s, closed and over.
+func (h *httpSessions) release(s *httpSession) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.ending--
+	if h.perUser[s.user]--; h.perUser[s.user] <= 0 {
+		delete(h.perUser, s.user)
 	}
 }
 

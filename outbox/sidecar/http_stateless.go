@@ -47,8 +47,9 @@ import (
 // Any other request is cancelled at the upstream. The upstream can send a
 // stateless request nothing but the notifications of a subscription
 // (SEP-2575: subscriptions/listen, whose notifications name the listen by
-// _meta subscriptionId): those go to that listen's response, as a stream
-// of server-sent events. Claude Code 2.1.332 waits 27 s for a listen's
+// _meta subscriptionId) and those about a running request (its progress):
+// those go to that request's response, as a stream of server-sent
+// events. Claude Code 2.1.332 waits 27 s for a listen's
 // notifications/subscriptions/acknowledged before it goes on, so dropping
 // them costs every connection that much. Other notifications are dropped,
 // and the upstream's requests (sampling, elicitation, roots) refused with
@@ -126,7 +127,9 @@ func (h *httpSessions) serveStateless(w http.ResponseWriter, r *http.Request, bo
 				w.WriteHeader(http.StatusOK)
 				streaming = true
 			}
-			note = withSubscriptionID(note, req.ID)
+			if _, ok := subscriptionOf(note); ok {
+				note = withSubscriptionID(note, req.ID)
+			}
 			if writeEvent(w, note) != nil {
 				mux.cancel(id, req.Method)
 				return
@@ -323,7 +326,12 @@ func (c *muxClient) Write(ctx context.Context, m jsonrpc.Message) error {
 			w.answer <- m
 		}
 	case *jsonrpc.Request:
-		if n, ok := subscriptionOf(m); ok && !m.IsCall() {
+		n, ok := subscriptionOf(m)
+		if rc, related := ctx.(relatedContext); !ok && related {
+			// About a running request: its progress (session_related.go).
+			n, ok = rc.id.Raw().(int64)
+		}
+		if ok && !m.IsCall() {
 			c.mu.Lock()
 			w := c.waiting[n]
 			c.mu.Unlock()

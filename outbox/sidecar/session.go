@@ -10,6 +10,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/outbox"
 )
 
 // JSON-RPC error codes the proxy answers with.
@@ -56,6 +58,8 @@ type session struct {
 	pending     map[int64]*pending         // requests sent to the upstream, by the proxy's id
 	forwarded   map[jsonrpc.ID]int64       // the proxy's ids of the client's forwarded requests
 	calls       map[jsonrpc.ID]*clientCall // the tool calls the layer runs
+	tokens      map[string]jsonrpc.ID      // the client's running requests by progressToken (session_related.go)
+	tokenOf     map[jsonrpc.ID]string      // and their tokens
 	initParams  json.RawMessage            // the client's initialize, replayed to a restarted upstream
 	initSent    bool                       // the client's initialize went to an upstream
 	initialized bool                       // the client's notifications/initialized went to an upstream
@@ -87,8 +91,12 @@ func (p *Proxy) Serve(ctx context.Context, client mcp.Connection) error {
 // serve is Serve, counting the session's activity in act (if set, for
 // the idle timeout) and calling started (if set) with the session before
 // it reads from the client.
-func (p *Proxy) serve(ctx context.Context, client mcp.Connection, act *activity, started func(*session)) error {
-	ctx, cancel := context.WithCancel(ctx)
+func (p *Proxy) serve(parent context.Context, client mcp.Connection, act *activity, started func(*session)) error {
+	// The session's context ends after parent does, not with it: its
+	// running calls are answered first (answerEnded), and only then is the
+	// rest cancelled, so that no call settling at the same moment answers
+	// in between, or is left without an answer.
+	ctx, cancel := context.WithCancel(context.WithoutCancel(parent))
 	defer cancel()
 	s := &session{
 		p: p, ctx: ctx, client: client,
@@ -99,11 +107,16 @@ func (p *Proxy) serve(ctx context.Context, client mcp.Connection, act *activity,
 		calls:     map[jsonrpc.ID]*clientCall{},
 		act:       act,
 	}
-	if !p.serving.add(s, cancel) {
+	end := func(stopping bool) {
+		s.answerEnded(stopping)
+		cancel()
+	}
+	if !p.serving.add(s, func() { end(true) }) {
 		client.Close()
 		return errProxyClosed
 	}
 	defer p.serving.done(s)
+	defer context.AfterFunc(parent, func() { end(!errors.Is(context.Cause(parent), errSessionClosed)) })()
 	if started != nil {
 		started(s)
 	}
@@ -125,4 +138,38 @@ func (p *Proxy) serve(ctx context.Context, client mcp.Connection, act *activity,
 		return nil
 	}
 	return err
+}
+
+// errSessionClosed is the cause of an HTTP session's end by its DELETE or
+// its idle timeout, rather than by the proxy's stop.
+var errSessionClosed = errors.New("the session was closed")
+
+// answerEnded answers each of the client's running tool calls with an
+// error when the proxy ends the session, before the session's context
+// ends and its connection closes: without it, over HTTP the call's stream
+// ended with 200 and no event, and over stdio the client read EOF. The
+// call goes on settling (a forward still waiting for the upstream is
+// settled as a lost answer, Options.CallTimeout), and call_status tells
+// what became of it. stopping says that the proxy is stopping (SIGTERM,
+// Close), rather than the session alone ending (its DELETE, its idle
+// timeout).
+func (s *session) answerEnded(stopping bool) {
+	what := "the proxy's session ended"
+	if stopping {
+		what = "the proxy stopped"
+	}
+	msg := what + " before this call was answered: the call may or may not have run. " +
+		"Ask the " + outbox.StatusToolName + " tool (with this call's idempotency key) what became of it before you retry; " +
+		"a retry with the same key gets its outcome if it was recorded."
+	s.mu.Lock()
+	var open []jsonrpc.ID
+	for id, c := range s.calls {
+		if !c.withheld.Load() && c.answered.CompareAndSwap(false, true) {
+			open = append(open, id)
+		}
+	}
+	s.mu.Unlock()
+	for _, id := range open {
+		s.replyError(id, codeInternal, msg)
+	}
 }

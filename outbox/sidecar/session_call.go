@@ -28,7 +28,9 @@ func (s *session) callTool(ctx context.Context, c *clientCall, m *jsonrpc.Reques
 	if params.Name == outbox.StatusToolName {
 		res := s.p.layer.CallStatus(ctx, req)
 		endSpan(res, nil)
-		s.replyResult(m.ID, res)
+		if c.answered.CompareAndSwap(false, true) {
+			s.replyResult(m.ID, res)
+		}
 		return
 	}
 	res, err := s.p.remoteTool(params.Name).Call(ctx, req, func(ctx context.Context, claim *remote.Claim) (*mcp.CallToolResult, error) {
@@ -58,6 +60,9 @@ func (s *session) callTool(ctx context.Context, c *clientCall, m *jsonrpc.Reques
 				"tool", params.Name, "reason", *reason)
 		}
 		return // cancelled by the client, which expects no answer
+	}
+	if !c.answered.CompareAndSwap(false, true) {
+		return // answered at the session's end (answerEnded)
 	}
 	var wire *jsonrpc.Error
 	switch {

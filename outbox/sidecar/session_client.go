@@ -37,6 +37,7 @@ func (s *session) readClient() error {
 }
 
 func (s *session) onClientCall(m *jsonrpc.Request) {
+	s.running(m)
 	switch m.Method {
 	case "":
 		// Written on, a request without a method loses its "method"
@@ -100,6 +101,7 @@ func (s *session) onClientCall(m *jsonrpc.Request) {
 				s.mu.Lock()
 				delete(s.calls, m.ID)
 				s.mu.Unlock()
+				s.settled(m.ID)
 				cancel()
 				if s.act != nil {
 					s.act.end()
@@ -117,6 +119,7 @@ func (s *session) onClientCall(m *jsonrpc.Request) {
 type clientCall struct {
 	cancel    context.CancelFunc // ends the call's context
 	withheld  atomic.Bool        // the client cancelled it: no answer goes back
+	answered  atomic.Bool        // its answer went to the client (the first to set it answers)
 	rodeOutOf atomic.Pointer[string]
 }
 
@@ -209,7 +212,21 @@ func cancelNotification(upID int64, clientParams json.RawMessage) *jsonrpc.Reque
 func (s *session) writeClient(m jsonrpc.Message) {
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
-	if err := s.client.Write(s.ctx, m); err != nil && s.ctx.Err() == nil {
+	// Under writeMu, so that no message about a request goes out after
+	// its answer, on a stream that is over. Not cancelled with the
+	// session: an answer settled as it ends still goes out until the
+	// connection closes (the go-sdk's stdio connection refuses a write
+	// with a cancelled context).
+	var ctx context.Context = context.WithoutCancel(s.ctx)
+	switch m := m.(type) {
+	case *jsonrpc.Response:
+		s.settled(m.ID)
+	case *jsonrpc.Request:
+		if id, ok := s.relatedTo(m); ok {
+			ctx = relatedContext{ctx, id}
+		}
+	}
+	if err := s.client.Write(ctx, m); err != nil && s.ctx.Err() == nil {
 		s.p.logger.Warn("write to client", "error", err)
 	}
 }
