@@ -34,15 +34,23 @@ type Migration struct {
 var migrationName = regexp.MustCompile(`^(\d+)_([a-z0-9_]+)\.up\.sql$`)
 
 // ReadMigrations reads NNN_name.up.sql files from the top of fsys, in version
-// order. Versions must start at 1 and have no gaps or duplicates.
+// order. Versions must start at 1 and have no gaps or duplicates, and there
+// must be at least one: an fsys without any is a mistake (most often an
+// embed.FS given whole, whose files sit in a directory below its top; pass
+// fs.Sub(fsys, "dir")), which would otherwise apply nothing without a word.
 func ReadMigrations(fsys fs.FS) ([]Migration, error) {
+	if fsys == nil {
+		return nil, errors.New("read migrations: no file system given (nil fs.FS)")
+	}
 	entries, err := fs.ReadDir(fsys, ".")
 	if err != nil {
 		return nil, fmt.Errorf("read migrations: %w", err)
 	}
 	var ms []Migration
+	var dirs []string
 	for _, e := range entries {
 		if e.IsDir() {
+			dirs = append(dirs, e.Name())
 			continue
 		}
 		m := migrationName.FindStringSubmatch(e.Name())
@@ -55,6 +63,12 @@ func ReadMigrations(fsys fs.FS) ([]Migration, error) {
 			return nil, fmt.Errorf("read migration %s: %w", e.Name(), err)
 		}
 		ms = append(ms, Migration{Version: v, Name: path.Base(e.Name()), SQL: string(body)})
+	}
+	if len(ms) == 0 {
+		if len(dirs) > 0 {
+			return nil, fmt.Errorf("read migrations: no NNN_name.up.sql file at the top of the file system, only the directories %s: pass fs.Sub(fsys, %q)", strings.Join(dirs, ", "), dirs[0])
+		}
+		return nil, errors.New("read migrations: no NNN_name.up.sql file at the top of the file system")
 	}
 	sort.Slice(ms, func(i, j int) bool { return ms[i].Version < ms[j].Version })
 	for i, m := range ms {

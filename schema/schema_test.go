@@ -138,6 +138,20 @@ func TestMigrate(t *testing.T) {
 		}
 	}
 
+	// A set that holds no migration at its top is refused, not applied as
+	// nothing: most often an embed.FS given whole, its files a directory
+	// down. The error says to take the directory with fs.Sub.
+	embedWhole := fstest.MapFS{"migrations/001_a.up.sql": {Data: []byte(`CREATE TABLE w (x)`)}}
+	if err := db.Migrate(ctx, "whole", embedWhole); err == nil || !strings.Contains(err.Error(), `fs.Sub(fsys, "migrations")`) {
+		t.Errorf("migrations a directory down: err = %v, want one naming fs.Sub", err)
+	}
+	if err := db.Migrate(ctx, "empty", fstest.MapFS{}); err == nil {
+		t.Error("no migrations: want an error")
+	}
+	if err := db.Migrate(ctx, "nil", nil); err == nil {
+		t.Error("nil fs.FS: want an error, not a panic")
+	}
+
 	// A failing migration applies nothing of its batch.
 	bad := fstest.MapFS{"001_ok.up.sql": {Data: []byte(`CREATE TABLE ok (x)`)}, "002_bad.up.sql": {Data: []byte(`CREATE TABLE`)}}
 	if err := db.Migrate(ctx, "other", bad); err == nil {
