@@ -49,12 +49,18 @@ func (a *attempt) finish(ctx context.Context, res mcp.Result, err error) (mcp.Re
 		// nothing, so a retry runs the call again, and keep its text from
 		// the client.
 		a.outcome = outcomeNotRecorded
+		if a.tool.showErrors && a.showable(a.handlerErr) {
+			// The handler's own words, for the model (a validation error):
+			// an answer, not a fault, so not logged at ERROR, where alerts
+			// look.
+			a.layer.logger.InfoContext(ctx, "tool handler's error shown to the client; nothing recorded",
+				"tool", a.tool.name, "call_id", a.uid, "error", a.handlerErr)
+			a.abandon(ctx)
+			return a.handlerFailedShown(a.handlerErr), nil
+		}
 		a.layer.logger.ErrorContext(ctx, "tool handler failed; nothing recorded",
 			"tool", a.tool.name, "call_id", a.uid, "error", a.handlerErr)
 		a.abandon(ctx)
-		if a.tool.showErrors && a.showable(a.handlerErr) {
-			return a.handlerFailedShown(a.handlerErr), nil
-		}
 		return a.handlerFailed(), nil
 	case cr == nil:
 		reason = "no result"

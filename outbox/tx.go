@@ -582,10 +582,21 @@ func (u *unit) txEnded() bool {
 	return true
 }
 
-// Enqueue adds an effect to the call's transaction.
-func (a *attempt) Enqueue(ctx context.Context, e Effect) (string, error) {
+// Enqueue adds an effect to the call's transaction. Every error it returns
+// is the Tx's, never shown to the client (see showable): it speaks of the
+// server's configuration or state, which the model cannot act on.
+func (a *attempt) Enqueue(ctx context.Context, e Effect) (key string, err error) {
+	defer func() { a.noteReturned(err) }()
 	if a.tool.readOnly {
-		return "", errors.New("outbox: enqueue in a read-only tool")
+		// Like a write: an effect that would never be sent must not be
+		// reported as done, whatever the handler answers.
+		err = fmt.Errorf("outbox: enqueue in tool %q, which is annotated readOnlyHint: its transaction is never "+
+			"committed, so the effect would never be sent; a tool that enqueues must not be annotated readOnlyHint: %w",
+			a.tool.name, ErrReadOnly)
+		if a.txErr == nil {
+			a.txErr = &txError{err}
+		}
+		return "", err
 	}
 	if err := a.layer.checkEffect(&e); err != nil {
 		return "", err
@@ -597,11 +608,20 @@ func (a *attempt) Enqueue(ctx context.Context, e Effect) (string, error) {
 	if a.txErr != nil {
 		return "", a.txErr
 	}
+	if a.failedStmt != nil {
+		// PostgreSQL aborted the transaction at that statement's error; a
+		// deferred effect would be written by the outcome's statement,
+		// which cannot run either. Say so here, where the handler can
+		// still notice, rather than answer a key for an effect that will
+		// never exist.
+		return "", fmt.Errorf("outbox: enqueue effect: an earlier statement's error aborted the call's transaction, "+
+			"so nothing more of the call can commit: %w", a.failedStmt)
+	}
 	if err := a.begin(ctx); err != nil {
 		return "", err
 	}
 	a.effects++
-	key := callkey.EffectKey(a.uid, a.effects)
+	key = callkey.EffectKey(a.uid, a.effects)
 	now := a.layer.nowMS()
 	// Sealed here, on both stores: a deferred effect (PostgreSQL) is
 	// written by the outcome's statement as it stands now.

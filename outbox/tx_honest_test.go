@@ -43,6 +43,11 @@ func TestTx_ReadOnlyToolRefusesWrites(t *testing.T) {
 			_, err := tx.ExecContext(ctx, `CREATE TABLE scratch (x INTEGER)`)
 			return err
 		}},
+		{"Enqueue", func(ctx context.Context, tx outbox.Tx) error {
+			// An effect that would never be sent, like a write.
+			_, err := tx.Enqueue(ctx, outbox.Effect{Destination: "payments", Path: "/v1/charges", Body: []byte(`{}`)})
+			return err
+		}},
 	}
 	type in struct{ N int }
 	got := make(chan error, 1)
@@ -112,7 +117,7 @@ func TestTx_FirstErrorWins(t *testing.T) {
 	logs := &outboxtest.LogBuffer{}
 	b := setup(t, &outbox.Options{Logger: logs.Logger()}, nil)
 	var runs atomic.Int32
-	next := make(chan error, 1)
+	next := make(chan error, 2)
 	type in struct{ Fail bool }
 	outbox.AddTool(b.layer, b.server, &mcp.Tool{Name: "sloppy"},
 		func(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolRequest, in in) (*mcp.CallToolResult, struct{}, error) {
@@ -124,6 +129,10 @@ func TestTx_FirstErrorWins(t *testing.T) {
 			_, err := tx.ExecContext(ctx, `INSERT INTO charges (amount, currency, created_at) VALUES (7, 'usd', 0)`)
 			if in.Fail {
 				next <- err
+				// An effect after the aborted transaction would never be
+				// written: Enqueue says so, naming the first error.
+				_, err := tx.Enqueue(ctx, outbox.Effect{Destination: "payments", Path: "/v1/charges", Body: []byte(`{}`)})
+				next <- err
 			}
 			return nil, struct{}{}, nil // success, whatever happened
 		}, nil)
@@ -133,6 +142,9 @@ func TestTx_FirstErrorWins(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "25P02") || !strings.Contains(err.Error(), "22012") ||
 		!strings.Contains(err.Error(), "SELECT 1 / (SELECT count(*)") {
 		t.Errorf("statement after the failed one: %v; want 25P02 naming the first error (22012) and its statement", err)
+	}
+	if err := <-next; err == nil || !strings.Contains(err.Error(), "aborted") || !strings.Contains(err.Error(), "22012") {
+		t.Errorf("Enqueue after the failed statement: %v; want an error naming the first one (22012)", err)
 	}
 	if !res.IsError || errorCode(res) != "not_recorded" || !strings.Contains(text(res), "call_") {
 		t.Fatalf("answer: %v %s; want not_recorded naming the call id", res.Meta, text(res))
@@ -196,6 +208,7 @@ func TestShowErrors(t *testing.T) {
 	type in struct {
 		Currency string
 		Dup      bool // fail a statement, and return its error wrapped
+		BadPath  bool // return Enqueue's error wrapped
 	}
 	handler := func(runs *atomic.Int32) outbox.HandlerFor[in, struct{}] {
 		return func(ctx context.Context, tx outbox.Tx, _ *mcp.CallToolRequest, in in) (*mcp.CallToolResult, struct{}, error) {
@@ -203,6 +216,12 @@ func TestShowErrors(t *testing.T) {
 			if in.Dup {
 				_, err := tx.ExecContext(ctx, `INSERT INTO no_such_table (x) VALUES (1)`)
 				return nil, struct{}{}, fmt.Errorf("store the invoice: %w", err)
+			}
+			if in.BadPath {
+				// The server's mistake, not the model's: its text is not
+				// for the client.
+				_, err := tx.Enqueue(ctx, outbox.Effect{Destination: "payments", Path: "v1/no-slash"})
+				return nil, struct{}{}, fmt.Errorf("mail the invoice: %w", err)
 			}
 			if in.Currency != "usd" {
 				return nil, struct{}{}, fmt.Errorf("unsupported currency %q", in.Currency)
@@ -223,7 +242,13 @@ func TestShowErrors(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := setup(t, tc.opts, nil)
+			logs := &outboxtest.LogBuffer{}
+			opts := outbox.Options{}
+			if tc.opts != nil {
+				opts = *tc.opts
+			}
+			opts.Logger = logs.Logger()
+			b := setup(t, &opts, nil)
 			var runs atomic.Int32
 			outbox.AddTool(b.layer, b.server, &mcp.Tool{Name: "invoice"}, handler(&runs), tc.topts)
 
@@ -234,6 +259,20 @@ func TestShowErrors(t *testing.T) {
 			}
 			if again := call(t, b.session, "invoice", "eur", in{Currency: "eur"}); runs.Load() != 2 || callMeta(again)["replayed"] == true {
 				t.Errorf("retry: runs = %d, %v; want the handler run again", runs.Load(), again.Meta)
+			}
+			// An error shown to the model is an answer, not a fault: it is
+			// logged at INFO, not at ERROR where alerts look.
+			shownLogged := len(logs.Records(t, "tool handler's error shown to the client; nothing recorded"))
+			failedLogged := len(logs.Records(t, "tool handler failed; nothing recorded"))
+			if tc.shown && (shownLogged != 2 || failedLogged != 0) || !tc.shown && (shownLogged != 0 || failedLogged != 2) {
+				t.Errorf("logged shown %d, failed %d times; want the two validation errors logged as %s",
+					shownLogged, failedLogged, map[bool]string{true: "shown", false: "failed"}[tc.shown])
+			}
+
+			res = call(t, b.session, "invoice", "bad-path", in{Currency: "usd", BadPath: true})
+			if !res.IsError || errorCode(res) != "not_recorded" || strings.Contains(text(res), "no-slash") ||
+				strings.Contains(text(res), "mail the invoice") {
+				t.Errorf("a wrapped Enqueue error: %v %s; want the generic answer", res.Meta, text(res))
 			}
 
 			res = call(t, b.session, "invoice", "dup", in{Currency: "usd", Dup: true})
