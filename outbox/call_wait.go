@@ -22,10 +22,13 @@ func (l *Layer) acquire(ctx context.Context, a *attempt) *mcp.CallToolResult {
 			done := other.done
 			l.mu.Unlock()
 			a.waited = true
-			if a.task != nil && other.task != nil {
+			if a.task != nil && other.task != nil && !other.task.cancelled.Load() {
 				// A retry that asks for a task gets the running one's, once
 				// its claim is durable; its done closes only when the task
-				// ends, so poll for the claim.
+				// ends, so poll for the claim. A task tasks/cancel stopped
+				// is not joined: it ends with its key set aside
+				// (endTaskCancelled), and this call, waiting for done
+				// below, then runs as a new one.
 				if other.claimed.Load() {
 					a.joinedTask = other.task.taskID()
 					a.outcome = outcomeReplayed
