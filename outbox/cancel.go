@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -103,8 +104,10 @@ func (a *attempt) logStopped(ctx context.Context) {
 	switch reason, cancelled := a.note.Cancelled(); {
 	case cancelled:
 		why = fmt.Sprintf("the client's notifications/cancelled (reason %q), which the tool's CancelPolicy (%s) does not ride out", reason, a.tool.onCancel)
+	case errors.Is(cause, io.EOF):
+		why = "the client's connection closed (EOF) while the call ran, without a cancel"
 	case cause != nil && !errors.Is(cause, context.Canceled):
-		why = fmt.Sprintf("the request ended without a cancel: %v (the client's connection closing, or the server stopping)", cause)
+		why = fmt.Sprintf("the request ended without a cancel: %v (the client's connection breaking, or the server stopping)", cause)
 	case a.note == nil:
 		why = "the request's context was cancelled: a client's notifications/cancelled, its connection closing, or the server stopping; " +
 			"this transport does not report which, nor a cancel's reason (serve stdio through mcpstdio.NewTransport and HTTP through " +
