@@ -845,3 +845,38 @@ func runTaskOf(t *testing.T, name string, h outbox.HandlerFor[struct{}, any]) ma
 	id := result(t, p.request("tools/call", map[string]any{"name": name, "arguments": map[string]any{}, "_meta": meta(true, name+"-1")}))["taskId"].(string)
 	return p.waitTask(id)
 }
+
+// TestTask_StopLogsTheShutdown: a task stopped by Runner.Stop before its
+// commit is logged as stopped by the layer stopping, to run again at the
+// next start, not as a cancel nor as a plain call whose transport could
+// not tell; its row stays in flight.
+func TestTask_StopLogsTheShutdown(t *testing.T) {
+	t.Parallel()
+	db := mustLedger(t, openDB(t))
+	g := newGate()
+	logs := &outboxtest.LogBuffer{}
+	b := setupOn(t, db, &outbox.Options{Logger: logs.Logger()}, &ledger.Options{Gate: g.hold,
+		Tasks: map[string]outbox.TaskOptions{"charge": {Mode: outbox.TasksAlways, PollInterval: 20 * time.Millisecond}}})
+	r, err := b.layer.Start(context.Background(), &outbox.StartOptions{NoDispatcher: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := stdioPeer(t, b.server)
+	id := result(t, p.charge(true, "stop-1", 3))["taskId"].(string)
+	g.waitReached(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // no patience: the running task is stopped at once
+	if err := r.Stop(ctx); err == nil || !strings.Contains(err.Error(), "tasks in flight were stopped") {
+		t.Fatalf("Stop = %v, want it to say the tasks were stopped", err)
+	}
+	stopped := logs.Records(t, "task stopped before its commit by the layer stopping; nothing recorded, it stays in flight and runs again at the next start")
+	if len(stopped) != 1 || stopped[0]["task_id"] != id {
+		t.Errorf("stop records %v, want one naming task %s: %s", stopped, id, logs)
+	}
+	if n := len(logs.Records(t, "call stopped before its commit; nothing recorded, a retry runs it")); n != 0 {
+		t.Errorf("the task's stop was logged as a plain call's: %s", logs)
+	}
+	if r := result(t, p.task("tasks/get", id)); r["status"] != "working" {
+		t.Errorf("the stopped task = %v, want it still working, for the next start", r)
+	}
+}
