@@ -218,8 +218,8 @@
 // free too; whoever wants the cancelled task's end holds its id. Until the
 // cancelled task has ended (in the process that got tasks/cancel, once its
 // handler returns; in another replica, once its owner's commit is
-// refused), an identical call waits for it like any duplicate, or, in
-// another process and asking for a task, gets it, cancel requested. The
+// refused), an identical call, in any process, waits for it like any
+// duplicate, never answered with the task whose cancel is recorded. The
 // log line "task cancelled before its commit" says what cancelled it:
 // tasks/cancel and the transport it came over, or a tasks/cancel another
 // process recorded in the row.

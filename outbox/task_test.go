@@ -880,3 +880,43 @@ func TestTask_StopLogsTheShutdown(t *testing.T) {
 		t.Errorf("the stopped task = %v, want it still working, for the next start", r)
 	}
 }
+
+// TestTask_CancelledElsewhereIsNotJoined: tasks/cancel reached a process
+// that does not run the task, whose owner runs on until its commit is
+// refused. The same call asked again meanwhile, in either process, is not
+// handed the task whose cancel is recorded: it waits for the task to end,
+// as for a running call, and once the owner has ended it, runs anew.
+func TestTask_CancelledElsewhereIsNotJoined(t *testing.T) {
+	t.Parallel()
+	db := mustLedger(t, openDB(t))
+	g := newGate()
+	opts := func(gate func(context.Context) error) *ledger.Options {
+		return &ledger.Options{Gate: gate, Tasks: map[string]outbox.TaskOptions{"charge": {Mode: outbox.TasksAlways, PollInterval: 20 * time.Millisecond}}}
+	}
+	owner := setupOn(t, db, &outbox.Options{InFlightWait: 300 * time.Millisecond}, opts(g.hold))
+	op := stdioPeer(t, owner.server)
+	id := result(t, op.charge(true, "far-again", 4))["taskId"].(string)
+	g.waitReached(t)
+	other := setupOn(t, db, &outbox.Options{InFlightWait: 300 * time.Millisecond}, opts(nil))
+	p := stdioPeer(t, other.server)
+	if r := result(t, p.task("tasks/cancel", id)); r["resultType"] != "complete" {
+		t.Fatalf("tasks/cancel = %v", r)
+	}
+	for name, peer := range map[string]*taskPeer{"another process": p, "the owner's process": op} {
+		if r := result(t, peer.charge(true, "far-again", 4)); r["taskId"] == id || r["isError"] != true {
+			t.Errorf("in %s, the same call while the cancelled task's owner runs on = %v, want the in-progress error, not the task", name, r)
+		}
+	}
+	close(g.release)
+	outbox.WaitTasks(owner.layer)
+	if r := result(t, p.task("tasks/get", id)); r["status"] != "cancelled" {
+		t.Fatalf("after the owner's commit was refused: %v", r)
+	}
+	next := result(t, p.charge(true, "far-again", 4))["taskId"].(string)
+	if done := p.waitTask(next); next == id || done["status"] != "completed" {
+		t.Fatalf("the call asked again after the cancelled task ended: task %s (the cancelled one is %s): %v", next, id, done)
+	}
+	if got := charges(t, other); got != 1 {
+		t.Errorf("charges = %d, want 1", got)
+	}
+}
