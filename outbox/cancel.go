@@ -125,13 +125,10 @@ type taskOriginKey struct{}
 
 // withTaskOrigin notes in ctx how a tasks/* request with extra came. The
 // go-sdk tells no transport: only its HTTP transports set Extra.Header.
-func withTaskOrigin(ctx context.Context, extra *mcp.RequestExtra, session string) context.Context {
+func withTaskOrigin(ctx context.Context, extra *mcp.RequestExtra) context.Context {
 	via := "stdio (or another pipe)"
 	if extra != nil && extra.Header != nil {
 		via = "Streamable HTTP"
-	}
-	if session != "" {
-		via += ", session " + session
 	}
 	return context.WithValue(ctx, taskOriginKey{}, via)
 }
@@ -200,12 +197,4 @@ func (a *attempt) handlerContext(ctx context.Context, note *cancelnote.Note) (hc
 		stop()
 		cancel(nil)
 	}
-}
-
-// sessionID is the id of req's session, "" for none (stdio, stateless HTTP).
-func sessionID(req mcp.Request) string {
-	if ss, ok := req.GetSession().(*mcp.ServerSession); ok && ss != nil {
-		return ss.ID()
-	}
-	return ""
 }

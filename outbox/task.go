@@ -151,10 +151,11 @@ type attemptTask struct {
 	mu sync.Mutex
 	id string // the task's id; a takeover of a task's row adopts the row's
 
-	stop      context.CancelFunc     // ends the detached handler's context
-	cancelled atomic.Bool            // tasks/cancel asked
-	cancelVia atomic.Pointer[string] // what asked it, for the log (taskCancelOrigin)
-	shutdown  atomic.Bool            // the layer stops: leave the task to the next process
+	stop      context.CancelFunc // ends the detached handler's context
+	cancelled atomic.Bool        // tasks/cancel asked
+	shutdown  atomic.Bool        // the layer stops: leave the task to the next process
+	// cancelVia: what asked the cancel, for the log (taskCancelOrigin).
+	cancelVia atomic.Pointer[string]
 	// storeFault: the attempt ended on a failure of the store, not of the
 	// task: endTask gives the task back to run again (giveTaskBack).
 	storeFault bool

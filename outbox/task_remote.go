@@ -236,7 +236,7 @@ func (r remoteLayer) TaskMethod(ctx context.Context, method string, raw json.Raw
 		}
 	}
 	who := principalOf(&mcp.CallToolRequest{Extra: extra})
-	ctx = withTaskOrigin(ctx, extra, "")
+	ctx = withTaskOrigin(ctx, extra)
 	if remote.Tasks2025(ctx) {
 		var c listTasksParams
 		if method == "tasks/list" && len(raw) > 0 {
