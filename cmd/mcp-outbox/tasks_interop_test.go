@@ -148,8 +148,9 @@ type extTasksCase struct {
 	keepFirstOpen bool
 	// charges is how many charge rows the case must leave.
 	charges int
-	// extTasksOnly: only tasks.mjs of ext-tasks runs the case.
-	extTasksOnly bool
+	// clients, when set, are the only clients (extTasksClient.name) that
+	// run the case.
+	clients []string
 }
 
 var extTasksCases = []extTasksCase{
@@ -160,10 +161,19 @@ var extTasksCases = []extTasksCase{
 	// A cancel before the commit leaves nothing, so the same call asked
 	// again (Claude Code's user re-asks) runs: a new task, one charge, and
 	// the first task still cancelled to tasks/get.
-	{name: "cancel-again", keyed: true, charges: 1, extTasksOnly: true},
-	{name: "cancel-again-nokey", charges: 1, extTasksOnly: true},
+	{name: "cancel-again", keyed: true, charges: 1, clients: cancelAgainClients},
+	{name: "cancel-again-nokey", charges: 1, clients: cancelAgainClients},
 	{name: "crash", keyed: true, charges: 1},
 	{name: "other-principal", keyed: true, httpOnly: true, charges: 1},
+}
+
+// cancelAgainClients run the cancel-again cases (the Python client has
+// none).
+var cancelAgainClients = []string{"ext-tasks", "ts-sdk-" + tsSDKVersion}
+
+// runsOn reports whether client c runs the case.
+func (tc extTasksCase) runsOn(c extTasksClient) bool {
+	return tc.clients == nil || slices.Contains(tc.clients, c.name)
 }
 
 // extTasksClient is one Tasks client program: it reads an extTasksPlan and
@@ -317,7 +327,7 @@ func TestTasksInterop(t *testing.T) {
 		for _, protocol := range c.protocols {
 			for _, tc := range extTasksCases {
 				for _, tr := range []matrixTransport{overStdio, overHTTP} {
-					if tc.httpOnly && tr != overHTTP || tc.extTasksOnly && c.name != "ext-tasks" {
+					if tc.httpOnly && tr != overHTTP || !tc.runsOn(c) {
 						continue
 					}
 					wg.Add(1)

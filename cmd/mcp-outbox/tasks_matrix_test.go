@@ -71,7 +71,7 @@ func tasksTable() string {
 			for _, tr := range []matrixTransport{overStdio, overHTTP} {
 				var serve []string
 				for _, tc := range extTasksCases {
-					if (!tc.httpOnly || tr == overHTTP) && (!tc.extTasksOnly || c.name == "ext-tasks") {
+					if (!tc.httpOnly || tr == overHTTP) && tc.runsOn(c) {
 						serve = append(serve, tc.name)
 					}
 				}
