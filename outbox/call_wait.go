@@ -22,10 +22,15 @@ func (l *Layer) acquire(ctx context.Context, a *attempt) *mcp.CallToolResult {
 			done := other.done
 			l.mu.Unlock()
 			a.waited = true
-			if a.task != nil && other.task != nil {
+			if a.task != nil && other.task != nil && !other.task.cancelled.Load() &&
+				!(other.claimed.Load() && l.taskCancelInRow(ctx, other.callID)) {
 				// A retry that asks for a task gets the running one's, once
 				// its claim is durable; its done closes only when the task
-				// ends, so poll for the claim.
+				// ends, so poll for the claim. A task tasks/cancel stopped
+				// (here, or in its row from another process) is not
+				// joined: it ends with its key set aside
+				// (endTaskCancelled), and this call, waiting for done
+				// below, then runs as a new one.
 				if other.claimed.Load() {
 					a.joinedTask = other.task.taskID()
 					a.outcome = outcomeReplayed
@@ -121,9 +126,11 @@ func (l *Layer) acquire(ctx context.Context, a *attempt) *mcp.CallToolResult {
 		case busy:
 			a.waited = true
 			l.leave(a)
-			if a.task != nil && c.row.taskID != "" {
+			if a.task != nil && c.row.taskID != "" && !l.taskCancelInRow(ctx, c.row.id) {
 				// Another process runs the task: a retry that asks for a
-				// task gets it at once, with its current status.
+				// task gets it at once, with its current status; unless
+				// tasks/cancel asked it to stop, then this call waits for
+				// its end, as for a local one.
 				a.outcome = outcomeReplayed
 				a.joinedTask = c.row.taskID
 				return taskJoined
@@ -170,4 +177,14 @@ func (l *Layer) leave(a *attempt) {
 		close(a.done)
 	}
 	l.mu.Unlock()
+}
+
+// taskCancelInRow reports whether tasks/cancel asked the task of call row
+// id to stop (task_cancel): a cancel another process received, which this
+// one's attempt learns only at its commit. Such a task is not handed to
+// the same call asked again; that call waits for it to end, and then runs.
+func (l *Layer) taskCancelInRow(ctx context.Context, id int64) bool {
+	var asked int64
+	err := l.db.Read.QueryRowContext(ctx, `SELECT task_cancel FROM calls WHERE id = $1`, id).Scan(&asked)
+	return err == nil && asked != 0
 }

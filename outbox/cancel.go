@@ -2,8 +2,12 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"sync"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/cancelnote"
 )
@@ -80,20 +84,72 @@ func (p CancelPolicy) ridesOut(reason string) bool {
 }
 
 // logStopped says why a call's context ended before its commit, so that a
-// call stopped by a cancel is not just "not_recorded" in the log.
+// call stopped by a cancel is not just "not_recorded" in the log. What
+// stopped it is said only as far as it is known: a task's own context ends
+// only by tasks/cancel or the layer stopping, a request's by a cancel the
+// transport noted, or by the connection, whose cause go-sdk gives the
+// context (the read error, say EOF, when the peer went away).
 func (a *attempt) logStopped(ctx context.Context) {
+	if a.detached {
+		// A task's run: endTask logs a cancelled task's end, with what
+		// cancelled it (taskCancelCause).
+		if a.task.shutdown.Load() {
+			a.layer.logger.InfoContext(ctx, "task stopped before its commit by the layer stopping; nothing recorded, it stays in flight and runs again at the next start",
+				"tool", a.tool.name, "call_id", a.uid, "task_id", a.task.taskID())
+		}
+		return
+	}
 	var why string
+	cause := context.Cause(ctx)
 	switch reason, cancelled := a.note.Cancelled(); {
-	case a.note == nil:
-		why = "the call's context ended: a client's cancel, or its connection closing (the transport does not tell which, nor a cancel's reason: " +
-			"serve stdio through mcpstdio.NewTransport and HTTP through mcphttp.NewHandler, and a client's timeout no longer stops a call)"
 	case cancelled:
-		why = fmt.Sprintf("the client cancelled the call (%q), which the tool's CancelPolicy (%s) does not ride out", reason, a.tool.onCancel)
+		why = fmt.Sprintf("the client's notifications/cancelled (reason %q), which the tool's CancelPolicy (%s) does not ride out", reason, a.tool.onCancel)
+	case errors.Is(cause, io.EOF):
+		why = "the client's connection closed (EOF) while the call ran, without a cancel"
+	case cause != nil && !errors.Is(cause, context.Canceled):
+		why = fmt.Sprintf("the request ended without a cancel: %v (the client's connection breaking, or the server stopping)", cause)
+	case a.note == nil:
+		why = "the request's context was cancelled: a client's notifications/cancelled, its connection closing, or the server stopping; " +
+			"this transport does not report which, nor a cancel's reason (serve stdio through mcpstdio.NewTransport and HTTP through " +
+			"mcphttp.NewHandler: then a client's timeout no longer stops a call)"
 	default:
-		why = "the call's context ended without a cancel: the client's connection closed, or the server is stopping"
+		why = "the request ended without a cancel: the client's connection closed, or the server is stopping"
 	}
 	a.layer.logger.InfoContext(ctx, "call stopped before its commit; nothing recorded, a retry runs it",
 		"tool", a.tool.name, "call_id", a.uid, "why", why)
+}
+
+// taskOriginKey carries, from the layer's middleware to cancelTask, how a
+// tasks/* request reached the layer: the log of a cancel names it.
+type taskOriginKey struct{}
+
+// withTaskOrigin notes in ctx how a tasks/* request with extra came. The
+// go-sdk tells no transport: only its HTTP transports set Extra.Header.
+func withTaskOrigin(ctx context.Context, extra *mcp.RequestExtra) context.Context {
+	via := "stdio (or another pipe)"
+	if extra != nil && extra.Header != nil {
+		via = "Streamable HTTP"
+	}
+	return context.WithValue(ctx, taskOriginKey{}, via)
+}
+
+// taskCancelOrigin is what cancelled a task, for its log, as cancelTask
+// learns it from ctx.
+func taskCancelOrigin(ctx context.Context) string {
+	if via, ok := ctx.Value(taskOriginKey{}).(string); ok {
+		return "tasks/cancel over " + via
+	}
+	return "tasks/cancel"
+}
+
+// taskCancelCause says what cancelled a's task, which ends cancelled.
+func (a *attempt) taskCancelCause() string {
+	if via := a.task.cancelVia.Load(); via != nil {
+		return *via
+	}
+	// The row's task_cancel: written by a process that does not run the
+	// task (cancelTask).
+	return "tasks/cancel received by another process or replica, recorded in the task's row"
 }
 
 // riddenCancel is a client's cancel that a running call rode out.

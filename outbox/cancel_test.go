@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -223,5 +224,33 @@ func TestCancel_HTTPSession(t *testing.T) {
 				t.Errorf("charges = %d, want 1", got)
 			}
 		})
+	}
+}
+
+// TestCancel_ConnectionClosedIsLogged: a call whose client goes away while
+// it runs (stdio's input closes, with no cancel) is logged as stopped by
+// the connection closing, not as a cancel the transport could not tell.
+func TestCancel_ConnectionClosedIsLogged(t *testing.T) {
+	t.Parallel()
+	logs := &outboxtest.LogBuffer{}
+	b := setup(t, &outbox.Options{Logger: logs.Logger()}, nil)
+	s := b.layer.NewServer(&mcp.Implementation{Name: "closing", Version: "v0"}, nil)
+	g := addGateWith(b.layer, s, nil)
+	p := stdioPeer(t, s)
+	body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+		"params": map[string]any{"name": "gate", "arguments": map[string]any{"n": 1}, "_meta": meta(false, "closing-1")}})
+	if _, err := p.w.Write(append(body, '\n')); err != nil {
+		t.Fatal(err)
+	}
+	<-g.started
+	p.w.(io.Closer).Close()
+	const stopped = "call stopped before its commit; nothing recorded, a retry runs it"
+	waitFor(t, func() bool { return len(logs.Records(t, stopped)) == 1 })
+	why := fmt.Sprint(logs.Records(t, stopped)[0]["why"])
+	if !strings.Contains(why, "connection closed (EOF)") {
+		t.Errorf("why = %q, want the connection closing named, with the cause the go-sdk gave", why)
+	}
+	if got := charges(t, b); got != 0 {
+		t.Errorf("charges = %d, want 0", got)
 	}
 }

@@ -158,7 +158,8 @@
 //	           its writes were rolled back, the error is recorded and
 //	           replayed. A task that ended without an outcome (cancelled
 //	           before its commit, or a fault) is failed too, with
-//	           calls.task_end saying which (see Tasks).
+//	           calls.task_end saying which (see Tasks); a cancelled one
+//	           is set aside under a key of its own, as below.
 //	unknown    a call the proxy (outbox/sidecar) forwarded whose answer was
 //	           lost: it may or may not have run, so it never runs again by
 //	           itself; a retry gets an outcome_unknown error until an
@@ -231,10 +232,29 @@
 // its commit (a reset connection, an I/O error) is no fault of the task:
 // its row stays in flight with its lease passed, and the task runner, or a
 // retry, runs it again, up to ten runs in all; then it ends failed. A
-// retry with the same key gets the task's end as any replay.
+// retry with the same key gets the task's end as any replay, but for a
+// cancel.
+//
+// A cancel before the commit leaves nothing. The cancelled task's row
+// stays, so that tasks/get (and tasks/result, tasks/list of 2025-11-25)
+// keeps answering cancelled to whoever holds its id, as the spec wants of
+// a cancelled task; but ending cancelled sets it aside under a key of its
+// own (its key and its uid, as an unknown call past its window is), so the
+// next identical call, by fingerprint or by the same idempotency key, is a new
+// call: it runs, as a new task if it asks for one. A key the client gave is
+// no exception: the cancel was the client's decision to stop, nothing of
+// the call was kept, and a plain call stopped by a cancel leaves its key
+// free too; whoever wants the cancelled task's end holds its id. Until the
+// cancelled task has ended (in the process that got tasks/cancel, once its
+// handler returns; in another replica, once its owner's commit is
+// refused), an identical call, in any process, waits for it like any
+// duplicate, never answered with the task whose cancel is recorded. The
+// log line "task cancelled before its commit" says what cancelled it:
+// tasks/cancel and the transport it came over, or a tasks/cancel another
+// process recorded in the row.
 //
 // What survives what: a task survives the loss of its handle (a retry of
-// the same logical call, by the same key from any key source or by the
+// the same logical call, unless the task was cancelled, by the same key from any key source or by the
 // same tool and arguments within the fingerprint window, answers with the
 // same task and its current status, or, without the extension, joins or
 // replays it as a plain retry; never a second task), the death of its

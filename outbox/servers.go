@@ -100,6 +100,7 @@ func (l *Layer) middlewareFor(r *serverTools) mcp.Middleware {
 				// The SDK gives a custom method's handler no Extra, so
 				// the principal (a token's user) is found here.
 				ctx = context.WithValue(ctx, principalKey{}, scopedPrincipal(r.tenant, requestPrincipal(req)))
+				ctx = withTaskOrigin(ctx, req.GetExtra())
 				if speaks2025(req) {
 					return l.tasks2025(ctx, method, req)
 				}

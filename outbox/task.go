@@ -154,6 +154,8 @@ type attemptTask struct {
 	stop      context.CancelFunc // ends the detached handler's context
 	cancelled atomic.Bool        // tasks/cancel asked
 	shutdown  atomic.Bool        // the layer stops: leave the task to the next process
+	// cancelVia: what asked the cancel, for the log (taskCancelOrigin).
+	cancelVia atomic.Pointer[string]
 	// storeFault: the attempt ended on a failure of the store, not of the
 	// task: endTask gives the task back to run again (giveTaskBack).
 	storeFault bool

@@ -275,11 +275,67 @@ func TestTask2025_Cancel(t *testing.T) {
 	if got := charges(t, b); got != 0 {
 		t.Errorf("charges = %d after a cancel, want 0", got)
 	}
+	// The key names no call any more: the cancelled task's row is set
+	// aside, and a retry runs the call (TestTask2025_CancelThenAskAgain).
 	st := result(t, p.request("tools/call", map[string]any{"name": outbox.StatusToolName, "arguments": map[string]any{"key": "t25-cancel"}}))
 	sc, _ := st["structuredContent"].(map[string]any)
-	if msg := fmt.Sprint(sc["message"]); sc["taskStatus"] != "cancelled" || sc["state"] != "failed" ||
-		!strings.Contains(msg, "cancelled (tasks/cancel) before its commit") || strings.Contains(msg, "The tool returned an error") {
-		t.Errorf("call_status of a cancelled task = %v", sc)
+	if msg := fmt.Sprint(sc["message"]); sc["state"] != "not_found" || !strings.Contains(msg, "cancelled before its commit") ||
+		!strings.Contains(msg, "A retry would run it") {
+		t.Errorf("call_status of a cancelled task's key = %v", sc)
+	}
+}
+
+// TestTask2025_CancelThenAskAgain: over 2025-11-25, on stdio and on a
+// stateful Streamable HTTP session, a task cancelled before its commit
+// stays cancelled to tasks/get, and the same call asked again, by its key
+// or by its fingerprint, runs the handler a second time: tasks/result
+// gives the new run's result.
+func TestTask2025_CancelThenAskAgain(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, key string
+		http      bool
+	}{
+		{"KeyStdio", "t25-again", false},
+		{"FingerprintStdio", "", false},
+		{"KeyHTTP", "t25-again", true},
+		{"FingerprintHTTP", "", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			db := openDB(t)
+			g := newGate()
+			b := taskSetup(t, db, outbox.TasksAlways, &ledger.Options{Gate: g.hold})
+			var p *peer2025
+			if tc.http {
+				p = http2025(t, httpTaskServer(t, b.server), "alice")
+			} else {
+				p = stdio2025(t, b.server)
+			}
+			id := created2025(t, p.charge(true, tc.key, 17))["taskId"].(string)
+			g.waitReached(t)
+			if r := result(t, p.task("tasks/cancel", id)); r["status"] != "cancelled" {
+				t.Fatalf("tasks/cancel = %v", r)
+			}
+			close(g.release)
+			next := created2025(t, p.charge(true, tc.key, 17))["taskId"].(string)
+			if next == id {
+				t.Fatalf("the same call after the cancel got the cancelled task %s back", id)
+			}
+			res := result(t, p.task("tasks/result", next))
+			if sc, _ := res["structuredContent"].(map[string]any); res["isError"] == true || sc["amount"] != float64(17) {
+				t.Fatalf("tasks/result of the call asked again = %v", res)
+			}
+			if n := len(g.reached); n != 1 { // the first run took its token in waitReached
+				t.Errorf("the handler ran %d more times after the cancel, want 1", n)
+			}
+			if got := charges(t, b); got != 1 {
+				t.Errorf("charges = %d, want 1", got)
+			}
+			if r := result(t, p.task("tasks/get", id)); r["status"] != "cancelled" {
+				t.Errorf("tasks/get of the cancelled task = %v", r)
+			}
+		})
 	}
 }
 

@@ -248,6 +248,8 @@ func (l *Layer) cancelTask(ctx context.Context, principal, id string) error {
 	a := l.tasks[id]
 	l.mu.Unlock()
 	if a != nil {
+		via := taskCancelOrigin(ctx)
+		a.task.cancelVia.Store(&via)
 		a.task.cancelled.Store(true)
 		a.task.stop()
 	}

@@ -111,10 +111,12 @@ func (r *remoteTool) enableTasks(opts remote.TaskOptions, stored func(context.Co
 // owns it: its claim goes with it (the owner is emptied), so the upstream's fence
 // (owner and state, schema/README.md) refuses a commit that comes later,
 // and the upstream rolls its attempt back. An upstream that committed
-// first made the task terminal, and this changes nothing.
+// first made the task terminal, and this changes nothing. Like
+// endTaskCancelled, it sets the row aside, freeing its key.
 const endRemoteTaskCancelled = `
 UPDATE calls SET state = 'failed', task_end = 'cancelled', result = $1, completed_at = $2,
-    expires_at = $2 + coalesce(task_ttl_ms, expires_at - created_at), owner = '', lease_until = 0, task_params = NULL
+    expires_at = $2 + coalesce(task_ttl_ms, expires_at - created_at), owner = '', lease_until = 0, task_params = NULL,
+    key = ` + setAsideKey + `
 WHERE id = $3 AND state = 'in_flight' AND task_cancel = 1 AND on_lost <> 'unknown'`
 
 // cancelRemoteTask ends a task of a cooperating upstream cancelled at once
@@ -234,6 +236,7 @@ func (r remoteLayer) TaskMethod(ctx context.Context, method string, raw json.Raw
 		}
 	}
 	who := principalOf(&mcp.CallToolRequest{Extra: extra})
+	ctx = withTaskOrigin(ctx, extra)
 	if remote.Tasks2025(ctx) {
 		var c listTasksParams
 		if method == "tasks/list" && len(raw) > 0 {

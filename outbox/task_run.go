@@ -167,9 +167,20 @@ func (a *attempt) writeTask(u *unit, existing string) error {
 	return nil
 }
 
+// setAsideKey is a row's key set aside: the key and the row's random uid,
+// as setAsideUnknownCall (claim.go) moves an unknown call: the key of an
+// identical call no longer finds the row.
+const setAsideKey = `key || '/' || uid`
+
+// endTaskCancelled ends a task cancelled before its commit. Its row stays,
+// as the cancelled task's record that tasks/get reads by task_id, but is
+// set aside under a key of its own (the key and the row's uid), as an
+// unknown call past its window is (claim.go): nothing of the call was
+// kept, so an identical call that comes next, by fingerprint or by the
+// same idempotency key, is a new call that runs, not a replay of the cancel.
 const endTaskCancelled = `
 UPDATE calls SET state = 'failed', task_end = 'cancelled', result = $1, completed_at = $2, expires_at = $3,
-    owner = '', lease_until = 0, task_params = NULL
+    owner = '', lease_until = 0, task_params = NULL, key = ` + setAsideKey + `
 WHERE id = $4 AND owner = $5 AND state = 'in_flight' AND (task_cancel = 1 OR $6 = 1)`
 
 // giveTaskBack: a task that ends without an outcome because the store
@@ -236,7 +247,8 @@ func (a *attempt) endTask(ctx context.Context, u *unit) error {
 		return err
 	}
 	if n, _ := r.RowsAffected(); n == 1 {
-		a.layer.logger.InfoContext(ctx, "task cancelled before its commit; nothing kept", "tool", a.tool.name, "call_id", a.uid)
+		a.layer.logger.InfoContext(ctx, "task cancelled before its commit; nothing kept: tasks/get answers cancelled, and an identical call runs as a new one",
+			"tool", a.tool.name, "call_id", a.uid, "task_id", a.task.taskID(), "why", a.taskCancelCause())
 		return nil
 	}
 	if a.task.shutdown.Load() || !a.detached {

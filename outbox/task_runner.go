@@ -121,6 +121,8 @@ func (l *Layer) recoverTask(ctx context.Context, o orphanTask) {
 		"tool", t.name, "call_id", a.uid, "previous_owner", o.owner)
 	if o.cancel != 0 {
 		// Asked to stop while its owner was gone: end it cancelled.
+		via := "tasks/cancel, recorded in the task's row while its owner was gone"
+		a.task.cancelVia.Store(&via)
 		a.task.cancelled.Store(true)
 		a.abandon(ctx)
 		l.leave(a)

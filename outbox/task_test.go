@@ -20,6 +20,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/faultdb"
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
+	"github.com/mcp-outbox/mcp-outbox/internal/outboxtest"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/outbox/mcphttp"
 	"github.com/mcp-outbox/mcp-outbox/outbox/mcpstdio"
@@ -367,26 +368,128 @@ func TestTask_IfSlow(t *testing.T) {
 	}
 }
 
+// TestTask_CancelBeforeCommit: a task cancelled before its commit keeps
+// nothing and stays cancelled to tasks/get, but no longer names its call:
+// the next identical call, by the same idempotency key or, without one, by
+// the same tool and arguments (its fingerprint), runs anew as a new task,
+// as a retry of a plain call stopped by a cancel does. Over stdio and
+// stateless Streamable HTTP (mcphttp); the log says that tasks/cancel, over
+// which transport, cancelled it.
 func TestTask_CancelBeforeCommit(t *testing.T) {
 	t.Parallel()
-	db := openDB(t)
-	g := newGate()
-	b := taskSetup(t, db, outbox.TasksAlways, &ledger.Options{Gate: g.hold})
+	for _, tc := range []struct{ name, key, via string }{
+		{"KeyStdio", "cancel-1", "tasks/cancel over stdio"},
+		{"FingerprintStdio", "", "tasks/cancel over stdio"},
+		{"KeyHTTP", "cancel-1", "tasks/cancel over Streamable HTTP"},
+		{"FingerprintHTTP", "", "tasks/cancel over Streamable HTTP"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			db := mustLedger(t, openDB(t))
+			g := newGate()
+			logs := &outboxtest.LogBuffer{}
+			b := setupOn(t, db, &outbox.Options{Logger: logs.Logger()}, &ledger.Options{Gate: g.hold,
+				Tasks: map[string]outbox.TaskOptions{"charge": {Mode: outbox.TasksAlways, PollInterval: 20 * time.Millisecond}}})
+			p := stdioPeer(t, b.server)
+			if strings.Contains(tc.name, "HTTP") {
+				p = httpPeer(t, httpTaskServer(t, b.server), "alice")
+			}
+			id := result(t, p.charge(true, tc.key, 5))["taskId"].(string)
+			g.waitReached(t)
+			if r := result(t, p.task("tasks/cancel", id)); r["resultType"] != "complete" {
+				t.Fatalf("tasks/cancel = %v", r)
+			}
+			if done := p.waitTask(id); done["status"] != "cancelled" {
+				t.Fatalf("after cancel: %v", done)
+			}
+			if got := charges(t, b); got != 0 {
+				t.Errorf("charges = %d after a cancel before the commit", got)
+			}
+			stopped := logs.Records(t, "task cancelled before its commit; nothing kept: tasks/get answers cancelled, and an identical call runs as a new one")
+			if len(stopped) != 1 || !strings.HasPrefix(fmt.Sprint(stopped[0]["why"]), tc.via) {
+				t.Errorf("cancel logged as %v, want one record whose why starts %q", stopped, tc.via)
+			}
+			if n := len(logs.Records(t, "call stopped before its commit; nothing recorded, a retry runs it")); n != 0 {
+				t.Errorf("the task's cancel was also logged as a plain call's stop, blaming the transport: %s", logs)
+			}
+
+			// Asked again: the handler runs a second time, and its result
+			// is the new task's.
+			close(g.release)
+			again := result(t, p.charge(true, tc.key, 5))
+			next, _ := again["taskId"].(string)
+			if next == "" || next == id {
+				t.Fatalf("the same call after the cancel = %v, want a new task (the cancelled one is %s)", again, id)
+			}
+			done := p.waitTask(next)
+			if done["status"] != "completed" {
+				t.Fatalf("the new task = %v", done)
+			}
+			if sc, _ := done["result"].(map[string]any)["structuredContent"].(map[string]any); sc["amount"] != float64(5) {
+				t.Errorf("the new task's result = %v", done["result"])
+			}
+			if got := charges(t, b); got != 1 {
+				t.Errorf("charges = %d after the call ran again, want 1", got)
+			}
+			// The cancelled task is still its client's record, cancelled.
+			if r := result(t, p.task("tasks/get", id)); r["status"] != "cancelled" {
+				t.Errorf("tasks/get of the cancelled task after the new call = %v", r)
+			}
+			// Once more: the completed task answers (a replay), nothing runs.
+			if r := result(t, p.charge(true, tc.key, 5)); r["taskId"] != next {
+				t.Errorf("the call asked a third time = %v, want the completed task %s", r, next)
+			}
+			if got := charges(t, b); got != 1 {
+				t.Errorf("charges = %d after a replay, want 1", got)
+			}
+		})
+	}
+}
+
+// TestTask_CancelledTaskIsNotJoined: a task tasks/cancel stopped whose
+// handler has not returned yet (it ignores its context) is not handed to
+// the same call asked again in the meantime: that call waits for the
+// cancelled task to end, as a duplicate waits for a running call, and once
+// it has ended runs anew.
+func TestTask_CancelledTaskIsNotJoined(t *testing.T) {
+	t.Parallel()
+	db := mustLedger(t, openDB(t))
+	reached, release := make(chan struct{}, 4), make(chan struct{})
+	var gateOnce atomic.Bool
+	stubborn := func(context.Context) error {
+		if gateOnce.CompareAndSwap(false, true) { // only the first run
+			reached <- struct{}{}
+			<-release
+		}
+		return nil
+	}
+	b := setupOn(t, db, &outbox.Options{InFlightWait: 300 * time.Millisecond}, &ledger.Options{Gate: stubborn,
+		Tasks: map[string]outbox.TaskOptions{"charge": {Mode: outbox.TasksAlways, PollInterval: 20 * time.Millisecond}}})
 	p := stdioPeer(t, b.server)
-	id := result(t, p.charge(true, "cancel-1", 5))["taskId"].(string)
-	g.waitReached(t)
+	id := result(t, p.charge(true, "", 8))["taskId"].(string)
+	<-reached
 	if r := result(t, p.task("tasks/cancel", id)); r["resultType"] != "complete" {
 		t.Fatalf("tasks/cancel = %v", r)
 	}
+	// The first run still holds its call: the same call waits, then says
+	// it is in progress; it is never answered with the cancelled task.
+	r := result(t, p.charge(true, "", 8))
+	if r["taskId"] == id {
+		t.Fatalf("the same call, while the cancelled task's handler had not returned, got the cancelled task: %v", r)
+	}
+	if r["isError"] != true {
+		t.Errorf("the same call while the cancelled task ends = %v, want the in-progress error", r)
+	}
+	close(release)
 	if done := p.waitTask(id); done["status"] != "cancelled" {
 		t.Fatalf("after cancel: %v", done)
 	}
-	if got := charges(t, b); got != 0 {
-		t.Errorf("charges = %d after a cancel before the commit", got)
+	next := result(t, p.charge(true, "", 8))["taskId"].(string)
+	if done := p.waitTask(next); next == id || done["status"] != "completed" {
+		t.Fatalf("the call asked again after the cancelled task ended: task %s (the cancelled one is %s): %v", next, id, done)
 	}
-	// The same task, cancelled, to a retry that asks for a task.
-	if r := result(t, p.charge(true, "cancel-1", 5)); r["taskId"] != id || r["status"] != "cancelled" {
-		t.Errorf("retry after cancel = %v", r)
+	if got := charges(t, b); got != 1 {
+		t.Errorf("charges = %d, want 1", got)
 	}
 }
 
@@ -741,4 +844,79 @@ func runTaskOf(t *testing.T, name string, h outbox.HandlerFor[struct{}, any]) ma
 	p := stdioPeer(t, s)
 	id := result(t, p.request("tools/call", map[string]any{"name": name, "arguments": map[string]any{}, "_meta": meta(true, name+"-1")}))["taskId"].(string)
 	return p.waitTask(id)
+}
+
+// TestTask_StopLogsTheShutdown: a task stopped by Runner.Stop before its
+// commit is logged as stopped by the layer stopping, to run again at the
+// next start, not as a cancel nor as a plain call whose transport could
+// not tell; its row stays in flight.
+func TestTask_StopLogsTheShutdown(t *testing.T) {
+	t.Parallel()
+	db := mustLedger(t, openDB(t))
+	g := newGate()
+	logs := &outboxtest.LogBuffer{}
+	b := setupOn(t, db, &outbox.Options{Logger: logs.Logger()}, &ledger.Options{Gate: g.hold,
+		Tasks: map[string]outbox.TaskOptions{"charge": {Mode: outbox.TasksAlways, PollInterval: 20 * time.Millisecond}}})
+	r, err := b.layer.Start(context.Background(), &outbox.StartOptions{NoDispatcher: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := stdioPeer(t, b.server)
+	id := result(t, p.charge(true, "stop-1", 3))["taskId"].(string)
+	g.waitReached(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // no patience: the running task is stopped at once
+	if err := r.Stop(ctx); err == nil || !strings.Contains(err.Error(), "tasks in flight were stopped") {
+		t.Fatalf("Stop = %v, want it to say the tasks were stopped", err)
+	}
+	stopped := logs.Records(t, "task stopped before its commit by the layer stopping; nothing recorded, it stays in flight and runs again at the next start")
+	if len(stopped) != 1 || stopped[0]["task_id"] != id {
+		t.Errorf("stop records %v, want one naming task %s: %s", stopped, id, logs)
+	}
+	if n := len(logs.Records(t, "call stopped before its commit; nothing recorded, a retry runs it")); n != 0 {
+		t.Errorf("the task's stop was logged as a plain call's: %s", logs)
+	}
+	if r := result(t, p.task("tasks/get", id)); r["status"] != "working" {
+		t.Errorf("the stopped task = %v, want it still working, for the next start", r)
+	}
+}
+
+// TestTask_CancelledElsewhereIsNotJoined: tasks/cancel reached a process
+// that does not run the task, whose owner runs on until its commit is
+// refused. The same call asked again meanwhile, in either process, is not
+// handed the task whose cancel is recorded: it waits for the task to end,
+// as for a running call, and once the owner has ended it, runs anew.
+func TestTask_CancelledElsewhereIsNotJoined(t *testing.T) {
+	t.Parallel()
+	db := mustLedger(t, openDB(t))
+	g := newGate()
+	opts := func(gate func(context.Context) error) *ledger.Options {
+		return &ledger.Options{Gate: gate, Tasks: map[string]outbox.TaskOptions{"charge": {Mode: outbox.TasksAlways, PollInterval: 20 * time.Millisecond}}}
+	}
+	owner := setupOn(t, db, &outbox.Options{InFlightWait: 300 * time.Millisecond}, opts(g.hold))
+	op := stdioPeer(t, owner.server)
+	id := result(t, op.charge(true, "far-again", 4))["taskId"].(string)
+	g.waitReached(t)
+	other := setupOn(t, db, &outbox.Options{InFlightWait: 300 * time.Millisecond}, opts(nil))
+	p := stdioPeer(t, other.server)
+	if r := result(t, p.task("tasks/cancel", id)); r["resultType"] != "complete" {
+		t.Fatalf("tasks/cancel = %v", r)
+	}
+	for name, peer := range map[string]*taskPeer{"another process": p, "the owner's process": op} {
+		if r := result(t, peer.charge(true, "far-again", 4)); r["taskId"] == id || r["isError"] != true {
+			t.Errorf("in %s, the same call while the cancelled task's owner runs on = %v, want the in-progress error, not the task", name, r)
+		}
+	}
+	close(g.release)
+	outbox.WaitTasks(owner.layer)
+	if r := result(t, p.task("tasks/get", id)); r["status"] != "cancelled" {
+		t.Fatalf("after the owner's commit was refused: %v", r)
+	}
+	next := result(t, p.charge(true, "far-again", 4))["taskId"].(string)
+	if done := p.waitTask(next); next == id || done["status"] != "completed" {
+		t.Fatalf("the call asked again after the cancelled task ended: task %s (the cancelled one is %s): %v", next, id, done)
+	}
+	if got := charges(t, other); got != 1 {
+		t.Errorf("charges = %d, want 1", got)
+	}
 }

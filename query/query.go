@@ -135,7 +135,8 @@ func LookupSealed(ctx context.Context, db *schema.DB, s *seal.Sealer, principal,
 	// neither would run it.
 	if errors.Is(err, sql.ErrNoRows) || (err == nil && State(state) != InFlight && State(state) != OutcomeUnknown && expires <= now.UnixMilli()) {
 		return &Status{Key: key, State: NotFound, Effects: []EffectStatus{},
-			Message: "No call with this key within the retention window: it expired, was never seen, or failed without being recorded (a fault the server logged). A retry would run it."}, nil
+			Message: "No call with this key within the retention window: it expired, was never seen, failed without being recorded (a fault the server logged), " +
+				"or was a task cancelled before its commit (whose taskId tasks/get still answers). A retry would run it."}, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("look up call: %w", err)
@@ -201,7 +202,8 @@ func LookupArgsSealed(ctx context.Context, db *schema.DB, s *seal.Sealer, princi
 		// The client sent no key: speak of what it sent.
 		st.KeySource = string(callkey.SourceFingerprint)
 		st.Message = "No identical call (same tool and arguments, without a key) within the fingerprint window: " +
-			"it expired, was never seen, or failed without being recorded (a fault the server logged). Making the call would run it."
+			"it expired, was never seen, failed without being recorded (a fault the server logged), or was a task cancelled before its commit. " +
+			"Making the call would run it."
 	}
 	return st, err
 }
@@ -280,6 +282,9 @@ func message(st *Status) string {
 		case "cancelled":
 			// Its row holds an error the layer wrote, not the tool's: the
 			// tool's work rolled back when the cancel won over its commit.
+			// The layer now sets such a row aside under a key of its own
+			// (the next identical call runs anew), so a lookup by its
+			// call's key finds one only if an older version wrote it.
 			again := "To run it, make a new call with a new key."
 			if st.KeySource == "fingerprint" {
 				again = "After expiresAt an identical call runs as a new one."

@@ -148,6 +148,9 @@ type extTasksCase struct {
 	keepFirstOpen bool
 	// charges is how many charge rows the case must leave.
 	charges int
+	// clients, when set, are the only clients (extTasksClient.name) that
+	// run the case.
+	clients []string
 }
 
 var extTasksCases = []extTasksCase{
@@ -155,8 +158,22 @@ var extTasksCases = []extTasksCase{
 	{name: "lost-handle", keyed: true, charges: 1},
 	{name: "lost-handle-nokey", keepFirstOpen: true, charges: 1},
 	{name: "cancel", keyed: true, charges: 0},
+	// A cancel before the commit leaves nothing, so the same call asked
+	// again (Claude Code's user re-asks) runs: a new task, one charge, and
+	// the first task still cancelled to tasks/get.
+	{name: "cancel-again", keyed: true, charges: 1, clients: cancelAgainClients},
+	{name: "cancel-again-nokey", charges: 1, clients: cancelAgainClients},
 	{name: "crash", keyed: true, charges: 1},
 	{name: "other-principal", keyed: true, httpOnly: true, charges: 1},
+}
+
+// cancelAgainClients run the cancel-again cases (the Python client has
+// none).
+var cancelAgainClients = []string{"ext-tasks", "ts-sdk-" + tsSDKVersion}
+
+// runsOn reports whether client c runs the case.
+func (tc extTasksCase) runsOn(c extTasksClient) bool {
+	return tc.clients == nil || slices.Contains(tc.clients, c.name)
 }
 
 // extTasksClient is one Tasks client program: it reads an extTasksPlan and
@@ -310,7 +327,7 @@ func TestTasksInterop(t *testing.T) {
 		for _, protocol := range c.protocols {
 			for _, tc := range extTasksCases {
 				for _, tr := range []matrixTransport{overStdio, overHTTP} {
-					if tc.httpOnly && tr != overHTTP {
+					if tc.httpOnly && tr != overHTTP || !tc.runsOn(c) {
 						continue
 					}
 					wg.Add(1)
@@ -439,8 +456,12 @@ func runExtTasksCase(t *testing.T, client extTasksClient, protocol string, tc ex
 	if key != "" && plan.Token == "" {
 		cs, _ := serveStdio(t, bin, db, nil)
 		st := callStatus(t, cs, key)
-		if b, _ := json.Marshal(st); !bytes.Contains(b, []byte(rep.Calls[0].TaskID)) {
-			t.Errorf("call_status %q does not name task %s: %s", key, rep.Calls[0].TaskID, b)
+		task := rep.Calls[0].TaskID
+		if strings.HasPrefix(tc.name, "cancel-again") {
+			task = rep.Calls[1].TaskID // the key names the call that ran
+		}
+		if b, _ := json.Marshal(st); !bytes.Contains(b, []byte(task)) {
+			t.Errorf("call_status %q does not name task %s: %s", key, task, b)
 		}
 	}
 }
@@ -469,6 +490,10 @@ func checkExtTasksReport(t *testing.T, tc extTasksCase, rep *extTasksReport) {
 	first, last := rep.Calls[0], rep.Calls[len(rep.Calls)-1]
 	if first.Kind != "task" || first.TaskID == "" {
 		t.Fatalf("first call: %s; want a task", first)
+	}
+	if strings.HasPrefix(tc.name, "cancel-again") {
+		checkCancelAgain(t, rep)
+		return
 	}
 	for _, c := range rep.Calls {
 		if c.TaskID != first.TaskID {
@@ -499,6 +524,26 @@ func checkExtTasksReport(t *testing.T, tc extTasksCase, rep *extTasksReport) {
 	}
 	if want == "completed" && last.ChargeID == 0 {
 		t.Fatalf("last call: %s; the completed task's result names no charge", last)
+	}
+}
+
+// checkCancelAgain judges the cancel-again cases: the first task ended
+// cancelled, the same call asked again became a new task that ran and
+// completed with a charge, and tasks/get of the first still says cancelled.
+func checkCancelAgain(t *testing.T, rep *extTasksReport) {
+	t.Helper()
+	if len(rep.Calls) != 3 {
+		t.Fatalf("%d calls, want 3 (the cancelled call, the call asked again, tasks/get of the first): %+v", len(rep.Calls), rep.Calls)
+	}
+	first, again, get := rep.Calls[0], rep.Calls[1], rep.Calls[2]
+	if first.Status != "cancelled" || first.Error != "" {
+		t.Fatalf("%s; want the task cancelled", first)
+	}
+	if again.Kind != "task" || again.TaskID == first.TaskID || again.Status != "completed" || again.ChargeID == 0 || again.Error != "" || again.ToolError != "" {
+		t.Fatalf("%s; want a new task, run and completed with a charge (the cancelled task is %s)", again, first.TaskID)
+	}
+	if get.TaskID != first.TaskID || get.Status != "cancelled" || get.Error != "" {
+		t.Fatalf("%s; want the first task still cancelled", get)
 	}
 }
 

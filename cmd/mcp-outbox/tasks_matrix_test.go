@@ -22,24 +22,33 @@ const (
 
 // tasksCaseLabels name the cases as the table does.
 var tasksCaseLabels = map[string]string{
-	"complete":          "completes",
-	"lost-handle":       "lost handle (key)",
-	"lost-handle-nokey": "lost handle (no key)",
-	"crash":             "SIGKILL",
-	"other-principal":   "other principal refused",
+	"complete":           "completes",
+	"lost-handle":        "lost handle (key)",
+	"lost-handle-nokey":  "lost handle (no key)",
+	"crash":              "SIGKILL",
+	"cancel-again":       "key",
+	"cancel-again-nokey": "no key",
+	"other-principal":    "other principal refused",
 }
 
 // tasksCell says what the cases did: one task per logical call, and one
 // charge and one delivery, but for a cancel (none) and a task whose
 // upstream does not cooperate (extra).
 func tasksCell(cases []string, extra ...string) string {
-	var done, more []string
+	var done, more, again []string
 	for _, c := range cases {
-		if c == "cancel" {
+		switch c {
+		case "cancel":
 			more = append(more, "cancel before the commit: cancelled, no charge")
+			continue
+		case "cancel-again", "cancel-again-nokey":
+			again = append(again, tasksCaseLabels[c])
 			continue
 		}
 		done = append(done, tasksCaseLabels[c])
+	}
+	if len(again) > 0 {
+		more = append(more, "cancel, then the same call again ("+strings.Join(again, ", ")+"): a new task, 1 charge; the first stays cancelled")
 	}
 	var parts []string
 	if len(done) > 0 {
@@ -62,7 +71,7 @@ func tasksTable() string {
 			for _, tr := range []matrixTransport{overStdio, overHTTP} {
 				var serve []string
 				for _, tc := range extTasksCases {
-					if !tc.httpOnly || tr == overHTTP {
+					if (!tc.httpOnly || tr == overHTTP) && tc.runsOn(c) {
 						serve = append(serve, tc.name)
 					}
 				}

@@ -348,6 +348,8 @@ func testProxyTasksCancel(t *testing.T, up upstreamKind, cooperating bool) {
 		if charges != 0 { // the fence refused the commit
 			t.Fatalf("charges = %d after the task was cancelled", charges)
 		}
+		// Nothing was kept, so the same call asked again runs: a new task.
+		againAfterCancel(t, p, f, id, taskCharge("cancel-1", "ada", 500), lines, 2)
 		return
 	}
 	errObj, _ := done["error"].(map[string]any)
@@ -397,7 +399,32 @@ func TestProxyTasks_CancelElsewhere(t *testing.T) {
 		if got := owner.waitTask(id, 30*time.Second); got["status"] != "cancelled" {
 			t.Fatalf("tasks/get on the owner: %v, want cancelled", got)
 		}
+		// Asked again, through the owner, whose attempt has ended: it runs.
+		againAfterCancel(t, owner, f, id, taskCharge("elsewhere-1", "ada", 600), lines, 2)
 	})
+}
+
+// againAfterCancel makes the call of the task cancelled (its id) again,
+// through p: it runs as a new task (the upstream starts its charge number
+// started), which completes with one charge, and the cancelled task stays
+// cancelled.
+func againAfterCancel(t *testing.T, p *stdioTaskPeer, f *proxyFixture, cancelled string, call map[string]any, lines *upstreamLines, started int) {
+	t.Helper()
+	again := p.result("tools/call", call, true)
+	next, _ := again["taskId"].(string)
+	if next == "" || next == cancelled {
+		t.Fatalf("the same call after the cancel = %v, want a new task (the cancelled one is %s)", again, cancelled)
+	}
+	lines.wait(t, chargeStarted, started, 60*time.Second)
+	if done := p.waitTask(next, 30*time.Second); done["status"] != "completed" {
+		t.Fatalf("the call asked again after the cancel: %v, want completed", done)
+	}
+	if n := countRows(t, f.db, `SELECT count(*) FROM charges`); n != 1 {
+		t.Errorf("charges = %d after the call asked again, want 1", n)
+	}
+	if got := p.result("tasks/get", map[string]any{"taskId": cancelled}, true); got["status"] != "cancelled" {
+		t.Errorf("the cancelled task after the call asked again: %v, want still cancelled", got)
+	}
 }
 
 // The lines the upstreams print around a charge with

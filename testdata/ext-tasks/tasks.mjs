@@ -20,6 +20,12 @@
 //   lost-handle-nokey  the same without a key (the server's fingerprint).
 //   cancel             create a task and cancel it at once; poll its status
 //                      until terminal.
+//   cancel-again       create a task and cancel it at once; poll it until
+//                      terminal; then make the identical call again (same
+//                      plan.key) on the same connection and settle it; last, read the first
+//                      task once more (tasks/get), as a third entry of
+//                      report.calls.
+//   cancel-again-nokey the same without a key (the server's fingerprint).
 //   crash              create a task, hand it off, write plan.createdFile
 //                      ({taskId, pid}), wait for plan.resumeFile (the harness
 //                      SIGKILLs the server and, over HTTP, restarts it), then
@@ -75,7 +81,7 @@ const CLIENT_INFO = { name: 'mcp-outbox-ext-tasks', version: '0.0.0' };
 // What the client declares at connect; ext-tasks adds the Tasks extension to
 // it on every request it frames (tools/call, tasks/*).
 const CLIENT_CAPABILITIES = {};
-const CASES = ['complete', 'lost-handle', 'lost-handle-nokey', 'cancel', 'crash', 'other-principal'];
+const CASES = ['complete', 'lost-handle', 'lost-handle-nokey', 'cancel', 'cancel-again', 'cancel-again-nokey', 'crash', 'other-principal'];
 const TERMINAL = new Set(['completed', 'failed', 'cancelled']);
 // How often to look for plan.resumeFile, and to poll a task by hand.
 const POLL_EVERY_MS = 20;
@@ -617,6 +623,44 @@ async function runCancel(plan, signal) {
   }
 }
 
+// runCancelAgain is a user who stops a call and then asks for it again:
+// the second call must run, and the first task stay cancelled.
+async function runCancelAgain(plan, signal) {
+  const conn = await new Conn(plan).open(plan);
+  try {
+    await conn.listTools(plan);
+    const { c, ex } = await firstCall(conn, plan, 'call 1, cancelled at once', signal);
+    if (!ex) {
+      return;
+    }
+    try {
+      await ex.cancel(signal);
+      c.cancelSent = true;
+      await pollTask(conn, c.taskId, plan, c, signal);
+    } catch (err) {
+      Object.assign(c, errorOf(err));
+    }
+    endCall(c);
+    const c2 = newCall(`call 2, the same call${plan.key ? ' and key' : ' without a key'} asked again after the cancel`);
+    const ex2 = await callTool(conn, plan, c2);
+    if (ex2) {
+      await settle(ex2, plan, c2, signal);
+    }
+    endCall(c2);
+    const c3 = newCall('tasks/get of call 1\'s task, after call 2');
+    c3.kind = 'task';
+    c3.taskId = c.taskId;
+    try {
+      await pollTask(conn, c.taskId, plan, c3, signal);
+    } catch (err) {
+      Object.assign(c3, errorOf(err));
+    }
+    endCall(c3);
+  } finally {
+    await conn.close();
+  }
+}
+
 async function waitForFile(path, signal) {
   while (!existsSync(path)) {
     await sleep(POLL_EVERY_MS, undefined, { signal });
@@ -694,6 +738,8 @@ const RUNS = {
   'lost-handle': runLostHandle,
   'lost-handle-nokey': runLostHandle,
   cancel: runCancel,
+  'cancel-again': runCancelAgain,
+  'cancel-again-nokey': runCancelAgain,
   crash: runCrash,
   'other-principal': runOtherPrincipal,
 };

@@ -28,7 +28,7 @@ const SDK_PACKAGES = {
 };
 const DEFAULT_SDK = '1.32.2';
 const PROTOCOL = '2025-11-25';
-const CASES = ['complete', 'lost-handle', 'lost-handle-nokey', 'cancel', 'crash', 'other-principal'];
+const CASES = ['complete', 'lost-handle', 'lost-handle-nokey', 'cancel', 'cancel-again', 'cancel-again-nokey', 'crash', 'other-principal'];
 const TERMINAL = new Set(['completed', 'failed', 'cancelled']);
 const POLL_EVERY_MS = 20;
 
@@ -362,6 +362,44 @@ async function runCancel(sdk, plan, signal) {
   }
 }
 
+// runCancelAgain: see testdata/ext-tasks/tasks.mjs. The first task is
+// cancelled and polled until terminal, the same call is made again on the
+// same connection and followed to its end, then the first task is read
+// once more (tasks/get).
+async function runCancelAgain(sdk, plan, signal) {
+  const conn = await connect(sdk, plan);
+  try {
+    const c = newCall('call 1, cancelled at once');
+    await stream(conn, plan, c, true);
+    if (noTask(c)) {
+      return;
+    }
+    try {
+      const task = await conn.client.experimental.tasks.cancelTask(c.taskId, { timeout: plan.requestTimeoutMs });
+      c.cancelSent = true;
+      seen(c, task.status);
+      await poll(sdk, conn, plan, c, signal);
+    } catch (err) {
+      Object.assign(c, errorOf(err));
+    }
+    endCall(c);
+    const c2 = newCall(`call 2, the same call${plan.key ? ' and key' : ' without a key'} asked again after the cancel`);
+    await stream(conn, plan, c2, false);
+    endCall(c2);
+    const c3 = newCall('tasks/get of call 1\'s task, after call 2');
+    c3.kind = 'task';
+    c3.taskId = c.taskId;
+    try {
+      await poll(sdk, conn, plan, c3, signal);
+    } catch (err) {
+      Object.assign(c3, errorOf(err));
+    }
+    endCall(c3);
+  } finally {
+    await closeConn(conn);
+  }
+}
+
 async function runCrash(sdk, plan, signal) {
   const first = await connect(sdk, plan);
   const c = newCall('call (the server is SIGKILLed while its task runs)');
@@ -425,6 +463,8 @@ const RUNS = {
   'lost-handle': runLostHandle,
   'lost-handle-nokey': runLostHandle,
   cancel: runCancel,
+  'cancel-again': runCancelAgain,
+  'cancel-again-nokey': runCancelAgain,
   crash: runCrash,
   'other-principal': runOtherPrincipal,
 };
