@@ -148,6 +148,11 @@ func ServeWith(ctx context.Context, ln net.Listener, h http.Handler, opts *Optio
 	// closed, its answer written out: the go-sdk client fails its session
 	// when the stream ends (at once with MaxRetries -1, else when it cannot
 	// reconnect), and with it a call whose answer it has not read yet.
+	if n := tr.running(); n > 0 && bound > 0 {
+		// Said before the wait, so that a process that waits up to a
+		// minute does not look hung.
+		logger.Info("shutdown: waiting for the requests in flight to answer", "running", n, "shutdown_timeout", bound)
+	}
 	deadline := time.Now().Add(max(bound, 0))
 	sctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	defer cancel()

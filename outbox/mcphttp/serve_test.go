@@ -158,6 +158,9 @@ func TestServeWith_HandsOverAtBound(t *testing.T) {
 	if l := logs.String(); !strings.Contains(l, "were handed over") || !strings.Contains(l, "running=1") {
 		t.Errorf("log %q, want the request handed over, running=1", l)
 	}
+	if l := logs.String(); !strings.Contains(l, "waiting for the requests in flight") {
+		t.Errorf("log %q, want the wait announced before it began", l)
+	}
 }
 
 type syncBuffer struct {
