@@ -272,6 +272,10 @@ func (a *attempt) endTask(ctx context.Context, u *unit) error {
 	code, msg := int64(jsonrpc.CodeInternalError), fmt.Sprintf("the task ended without an outcome; nothing of it was kept. The server's log has the cause under call id %s.", a.uid)
 	if e := a.task.rpcErr.Load(); e != nil {
 		code, msg = e.Code, e.Message
+	} else if a.handlerErr != nil && a.tool.showErrors && a.showable(a.handlerErr) {
+		// ShowErrors: the handler's own words (a validation error) are
+		// the task's failure, as they are a plain call's answer.
+		msg = fmt.Sprintf("%v\n\n(Nothing of this task was kept. Call id %s.)", a.handlerErr, a.uid)
 	}
 	failed, _ := encodeResult(toolError(codeNotRecorded, "%s", msg))
 	if failed, err = a.layer.opts.Sealer.SealString(context.Background(), u.querier(), callRef(a.callID, "result", a.id.principal), failed); err != nil {

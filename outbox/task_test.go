@@ -824,17 +824,40 @@ func TestTask_IgnoredStatementErrorNotRunAgain(t *testing.T) {
 	}
 }
 
+// With ShowErrors, a task whose handler returns a plain error ends failed
+// with the error's text, as a plain call answers it; without, with the
+// generic words.
+func TestTask_ShowErrors(t *testing.T) {
+	t.Parallel()
+	invalid := func(context.Context, outbox.Tx, *mcp.CallToolRequest, struct{}) (*mcp.CallToolResult, any, error) {
+		return nil, nil, fmt.Errorf("unsupported currency %q", "XYZ")
+	}
+	for _, show := range []bool{false, true} {
+		done := runTaskWith(t, "invoice", invalid, outbox.ToolOptions{ShowErrors: show})
+		b, _ := json.Marshal(done)
+		if done["status"] != "failed" || strings.Contains(string(b), `unsupported currency`) != show {
+			t.Errorf("ShowErrors %v: task = %s; want failed, the handler's text shown %v", show, b, show)
+		}
+	}
+}
+
 // runTaskOf serves tool name, always a task run by h, with the task
 // runner on, calls it once and returns the task as it ended.
 func runTaskOf(t *testing.T, name string, h outbox.HandlerFor[struct{}, any]) map[string]any {
+	t.Helper()
+	return runTaskWith(t, name, h, outbox.ToolOptions{})
+}
+
+// runTaskWith is runTaskOf with the tool's options (Tasks aside).
+func runTaskWith(t *testing.T, name string, h outbox.HandlerFor[struct{}, any], o outbox.ToolOptions) map[string]any {
 	t.Helper()
 	l, err := outbox.New(openDB(t), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := l.NewServer(&mcp.Implementation{Name: "t", Version: "v0"}, nil)
-	outbox.AddTool(l, s, &mcp.Tool{Name: name}, h,
-		&outbox.ToolOptions{Tasks: outbox.TaskOptions{Mode: outbox.TasksAlways, PollInterval: 20 * time.Millisecond}})
+	o.Tasks = outbox.TaskOptions{Mode: outbox.TasksAlways, PollInterval: 20 * time.Millisecond}
+	outbox.AddTool(l, s, &mcp.Tool{Name: name}, h, &o)
 	running, err := l.Start(context.Background(), &outbox.StartOptions{NoDispatcher: true, ReapInterval: outbox.ReaperOff,
 		TaskScanInterval: 20 * time.Millisecond})
 	if err != nil {
