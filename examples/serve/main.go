@@ -4,11 +4,13 @@ package main
 
 import (
 	"context"
+	"embed"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log"
 	"net"
 	"net/url"
@@ -55,8 +57,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) (err error) {
 		return err
 	}
 	defer db.Close() // deferred first, so it runs last
-	if _, err = db.Write.ExecContext(ctx, db.Pick(createInvoicesSQLite, createInvoicesPostgres)); err != nil {
-		return fmt.Errorf("create invoices: %w", err)
+	if err := migrate(ctx, db); err != nil {
+		return err
 	}
 	reg := prometheus.NewRegistry()
 	m := outbox.NewMetrics(reg)
@@ -126,9 +128,19 @@ func run(ctx context.Context, args []string, stderr io.Writer) (err error) {
 	return mcphttp.Serve(ctx, ln, r)
 }
 
-// The invoices table on each store: the id is the database's to assign,
-// which the handler reads back with RETURNING on both.
-const (
-	createInvoicesSQLite   = `CREATE TABLE IF NOT EXISTS invoices (id INTEGER PRIMARY KEY, customer TEXT NOT NULL)`
-	createInvoicesPostgres = `CREATE TABLE IF NOT EXISTS invoices (id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY, customer TEXT NOT NULL)`
-)
+// The application's own tables, one directory of migrations per store.
+//
+//go:embed migrations
+var migrations embed.FS
+
+// migrate creates or upgrades the invoices table, as migration set
+// "invoices", beside the outbox's own (which schema.Open applied).
+func migrate(ctx context.Context, db *schema.DB) error {
+	sqlite, _ := fs.Sub(migrations, "migrations/sqlite")
+	postgres, _ := fs.Sub(migrations, "migrations/postgres")
+	m, err := db.MigrationsFor(sqlite, postgres)
+	if err != nil {
+		return err
+	}
+	return db.Migrate(ctx, "invoices", m)
+}
