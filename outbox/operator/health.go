@@ -65,6 +65,10 @@ type readiness struct {
 const notStarted = "not started: nothing in this process delivers the effects its calls enqueue; they wait " +
 	"(Layer.Start runs the dispatcher, StartOptions.NoDispatcher says another process delivers)"
 
+// destinationsUnchecked is checks.destinations of a layer never started.
+const destinationsUnchecked = "unchecked: the layer was not started, so no dispatcher names the destinations " +
+	"its effects must have"
+
 func (rd *readiness) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	checks := map[string]string{"database": "ok", "dispatcher": "ok"}
 	ready, degraded := true, false
@@ -80,7 +84,11 @@ func (rd *readiness) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case rd.dispatcher != nil && !rd.dispatcher.Running():
 		checks["dispatcher"], ready = "not running", false
 	}
-	if ready {
+	if ready && rd.layer != nil && !rd.layer.Started() {
+		// No dispatcher names the destinations to judge by: "ok" here would
+		// vouch for effects whose names nothing has checked.
+		checks["destinations"] = destinationsUnchecked
+	} else if ready {
 		switch u, err := findUnconfigured(ctx, rd.db, rd.dispatcher); {
 		case err != nil:
 			rd.logger.Error("readiness: count pending effects", "error", err)

@@ -260,9 +260,17 @@ func TestReadyz_LayerNotStarted(t *testing.T) {
 		t.Fatal(err)
 	}
 	health := NewHealth(db, &Options{Layer: layer})
-	notStartedState := "200 degraded ready=true dispatcher=" + notStarted + " destinations=ok"
+	notStartedState := "200 degraded ready=true dispatcher=" + notStarted + " destinations=" + destinationsUnchecked
 	if got := readyState(t, health); got != notStartedState {
 		t.Errorf("never started:\n got %s\nwant %s", got, notStartedState)
+	}
+	// A typo'd destination enqueued before any Start is not vouched for.
+	insertEffect(t, db, "mailr", "pending")
+	if got := readyState(t, health); got != notStartedState {
+		t.Errorf("never started, an effect pending for a name nothing checked:\n got %s\nwant %s", got, notStartedState)
+	}
+	if _, err := db.Write.Exec(`DELETE FROM effects WHERE destination = 'mailr'`); err != nil {
+		t.Fatal(err) // else Start would refuse, rightly
 	}
 	if got := readyState(t, NewHealth(db, nil)); got != "200 ok ready=true dispatcher=ok destinations=<nil>" {
 		t.Errorf("without Options.Layer (cannot tell): %s", got)
