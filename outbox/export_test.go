@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 )
@@ -36,3 +37,9 @@ func WaitTasks(l *Layer) { l.taskRuns.Wait() }
 
 // MaxTaskRuns bounds the runs of a task the store fails under.
 const MaxTaskRuns = maxTaskRuns
+
+// SetUnknownDestinationWatch sets how often a started layer looks for
+// effects pending for unknown destinations, and a hook run after each look.
+func SetUnknownDestinationWatch(every time.Duration, round func()) {
+	unknownDestinationInterval, testHookUnknownDestinationRound = every, round
+}

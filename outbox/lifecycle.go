@@ -104,7 +104,9 @@ type Runner struct {
 // (mcp-outbox outbox retarget --from NAME --to NAME, or
 // admin.RetargetPending), cancel them (mcp-outbox outbox cancel --dest
 // NAME), configure the destination, or use NoDispatcher if another
-// process delivers them.
+// process delivers them. Effects that reach the database for such a name
+// while the dispatcher runs (a cooperating upstream of the proxy writes
+// its own) are logged, once per name, within a minute.
 // Replicas on one PostgreSQL database must configure the same
 // destinations, for the same reason. A second Start before Stop is an
 // error; after Stop the layer can be started again.
@@ -204,6 +206,7 @@ func (l *Layer) Start(ctx context.Context, opts *StartOptions) (*Runner, error) 
 	if d := r.dispatcher; d != nil {
 		r.removeHook = l.addEnqueueHook(d.Notify)
 		wg.Go(func() { dispatchErr = d.Run(runCtx) })
+		wg.Go(func() { l.watchUnknownDestinations(runCtx, d) })
 	}
 	if o.TaskScanInterval >= 0 {
 		scan := o.TaskScanInterval
