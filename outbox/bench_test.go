@@ -113,3 +113,32 @@ func BenchmarkChargeConcurrent(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkReadOnly compares one sequential call of the ledger's balance,
+// a readOnlyHint tool, over in-memory transports: the bare ledger (the
+// same handler, its query on the read pool) and the layer, which runs the
+// handler in a read-only transaction (PRAGMA query_only on SQLite, BEGIN
+// READ ONLY on PostgreSQL) and records nothing. Compare the two of one run.
+func BenchmarkReadOnly(b *testing.B) {
+	ctx := context.Background()
+	p := &mcp.CallToolParams{Name: "balance", Arguments: map[string]any{}}
+	b.Run("bare", func(b *testing.B) {
+		db := openDB(b)
+		s := mcp.NewServer(&mcp.Implementation{Name: "bare", Version: "v0"}, nil)
+		ledger.RegisterBare(db, s, nil)
+		cs := connect(b, s)
+		for b.Loop() {
+			if res, err := cs.CallTool(ctx, p); err != nil || res.IsError {
+				b.Fatal(err, res)
+			}
+		}
+	})
+	b.Run("layer", func(b *testing.B) {
+		bd := setup(b, nil, nil)
+		for b.Loop() {
+			if res, err := bd.session.CallTool(ctx, p); err != nil || res.IsError {
+				b.Fatal(err, res)
+			}
+		}
+	})
+}
