@@ -65,8 +65,12 @@ func ReadMigrations(fsys fs.FS) ([]Migration, error) {
 		ms = append(ms, Migration{Version: v, Name: path.Base(e.Name()), SQL: string(body)})
 	}
 	if len(ms) == 0 {
-		if len(dirs) > 0 {
-			return nil, fmt.Errorf("read migrations: no NNN_name.up.sql file at the top of the file system, only the directories %s: pass fs.Sub(fsys, %q)", strings.Join(dirs, ", "), dirs[0])
+		switch {
+		case len(dirs) == 1:
+			return nil, fmt.Errorf("read migrations: no NNN_name.up.sql file at the top of the file system, only the directory %s: pass fs.Sub(fsys, %q)", dirs[0], dirs[0])
+		case len(dirs) > 1:
+			return nil, fmt.Errorf("read migrations: no NNN_name.up.sql file at the top of the file system, only the directories %s: "+
+				"pass the one with the migrations, fs.Sub(fsys, \"DIR\"), or one per store through DB.MigrationsFor", strings.Join(dirs, ", "))
 		}
 		return nil, errors.New("read migrations: no NNN_name.up.sql file at the top of the file system")
 	}

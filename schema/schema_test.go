@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -144,6 +145,11 @@ func TestMigrate(t *testing.T) {
 	embedWhole := fstest.MapFS{"migrations/001_a.up.sql": {Data: []byte(`CREATE TABLE w (x)`)}}
 	if err := db.Migrate(ctx, "whole", embedWhole); err == nil || !strings.Contains(err.Error(), `fs.Sub(fsys, "migrations")`) {
 		t.Errorf("migrations a directory down: err = %v, want one naming fs.Sub", err)
+	}
+	perStore := fstest.MapFS{"m/sqlite/001_a.up.sql": {}, "m/postgres/001_a.up.sql": {}}
+	sub, _ := fs.Sub(perStore, "m")
+	if err := db.Migrate(ctx, "stores", sub); err == nil || !strings.Contains(err.Error(), "MigrationsFor") || strings.Contains(err.Error(), `fs.Sub(fsys, "postgres")`) {
+		t.Errorf("a directory per store: err = %v, want one naming MigrationsFor, not one directory", err)
 	}
 	if err := db.Migrate(ctx, "empty", fstest.MapFS{}); err == nil {
 		t.Error("no migrations: want an error")
