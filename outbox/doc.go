@@ -403,7 +403,9 @@
 //	...
 //	h := mcphttp.NewHandler(server, nil)        // keeps every key source (see below)
 //	err = mcphttp.Serve(ctx, ln, h)             // returns once the calls in flight finished (bounded)
-//	return errors.Join(err, running.Stop(context.WithoutCancel(ctx)))
+//	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute) // then tasks stop
+//	defer cancel()
+//	return errors.Join(err, running.Stop(sctx))
 //
 // Serve HTTP with mcphttp.NewHandler (or wrap your own endpoint in
 // mcphttp.LiftParamsKey) and stdio with mcpstdio.NewTransport: go-sdk's

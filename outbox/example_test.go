@@ -101,8 +101,13 @@ func serve(ctx context.Context, db *schema.DB, mailer *url.URL, t mcp.Transport)
 		return err
 	}
 	// After serving ends (the calls in flight have finished), before the
-	// caller closes the database.
-	defer func() { err = errors.Join(err, running.Stop(context.WithoutCancel(ctx))) }()
+	// caller closes the database. Bounded: a task still running after a
+	// minute stops, rolls back, and runs again at the next start.
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		err = errors.Join(err, running.Stop(sctx))
+	}()
 
 	if err := server.Run(ctx, t); err != nil && ctx.Err() == nil {
 		return err

@@ -164,6 +164,21 @@ func (l *Layer) taskTool(principal, name string) *toolInfo {
 // stops the rest, which stay in flight in their rows (nothing of their
 // work committed) for the next start or another replica to run again.
 func (l *Layer) stopTasks(ctx context.Context) error {
+	l.mu.Lock()
+	running := len(l.tasks)
+	l.mu.Unlock()
+	if running > 0 {
+		// Said before the wait: a task may run for minutes, and a process
+		// that waits for it in silence looks hung.
+		deadline, bounded := ctx.Deadline()
+		until := "until Stop's context ends"
+		if bounded {
+			until = "until " + deadline.Format(time.RFC3339)
+		}
+		l.opts.Logger.InfoContext(ctx, "stop: waiting for the tasks in flight to finish; "+
+			"those still running then stop, roll back and run again at the next start",
+			"running", running, "until", until)
+	}
 	done := make(chan struct{})
 	go func() {
 		l.taskRuns.Wait()

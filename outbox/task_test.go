@@ -892,6 +892,13 @@ func TestTask_StopLogsTheShutdown(t *testing.T) {
 	if err := r.Stop(ctx); err == nil || !strings.Contains(err.Error(), "tasks in flight were stopped") {
 		t.Fatalf("Stop = %v, want it to say the tasks were stopped", err)
 	}
+	// The wait is said before it begins, so a process waiting for a long
+	// task does not look hung.
+	waiting := logs.Records(t, "stop: waiting for the tasks in flight to finish; "+
+		"those still running then stop, roll back and run again at the next start")
+	if len(waiting) != 1 || waiting[0]["running"] != float64(1) {
+		t.Errorf("wait records %v, want one with running=1: %s", waiting, logs)
+	}
 	stopped := logs.Records(t, "task stopped before its commit by the layer stopping; nothing recorded, it stays in flight and runs again at the next start")
 	if len(stopped) != 1 || stopped[0]["task_id"] != id {
 		t.Errorf("stop records %v, want one naming task %s: %s", stopped, id, logs)

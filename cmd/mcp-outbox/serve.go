@@ -24,6 +24,7 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/outbox/destconfig"
 	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
+	"github.com/mcp-outbox/mcp-outbox/outbox/mcphttp"
 	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -129,6 +130,11 @@ type app struct {
 	// when tracing is off. stopTracing flushes it (Close calls it).
 	tracerProvider trace.TracerProvider
 	stopTracing    func()
+	// stopBound is how long the Runner's Stop waits for deliveries and
+	// tasks in flight once serving ended (--shutdown-timeout; zero:
+	// mcphttp.DefaultShutdownTimeout). Tasks still running then stop,
+	// roll back and run again at the next start.
+	stopBound time.Duration
 }
 
 func (cfg *appConfig) flags(env *environment, fs *flag.FlagSet) error {
@@ -236,7 +242,8 @@ func openStore(ctx context.Context, env *environment, cfg *appConfig) (*app, err
 	if err != nil {
 		return nil, err
 	}
-	a := &app{db: db, dests: dests, logger: logger, logSensitive: cfg.logSensitive, retention: cfg.retention}
+	a := &app{db: db, dests: dests, logger: logger, logSensitive: cfg.logSensitive, retention: cfg.retention,
+		stopBound: cfg.shutdownTimeout}
 	a.metricsRegistry = prometheus.NewRegistry()
 	a.metrics = outbox.NewMetrics(a.metricsRegistry)
 	if cfg.bare {
@@ -463,7 +470,15 @@ func (a *app) start(ctx context.Context) (stop func(), err error) {
 	}
 	a.runner.Store(r)
 	return func() {
-		if err := r.Stop(context.WithoutCancel(ctx)); err != nil {
+		bound := a.stopBound
+		if bound <= 0 {
+			bound = mcphttp.DefaultShutdownTimeout
+		}
+		// Bounded: a task that ignores its context would otherwise hold
+		// the process up for as long as it runs.
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), bound)
+		defer cancel()
+		if err := r.Stop(sctx); err != nil {
 			a.logger.Error("stop the dispatcher and the reaper", "error", err)
 		}
 	}, nil

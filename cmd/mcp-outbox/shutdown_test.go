@@ -229,3 +229,42 @@ func TestServeSQLiteServesOnceListening(t *testing.T) {
 		t.Fatalf("first request: %s, want 200 (served as soon as serve listens)", resp.Status)
 	}
 }
+
+// TestServeSIGTERMDuringTaskIsBounded: a task outlives the HTTP request
+// that created it, so the HTTP bound does not cover it; the layer's Stop
+// waits for it. That wait is bounded by the same --shutdown-timeout: the
+// task still running then stops, rolls back and stays in flight for the
+// next start, and serve exits 0, saying first what it waits for. Before,
+// Stop waited for the task as long as it ran (here two minutes).
+func TestServeSIGTERMDuringTaskIsBounded(t *testing.T) {
+	t.Parallel()
+	dbPath := filepath.Join(t.TempDir(), "ledger.db")
+	cmd := exec.Command(bin, "serve", "--db", dbPath, "--http", "127.0.0.1:0", "--log-level", "info",
+		"--task", "charge=always", "--demo-delay", "2m", "--shutdown-timeout", "1s")
+	lines := startLines(t, cmd)
+	u := strings.TrimSpace(strings.SplitN(waitLine(t, lines, "serving MCP at "), "serving MCP at ", 2)[1])
+	p := &crashTaskPeer{t: t, url: u}
+	created, err := p.do("tools/call", map[string]any{"name": "charge", "arguments": map[string]any{"amount": 900},
+		"_meta": map[string]any{"idempotencyKey": "sigterm-task"}}, true)
+	if err != nil || created["resultType"] != "task" {
+		t.Fatalf("CreateTaskResult = %v, %v", created, err)
+	}
+	db := openLedgerDB(t, dbPath)
+	waitChargeRunning(t, db, "sqlite")
+	signalled := time.Now()
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	waitLine(t, lines, "stop: waiting for the tasks in flight to finish")
+	waitProcess(t, cmd, time.Minute)
+	if took := time.Since(signalled); took > 30*time.Second {
+		t.Errorf("exited %s after SIGTERM, want soon after the 1s bound", took)
+	}
+	wantExitedZero(t, cmd)
+	if n := countRows(t, db, `SELECT count(*) FROM calls WHERE task_id IS NOT NULL AND state = 'in_flight'`); n != 1 {
+		t.Errorf("the stopped task: %d rows in flight, want 1, for the next start", n)
+	}
+	if n := countRows(t, db, `SELECT count(*) FROM charges`); n != 0 {
+		t.Errorf("charges = %d, want 0: the stopped task rolled back", n)
+	}
+}

@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -95,7 +96,13 @@ func run(ctx context.Context, args []string, stderr io.Writer) (err error) {
 		return err
 	}
 	// Runs once serving has returned, and so after the calls in flight.
-	defer func() { err = errors.Join(err, running.Stop(context.WithoutCancel(ctx))) }()
+	// Bounded: a task still running after a minute stops, rolls back,
+	// and runs again at the next start.
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		err = errors.Join(err, running.Stop(sctx))
+	}()
 
 	if *httpAddr == "" {
 		err := server.Run(ctx, mcpstdio.NewTransport(&mcp.StdioTransport{}, nil))
