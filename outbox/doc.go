@@ -204,7 +204,8 @@
 // when the task ends.
 //
 // Then the handler runs detached from the request, under a context of the
-// task's own that only tasks/cancel (or Runner.Stop) ends, and the call
+// task's own that only tasks/cancel (or Runner.Stop) ends, with the cause
+// (context.Cause) [ErrTaskCancelled] or [ErrLayerStopped], and the call
 // commits as any call does: the handler's writes, its effects and its
 // outcome in one transaction. The methods, answered by every process and
 // replica on the database, scoped by principal (another principal's task,

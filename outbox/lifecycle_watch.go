@@ -38,7 +38,7 @@ func (l *Layer) watchUnknownDestinations(ctx context.Context, d *dispatch.Dispat
 		pending, err := l.pendingUnknown(ctx, known)
 		if err != nil {
 			if ctx.Err() == nil {
-				l.opts.Logger.WarnContext(ctx, "look for effects pending for unknown destinations", "error", err)
+				l.logger.WarnContext(ctx, "look for effects pending for unknown destinations", "error", err)
 			}
 		} else {
 			for name := range warned {
@@ -51,7 +51,7 @@ func (l *Layer) watchUnknownDestinations(ctx context.Context, d *dispatch.Dispat
 					continue
 				}
 				warned[name] = true
-				l.opts.Logger.WarnContext(ctx, "effects are pending for a destination this dispatcher does not know; "+
+				l.logger.WarnContext(ctx, "effects are pending for a destination this dispatcher does not know; "+
 					"they wait, and the next Start refuses to run until they are moved or cancelled",
 					slog.String("destination", name), slog.Int64("pending", n), slog.String("known", known.list),
 					slog.String("way_out", retargetHint([]string{name})+" (or mcp-outbox outbox cancel --dest "+shellWord(name)+")"))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -13,6 +14,16 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/paramskey"
 )
+
+// ErrTaskCancelled is the cause (context.Cause) of a task's handler
+// context when a client's tasks/cancel ended it before its commit: the
+// task ends cancelled, and nothing of it is kept.
+var ErrTaskCancelled = errors.New("outbox: the task was cancelled by its client (tasks/cancel)")
+
+// ErrLayerStopped is the cause (context.Cause) of a task's handler context
+// when Runner.Stop stopped it before its commit: nothing of it is kept, and
+// it runs again at the next start.
+var ErrLayerStopped = errors.New("outbox: the layer is stopping; the task runs again at the next start")
 
 // ExtensionTasks is the 2026-07-28 Tasks extension (SEP-2663). A client
 // lists it per request under
@@ -151,9 +162,9 @@ type attemptTask struct {
 	mu sync.Mutex
 	id string // the task's id; a takeover of a task's row adopts the row's
 
-	stop      context.CancelFunc // ends the detached handler's context
-	cancelled atomic.Bool        // tasks/cancel asked
-	shutdown  atomic.Bool        // the layer stops: leave the task to the next process
+	stop      context.CancelCauseFunc // ends the detached handler's context, saying why
+	cancelled atomic.Bool             // tasks/cancel asked
+	shutdown  atomic.Bool             // the layer stops: leave the task to the next process
 	// cancelVia: what asked the cancel, for the log (taskCancelOrigin).
 	cancelVia atomic.Pointer[string]
 	// storeFault: the attempt ended on a failure of the store, not of the

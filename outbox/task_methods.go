@@ -251,7 +251,7 @@ func (l *Layer) cancelTask(ctx context.Context, principal, id string) error {
 		via := taskCancelOrigin(ctx)
 		a.task.cancelVia.Store(&via)
 		a.task.cancelled.Store(true)
-		a.task.stop()
+		a.task.stop(ErrTaskCancelled)
 	}
 	u, err := l.group.enter(background(ctx), true)
 	if err != nil {

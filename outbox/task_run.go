@@ -85,7 +85,7 @@ type taskEnd struct {
 // channel gets its answer once the outcome is decided.
 func (l *Layer) startTask(ctx context.Context, a *attempt, req *mcp.CallToolRequest) <-chan taskEnd {
 	a.detached = true
-	tctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	tctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	a.task.stop = cancel
 	id := a.task.taskID()
 	done := make(chan taskEnd, 1)
@@ -99,7 +99,7 @@ func (l *Layer) startTask(ctx context.Context, a *attempt, req *mcp.CallToolRequ
 	go func() {
 		defer l.taskRuns.Done()
 		defer func() {
-			cancel()
+			cancel(nil)
 			l.mu.Lock()
 			delete(l.tasks, id)
 			l.mu.Unlock()

@@ -175,7 +175,7 @@ func (l *Layer) stopTasks(ctx context.Context) error {
 		if bounded {
 			until = "until " + deadline.Format(time.RFC3339)
 		}
-		l.opts.Logger.InfoContext(ctx, "stop: waiting for the tasks in flight to finish; "+
+		l.logger.InfoContext(ctx, "stop: waiting for the tasks in flight to finish; "+
 			"those still running then stop, roll back and run again at the next start",
 			"running", running, "until", until)
 	}
@@ -192,7 +192,7 @@ func (l *Layer) stopTasks(ctx context.Context) error {
 	l.mu.Lock()
 	for _, a := range l.tasks {
 		a.task.shutdown.Store(true)
-		a.task.stop()
+		a.task.stop(ErrLayerStopped)
 	}
 	l.mu.Unlock()
 	<-done

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -838,6 +839,61 @@ func TestTask_ShowErrors(t *testing.T) {
 		if done["status"] != "failed" || strings.Contains(string(b), `unsupported currency`) != show {
 			t.Errorf("ShowErrors %v: task = %s; want failed, the handler's text shown %v", show, b, show)
 		}
+	}
+}
+
+// A task's handler can tell why its context ended: context.Cause is
+// ErrTaskCancelled after tasks/cancel, ErrLayerStopped after Runner.Stop.
+func TestTask_HandlerContextSaysWhy(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		end  func(t *testing.T, p *taskPeer, r *outbox.Runner, id string)
+		want error
+	}{
+		{"tasks/cancel", func(t *testing.T, p *taskPeer, _ *outbox.Runner, id string) { result(t, p.task("tasks/cancel", id)) }, outbox.ErrTaskCancelled},
+		{"Runner.Stop", func(t *testing.T, _ *taskPeer, r *outbox.Runner, _ string) {
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel() // no patience: the running task is stopped at once
+			_ = r.Stop(ctx)
+		}, outbox.ErrLayerStopped},
+	} {
+		t.Run(strings.ReplaceAll(tc.name, "/", "_"), func(t *testing.T) {
+			t.Parallel()
+			reached, causes := make(chan struct{}, 1), make(chan error, 1)
+			l, err := outbox.New(openDB(t), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			s := l.NewServer(&mcp.Implementation{Name: "t", Version: "v0"}, nil)
+			outbox.AddTool(l, s, &mcp.Tool{Name: "wait"}, func(ctx context.Context, _ outbox.Tx, _ *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, any, error) {
+				reached <- struct{}{}
+				<-ctx.Done()
+				causes <- context.Cause(ctx)
+				return nil, nil, ctx.Err()
+			}, &outbox.ToolOptions{Tasks: outbox.TaskOptions{Mode: outbox.TasksAlways, PollInterval: 20 * time.Millisecond}})
+			r, err := l.Start(context.Background(), &outbox.StartOptions{NoDispatcher: true, ReapInterval: outbox.ReaperOff})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = r.Stop(context.Background()) })
+			p := stdioPeer(t, s)
+			id := result(t, p.request("tools/call", map[string]any{"name": "wait", "arguments": map[string]any{}, "_meta": meta(true, "why-1")}))["taskId"].(string)
+			select {
+			case <-reached:
+			case <-time.After(10 * time.Second):
+				t.Fatal("handler not reached")
+			}
+			tc.end(t, p, r, id)
+			select {
+			case got := <-causes:
+				if !errors.Is(got, tc.want) {
+					t.Errorf("context.Cause = %v, want %v", got, tc.want)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("the handler's context did not end")
+			}
+		})
 	}
 }
 
