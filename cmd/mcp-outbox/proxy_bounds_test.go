@@ -266,33 +266,80 @@ func TestProxySessionsBounded(t *testing.T) {
 
 	// Sample the proxy's children and memory while the sessions come.
 	var maxChildren, maxRSS atomic.Int64
-	stop := make(chan struct{})
-	sampled := make(chan struct{})
+	stopSampling := sample(20*time.Millisecond, func() {
+		if n := int64(childrenOf(pid)); n > maxChildren.Load() {
+			maxChildren.Store(n)
+		}
+		if r := rssKB(pid); r > maxRSS.Load() {
+			maxRSS.Store(r)
+		}
+	})
+
+	var rssAt200 atomic.Int64
+	opened, refused := floodSessions(t, url, total, workers, 4*time.Minute, nil, func(n int64) {
+		if n == 200 {
+			rssAt200.Store(rssKB(pid))
+		}
+	})
+	stopSampling()
+	rssAtEnd := rssKB(pid)
+
+	// Idle, every session ends, and its process with it.
+	for end := time.Now().Add(30 * time.Second); childrenOf(pid) > 0; {
+		if time.Now().After(end) {
+			t.Fatalf("%d upstream processes still running 30s after the last session", childrenOf(pid))
+		}
+		<-time.After(50 * time.Millisecond)
+	}
+	t.Logf("%d sessions opened (%d refusals while at the limit); at most %d upstream processes at once; proxy RSS %d KiB after 200 sessions, %d KiB after %d, at most %d KiB",
+		opened, refused, maxChildren.Load(), rssAt200.Load(), rssAtEnd, total, maxRSS.Load())
+	if opened != total {
+		t.Fatalf("opened %d sessions, want %d", opened, total)
+	}
+	// A session counts until its process has exited.
+	if got := maxChildren.Load(); got > limit {
+		t.Errorf("%d upstream processes at once, want at most --max-sessions (%d)", got, limit)
+	}
+	if rssAtEnd > 2*rssAt200.Load()+64<<10 {
+		t.Errorf("proxy RSS grew from %d KiB after 200 sessions to %d KiB after %d", rssAt200.Load(), rssAtEnd, total)
+	}
+}
+
+// sample runs f every interval until the returned stop, which returns once
+// f has run for the last time.
+func sample(every time.Duration, f func()) (stop func()) {
+	done, sampled := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(sampled)
-		tick := time.NewTicker(20 * time.Millisecond)
+		tick := time.NewTicker(every)
 		defer tick.Stop()
 		for {
-			if n := int64(childrenOf(pid)); n > maxChildren.Load() {
-				maxChildren.Store(n)
-			}
-			if r := rssKB(pid); r > maxRSS.Load() {
-				maxRSS.Store(r)
-			}
+			f()
 			select {
-			case <-stop:
+			case <-done:
 				return
 			case <-tick.C:
 			}
 		}
 	}()
+	return func() { close(done); <-sampled }
+}
 
-	var opened, refused atomic.Int64
-	var rssAt200 atomic.Int64
+// floodSessions opens total sessions on url from workers clients at once,
+// each abandoned as soon as it is open, as clients that never end their
+// sessions do. A refusal must be 503 naming --max-sessions; its client
+// tries again every 20 ms, as a client polling for capacity would, until
+// within has passed. onRefused (if not nil) sees each refusal's body,
+// onOpened (if not nil) the count of sessions opened so far. It returns
+// how many sessions were opened and how many refusals came.
+func floodSessions(t *testing.T, url string, total, workers int, within time.Duration,
+	onRefused func(body string), onOpened func(n int64)) (opened, refused int64) {
+	t.Helper()
+	var nOpened, nRefused atomic.Int64
 	next := make(chan int)
 	var wg sync.WaitGroup
 	client := &http.Client{Timeout: 30 * time.Second}
-	deadline := time.Now().Add(4 * time.Minute)
+	deadline := time.Now().Add(within)
 	for range workers {
 		wg.Add(1)
 		go func() {
@@ -311,15 +358,18 @@ func TestProxySessionsBounded(t *testing.T) {
 						t.Errorf("refused session: %d %s", status, body)
 						return
 					}
-					refused.Add(1)
+					nRefused.Add(1)
+					if onRefused != nil {
+						onRefused(body)
+					}
 					if time.Now().After(deadline) {
 						t.Error("no room for a session before the deadline")
 						return
 					}
 					<-time.After(20 * time.Millisecond) // poll for room
 				}
-				if opened.Add(1) == 200 {
-					rssAt200.Store(rssKB(pid))
+				if n := nOpened.Add(1); onOpened != nil {
+					onOpened(n)
 				}
 			}
 		}()
@@ -329,29 +379,7 @@ func TestProxySessionsBounded(t *testing.T) {
 	}
 	close(next)
 	wg.Wait()
-	close(stop)
-	<-sampled
-	rssAtEnd := rssKB(pid)
-
-	// Idle, every session ends, and its process with it.
-	for end := time.Now().Add(30 * time.Second); childrenOf(pid) > 0; {
-		if time.Now().After(end) {
-			t.Fatalf("%d upstream processes still running 30s after the last session", childrenOf(pid))
-		}
-		<-time.After(50 * time.Millisecond)
-	}
-	t.Logf("%d sessions opened (%d refusals while at the limit); at most %d upstream processes at once; proxy RSS %d KiB after 200 sessions, %d KiB after %d, at most %d KiB",
-		opened.Load(), refused.Load(), maxChildren.Load(), rssAt200.Load(), rssAtEnd, total, maxRSS.Load())
-	if opened.Load() != total {
-		t.Fatalf("opened %d sessions, want %d", opened.Load(), total)
-	}
-	// A session counts until its process has exited.
-	if got := maxChildren.Load(); got > limit {
-		t.Errorf("%d upstream processes at once, want at most --max-sessions (%d)", got, limit)
-	}
-	if rssAtEnd > 2*rssAt200.Load()+64<<10 {
-		t.Errorf("proxy RSS grew from %d KiB after 200 sessions to %d KiB after %d", rssAt200.Load(), rssAtEnd, total)
-	}
+	return nOpened.Load(), nRefused.Load()
 }
 
 // openSession opens a session over raw HTTP (initialize, then initialized)

@@ -2,12 +2,10 @@ package main
 
 import (
 	"context"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -58,83 +56,34 @@ func TestProxySessionsBoundedSlowExit(t *testing.T) {
 	pid := cmd.Process.Pid
 
 	var maxChildren atomic.Int64
-	stop, sampled := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(sampled)
-		tick := time.NewTicker(10 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			if n := int64(childrenOf(pid)); n > maxChildren.Load() {
-				maxChildren.Store(n)
-			}
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-			}
+	stopSampling := sample(10*time.Millisecond, func() {
+		if n := int64(childrenOf(pid)); n > maxChildren.Load() {
+			maxChildren.Store(n)
 		}
-	}()
-
-	var opened, refused, naming atomic.Int64
-	next := make(chan int)
-	var wg sync.WaitGroup
-	client := &http.Client{Timeout: 30 * time.Second}
-	deadline := time.Now().Add(3 * time.Minute)
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range next {
-				for {
-					status, body, err := openSession(client, url)
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					if status == http.StatusOK {
-						break
-					}
-					if status != http.StatusServiceUnavailable || !strings.Contains(body, "--max-sessions") {
-						t.Errorf("refused session: %d %s", status, body)
-						return
-					}
-					refused.Add(1)
-					if strings.Contains(body, "ending") {
-						naming.Add(1)
-					}
-					if time.Now().After(deadline) {
-						t.Error("no room for a session before the deadline")
-						return
-					}
-					<-time.After(20 * time.Millisecond) // poll for room
-				}
-				opened.Add(1)
-			}
-		}()
-	}
-	for i := range total {
-		next <- i
-	}
-	close(next)
-	wg.Wait()
+	})
+	var naming atomic.Int64
+	opened, refused := floodSessions(t, url, total, workers, 3*time.Minute, func(body string) {
+		if strings.Contains(body, "ending") {
+			naming.Add(1)
+		}
+	}, nil)
 	for end := time.Now().Add(30 * time.Second); childrenOf(pid) > 0; {
 		if time.Now().After(end) {
 			t.Fatalf("%d upstream processes still running 30s after the last session", childrenOf(pid))
 		}
 		<-time.After(50 * time.Millisecond)
 	}
-	close(stop)
-	<-sampled
+	stopSampling()
 	t.Logf("%d sessions opened, %d refusals (%d naming sessions still ending); at most %d upstream processes at once",
-		opened.Load(), refused.Load(), naming.Load(), maxChildren.Load())
-	if opened.Load() != total {
-		t.Fatalf("opened %d sessions, want %d", opened.Load(), total)
+		opened, refused, naming.Load(), maxChildren.Load())
+	if opened != total {
+		t.Fatalf("opened %d sessions, want %d", opened, total)
 	}
 	if got := maxChildren.Load(); got > limit {
 		t.Errorf("%d upstream processes at once, want at most --max-sessions (%d)", got, limit)
 	}
-	if refused.Load() == 0 || naming.Load() == 0 {
-		t.Errorf("%d refusals, %d naming sessions still ending; want some of each", refused.Load(), naming.Load())
+	if refused == 0 || naming.Load() == 0 {
+		t.Errorf("%d refusals, %d naming sessions still ending; want some of each", refused, naming.Load())
 	}
 }
 
