@@ -595,6 +595,25 @@ async function pollTask(conn, taskId, plan, c, signal) {
   }
 }
 
+// cancelAndFollow cancels c's task (ex) and polls it until it is terminal.
+async function cancelAndFollow(conn, plan, c, ex, signal) {
+  try {
+    await ex.cancel(signal);
+    c.cancelSent = true;
+  } catch (err) {
+    Object.assign(c, errorOf(err));
+    c.error = `cancel: ${c.error}`;
+  }
+  try {
+    await pollTask(conn, c.taskId, plan, c, signal);
+  } catch (err) {
+    if (!c.error) {
+      Object.assign(c, errorOf(err));
+    }
+  }
+  endCall(c);
+}
+
 async function runCancel(plan, signal) {
   const conn = await new Conn(plan).open(plan);
   try {
@@ -603,21 +622,7 @@ async function runCancel(plan, signal) {
     if (!ex) {
       return;
     }
-    try {
-      await ex.cancel(signal);
-      c.cancelSent = true;
-    } catch (err) {
-      Object.assign(c, errorOf(err));
-      c.error = `cancel: ${c.error}`;
-    }
-    try {
-      await pollTask(conn, c.taskId, plan, c, signal);
-    } catch (err) {
-      if (!c.error) {
-        Object.assign(c, errorOf(err));
-      }
-    }
-    endCall(c);
+    await cancelAndFollow(conn, plan, c, ex, signal);
   } finally {
     await conn.close();
   }
@@ -633,14 +638,7 @@ async function runCancelAgain(plan, signal) {
     if (!ex) {
       return;
     }
-    try {
-      await ex.cancel(signal);
-      c.cancelSent = true;
-      await pollTask(conn, c.taskId, plan, c, signal);
-    } catch (err) {
-      Object.assign(c, errorOf(err));
-    }
-    endCall(c);
+    await cancelAndFollow(conn, plan, c, ex, signal);
     const c2 = newCall(`call 2, the same call${plan.key ? ' and key' : ' without a key'} asked again after the cancel`);
     const ex2 = await callTool(conn, plan, c2);
     if (ex2) {

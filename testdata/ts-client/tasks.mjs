@@ -340,6 +340,19 @@ async function runLostHandle(sdk, plan) {
   }
 }
 
+// cancelAndFollow cancels c's task and polls it until it is terminal.
+async function cancelAndFollow(sdk, conn, plan, c, signal) {
+  try {
+    const task = await conn.client.experimental.tasks.cancelTask(c.taskId, { timeout: plan.requestTimeoutMs });
+    c.cancelSent = true;
+    seen(c, task.status);
+    await poll(sdk, conn, plan, c, signal);
+  } catch (err) {
+    Object.assign(c, errorOf(err));
+  }
+  endCall(c);
+}
+
 async function runCancel(sdk, plan, signal) {
   const conn = await connect(sdk, plan);
   try {
@@ -348,15 +361,7 @@ async function runCancel(sdk, plan, signal) {
     if (noTask(c)) {
       return;
     }
-    try {
-      const task = await conn.client.experimental.tasks.cancelTask(c.taskId, { timeout: plan.requestTimeoutMs });
-      c.cancelSent = true;
-      seen(c, task.status);
-      await poll(sdk, conn, plan, c, signal);
-    } catch (err) {
-      Object.assign(c, errorOf(err));
-    }
-    endCall(c);
+    await cancelAndFollow(sdk, conn, plan, c, signal);
   } finally {
     await closeConn(conn);
   }
@@ -374,15 +379,7 @@ async function runCancelAgain(sdk, plan, signal) {
     if (noTask(c)) {
       return;
     }
-    try {
-      const task = await conn.client.experimental.tasks.cancelTask(c.taskId, { timeout: plan.requestTimeoutMs });
-      c.cancelSent = true;
-      seen(c, task.status);
-      await poll(sdk, conn, plan, c, signal);
-    } catch (err) {
-      Object.assign(c, errorOf(err));
-    }
-    endCall(c);
+    await cancelAndFollow(sdk, conn, plan, c, signal);
     const c2 = newCall(`call 2, the same call${plan.key ? ' and key' : ' without a key'} asked again after the cancel`);
     await stream(conn, plan, c2, false);
     endCall(c2);
