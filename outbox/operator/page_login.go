@@ -2,14 +2,13 @@ package operator
 
 import (
 	"fmt"
-	"net"
 	"net/http"
-	"net/netip"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/operate"
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/clientaddr"
 )
 
 // The login of the page: the admin token traded for a signed session
@@ -72,24 +71,8 @@ func (p *pageHandler) login(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, p.base, http.StatusSeeOther)
 }
 
-// loginClient is whom failed logins are counted against: the TCP peer's
-// address, never a header a client could set (X-Forwarded-For), so that
-// behind a reverse proxy every client counts as the proxy. An IPv6 client
-// counts as its /64, which one host usually has to itself.
-func loginClient(r *http.Request) string {
-	host, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		host = r.RemoteAddr
-	}
-	ip, err := netip.ParseAddr(host)
-	if err != nil {
-		return host
-	}
-	if ip = ip.Unmap(); ip.Is6() {
-		return netip.PrefixFrom(ip.WithZone(""), 64).Masked().String()
-	}
-	return ip.String()
-}
+// loginClient is whom failed logins are counted against (clientaddr.Of).
+func loginClient(r *http.Request) string { return clientaddr.Of(r.RemoteAddr) }
 
 // loginLimiter counts failed logins per client in fixed windows: the first
 // failure opens a window of loginWindow; operate.MaxLoginFailures in it close the
