@@ -119,6 +119,7 @@ func (l *Layer) lookupStatus(ctx context.Context, principal string, in StatusInp
 			st.ToolCallID = a.toolCallID
 		}
 	}
+	forClient(st)
 	return st, nil
 }
 
