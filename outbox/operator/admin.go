@@ -396,23 +396,32 @@ func (h *adminHandler) fail(w http.ResponseWriter, r *http.Request, err error) {
 
 // failLogging answers err, logging logged in its place when it is a server
 // error: a message that quotes an idempotency key the caller sent is fine
-// in the answer, not in the log.
+// in the answer, not in the log. A server error is answered in the layer's
+// words with an error id, never with its text (fault.go).
 func (h *adminHandler) failLogging(w http.ResponseWriter, r *http.Request, err, logged error) {
-	status := http.StatusInternalServerError
+	if !refusal(err) {
+		id := logFault(r.Context(), h.logger, "admin request failed", logged, "method", r.Method, "path", r.URL.Path)
+		writeAdminJSON(w, http.StatusInternalServerError, adminFaultBody{faultText(id), id})
+		return
+	}
+	status := http.StatusBadRequest
 	switch {
 	case errors.As(err, new(*http.MaxBytesError)):
 		status = http.StatusRequestEntityTooLarge
-	case errors.As(err, new(operate.BadInput)):
-		status = http.StatusBadRequest
 	case errors.Is(err, admin.ErrNoEffect), errors.Is(err, admin.ErrNoCall), errors.Is(err, admin.ErrNoPending):
 		status = http.StatusNotFound
 	case errors.Is(err, admin.ErrEffectState), errors.Is(err, admin.ErrNotResolvable), errors.Is(err, admin.ErrCallNotUnknown),
 		errors.Is(err, admin.ErrEffectErased), errors.Is(err, admin.ErrSealerNeeded):
 		status = http.StatusConflict
-	default:
-		h.logger.Error("admin request failed", "method", r.Method, "path", r.URL.Path, "error", logged)
 	}
 	writeAdminJSON(w, status, adminErrorBody{err.Error()})
+}
+
+// adminFaultBody answers a server error: the layer's words, and the id
+// the log has the error under.
+type adminFaultBody struct {
+	Error   string `json:"error"`
+	ErrorID string `json:"errorId"`
 }
 
 func writeAdminJSON(w http.ResponseWriter, status int, v any) {

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -76,8 +75,8 @@ func (p *pageHandler) show(w http.ResponseWriter, r *http.Request, lookup *looku
 		}
 	}
 	if err := p.read(r.Context(), &d, window); err != nil {
-		p.logger.Error("operator page failed", "error", err)
-		p.errorPage(w, http.StatusInternalServerError, "Reading the database failed; the server's log has the error.")
+		id := logFault(r.Context(), p.logger, "operator page failed", err)
+		p.errorPage(w, http.StatusInternalServerError, "Reading the database failed; the server's log has the error under error_id="+id+".")
 		return
 	}
 	p.render(w, http.StatusOK, "index", d)
@@ -136,10 +135,10 @@ func (p *pageHandler) lookupCall(w http.ResponseWriter, r *http.Request) {
 		err = p.findCall(r.Context(), res)
 	}
 	if err != nil {
-		if !errors.As(err, new(operate.BadInput)) {
-			p.logger.Error("operator page lookup failed", "error", err)
-		}
 		res.Error = err.Error()
+		if !refusal(err) {
+			res.Error = "Looking up the call failed: " + faultText(logFault(r.Context(), p.logger, "operator page lookup failed", err)) + "."
+		}
 	}
 	// The answer is rendered, not redirected to: a key in a URL would end
 	// up in the browser's history and in proxies' logs, which this project
@@ -234,11 +233,10 @@ func (p *pageHandler) retryDead(w http.ResponseWriter, r *http.Request) {
 }
 
 func (p *pageHandler) redirectFailed(w http.ResponseWriter, r *http.Request, action string, err error) {
-	var known *operate.StateError
-	if !errors.As(err, new(operate.BadInput)) && !errors.As(err, &known) && !errors.Is(err, admin.ErrNoEffect) &&
-		!errors.Is(err, admin.ErrNoCall) && !errors.Is(err, admin.ErrCallNotUnknown) && !errors.Is(err, admin.ErrEffectErased) &&
-		!errors.Is(err, admin.ErrSealerNeeded) && !errors.Is(err, admin.ErrNoPending) {
-		p.logger.Error("operator page action failed", "action", action, "error", err)
+	if !refusal(err) {
+		id := logFault(r.Context(), p.logger, "operator page action failed", err, "action", action)
+		p.redirectFlash(w, r, flashFailed, fmt.Sprintf("%s failed: %s.", action, faultText(id)))
+		return
 	}
 	p.redirectFlash(w, r, flashFailed, fmt.Sprintf("%s refused: %v", action, err))
 }
