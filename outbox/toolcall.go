@@ -52,12 +52,14 @@ func toolCallIDOf(req *mcp.CallToolRequest) string {
 
 // cleanToolCallID makes s safe to store, log and show: valid UTF-8, no
 // control characters (PostgreSQL's text refuses NUL; a line break would
-// forge log lines in a text log), at most maxToolCallIDBytes bytes, cut at
-// a character boundary.
+// forge log lines in a text log), no format characters (a bidirectional
+// override makes "x\u202egpj.exe" read "xexe.jpg" on the operator's page
+// and in a terminal: internal/visible), at most maxToolCallIDBytes bytes,
+// cut at a character boundary.
 func cleanToolCallID(s string) string {
 	s = strings.ToValidUTF8(s, "\uFFFD")
 	s = strings.Map(func(r rune) rune {
-		if unicode.IsControl(r) {
+		if unicode.IsControl(r) || unicode.Is(unicode.Cf, r) {
 			return -1
 		}
 		return r

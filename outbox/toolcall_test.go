@@ -101,8 +101,9 @@ func TestToolCallID_RecordedNotAKey(t *testing.T) {
 
 // What a host may put under the key: an over-long id is cut to 200 bytes
 // at a character boundary, control characters (NUL would fail PostgreSQL's
-// text) are dropped, and a value that is not a string is ignored. None of
-// it costs the call.
+// text) and format characters (a bidirectional override would spoof the
+// operator's view: issue 37) are dropped, and a value that is not a string
+// is ignored. None of it costs the call.
 func TestToolCallID_BadInput(t *testing.T) {
 	t.Parallel()
 	b := setup(t, nil, nil)
@@ -118,6 +119,8 @@ func TestToolCallID_BadInput(t *testing.T) {
 		{map[string]any{"id": "toolu_x"}, ""},
 		{nil, ""},
 		{"toolu_\xff", "toolu_\uFFFD"},
+		{"x\u202egpj.exe", "xgpj.exe"},
+		{"toolu_\u200b\u2066a\u2069\ufeff\u00ad\U000E0001", "toolu_a"},
 	} {
 		key := "bad-" + string(rune('a'+i))
 		res := callWithMeta(t, b.session, 10+i, mcp.Meta{outbox.MetaKeyIdempotency: key, "claudecode/toolUseId": tc.id})

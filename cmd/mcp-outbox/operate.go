@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/internal/operate"
+	"github.com/mcp-outbox/mcp-outbox/internal/visible"
 	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
 	"github.com/mcp-outbox/mcp-outbox/outbox/destconfig"
 	"github.com/mcp-outbox/mcp-outbox/query"
@@ -610,8 +612,16 @@ func runOutboxResolveCall(ctx context.Context, env *environment, s outboxSub, ar
 	return err
 }
 
+// writeJSON writes v indented, with format characters a client sent (a
+// bidirectional override in a tool-call id, say) as \u escapes: the same
+// JSON, which cannot reorder what the terminal shows (internal/visible).
 func writeJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
 	enc.SetIndent("", "  ")
-	return enc.Encode(v)
+	if err := enc.Encode(v); err != nil {
+		return err
+	}
+	_, err := w.Write(visible.JSON(b.Bytes()))
+	return err
 }

@@ -367,8 +367,9 @@ func tableIDs(t *testing.T, out string) []int64 {
 func TestOutboxCLIList(t *testing.T) {
 	t.Parallel()
 	path, db := newStatesDB(t)
-	// A destination's error text may hold anything, terminal escapes too.
-	long := "HTTP 400: \x1b[31mred\x1b[0m " + strings.Repeat("x", 200)
+	// A destination's error text may hold anything, terminal escapes and
+	// bidirectional overrides too.
+	long := "HTTP 400: \x1b[31mred\x1b[0m a\u202egpj.exe " + strings.Repeat("x", 200)
 	if _, err := db.Exec(`UPDATE effects SET last_error = ? WHERE id = 4`, long); err != nil {
 		t.Fatal(err)
 	}
@@ -386,12 +387,12 @@ func TestOutboxCLIList(t *testing.T) {
 		if ids := tableIDs(t, out); !slices.Equal(ids, []int64{7, 6, 5, 4, 3, 2, 1}) {
 			t.Errorf("ids %v, want all seven newest first:\n%s", ids, out)
 		}
-		for _, want := range []string{"STATE", "POST /v1/charges", "operate-1", "HTTP 400:  [31mred [0m xxx", "…", "delivered 20", "next 20", "mailer"} {
+		for _, want := range []string{"STATE", "POST /v1/charges", "operate-1", "HTTP 400:  [31mred [0m a<U+202E>gpj.exe xxx", "…", "delivered 20", "next 20", "mailer"} {
 			if !strings.Contains(out, want) {
 				t.Errorf("table does not contain %q:\n%s", want, out)
 			}
 		}
-		if strings.ContainsRune(out, '\x1b') || strings.Contains(out, strings.Repeat("x", 100)) {
+		if strings.ContainsAny(out, "\x1b\u202e") || strings.Contains(out, strings.Repeat("x", 100)) {
 			t.Errorf("table carries the raw or unshortened error:\n%q", out)
 		}
 	})
@@ -430,6 +431,9 @@ func TestOutboxCLIList(t *testing.T) {
 		if len(rows) != 2 || rows[0]["id"] != 7.0 || rows[1]["id"] != 4.0 || rows[1]["lastError"] != long ||
 			rows[1]["state"] != "dead" || rows[1]["idempotencyKey"] == "" || rows[1]["callKey"] != "operate-4" {
 			t.Errorf("list --json --state dead: %s", out)
+		}
+		if strings.ContainsRune(out, '\u202e') || !strings.Contains(out, `a\u202egpj.exe`) {
+			t.Errorf("list --json shows the override raw, not as \\u202e: %s", out)
 		}
 		if out := list(t, "--json", "--dest", "nowhere").stdout; strings.TrimSpace(out) != "[]" {
 			t.Errorf("empty list as JSON: %q, want []", out)

@@ -74,7 +74,5 @@ func runStatus(ctx context.Context, env *environment, args []string) error {
 	if err != nil {
 		return err
 	}
-	enc := json.NewEncoder(env.stdout)
-	enc.SetIndent("", "  ")
-	return enc.Encode(st)
+	return writeJSON(env.stdout, st)
 }

@@ -11,6 +11,7 @@ import (
 	"unicode"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
+	"github.com/mcp-outbox/mcp-outbox/internal/visible"
 	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
 	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 	"github.com/mcp-outbox/mcp-outbox/query"
@@ -410,7 +411,9 @@ func OrList(items []string) string {
 }
 
 // Shorten makes s printable on one line and at most n characters long,
-// for tables and pages.
+// for tables and pages: a control character becomes a space, a format
+// character its code point (visible.Text), so that text from a client
+// cannot reorder what an operator reads.
 func Shorten(s string, n int) string {
 	s = strings.Map(func(r rune) rune {
 		if unicode.IsControl(r) {
@@ -418,6 +421,7 @@ func Shorten(s string, n int) string {
 		}
 		return r
 	}, s)
+	s = visible.Text(s)
 	if r := []rune(s); len(r) > n {
 		return string(r[:n-1]) + "…"
 	}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/internal/operate"
+	"github.com/mcp-outbox/mcp-outbox/internal/visible"
 	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
 	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 	"github.com/mcp-outbox/mcp-outbox/query"
@@ -428,6 +429,11 @@ func writeAdminJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
+	var b bytes.Buffer
+	_ = json.NewEncoder(&b).Encode(v)
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
+	// A format character a client sent (in a tool-call id, say) as a \u
+	// escape: the same JSON value, and no bidirectional override in a
+	// terminal that prints the answer.
+	w.Write(visible.JSON(b.Bytes()))
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/go-chi/chi/v5/middleware"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/operate"
+	"github.com/mcp-outbox/mcp-outbox/internal/visible"
 	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
@@ -242,6 +243,11 @@ func (p *pageHandler) render(w http.ResponseWriter, status int, name string, dat
 		http.Error(w, "render page: internal error", http.StatusInternalServerError)
 		return
 	}
+	// Text from clients (a tool-call id, a principal, a tool's result, an
+	// error) may hold format or control characters that would make the
+	// page show something else than what is stored: shown as code points,
+	// in every template at once.
+	page := visible.HTML(b.Bytes())
 	h := w.Header()
 	h.Set("Content-Type", "text/html; charset=utf-8")
 	h.Set("Cache-Control", "no-store")
@@ -254,5 +260,5 @@ func (p *pageHandler) render(w http.ResponseWriter, status int, name string, dat
 	// page's own form posts, which checkSameOrigin must refuse.
 	h.Set("Referrer-Policy", "same-origin")
 	w.WriteHeader(status)
-	w.Write(b.Bytes())
+	w.Write(page)
 }
