@@ -12,6 +12,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
+	"github.com/mcp-outbox/mcp-outbox/internal/errid"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/remote"
 	"github.com/mcp-outbox/mcp-outbox/query"
 )
@@ -97,16 +99,34 @@ func (l *Layer) lookupStatus(ctx context.Context, principal string, in StatusInp
 		st  *query.Status
 		err error
 	)
+	// The client's input first: what is wrong with it is the client's to
+	// read. Past it, a failure is the database's (issue 36: its text, a
+	// lock, a host name, is the operator's), except a database whose
+	// fingerprints need a key file this server lacks.
 	switch {
 	case in.Key != "" && in.Tool == "":
+		if err := callkey.Validate(in.Key); err != nil {
+			return nil, fmt.Errorf("%s: %w", StatusToolName, err)
+		}
 		st, err = query.LookupSealed(ctx, l.db, l.opts.Sealer, principal, in.Key, l.now())
 	case in.Key == "" && in.Tool != "":
+		if _, err := callkey.Canonical(in.Arguments); err != nil {
+			return nil, fmt.Errorf("%s: %w", StatusToolName, err)
+		}
 		st, err = query.LookupArgsSealed(ctx, l.db, l.opts.Sealer, principal, in.Tool, in.Arguments, l.now())
 	default:
-		err = errors.New("give either key, or tool with arguments")
+		return nil, fmt.Errorf("%s: give either key, or tool with arguments", StatusToolName)
+	}
+	if errors.Is(err, query.ErrKeyedFingerprints) {
+		return nil, fmt.Errorf("%s: %w", StatusToolName, err)
+	}
+	if err != nil && ctx.Err() != nil {
+		return nil, fmt.Errorf("%s: %w", StatusToolName, ctx.Err())
 	}
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", StatusToolName, err)
+		id := errid.New()
+		l.logger.ErrorContext(ctx, "call_status lookup failed", "error_id", id, "error", err)
+		return nil, fmt.Errorf("%s: the lookup failed on the server; its log has the error under error_id=%s", StatusToolName, id)
 	}
 	if st.State == query.NotFound {
 		// A claim waits for no commit of its own (group commit): an attempt

@@ -3,11 +3,14 @@ package outbox_test
 import (
 	"context"
 	"encoding/json"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -156,4 +159,57 @@ func statusText(t *testing.T, b *bundle, key string) (string, query.Status) {
 		t.Fatalf("effects: %+v", st.Effects)
 	}
 	return text(res) + string(structured), st
+}
+
+// TestStatus_DatabaseFaultForClients: a lookup the database fails answers
+// the client with an error id, never the driver's text; the log has that
+// text under the id.
+func TestStatus_DatabaseFaultForClients(t *testing.T) {
+	t.Parallel()
+	var logs syncBuffer
+	b := setup(t, &outbox.Options{Logger: slog.New(slog.NewTextHandler(&logs, nil))}, nil)
+	callCharge(t, b.session, "paid", 100)
+	if _, err := b.db.Write.Exec(`ALTER TABLE calls RENAME TO calls_elsewhere`); err != nil {
+		t.Fatal(err)
+	}
+	res := call(t, b.session, outbox.StatusToolName, "", map[string]any{"key": "paid"})
+	got := text(res)
+	m := regexp.MustCompile(`error_id=([0-9a-f]{8})`).FindStringSubmatch(got)
+	if !res.IsError || m == nil || strings.Contains(got, "calls") {
+		t.Fatalf("call_status on a broken database: %q, want an error id and not the driver's text", got)
+	}
+	if line := grepLine(logs.String(), "error_id="+m[1]); !strings.Contains(line, "level=ERROR") || !strings.Contains(line, "calls") {
+		t.Errorf("log line for %s: %q, want the driver's error at ERROR", m[1], line)
+	}
+	// The client's own mistakes are still the client's to read.
+	if res := call(t, b.session, outbox.StatusToolName, "", map[string]any{"key": "a\u202eb"}); !res.IsError || !strings.Contains(text(res), "not printable") {
+		t.Errorf("bad key: %s", text(res))
+	}
+}
+
+func grepLine(s, sub string) string {
+	for l := range strings.Lines(s) {
+		if strings.Contains(l, sub) {
+			return l
+		}
+	}
+	return ""
+}
+
+// syncBuffer is a log destination several goroutines may write to.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -2,12 +2,11 @@ package operator
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"log/slog"
 	"net/http"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/errid"
 	"github.com/mcp-outbox/mcp-outbox/internal/operate"
 	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
 )
@@ -34,7 +33,7 @@ func refusal(err error) bool {
 // logFault logs err at ERROR under a new error id, with attrs, and
 // returns the id.
 func logFault(ctx context.Context, logger *slog.Logger, msg string, err error, attrs ...any) string {
-	id := newErrorID()
+	id := errid.New()
 	logger.ErrorContext(ctx, msg, append([]any{"error_id", id, "error", err}, attrs...)...)
 	return id
 }
@@ -42,12 +41,4 @@ func logFault(ctx context.Context, logger *slog.Logger, msg string, err error, a
 // faultText is what an operator is told of a fault logged under id.
 func faultText(id string) string {
 	return "the server failed to carry out the request (error id " + id + "; the server's log has the error under error_id=" + id + ")"
-}
-
-// newErrorID returns 8 random hex digits: enough to find one line in a
-// day's log, short enough to read out.
-func newErrorID() string {
-	var b [4]byte
-	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24)
-	return hex.EncodeToString(b[:])
 }
