@@ -13,6 +13,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
 
+	"github.com/mcp-outbox/mcp-outbox/outbox/bearer"
 	"github.com/mcp-outbox/mcp-outbox/outbox/mcphttp"
 	"github.com/mcp-outbox/mcp-outbox/outbox/oauth"
 	"github.com/mcp-outbox/mcp-outbox/outbox/operator"
@@ -33,8 +34,11 @@ func newRouter(ctx context.Context, a *app, logger *slog.Logger) (http.Handler, 
 		for _, p := range rs.MetadataPaths() {
 			r.Handle(p, rs.MetadataHandler())
 		}
+	} else if v := a.auth.verifier(); v.Enabled() {
+		// Verifier.Require, with the refused tokens' count in our log.
+		r.Handle("/mcp", bearer.Require(v.Verify, &bearer.RequireOptions{Realm: bearer.Realm, Logger: logger})(mcpH))
 	} else {
-		r.Handle("/mcp", a.auth.verifier().Require(mcpH))
+		r.Handle("/mcp", mcpH)
 	}
 	opts := &operator.Options{Logger: logger, Registry: a.metricsRegistry, BasePath: a.auth.operatorBase()}
 	if a.auth != nil {
