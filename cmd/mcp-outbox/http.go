@@ -27,8 +27,11 @@ func newRouter(ctx context.Context, a *app, logger *slog.Logger) (http.Handler, 
 	r.Use(middleware.Recoverer)
 	mcpH := a.mcpHTTP
 	if mcpH == nil {
-		mcpH = mcphttp.NewHandler(a.server, &mcphttp.Options{Logger: logger})
+		mcpH = mcphttp.NewHandler(a.server, &mcphttp.Options{Logger: logger, AllowedOrigins: a.auth.origins()})
 	}
+	// The proxy's a.mcpHTTP checks the Origin itself (sidecar.Options
+	// .AllowedOrigins), as NewHandler does: both library handlers apply the
+	// rule, so nothing here checks it again.
 	if rs := a.auth.resourceServer(logger); rs != nil {
 		r.Handle("/mcp", rs.Require(mcpH))
 		for _, p := range rs.MetadataPaths() {
@@ -60,6 +63,14 @@ func newRouter(ctx context.Context, a *app, logger *slog.Logger) (http.Handler, 
 		r.Mount(strings.TrimSuffix(opts.BasePath, "/"), ops)
 	}
 	return r, nil
+}
+
+// origins is --allowed-origin.
+func (c *authConfig) origins() []string {
+	if c == nil {
+		return nil
+	}
+	return c.allowedOrigins
 }
 
 // operatorBase is --operator-path, "/" when not set.
