@@ -83,6 +83,8 @@ type authConfig struct {
 	rs         *oauth.ResourceServer
 	adminHash  []byte
 	sessionKey []byte // from operatorKeyFile; nil means the database's
+
+	allowedOrigins []string // --allowed-origin (origin_flag.go)
 }
 
 func (c *authConfig) flags(env *environment, fs *flag.FlagSet) {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
@@ -19,6 +20,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/bearer"
 )
 
 func sha256Hex(s string) string {
@@ -379,6 +381,34 @@ func TestTokenCommands(t *testing.T) {
 	code := runEnv(context.Background(), testEnv(nil, strings.NewReader("s3cret-token\n"), &stdout, &stderr), []string{"token", "hash"})
 	if want := sha256Hex("s3cret-token") + "\n"; code != 0 || stdout.String() != want {
 		t.Errorf("token hash: exit %d, stdout %q; want %q", code, stdout.String(), want)
+	}
+	if !strings.Contains(stderr.String(), "WARNING: this token is weak") || !strings.Contains(stderr.String(), "mcp-outbox token new") ||
+		!strings.Contains(stderr.String(), "openssl rand -hex 32") {
+		t.Errorf("token hash of a short token: stderr %q, want the warning of a weak token", stderr.String())
+	}
+	// Long but patterned: too little variety.
+	for _, weak := range []string{strings.Repeat("a", 64), strings.Repeat("ab", 32), strings.Repeat("0123", 10)} {
+		var stdout, stderr syncBuffer
+		code := runEnv(context.Background(), testEnv(nil, strings.NewReader(weak), &stdout, &stderr), []string{"token", "hash"})
+		if code != 0 || stdout.String() != sha256Hex(weak)+"\n" || !strings.Contains(stderr.String(), "WARNING: this token is weak") {
+			t.Errorf("token hash of %q: exit %d, stdout %q, stderr %q; want the hash and the warning", weak, code, stdout.String(), stderr.String())
+		}
+	}
+	// Strong ones, 'token new's and openssl's, never warn.
+	for range 200 {
+		tok, err := bearer.NewToken()
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw := make([]byte, 32)
+		rand.Read(raw)
+		for _, strong := range []string{tok, hex.EncodeToString(raw)} {
+			var stdout, stderr syncBuffer
+			code := runEnv(context.Background(), testEnv(nil, strings.NewReader(strong+"\n"), &stdout, &stderr), []string{"token", "hash"})
+			if code != 0 || stderr.String() != "" {
+				t.Fatalf("token hash of the strong %q: exit %d, stderr %q", strong, code, stderr.String())
+			}
+		}
 	}
 
 	token, line := newTokenFor(t, "alice")

@@ -13,6 +13,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
 
+	"github.com/mcp-outbox/mcp-outbox/outbox/bearer"
 	"github.com/mcp-outbox/mcp-outbox/outbox/mcphttp"
 	"github.com/mcp-outbox/mcp-outbox/outbox/oauth"
 	"github.com/mcp-outbox/mcp-outbox/outbox/operator"
@@ -26,15 +27,21 @@ func newRouter(ctx context.Context, a *app, logger *slog.Logger) (http.Handler, 
 	r.Use(middleware.Recoverer)
 	mcpH := a.mcpHTTP
 	if mcpH == nil {
-		mcpH = mcphttp.NewHandler(a.server, &mcphttp.Options{Logger: logger})
+		mcpH = mcphttp.NewHandler(a.server, &mcphttp.Options{Logger: logger, AllowedOrigins: a.auth.origins()})
 	}
+	// The proxy's a.mcpHTTP checks the Origin itself (sidecar.Options
+	// .AllowedOrigins), as NewHandler does: both library handlers apply the
+	// rule, so nothing here checks it again.
 	if rs := a.auth.resourceServer(logger); rs != nil {
 		r.Handle("/mcp", rs.Require(mcpH))
 		for _, p := range rs.MetadataPaths() {
 			r.Handle(p, rs.MetadataHandler())
 		}
+	} else if v := a.auth.verifier(); v.Enabled() {
+		// Verifier.Require, with the refused tokens' count in our log.
+		r.Handle("/mcp", bearer.Require(v.Verify, &bearer.RequireOptions{Realm: bearer.Realm, Logger: logger})(mcpH))
 	} else {
-		r.Handle("/mcp", a.auth.verifier().Require(mcpH))
+		r.Handle("/mcp", mcpH)
 	}
 	opts := &operator.Options{Logger: logger, Registry: a.metricsRegistry, BasePath: a.auth.operatorBase()}
 	if a.auth != nil {
@@ -56,6 +63,14 @@ func newRouter(ctx context.Context, a *app, logger *slog.Logger) (http.Handler, 
 		r.Mount(strings.TrimSuffix(opts.BasePath, "/"), ops)
 	}
 	return r, nil
+}
+
+// origins is --allowed-origin.
+func (c *authConfig) origins() []string {
+	if c == nil {
+		return nil
+	}
+	return c.allowedOrigins
 }
 
 // operatorBase is --operator-path, "/" when not set.

@@ -81,6 +81,9 @@ func runProxy(ctx context.Context, env *environment, args []string) error {
 	retentionFlag(fs, &retentionValues)
 	var ac authConfig
 	ac.flags(env, fs)
+	if err := originFlag(env, fs, &ac.allowedOrigins); err != nil {
+		return err
+	}
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -143,7 +146,7 @@ func runProxy(ctx context.Context, env *environment, args []string) error {
 		h.Logger = a.logger // its standalone SSE stream's warnings
 	}
 	popts := sidecar.Options{Layer: a.layer, Upstream: upstream, Cooperating: *cooperating, Logger: a.logger, Tasks: tasks,
-		Retention: retention}
+		Retention: retention, AllowedOrigins: ac.allowedOrigins}
 	bounds.apply(&popts)
 	p, err := sidecar.New(popts)
 	if err != nil {

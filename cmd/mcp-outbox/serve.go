@@ -354,6 +354,9 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 	}
 	var ac authConfig
 	ac.flags(env, fs)
+	if err := originFlag(env, fs, &ac.allowedOrigins); err != nil {
+		return err
+	}
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"strings"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox/bearer"
@@ -15,7 +16,9 @@ const tokenUsage = `Usage: mcp-outbox token new PRINCIPAL
 
 'token new' prints a new random token (32 bytes, base64url) on stdout and its
 tokens-file line on stderr. 'token hash' reads a token on stdin and prints its
-SHA-256 in hex.
+SHA-256 in hex, with a warning on stderr when the token is weak (under 32
+characters, or too little variety in them): make tokens with 'token new', or
+'openssl rand -hex 32'.
 
 Makes bearer tokens for 'mcp-outbox serve --http --tokens FILE'. The file
 holds only hashes, so it reveals no token:
@@ -100,5 +103,45 @@ func hashToken(env *environment) error {
 		return errTokenSpace
 	}
 	fmt.Fprintln(env.stdout, bearer.Hash(token))
+	if weakToken(token) {
+		fmt.Fprint(env.stderr, weakTokenWarning)
+	}
 	return nil
+}
+
+// minTokenLen and minTokenBits make a token strong enough for weakToken.
+// Only the hash is configured, so 'token hash' is the one place that sees
+// a token before it is used; the guess limits (20 wrong tokens a minute
+// per address on /mcp, 5 on the operator surface) slow a guesser, but do
+// not make a short token safe. A token of 'token new' (43 characters,
+// 256 random bits) or of 'openssl rand -hex 32' (64) is far above both.
+const (
+	minTokenLen  = 32
+	minTokenBits = 128
+)
+
+// weakTokenWarning is a fixed text, so that it cannot repeat the token.
+const weakTokenWarning = "mcp-outbox: WARNING: this token is weak (under 32 characters, or too little variety in them): " +
+	"a guesser may find it. Make a strong one with 'mcp-outbox token new PRINCIPAL' or 'openssl rand -hex 32'.\n"
+
+// weakToken reports whether token is short, or carries less than
+// minTokenBits by the spread of its characters (the empirical entropy of
+// their frequencies, times the length): a guess at the entropy of how it
+// was made that is never too high for a random token and catches a
+// repeated or patterned one ("aaaa...", "abababab...").
+func weakToken(token string) bool {
+	rs := []rune(token)
+	if len(rs) < minTokenLen {
+		return true
+	}
+	counts := map[rune]int{}
+	for _, r := range rs {
+		counts[r]++
+	}
+	bits := 0.0
+	for _, c := range counts {
+		p := float64(c) / float64(len(rs))
+		bits -= float64(c) * math.Log2(p)
+	}
+	return bits < minTokenBits
 }

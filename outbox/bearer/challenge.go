@@ -3,12 +3,17 @@ package bearer
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"math"
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
+
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/clientaddr"
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/guesslimit"
 )
 
 // RequireOptions configure [Require].
@@ -23,6 +28,11 @@ type RequireOptions struct {
 	// Scopes are required of every request: a valid token without all of
 	// them gets 403 insufficient_scope. Every challenge names them.
 	Scopes []string
+	// Logger gets the count of refused tokens (see [Require]); nil means
+	// slog.Default(), so that guessing is never silent.
+	Logger *slog.Logger
+
+	now func() time.Time // the guess limit's clock, for tests; nil: time.Now
 }
 
 // A Refusal is a verifier's reason to refuse a token that is safe to tell
@@ -129,7 +139,19 @@ type verifiedKey struct{}
 //     resource metadata, and no error;
 //   - a malformed bearer Authorization header: 400 invalid_request;
 //   - a token verify refuses: 401 invalid_token;
-//   - a token without opts.Scopes: 403 insufficient_scope with the scopes.
+//   - a token without opts.Scopes: 403 insufficient_scope with the scopes;
+//   - from a client address whose tokens were refused
+//     guesslimit.MaxTokenFailures (20) times within a minute of the first:
+//     429 with Retry-After until the minute ends, the token not looked at.
+//
+// The limit makes guessing cost a guesser, not the server: a client past
+// it costs no hash or signature check. A real client never reaches it (an
+// expired token is refused once, then refreshed). A missing token, which
+// is how an OAuth client begins, and a verifier that cannot decide (503)
+// do not count. Refusals are logged to opts.Logger as a count per minute,
+// with a warning for the first clients to reach the limit, never a line
+// per token; a resource with a ResourceMetadataURL is named "oauth tokens"
+// in those lines, one without "bearer tokens".
 //
 // The go-sdk's own RequireBearerToken sends no WWW-Authenticate without
 // options, answers a missing scope with 403 but no error="insufficient_scope"
@@ -149,6 +171,14 @@ func Require(verify auth.TokenVerifier, opts *RequireOptions) func(http.Handler)
 	// The MCP spec (2025-11-25) wants the scopes a client needs in the 401
 	// as well, so that its first authorization asks for them.
 	base := Challenge{Realm: o.Realm, ResourceMetadata: o.ResourceMetadataURL, Scope: o.Scopes}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	surface := "bearer tokens"
+	if o.ResourceMetadataURL != "" {
+		surface = "oauth tokens"
+	}
+	guesses := guesslimit.New(guesslimit.Options{Surface: surface, Max: guesslimit.MaxTokenFailures, Logger: o.Logger, Now: o.now})
 	return func(h http.Handler) http.Handler {
 		// The go-sdk keeps its TokenInfo under an unexported context key:
 		// only its own middleware can put it there. It runs after ours and
@@ -162,6 +192,11 @@ func Require(verify auth.TokenVerifier, opts *RequireOptions) func(http.Handler)
 			return nil, auth.ErrInvalidToken
 		}, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true, ClockSkew: math.MaxInt64})(h)
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			client := clientaddr.Of(r.RemoteAddr)
+			if wait := guesses.Blocked(client); wait > 0 {
+				guesslimit.Refuse(w, wait)
+				return
+			}
 			token, present, ok := TokenFromHeader(r.Header.Get("Authorization"))
 			switch {
 			case !present:
@@ -189,6 +224,7 @@ func Require(verify auth.TokenVerifier, opts *RequireOptions) func(http.Handler)
 					http.Error(w, "cannot verify the token now", http.StatusServiceUnavailable)
 					return
 				}
+				guesses.Fail(client)
 				WriteChallenge(w, http.StatusUnauthorized, c)
 				return
 			}

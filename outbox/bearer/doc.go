@@ -15,7 +15,9 @@
 // WWW-Authenticate challenge (naming the RFC 9728 metadata when there is
 // one, and error="invalid_token" when a token came), a 403
 // error="insufficient_scope" with the scopes, and never the token or the
-// verifier's internal errors. Package oauth uses it for access tokens.
+// verifier's internal errors; and a 429 to a client address whose
+// tokens were refused 20 times within a minute, before its next token
+// is looked at. Package oauth uses it for access tokens.
 //
 // In the layers of this module bearer sits with the surfaces (operator,
 // mcphttp, sidecar), and imports nothing of the library.

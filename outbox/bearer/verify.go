@@ -70,8 +70,10 @@ const Realm = "mcp-outbox"
 // Require puts h behind the bearer tokens, when there are any: a request
 // without a token gets 401 with 'WWW-Authenticate: Bearer
 // realm="mcp-outbox"', one with an unknown token adds
-// error="invalid_token" (see [Require]). The principal reaches the outbox
-// layer as TokenInfo.UserID, which scopes keys and call_status.
+// error="invalid_token", and a client address past the limit on refused
+// tokens gets 429 (see [Require]; its log goes to slog.Default(), call
+// Require with v.Verify and a Logger for another). The principal reaches
+// the outbox layer as TokenInfo.UserID, which scopes keys and call_status.
 func (v *Verifier) Require(h http.Handler) http.Handler {
 	if !v.Enabled() {
 		return h

@@ -4,7 +4,8 @@
 // stateless requests from 2026-07-28, which the go-sdk serves only from a
 // stateless handler), with a top-level params.idempotencyKey lifted into
 // _meta before the SDK drops it ([LiftParamsKey], which an endpoint of
-// your own can use too). [Serve] and [ServeWith] run an http.Server until
+// your own can use too), and a web page of another origin refused
+// (Options.AllowedOrigins). [Serve] and [ServeWith] run an http.Server until
 // their context ends, then shut it down gracefully: they wait for the calls
 // in flight up to a bound, and hand over those still running.
 //

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/origin"
 )
 
 // StatelessVersion is the first protocol version whose requests carry their
@@ -32,6 +34,14 @@ type Options struct {
 	// DefaultShutdownTimeout; negative waits for none of them (they are
 	// handed over at once, as described on ServeWith).
 	ShutdownTimeout time.Duration
+	// AllowedOrigins are the origins, besides the server's own, whose web
+	// pages may use [NewHandler]'s endpoint: scheme://host[:port], such as
+	// "https://app.example.com". A request with any other Origin header
+	// gets 403, on every method; one without (what MCP clients that are
+	// not browsers send) is served. The own origin is the request's
+	// scheme://Host, the scheme https over TLS or with
+	// "X-Forwarded-Proto: https". Nil allows the own origin only.
+	AllowedOrigins []string
 }
 
 // NewHandler returns the Streamable HTTP endpoint of s (serve mounts it at
@@ -41,23 +51,28 @@ type Options struct {
 // params.idempotencyKey of tools/call is lifted into _meta first
 // ([LiftParamsKey]). The reason of a client's notifications/cancelled in
 // a session reaches the layer, which decides by it whether the call stops
-// (outbox.CancelPolicy). Put authentication in front of it, such as
+// (outbox.CancelPolicy). A request whose Origin header is neither the
+// server's own nor in Options.AllowedOrigins gets 403, as the transport
+// spec wants. Put authentication in front of it, such as
 // bearer.Verifier.Require.
 func NewHandler(s *mcp.Server, opts *Options) http.Handler {
 	var logger *slog.Logger
+	var origins []string
 	if opts != nil {
-		logger = opts.Logger
+		logger, origins = opts.Logger, opts.AllowedOrigins
 	}
 	get := func(*http.Request) *mcp.Server { return s }
 	stateful := mcp.NewStreamableHTTPHandler(get, &mcp.StreamableHTTPOptions{Logger: logger})
 	stateless := mcp.NewStreamableHTTPHandler(get, &mcp.StreamableHTTPOptions{Logger: logger, Stateless: true})
-	return LiftParamsKey(newCancels().wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	// The Origin is checked first, before a body is read: a refused page
+	// costs nothing more.
+	return origin.Check(origins, LiftParamsKey(newCancels().wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if v := r.Header.Get("Mcp-Protocol-Version"); v >= StatelessVersion && r.Header.Get("Mcp-Session-Id") == "" {
 			stateless.ServeHTTP(w, r)
 			return
 		}
 		stateful.ServeHTTP(w, r)
-	})))
+	}))))
 }
 
 // DefaultShutdownTimeout is [Options.ShutdownTimeout] when zero. It is

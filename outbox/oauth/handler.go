@@ -72,7 +72,8 @@ func (rs *ResourceServer) MetadataHandler() http.Handler {
 // request needs a token Verify accepts, with Options.ScopesRequired; a
 // tools/call of a tool in Options.ToolScopes needs that tool's scopes too.
 // Refusals answer as package bearer's Require does, with the metadata's
-// URL in every challenge.
+// URL in every challenge, and so does the limit on refused tokens per
+// client address (429 past it); its counts go to Options.Logger.
 func (rs *ResourceServer) Require(h http.Handler) http.Handler {
 	if len(rs.opts.ToolScopes) > 0 {
 		h = rs.requireToolScopes(h)
@@ -89,6 +90,7 @@ func (rs *ResourceServer) Require(h http.Handler) http.Handler {
 	return bearer.Require(verify, &bearer.RequireOptions{
 		ResourceMetadataURL: rs.MetadataURL(),
 		Scopes:              rs.opts.ScopesRequired,
+		Logger:              rs.opts.Logger,
 	})(h)
 }
 

@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox/bearer"
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/clientaddr"
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/guesslimit"
 )
 
 // adminRealm is the realm of the operator surface's challenges.
@@ -30,20 +33,41 @@ const (
 type adminAuth struct {
 	adminHash []byte
 	oauth     *OAuth // nil without Options.OAuth
+	// guesses counts the wrong tokens, in the header and the page's login
+	// form alike (Options.guesses).
+	guesses *guesslimit.Limiter
 }
 
 func newAdminAuth(o Options) *adminAuth {
-	return &adminAuth{adminHash: o.AdminTokenSHA256, oauth: o.OAuth}
+	return &adminAuth{adminHash: o.AdminTokenSHA256, oauth: o.OAuth, guesses: o.guesses}
+}
+
+// guessClient is whom r's failed authentications count against.
+func guessClient(r *http.Request) string { return clientaddr.Of(r.RemoteAddr) }
+
+// tooManyGuesses is the refusal of a client past the limit on wrong
+// tokens, nil when it may try: its token is not looked at.
+func (c *adminAuth) tooManyGuesses(r *http.Request) *operatorRefusal {
+	if c == nil || c.guesses == nil {
+		return nil
+	}
+	wait := c.guesses.Blocked(guessClient(r))
+	if wait <= 0 {
+		return nil
+	}
+	secs := guesslimit.Seconds(wait)
+	return &operatorRefusal{status: http.StatusTooManyRequests, retryAfter: secs, msg: guesslimit.Message(secs)}
+}
+
+// guessed counts a wrong token of r's client.
+func (c *adminAuth) guessed(r *http.Request) {
+	if c != nil && c.guesses != nil {
+		c.guesses.Fail(guessClient(r))
+	}
 }
 
 // tokenRequired reports whether an admin token is configured.
 func (c *adminAuth) tokenRequired() bool { return c != nil && c.adminHash != nil }
-
-// checkAdminToken reports whether r carries the admin token.
-func (c *adminAuth) checkAdminToken(r *http.Request) bool {
-	token, ok := bearer.FromRequest(r)
-	return ok && c.isAdminToken(token)
-}
 
 // isAdminToken reports whether token is the admin token, for the bearer
 // header and the operator page's login form alike.
@@ -62,11 +86,17 @@ type operatorRefusal struct {
 	// OAuth token to judge (the page sends a browser to its login form
 	// then, as it did before OAuth).
 	noCredential bool
+	// retryAfter, in seconds, when not zero: a client past the limit on
+	// wrong tokens.
+	retryAfter int
 }
 
 func (f *operatorRefusal) writeHeader(w http.ResponseWriter) {
 	if f.challenge != nil {
 		w.Header().Set("WWW-Authenticate", f.challenge.String())
+	}
+	if f.retryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(f.retryAfter))
 	}
 }
 
@@ -89,6 +119,12 @@ const (
 //     (401);
 //   - with neither, the loopback rule (checkAdminClient).
 //
+// With an admin token or OAuth, a client past the limit on wrong tokens
+// (Options.guesses) gets 429 first, its token unchecked; each bearer token
+// that is neither the admin token nor an accepted OAuth token counts
+// against it. A missing token does not: it is how a browser or an OAuth
+// client begins.
+//
 // OAuth turns the loopback rule off. Its premise, that only clients on
 // this host reach the listener, is what a TLS-terminating proxy on the
 // same host breaks, and servers behind an identity provider are the ones
@@ -97,6 +133,11 @@ const (
 func (c *adminAuth) check(r *http.Request, need access) (by string, refused *operatorRefusal) {
 	header := r.Header.Get("Authorization")
 	oauth := c != nil && c.oauth != nil
+	if oauth || c.tokenRequired() {
+		if f := c.tooManyGuesses(r); f != nil {
+			return "", f
+		}
+	}
 	if oauth {
 		token, present, ok := bearer.TokenFromHeader(header)
 		switch {
@@ -107,8 +148,14 @@ func (c *adminAuth) check(r *http.Request, need access) (by string, refused *ope
 		case present:
 			return c.checkOAuth(r, token, need)
 		}
-	} else if c.tokenRequired() && c.checkAdminToken(r) {
-		return byAdminToken, nil
+	} else if c.tokenRequired() {
+		token, ok := bearer.FromRequest(r)
+		if ok && c.isAdminToken(token) {
+			return byAdminToken, nil
+		}
+		if ok {
+			c.guessed(r)
+		}
 	}
 	if c.tokenRequired() || oauth {
 		// With OAuth a bearer token was judged above, so what is left here
@@ -140,8 +187,10 @@ func (c *adminAuth) checkOAuth(r *http.Request, token string, need access) (stri
 		var ref bearer.Refusal
 		switch {
 		case errors.As(err, &ref):
+			c.guessed(r)
 			return "", c.refuse(http.StatusUnauthorized, need, "invalid_token", string(ref))
 		case err == nil || errors.Is(err, auth.ErrInvalidToken):
+			c.guessed(r)
 			return "", c.refuse(http.StatusUnauthorized, need, "invalid_token", "invalid token")
 		}
 		// The issuer unreachable, say: not the client's fault, and the

@@ -83,11 +83,17 @@
 // new admin token, ends every session: delete the operator_secret row and
 // restart, or configure another key.
 //
-// Failed logins are limited per client address in each process's memory,
-// not across replicas, on purpose: the admin token is a random 256-bit
-// secret that no rate of guessing finds, so the limit only keeps a guesser
-// from flooding the log, which a limit per process does; sharing it would
-// put a database write of unauthenticated clients on SQLite's one writer.
+// Wrong admin tokens, at the login form and in the Authorization header
+// alike, and refused OAuth tokens are limited per client address: after 5
+// in a minute the client gets 429 with Retry-After until the minute ends,
+// its token unchecked. The limit is kept in each process's memory, not
+// across replicas, on purpose: the admin token is a random 256-bit secret
+// that no rate of guessing finds, so the limit only keeps a guesser from
+// flooding the log and burning CPU, which a limit per process does;
+// sharing it would put a database write of unauthenticated clients on
+// SQLite's one writer. The failures are logged as a count per minute
+// ("failed authentications"), and a warning names the first clients to
+// reach the limit, never a line per guess.
 //
 // In the layers of this module operator is a surface on the library
 // (outbox, query, schema), beside mcphttp and sidecar.

@@ -11,8 +11,10 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/operate"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/guesslimit"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 )
@@ -76,9 +78,15 @@ type Options struct {
 	// the registry given to outbox.NewMetrics, so that the outbox's own
 	// counters are served too. Nil means a registry of its own.
 	Registry *prometheus.Registry
-	// Now is the clock of the page's login sessions and login limit; nil
-	// means time.Now.
+	// Now is the clock of the page's login sessions and of the limit on
+	// failed authentications; nil means time.Now.
 	Now func() time.Time
+
+	// guesses limits wrong admin tokens and refused OAuth tokens per
+	// client; NewHandler makes one for the admin API, the metrics and the
+	// page (its login included), so that they share one budget: each of
+	// them guesses the same token.
+	guesses *guesslimit.Limiter
 }
 
 // Dispatcher is what the operator surface reads of the process's
@@ -135,6 +143,9 @@ func options(opts *Options) (Options, error) {
 	}
 	if o.Now == nil {
 		o.Now = time.Now
+	}
+	if o.guesses == nil {
+		o.guesses = guesslimit.New(guesslimit.Options{Surface: "operator", Max: operate.MaxLoginFailures, Logger: o.Logger, Now: o.Now})
 	}
 	base, err := cleanBasePath(o.BasePath)
 	if err != nil {

@@ -82,9 +82,7 @@ type pageHandler struct {
 	base       string // Options.BasePath
 	templates  *template.Template
 	sessions   pageSessions
-	// logins is this process's alone; see loginLimiter for why.
-	logins loginLimiter
-	now    func() time.Time
+	now        func() time.Time
 	// flashKey signs the messages that actions redirect with, so that a link
 	// from elsewhere cannot make the page claim that something happened.
 	flashKey []byte
@@ -125,8 +123,7 @@ func newPageHandler(ctx context.Context, db *schema.DB, o Options) (*pageHandler
 	tmpl.Funcs(template.FuncMap{"base": func() string { return base }})
 	return &pageHandler{db: db, sealer: o.Sealer, logger: o.Logger, auth: newAdminAuth(o), dispatcher: o.Dispatcher, base: base,
 		templates: tmpl, now: o.Now, flashKey: subkey(key, "flash"),
-		sessions: pageSessions{key: subkey(key, "session"), adminHash: o.AdminTokenSHA256},
-		logins:   loginLimiter{byClient: map[string]loginFailures{}}}, nil
+		sessions: pageSessions{key: subkey(key, "session"), adminHash: o.AdminTokenSHA256}}, nil
 }
 
 func (p *pageHandler) routes(r chi.Router) {

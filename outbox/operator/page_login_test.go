@@ -2,7 +2,6 @@ package operator
 
 import (
 	"fmt"
-	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -47,55 +46,5 @@ func TestPageSessions(t *testing.T) {
 	}
 	if flash := subkey([]byte(strings.Repeat("k", 32)), "flash"); string(flash) == string(key) {
 		t.Error("the flash key is the session key")
-	}
-}
-
-// TestPageLoginLimiter: windows end, the table stays bounded, and clients
-// are told apart by address (an IPv6 client by its /64).
-func TestPageLoginLimiter(t *testing.T) {
-	t.Parallel()
-	l := loginLimiter{byClient: map[string]loginFailures{}}
-	now := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
-	for i := 1; i <= operate.MaxLoginFailures; i++ {
-		if reached := l.fail("a", now); reached != (i == operate.MaxLoginFailures) {
-			t.Errorf("failure %d: limit reached %v", i, reached)
-		}
-	}
-	if w := l.blocked("a", now.Add(10*time.Second)); w != loginWindow-10*time.Second {
-		t.Errorf("blocked for %v, want %v", w, loginWindow-10*time.Second)
-	}
-	if w := l.blocked("b", now); w != 0 {
-		t.Errorf("another client blocked for %v", w)
-	}
-	if w := l.blocked("a", now.Add(loginWindow)); w != 0 || len(l.byClient) != 0 {
-		t.Errorf("after the window: blocked %v, %d clients kept", w, len(l.byClient))
-	}
-	// Full: ended windows go first, then the oldest.
-	l.fail("old", now)
-	for i := range maxLoginClients - 1 {
-		l.fail(fmt.Sprintf("c%d", i), now.Add(time.Second+time.Duration(i)*time.Millisecond))
-	}
-	for range operate.MaxLoginFailures {
-		l.fail("c0", now.Add(2*time.Second))
-	}
-	l.fail("new-1", now.Add(loginWindow)) // "old"'s window has ended
-	if _, ok := l.byClient["old"]; ok || len(l.byClient) != maxLoginClients {
-		t.Errorf("a full table with an ended window: %d clients, old kept %v", len(l.byClient), ok)
-	}
-	l.fail("new-2", now.Add(loginWindow+time.Second/2))
-	if _, ok := l.byClient["c0"]; ok || len(l.byClient) != maxLoginClients {
-		t.Errorf("a full table: %d clients, the oldest (c0) kept %v", len(l.byClient), ok)
-	}
-	for remote, want := range map[string]string{
-		"192.0.2.7:40000":              "192.0.2.7",
-		"[::ffff:192.0.2.7]:40000":     "192.0.2.7",
-		"[2001:db8:1:2:3:4:5:6]:40000": "2001:db8:1:2::/64",
-		"[2001:db8:1:2:ff::1]:1":       "2001:db8:1:2::/64",
-		"[fe80::1%eth0]:1":             "fe80::/64",
-		"not-an-address":               "not-an-address",
-	} {
-		if got := loginClient(&http.Request{RemoteAddr: remote}); got != want {
-			t.Errorf("loginClient(%q) = %q, want %q", remote, got, want)
-		}
 	}
 }

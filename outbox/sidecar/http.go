@@ -13,6 +13,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/origin"
 	"github.com/mcp-outbox/mcp-outbox/outbox/mcphttp"
 )
 
@@ -56,7 +57,8 @@ func (p *Proxy) HTTPHandler(ctx context.Context) http.Handler {
 	h := &httpSessions{p: p, ctx: ctx, sessions: map[string]*httpSession{}, perUser: map[string]int{},
 		events: newStandaloneEvents()}
 	go h.reap()
-	return mcphttp.LiftParamsKey(h)
+	// The Origin rule of mcphttp.NewHandler (the transport spec's), first.
+	return origin.Check(p.opts.AllowedOrigins, mcphttp.LiftParamsKey(h))
 }
 
 type httpSessions struct {

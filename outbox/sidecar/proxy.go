@@ -87,6 +87,11 @@ type Options struct {
 	// the layer's and the purge's defaults. New refuses a retention that
 	// outbox.AddTool would.
 	Retention map[string]outbox.ToolRetention
+	// AllowedOrigins are the origins, besides the server's own, whose web
+	// pages may use [Proxy.HTTPHandler], as mcphttp.Options.AllowedOrigins
+	// are for mcphttp.NewHandler: any other Origin header gets 403, no
+	// Origin header is served. Nil allows the own origin only.
+	AllowedOrigins []string
 }
 
 // A Proxy serves client connections, each with its own upstream connection.
