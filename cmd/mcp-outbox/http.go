@@ -13,6 +13,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/origin"
 	"github.com/mcp-outbox/mcp-outbox/outbox/bearer"
 	"github.com/mcp-outbox/mcp-outbox/outbox/mcphttp"
 	"github.com/mcp-outbox/mcp-outbox/outbox/oauth"
@@ -29,17 +30,20 @@ func newRouter(ctx context.Context, a *app, logger *slog.Logger) (http.Handler, 
 	if mcpH == nil {
 		mcpH = mcphttp.NewHandler(a.server, &mcphttp.Options{Logger: logger, AllowedOrigins: a.auth.origins()})
 	}
-	// The proxy's a.mcpHTTP checks the Origin itself (sidecar.Options
-	// .AllowedOrigins), as NewHandler does: both library handlers apply the
-	// rule, so nothing here checks it again.
+	// The library handlers (NewHandler, and the proxy's a.mcpHTTP through
+	// sidecar.Options.AllowedOrigins) check the Origin themselves, behind
+	// authentication. The transport wants a foreign Origin answered 403, not
+	// 401, so it is checked here once more, ahead of the token: a string
+	// comparison, and a refused page learns nothing about the tokens.
+	ahead := func(h http.Handler) http.Handler { return origin.Check(a.auth.origins(), h) }
 	if rs := a.auth.resourceServer(logger); rs != nil {
-		r.Handle("/mcp", rs.Require(mcpH))
+		r.Handle("/mcp", ahead(rs.Require(mcpH)))
 		for _, p := range rs.MetadataPaths() {
 			r.Handle(p, rs.MetadataHandler())
 		}
 	} else if v := a.auth.verifier(); v.Enabled() {
 		// Verifier.Require, with the refused tokens' count in our log.
-		r.Handle("/mcp", bearer.Require(v.Verify, &bearer.RequireOptions{Realm: bearer.Realm, Logger: logger})(mcpH))
+		r.Handle("/mcp", ahead(bearer.Require(v.Verify, &bearer.RequireOptions{Realm: bearer.Realm, Logger: logger})(mcpH)))
 	} else {
 		r.Handle("/mcp", mcpH)
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
 	"flag"
 	"io"
 	"log/slog"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcp-outbox/mcp-outbox/outbox/bearer"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -89,6 +91,36 @@ func TestAllowedOrigin(t *testing.T) {
 		resp.Body.Close()
 		if resp.StatusCode != c.want || (c.want == http.StatusForbidden && !strings.Contains(string(b), "--allowed-origin")) {
 			t.Errorf("initialize with Origin %q: %d %q, want %d", c.origin, resp.StatusCode, b, c.want)
+		}
+	}
+
+	// With tokens, a foreign Origin is refused 403 ahead of the token: a
+	// request without one gets 403, not the 401 of authentication.
+	sum := sha256.Sum256([]byte("alice-token"))
+	a.auth.tokens = []bearer.Token{{Principal: "alice", Hash: sum[:]}}
+	authed := httptest.NewServer(testRouter(t, a, logger))
+	t.Cleanup(authed.Close)
+	for _, c := range []struct {
+		origin, token string
+		want          int // 0: past both checks, to the transport (which wants a session for a GET)
+	}{{"http://evil.example", "", http.StatusForbidden}, {"http://evil.example", "alice-token", http.StatusForbidden},
+		{"", "", http.StatusUnauthorized}, {"https://app.example.com", "alice-token", 0}} {
+		req, _ := http.NewRequest(http.MethodGet, authed.URL+"/mcp", nil)
+		req.Header.Set("Accept", "text/event-stream")
+		if c.origin != "" {
+			req.Header.Set("Origin", c.origin)
+		}
+		if c.token != "" {
+			req.Header.Set("Authorization", "Bearer "+c.token)
+		}
+		resp, err := authed.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		passed := resp.StatusCode != http.StatusForbidden && resp.StatusCode != http.StatusUnauthorized
+		if (c.want == 0 && !passed) || (c.want != 0 && resp.StatusCode != c.want) {
+			t.Errorf("GET /mcp with Origin %q, token %q: %d, want %d", c.origin, c.token, resp.StatusCode, c.want)
 		}
 	}
 }

@@ -12,7 +12,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/mcp-outbox/mcp-outbox/outbox/internal/origin"
+	"github.com/mcp-outbox/mcp-outbox/internal/origin"
 )
 
 // StatelessVersion is the first protocol version whose requests carry their

@@ -13,7 +13,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/mcp-outbox/mcp-outbox/outbox/internal/origin"
+	"github.com/mcp-outbox/mcp-outbox/internal/origin"
 	"github.com/mcp-outbox/mcp-outbox/outbox/mcphttp"
 )
 
