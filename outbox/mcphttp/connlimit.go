@@ -203,7 +203,9 @@ func (l *limitListener) refuse(c net.Conn, why string) {
 	}()
 }
 
-// limitedConn gives its place back once, at its first Close.
+// limitedConn gives its place back once, at its first Close: before the
+// close, so that a client that saw its connection end finds the place
+// free.
 type limitedConn struct {
 	net.Conn
 	l      *limitListener
@@ -212,9 +214,8 @@ type limitedConn struct {
 }
 
 func (c *limitedConn) Close() error {
-	err := c.Conn.Close()
 	c.once.Do(func() { c.l.release(c.client) })
-	return err
+	return c.Conn.Close()
 }
 
 // CloseWrite keeps net/http's graceful close (closeWriteAndWait) working
