@@ -6,7 +6,10 @@
 // _meta before the SDK drops it ([LiftParamsKey], which an endpoint of
 // your own can use too). [Serve] and [ServeWith] run an http.Server until
 // their context ends, then shut it down gracefully: they wait for the calls
-// in flight up to a bound, and hand over those still running.
+// in flight up to a bound, and hand over those still running. While they
+// serve, they bound the time of a request's body (408), idle keep-alive
+// connections, and the connections open per client address and in total
+// (503): see [ServeWith].
 //
 // It is the HTTP front of `mcp-outbox serve`: mount [NewHandler] at /mcp,
 // behind bearer.Verifier.Require when clients authenticate, and the
