@@ -118,8 +118,8 @@ func NewHandler(s *mcp.Server, opts *Options) http.Handler {
 // log line.
 const DefaultShutdownTimeout = 60 * time.Second
 
-// Serve is [ServeWith] with nil options: the default shutdown bound, and
-// its log to slog.Default().
+// Serve is [ServeWith] with nil options: the default shutdown and
+// connection bounds, and its log to slog.Default().
 func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
 	return ServeWith(ctx, ln, h, nil)
 }
@@ -191,9 +191,10 @@ func ServeWith(ctx context.Context, ln net.Listener, h http.Handler, opts *Optio
 	if body == 0 {
 		body = DefaultBodyTimeout
 	}
-	// No ReadTimeout (see bodyTimeout), and no WriteTimeout: either would
-	// cut the event streams. A negative IdleTimeout turns keep-alives'
-	// bound off; net/http would read zero as ReadTimeout's, which is none.
+	// No ReadTimeout (see bodyTimeout for why the body has its own bound),
+	// and no WriteTimeout: its deadline covers the whole answer, and would
+	// cut every event stream. A negative IdleTimeout turns the keep-alive
+	// bound off: net/http takes a zero one as ReadTimeout's, which is none.
 	total, perClient := resolveConnLimits(o)
 	ln = newLimitListener(ln, connLimits{total: total, perClient: perClient, logger: logger, logEvery: o.refusalLogEvery})
 	srv := &http.Server{Handler: tr.track(bodyTimeout(body, h)), ReadHeaderTimeout: 10 * time.Second,
