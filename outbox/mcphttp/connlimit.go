@@ -1,6 +1,7 @@
 package mcphttp
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"log/slog"
@@ -167,40 +168,70 @@ func (l *limitListener) Close() error {
 	return l.Listener.Close()
 }
 
-// refuse answers c with 503 and closes it. The client's request is most
-// likely unread in c: closing c at once would make the kernel send a reset,
-// which can destroy the answer before the client reads it (what
-// net/http's closeWriteAndWait avoids too). So the answer is followed by
-// the end of what is sent, and what the client sent is read and dropped,
-// briefly, in the background, for at most cap(linger) connections at a
-// time; past that, refused connections are closed at once, so that a
-// flood of them holds no more files than that.
+// refuse answers c with 503 and closes it, in the background for at most
+// cap(linger) connections at a time; past that, at once, so that a flood
+// of refused connections holds no more files than that.
+//
+// In the background, the answer waits for the request's headers (a
+// second at most): Go's http.Transport dials connections ahead of its
+// requests, and takes an answer that comes before its request for an
+// "unsolicited response", which it logs and drops. And then it is
+// followed by the end of what is sent, and what else the client sent is
+// read and dropped, briefly: closing a connection with data unread makes
+// the kernel send a reset, which can destroy the answer before the client
+// reads it (what net/http's closeWriteAndWait avoids too).
 func (l *limitListener) refuse(c net.Conn, why string) {
 	body := "503 Service Unavailable: " + why + "; retry later\n"
 	resp := "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nRetry-After: " + refusedRetryAfter +
 		"\r\nConnection: close\r\nContent-Length: " + fmt.Sprint(len(body)) + "\r\n\r\n" + body
 	// A new connection's send buffer is empty: the write does not block,
 	// the deadline is for a peer that is gone already.
-	_ = c.SetWriteDeadline(time.Now().Add(time.Second))
-	if _, err := io.WriteString(c, resp); err != nil {
-		c.Close()
-		return
+	answer := func() error {
+		_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+		_, err := io.WriteString(c, resp)
+		return err
 	}
 	select {
 	case l.linger <- struct{}{}:
 	default:
+		_ = answer()
 		c.Close()
 		return
 	}
 	go func() {
 		defer func() { <-l.linger }()
 		defer c.Close()
+		_ = c.SetReadDeadline(time.Now().Add(time.Second))
+		if !readHeaders(c) {
+			return // none came, or not in time: nobody to answer
+		}
+		if answer() != nil {
+			return
+		}
 		if cw, ok := c.(interface{ CloseWrite() error }); ok {
 			_ = cw.CloseWrite()
 		}
 		_ = c.SetReadDeadline(time.Now().Add(500 * time.Millisecond))
 		_, _ = io.Copy(io.Discard, io.LimitReader(c, 64<<10))
 	}()
+}
+
+// readHeaders reads from c up to the end of a request's headers, or 8 KiB
+// of them, and reports whether it got there.
+func readHeaders(c net.Conn) bool {
+	var buf [8 << 10]byte
+	n := 0
+	for n < len(buf) {
+		m, err := c.Read(buf[n:])
+		n += m
+		if bytes.Contains(buf[:n], []byte("\r\n\r\n")) {
+			return true
+		}
+		if err != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // limitedConn gives its place back once, at its first Close: before the

@@ -406,3 +406,25 @@ func TestResolveConnLimits(t *testing.T) {
 		}
 	}
 }
+
+// TestServeWith_ConnLimitsGoClient: a Go client past the bound gets the
+// 503 as its request's answer, not an error.
+func TestServeWith_ConnLimitsGoClient(t *testing.T) {
+	t.Parallel()
+	addr := serveLimits(t, ok, &Options{MaxConnsPerClient: 1, Logger: slog.New(slog.DiscardHandler)})
+	held := dialRaw(t, addr, "")
+	if resp, _ := held.get(t, "/"); resp.StatusCode != http.StatusOK {
+		t.Fatalf("the first connection got %d", resp.StatusCode)
+	}
+	for range 5 {
+		resp, err := (&http.Client{Transport: &http.Transport{}, Timeout: 5 * time.Second}).Get("http://" + addr + "/")
+		if err != nil {
+			t.Fatalf("past the bound: %v, want a 503 answer", err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(b), "--max-conns-per-client") {
+			t.Fatalf("past the bound: %d %q", resp.StatusCode, b)
+		}
+	}
+}
