@@ -76,8 +76,8 @@ type limitListener struct {
 	refused int         // since the last log line
 	timer   *time.Timer // non-nil while refusals are being summed
 	closed  bool
-	// linger bounds the refused connections being closed gracefully at
-	// once (see refuse); past it they are closed at once.
+	// linger bounds the refused connections answered in the background
+	// (see refuse), which hold a file each for up to 1.5 s.
 	linger chan struct{}
 }
 
@@ -88,7 +88,11 @@ func newLimitListener(ln net.Listener, l connLimits) net.Listener {
 	if l.logEvery <= 0 {
 		l.logEvery = time.Minute
 	}
-	return &limitListener{Listener: ln, connLimits: l, per: map[string]int{}, linger: make(chan struct{}, 64)}
+	linger := 64
+	if l.total > 0 {
+		linger = max(min(linger, l.total/4), 1) // within the files the total leaves
+	}
+	return &limitListener{Listener: ln, connLimits: l, per: map[string]int{}, linger: make(chan struct{}, linger)}
 }
 
 func (l *limitListener) Accept() (net.Conn, error) {
