@@ -110,6 +110,7 @@ func listenEarly(ctx context.Context, env *environment, cfg *appConfig, ac *auth
 		cfg.logger = logger
 	}
 	e := &earlyHTTP{ctx: ctx, addr: addr, opts: mcphttp.Options{Logger: cfg.logger, ShutdownTimeout: cfg.shutdownTimeout}}
+	cfg.httpLimits.apply(&e.opts)
 	if !schema.IsPostgresURL(cfg.db) {
 		return e, nil
 	}

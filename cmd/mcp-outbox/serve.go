@@ -104,6 +104,9 @@ type appConfig struct {
 	// shutdownTimeout is --shutdown-timeout: how long --http waits for
 	// the calls in flight at SIGTERM (mcphttp.Options.ShutdownTimeout).
 	shutdownTimeout time.Duration
+	// httpLimits are --body-timeout, --conn-idle-timeout, --max-conns and
+	// --max-conns-per-client (http_limits.go).
+	httpLimits httpLimits
 }
 
 // app is a running example server: database, layer and MCP server.
@@ -350,6 +353,9 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 	httpAddr := fs.String("http", env.envDefault("MCP_OUTBOX_HTTP", ""),
 		"serve Streamable HTTP at `ADDR` (e.g. 127.0.0.1:8080) instead of stdio; a non-loopback ADDR needs --tokens or --oauth-issuer [MCP_OUTBOX_HTTP]")
 	if err := shutdownFlag(env, fs, &cfg.shutdownTimeout); err != nil {
+		return err
+	}
+	if err := cfg.httpLimits.flags(env, fs); err != nil {
 		return err
 	}
 	var ac authConfig

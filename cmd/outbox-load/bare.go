@@ -119,7 +119,8 @@ func serveBare(args []string) int {
 	mux.Handle("/mcp", mcphttp.NewHandler(s, nil))
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	fmt.Fprintf(os.Stderr, "serve-bare: serving MCP at http://%s/mcp\n", ln.Addr())
-	if err := mcphttp.Serve(ctx, ln, mux); err != nil && ctx.Err() == nil {
+	// All load clients are 127.0.0.1: no per-client bound (see withGOGC).
+	if err := mcphttp.ServeWith(ctx, ln, mux, &mcphttp.Options{MaxConnsPerClient: -1}); err != nil && ctx.Err() == nil {
 		return fail(err)
 	}
 	return 0

@@ -579,6 +579,10 @@ func startServer(cmd *exec.Cmd) (string, error) {
 // own default.
 func withGOGC(cmd *exec.Cmd, gogc string) *exec.Cmd {
 	env := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "GOGC=") })
+	// Every load client connects from 127.0.0.1, as behind a reverse
+	// proxy: the per-client connection bound would refuse the busier
+	// levels (128 clients hold a connection each, and a session's stream).
+	env = append(env, "MCP_OUTBOX_MAX_CONNS_PER_CLIENT=-1")
 	if gogc != "" {
 		env = append(env, "GOGC="+gogc)
 	}

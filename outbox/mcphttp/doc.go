@@ -7,7 +7,10 @@
 // your own can use too), and a web page of another origin refused
 // (Options.AllowedOrigins). [Serve] and [ServeWith] run an http.Server until
 // their context ends, then shut it down gracefully: they wait for the calls
-// in flight up to a bound, and hand over those still running.
+// in flight up to a bound, and hand over those still running. While they
+// serve, they bound the time of a request's body (408), idle keep-alive
+// connections, and the connections open per client address and in total
+// (503): see [ServeWith].
 //
 // It is the HTTP front of `mcp-outbox serve`: mount [NewHandler] at /mcp,
 // behind bearer.Verifier.Require when clients authenticate, and the

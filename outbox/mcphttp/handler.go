@@ -34,6 +34,30 @@ type Options struct {
 	// DefaultShutdownTimeout; negative waits for none of them (they are
 	// handed over at once, as described on ServeWith).
 	ShutdownTimeout time.Duration
+	// BodyTimeout bounds, in [ServeWith], how long a request's body may
+	// take to arrive once its headers did; a client slower than that gets
+	// 408 and its connection is closed. It does not apply to what comes
+	// after the body (a long answer, an event stream). Zero means
+	// DefaultBodyTimeout; negative, no bound.
+	BodyTimeout time.Duration
+	// IdleTimeout is how long [ServeWith] keeps a connection open between
+	// requests (HTTP keep-alive); then it closes it. A connection carrying
+	// an event stream is not idle, however long the stream is silent.
+	// Zero means DefaultIdleTimeout; negative, no bound.
+	IdleTimeout time.Duration
+	// MaxConns bounds the connections [ServeWith] holds open at once;
+	// past it, a new connection is answered 503 with Retry-After and
+	// closed. Zero means DefaultMaxConns, or half the process's limit of
+	// open files if that is lower; negative, no bound.
+	MaxConns int
+	// MaxConnsPerClient bounds them per client address (the TCP peer, an
+	// IPv6 client's /64): behind a reverse proxy, every client is the
+	// proxy's address, so raise it or turn it off there. Zero means
+	// DefaultMaxConnsPerClient, or a quarter of the total bound if that is
+	// lower; negative, no bound.
+	MaxConnsPerClient int
+
+	refusalLogEvery time.Duration // tests: the period refusals are counted over in the log
 	// AllowedOrigins are the origins, besides the server's own, whose web
 	// pages may use [NewHandler]'s endpoint: scheme://host[:port], such as
 	// "https://app.example.com". A request with any other Origin header
@@ -43,6 +67,16 @@ type Options struct {
 	// "X-Forwarded-Proto: https". Nil allows the own origin only.
 	AllowedOrigins []string
 }
+
+// DefaultIdleTimeout is [Options.IdleTimeout] when zero. It is longer than
+// the idle bound of the clients that keep connections (Go's
+// http.DefaultTransport and so go-sdk: 90 s; Node's fetch: 4 s), so that
+// they close an idle connection before the server does: a server closing
+// one just as the client sends its next POST on it fails that request,
+// which the client does not retry (a POST is not idempotent to it). And
+// it is short enough that idle connections do not pile up: at most what
+// clients opened in two minutes.
+const DefaultIdleTimeout = 2 * time.Minute
 
 // NewHandler returns the Streamable HTTP endpoint of s (serve mounts it at
 // /mcp): stateful sessions for clients up to 2025-11-25, stateless
@@ -98,8 +132,8 @@ func NewHandler(s *mcp.Server, opts *Options) http.Handler {
 // log line.
 const DefaultShutdownTimeout = 60 * time.Second
 
-// Serve is [ServeWith] with nil options: the default shutdown bound, and
-// its log to slog.Default().
+// Serve is [ServeWith] with nil options: the default shutdown and
+// connection bounds, and its log to slog.Default().
 func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
 	return ServeWith(ctx, ln, h, nil)
 }
@@ -132,6 +166,22 @@ func Serve(ctx context.Context, ln net.Listener, h http.Handler) error {
 // successfully. A handler not written against the outbox gets no such
 // guarantee: what it did is what it did.
 //
+// While serving, it bounds what a client can hold (see Options for each
+// bound's default, and how to turn it off):
+//
+//   - request headers must arrive within 10 s;
+//   - a request's body within opts.BodyTimeout of its headers, else the
+//     client gets 408 Request Timeout and the connection is closed;
+//   - a connection idle between requests is closed after opts.IdleTimeout;
+//   - at most opts.MaxConns connections are open, and opts.MaxConnsPerClient
+//     from one client address; one more is answered 503 Service
+//     Unavailable with Retry-After and closed, and the refusals are logged
+//     as a count per minute.
+//
+// Nothing bounds how long an answer or an event stream takes once the body
+// was read: a session's standalone stream lives as long as its client, and
+// a silent stream's connection is not idle.
+//
 // The error is not nil only when serving failed before ctx ended.
 func ServeWith(ctx context.Context, ln net.Listener, h http.Handler, opts *Options) error {
 	var o Options
@@ -147,8 +197,22 @@ func ServeWith(ctx context.Context, ln net.Listener, h http.Handler, opts *Optio
 		logger = slog.Default()
 	}
 	tr := newTracker()
-	srv := &http.Server{Handler: tr.track(h), ReadHeaderTimeout: 10 * time.Second,
-		ConnState: tr.connState, ConnContext: tr.connContext}
+	idle := o.IdleTimeout
+	if idle == 0 {
+		idle = DefaultIdleTimeout
+	}
+	body := o.BodyTimeout
+	if body == 0 {
+		body = DefaultBodyTimeout
+	}
+	// No ReadTimeout (see bodyTimeout for why the body has its own bound),
+	// and no WriteTimeout: its deadline covers the whole answer, and would
+	// cut every event stream. A negative IdleTimeout turns the keep-alive
+	// bound off: net/http takes a zero one as ReadTimeout's, which is none.
+	total, perClient := resolveConnLimits(o)
+	ln = newLimitListener(ln, connLimits{total: total, perClient: perClient, logger: logger, logEvery: o.refusalLogEvery})
+	srv := &http.Server{Handler: tr.track(bodyTimeout(body, h)), ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout: max(idle, 0), ConnState: tr.connState, ConnContext: tr.connContext}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
