@@ -46,7 +46,7 @@ func (l *httpLimits) flags(env *environment, fs *flag.FlagSet) error {
 				"0 means %d, or half the process's open-file limit (ulimit -n) if lower; negative no bound", mcphttp.DefaultMaxConns)},
 		{&l.maxConnsPerClient, "max-conns-per-client", "MCP_OUTBOX_MAX_CONNS_PER_CLIENT", fmt.Sprintf(
 			"with --http: at most this many open connections from one client address (an IPv6 client's /64); one more is answered 503 and closed; "+
-				"0 means %d, or a quarter of --max-conns if lower; behind a reverse proxy every client is the proxy's address: raise it, or turn it off with a negative value",
+				"0 means %d, or a quarter of --max-conns if lower; a loopback peer (a proxy on this host) is not bounded per client; behind a reverse proxy on another host every client is the proxy's address: raise it, or turn it off with a negative value",
 			mcphttp.DefaultMaxConnsPerClient)},
 	} {
 		v, err := env.envInt(f.env, 0)

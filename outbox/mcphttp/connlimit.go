@@ -41,6 +41,7 @@ type connLimits struct {
 	total, perClient int
 	logger           *slog.Logger
 	logEvery         time.Duration // refusals are summed over it in the log
+	boundLoopback    bool          // apply perClient to loopback peers too (tests)
 }
 
 // resolveConnLimits turns Options' values (0: default, negative: off) into
@@ -107,7 +108,7 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		switch {
 		case l.total > 0 && l.open >= l.total:
 			why = fmt.Sprintf("this server holds at most %d open connections (mcp-outbox: --max-conns)", l.total)
-		case l.perClient > 0 && l.per[client] >= l.perClient:
+		case l.perClient > 0 && l.per[client] >= l.perClient && (l.boundLoopback || !isLoopback(c.RemoteAddr())):
 			why = fmt.Sprintf("this server holds at most %d open connections per client address (mcp-outbox: --max-conns-per-client)", l.perClient)
 		}
 		if why == "" {
@@ -260,4 +261,16 @@ func (c *limitedConn) CloseWrite() error {
 		return cw.CloseWrite()
 	}
 	return nil
+}
+
+// isLoopback reports whether a peer is on this host. Such a peer is not
+// bounded per client: it is a reverse proxy or a service mesh's sidecar
+// (Envoy connects from 127.0.0.6) that every client comes through, and
+// one process's 64 connections would then bound them all. The total bound
+// still applies.
+func isLoopback(a net.Addr) bool {
+	if t, ok := a.(*net.TCPAddr); ok {
+		return t.IP.IsLoopback()
+	}
+	return false
 }

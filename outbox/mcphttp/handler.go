@@ -51,13 +51,15 @@ type Options struct {
 	// open files if that is lower; negative, no bound.
 	MaxConns int
 	// MaxConnsPerClient bounds them per client address (the TCP peer, an
-	// IPv6 client's /64): behind a reverse proxy, every client is the
-	// proxy's address, so raise it or turn it off there. Zero means
+	// IPv6 client's /64). A loopback peer is not bounded per client: a
+	// reverse proxy or a mesh's sidecar on the same host is every client's
+	// address. Behind a proxy on another host, raise it or turn it off. Zero means
 	// DefaultMaxConnsPerClient, or a quarter of the total bound if that is
 	// lower; negative, no bound.
 	MaxConnsPerClient int
 
 	refusalLogEvery time.Duration // tests: the period refusals are counted over in the log
+	boundLoopback   bool          // tests: bound loopback peers per client too
 	// AllowedOrigins are the origins, besides the server's own, whose web
 	// pages may use [NewHandler]'s endpoint: scheme://host[:port], such as
 	// "https://app.example.com". A request with any other Origin header
@@ -210,7 +212,7 @@ func ServeWith(ctx context.Context, ln net.Listener, h http.Handler, opts *Optio
 	// cut every event stream. A negative IdleTimeout turns the keep-alive
 	// bound off: net/http takes a zero one as ReadTimeout's, which is none.
 	total, perClient := resolveConnLimits(o)
-	ln = newLimitListener(ln, connLimits{total: total, perClient: perClient, logger: logger, logEvery: o.refusalLogEvery})
+	ln = newLimitListener(ln, connLimits{total: total, perClient: perClient, logger: logger, logEvery: o.refusalLogEvery, boundLoopback: o.boundLoopback})
 	srv := &http.Server{Handler: tr.track(bodyTimeout(body, h)), ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout: max(idle, 0), ConnState: tr.connState, ConnContext: tr.connContext}
 	errc := make(chan error, 1)

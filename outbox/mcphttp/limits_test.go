@@ -285,6 +285,22 @@ func TestServeWith_SessionStreamOutlivesBounds(t *testing.T) {
 	}
 }
 
+// TestServeWith_LoopbackNotBoundPerClient: a loopback peer, a reverse
+// proxy or mesh sidecar on the same host that every client comes through,
+// is bounded by the total only.
+func TestServeWith_LoopbackNotBoundPerClient(t *testing.T) {
+	t.Parallel()
+	addr := serveLimits(t, ok, &Options{MaxConnsPerClient: 2, MaxConns: 4})
+	for i := range 4 {
+		if resp, body := dialRaw(t, addr, "").get(t, "/"); resp.StatusCode != http.StatusOK {
+			t.Fatalf("loopback connection %d of 4 (per-client bound 2): %d %q", i+1, resp.StatusCode, body)
+		}
+	}
+	if resp, body := dialRaw(t, addr, "").get(t, "/"); resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(body, "--max-conns)") {
+		t.Fatalf("the fifth loopback connection (total bound 4): %d %q, want 503 naming --max-conns", resp.StatusCode, body)
+	}
+}
+
 // TestServeWith_ConnLimits: past the bound on open connections, per client
 // address or in total, a new connection gets 503 with Retry-After and
 // the limit's name; once one closes, a new one is served again. The
@@ -297,7 +313,7 @@ func TestServeWith_ConnLimits(t *testing.T) {
 		otherAddr  bool // a connection from another address is served
 		wantInBody string
 	}{
-		{"PerClient", Options{MaxConnsPerClient: 2, MaxConns: -1}, true, "at most 2 open connections per client address (mcp-outbox: --max-conns-per-client)"},
+		{"PerClient", Options{MaxConnsPerClient: 2, MaxConns: -1, boundLoopback: true}, true, "at most 2 open connections per client address (mcp-outbox: --max-conns-per-client)"},
 		{"Total", Options{MaxConns: 2, MaxConnsPerClient: -1}, false, "at most 2 open connections (mcp-outbox: --max-conns)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -411,7 +427,7 @@ func TestResolveConnLimits(t *testing.T) {
 // 503 as its request's answer, not an error.
 func TestServeWith_ConnLimitsGoClient(t *testing.T) {
 	t.Parallel()
-	addr := serveLimits(t, ok, &Options{MaxConnsPerClient: 1, Logger: slog.New(slog.DiscardHandler)})
+	addr := serveLimits(t, ok, &Options{MaxConnsPerClient: 1, Logger: slog.New(slog.DiscardHandler), boundLoopback: true})
 	held := dialRaw(t, addr, "")
 	if resp, _ := held.get(t, "/"); resp.StatusCode != http.StatusOK {
 		t.Fatalf("the first connection got %d", resp.StatusCode)
