@@ -24,9 +24,13 @@ import (
 func newRouter(ctx context.Context, a *app, logger *slog.Logger) (http.Handler, error) {
 	r := chi.NewRouter()
 	r.Use(middleware.Recoverer)
-	mcpH := a.mcpHTTP
-	if mcpH == nil {
-		mcpH = mcphttp.NewHandler(a.server, &mcphttp.Options{Logger: logger})
+	mo := &mcphttp.Options{Logger: logger}
+	a.inflight.options(mo)
+	var mcpH http.Handler
+	if a.mcpHTTP != nil {
+		mcpH = a.inflight.wrap(a.mcpHTTP, mo)
+	} else {
+		mcpH = mcphttp.NewHandler(a.server, mo)
 	}
 	if rs := a.auth.resourceServer(logger); rs != nil {
 		r.Handle("/mcp", rs.Require(mcpH))

@@ -104,6 +104,8 @@ type appConfig struct {
 	// shutdownTimeout is --shutdown-timeout: how long --http waits for
 	// the calls in flight at SIGTERM (mcphttp.Options.ShutdownTimeout).
 	shutdownTimeout time.Duration
+	// inflight is --max-in-flight and --max-in-flight-per-principal.
+	inflight inflightLimits
 }
 
 // app is a running example server: database, layer and MCP server.
@@ -135,6 +137,8 @@ type app struct {
 	// mcphttp.DefaultShutdownTimeout). Tasks still running then stop,
 	// roll back and run again at the next start.
 	stopBound time.Duration
+	// inflight bounds /mcp's requests in flight (--max-in-flight).
+	inflight inflightLimits
 }
 
 func (cfg *appConfig) flags(env *environment, fs *flag.FlagSet) error {
@@ -243,7 +247,7 @@ func openStore(ctx context.Context, env *environment, cfg *appConfig) (*app, err
 		return nil, err
 	}
 	a := &app{db: db, dests: dests, logger: logger, logSensitive: cfg.logSensitive, retention: cfg.retention,
-		stopBound: cfg.shutdownTimeout}
+		stopBound: cfg.shutdownTimeout, inflight: cfg.inflight}
 	a.metricsRegistry = prometheus.NewRegistry()
 	a.metrics = outbox.NewMetrics(a.metricsRegistry)
 	if cfg.bare {
@@ -350,6 +354,9 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 	httpAddr := fs.String("http", env.envDefault("MCP_OUTBOX_HTTP", ""),
 		"serve Streamable HTTP at `ADDR` (e.g. 127.0.0.1:8080) instead of stdio; a non-loopback ADDR needs --tokens or --oauth-issuer [MCP_OUTBOX_HTTP]")
 	if err := shutdownFlag(env, fs, &cfg.shutdownTimeout); err != nil {
+		return err
+	}
+	if err := inflightFlags(env, fs, &cfg.inflight); err != nil {
 		return err
 	}
 	var ac authConfig

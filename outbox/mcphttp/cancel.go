@@ -44,12 +44,18 @@ func (c *cancels) wrap(next http.Handler) http.Handler {
 			return
 		}
 		// LiftParamsKey, in front, has read the body into memory already,
-		// bounded by the SDK's limit.
-		body, err := io.ReadAll(r.Body)
-		r.Body.Close()
-		if err != nil {
-			http.Error(w, "read request body: "+err.Error(), http.StatusBadRequest)
-			return
+		// bounded by the SDK's limit: take its bytes rather than a copy.
+		var body []byte
+		if b, ok := r.Body.(*bodyBytes); ok {
+			body = b.b
+		} else {
+			var err error
+			body, err = io.ReadAll(r.Body)
+			r.Body.Close()
+			if err != nil {
+				http.Error(w, "read request body: "+err.Error(), http.StatusBadRequest)
+				return
+			}
 		}
 		msgs, batch := splitBody(body)
 		var tracker *cancelnote.Tracker
@@ -86,7 +92,7 @@ func (c *cancels) wrap(next http.Handler) http.Handler {
 		if changed {
 			body = joinBody(msgs, batch)
 		}
-		r.Body = io.NopCloser(bytes.NewReader(body))
+		r.Body = &bodyBytes{Reader: bytes.NewReader(body), b: body}
 		r.ContentLength = int64(len(body))
 		next.ServeHTTP(w, r)
 		if tracker != nil {

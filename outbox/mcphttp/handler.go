@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/inflight"
 )
 
 // StatelessVersion is the first protocol version whose requests carry their
@@ -32,7 +34,45 @@ type Options struct {
 	// DefaultShutdownTimeout; negative waits for none of them (they are
 	// handed over at once, as described on ServeWith).
 	ShutdownTimeout time.Duration
+	// MaxInFlight bounds the requests [NewHandler] serves at once, event
+	// streams (a session's standalone GET stream) aside; one more is
+	// refused with 503 and Retry-After before its body is read. Zero
+	// means DefaultMaxInFlight; negative, no bound.
+	MaxInFlight int
+	// MaxInFlightPerPrincipal bounds them per principal (the
+	// auth.TokenInfo.UserID the authentication in front put in the
+	// request's context); one more is refused with 429 and Retry-After.
+	// Requests without a principal (no authentication) count against
+	// MaxInFlight only. Zero means DefaultMaxInFlightPerPrincipal;
+	// negative, no bound.
+	MaxInFlightPerPrincipal int
+	// MaxDepth bounds how deep a request body nests (objects and arrays,
+	// the JSON-RPC message's own levels included); a deeper one is
+	// refused with 400 and a JSON-RPC -32600 error before anything
+	// decodes it. Zero means DefaultMaxDepth; negative, no bound of ours
+	// (the go-sdk's own, 1000, stays).
+	MaxDepth int
 }
+
+// The defaults of [Options]' bounds on what one client can make the
+// server hold.
+//
+// Each request in flight holds its body (up to the go-sdk's 4 MiB limit)
+// several times over while go-sdk reads and decodes it, so the bounds on
+// requests are bounds on memory: DefaultMaxInFlightPerPrincipal keeps
+// sixteen concurrent 4 MiB calls of one token under 200 MiB of peak RSS
+// (README, Limits), and is more than the parallel tool calls of an agent;
+// DefaultMaxInFlight is outbox-load's highest level of concurrent
+// callers, each with one call in flight. DefaultMaxDepth: a tools/call is
+// three levels (message, params, arguments) before the tool's own
+// arguments, which tools' input schemas and _meta keep to a handful more;
+// 64 leaves them ten times that, and bounds what the go-sdk's decoder,
+// whose cost grows with depth squared (see checkDepth), spends on one body.
+const (
+	DefaultMaxInFlight             = 128
+	DefaultMaxInFlightPerPrincipal = 8
+	DefaultMaxDepth                = 64
+)
 
 // NewHandler returns the Streamable HTTP endpoint of s (serve mounts it at
 // /mcp): stateful sessions for clients up to 2025-11-25, stateless
@@ -44,20 +84,41 @@ type Options struct {
 // (outbox.CancelPolicy). Put authentication in front of it, such as
 // bearer.Verifier.Require.
 func NewHandler(s *mcp.Server, opts *Options) http.Handler {
-	var logger *slog.Logger
+	var o Options
 	if opts != nil {
-		logger = opts.Logger
+		o = *opts
 	}
 	get := func(*http.Request) *mcp.Server { return s }
-	stateful := mcp.NewStreamableHTTPHandler(get, &mcp.StreamableHTTPOptions{Logger: logger})
-	stateless := mcp.NewStreamableHTTPHandler(get, &mcp.StreamableHTTPOptions{Logger: logger, Stateless: true})
-	return LiftParamsKey(newCancels().wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	stateful := mcp.NewStreamableHTTPHandler(get, &mcp.StreamableHTTPOptions{Logger: o.Logger})
+	stateless := mcp.NewStreamableHTTPHandler(get, &mcp.StreamableHTTPOptions{Logger: o.Logger, Stateless: true})
+	h := liftParamsKey(newCancels().wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if v := r.Header.Get("Mcp-Protocol-Version"); v >= StatelessVersion && r.Header.Get("Mcp-Session-Id") == "" {
 			stateless.ServeHTTP(w, r)
 			return
 		}
 		stateful.ServeHTTP(w, r)
-	})))
+	})), orDefault(o.MaxDepth, DefaultMaxDepth))
+	logger := o.Logger
+	if logger == nil {
+		logger = slog.Default() // refusals are never silent
+	}
+	return inflight.New(inflight.Limits{
+		Total:           orDefault(o.MaxInFlight, DefaultMaxInFlight),
+		PerPrincipal:    orDefault(o.MaxInFlightPerPrincipal, DefaultMaxInFlightPerPrincipal),
+		TotalHow:        "mcp-outbox --max-in-flight, MCP_OUTBOX_MAX_IN_FLIGHT; mcphttp.Options.MaxInFlight",
+		PerPrincipalHow: "mcp-outbox --max-in-flight-per-principal, MCP_OUTBOX_MAX_IN_FLIGHT_PER_PRINCIPAL; mcphttp.Options.MaxInFlightPerPrincipal",
+	}, logger).Wrap(h)
+}
+
+// orDefault is v, def when v is zero, and 0 (no bound) when negative.
+func orDefault(v, def int) int {
+	switch {
+	case v == 0:
+		return def
+	case v < 0:
+		return 0
+	}
+	return v
 }
 
 // DefaultShutdownTimeout is [Options.ShutdownTimeout] when zero. It is
