@@ -24,6 +24,7 @@ func echoServer() *mcp.Server {
 	s := mcp.NewServer(&mcp.Implementation{Name: "bench", Version: "v0"}, nil)
 	mcp.AddTool(s, &mcp.Tool{Name: "echo"}, func(context.Context, *mcp.CallToolRequest, struct {
 		N int `json:"n"`
+		X any `json:"x,omitempty"` // the depth tests' nesting
 	}) (*mcp.CallToolResult, any, error) {
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: "ok"}}}, nil, nil
 	})
