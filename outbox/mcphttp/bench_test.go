@@ -60,3 +60,36 @@ func BenchmarkLargeCall(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkLargeCallSession is BenchmarkLargeCall in a 2025-11-25
+// session, where the front also tags each call for its cancels.
+func BenchmarkLargeCallSession(b *testing.B) {
+	h := NewHandler(echoServer(), nil)
+	post := func(session, body string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodPost, "/mcp", strings.NewReader(body))
+		r.Header.Set("Content-Type", "application/json")
+		r.Header.Set("Accept", "application/json, text/event-stream")
+		if session != "" {
+			r.Header.Set("Mcp-Session-Id", session)
+			r.Header.Set("Mcp-Protocol-Version", "2025-11-25")
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, r)
+		return rec
+	}
+	init := post("", `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"b","version":"1"}}}`)
+	session := init.Header().Get("Mcp-Session-Id")
+	if session == "" {
+		b.Fatalf("initialize: %d %s", init.Code, init.Body)
+	}
+	post(session, `{"jsonrpc":"2.0","method":"notifications/initialized"}`)
+	body := strings.Replace(largeCall(4<<20-4096), `"io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{},`, "", 1)
+	b.ReportAllocs()
+	b.SetBytes(int64(len(body)))
+	for b.Loop() {
+		rec := post(session, body)
+		if rec.Code != http.StatusOK || !strings.Contains(rec.Body.String(), `"ok"`) {
+			b.Fatalf("status %d: %.300s", rec.Code, rec.Body.String())
+		}
+	}
+}

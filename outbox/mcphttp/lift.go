@@ -132,31 +132,8 @@ func liftBody(body []byte) ([]byte, bool) {
 		return body, false
 	}
 	var edits []splice
-	if trimmed[0] == '[' {
-		i := skipSpace(trimmed, 1)
-		if i < len(trimmed) && trimmed[i] == ']' {
-			return body, false
-		}
-		for {
-			start, end := skipValue(trimmed, i)
-			if end < 0 {
-				return body, false
-			}
-			edits = append(edits, messageEdits(trimmed, start, end)...)
-			i = skipSpace(trimmed, end)
-			if i >= len(trimmed) {
-				return body, false
-			}
-			if trimmed[i] == ']' {
-				break
-			}
-			if trimmed[i] != ',' {
-				return body, false
-			}
-			i++
-		}
-	} else {
-		edits = messageEdits(trimmed, 0, len(trimmed))
+	for _, sp := range messageSpans(trimmed) {
+		edits = append(edits, messageEdits(trimmed, sp.start, sp.end)...)
 	}
 	if len(edits) == 0 || !json.Valid(trimmed) {
 		return body, false
