@@ -51,9 +51,11 @@ func liftParamsKey(next http.Handler, maxDepth int) http.Handler {
 			http.Error(w, "read request body: "+err.Error(), http.StatusBadRequest)
 			return
 		}
-		if maxDepth > 0 && checkDepth(body, maxDepth) {
-			refuseDepth(w, maxDepth)
-			return
+		if maxDepth > 0 {
+			if cut := checkDepth(body, maxDepth); cut >= 0 {
+				refuseDepth(w, maxDepth, idBeforeCut(body, cut))
+				return
+			}
 		}
 		if out, changed := liftBody(body); changed {
 			body = out
@@ -107,11 +109,12 @@ type bodyBytes struct {
 func (*bodyBytes) Close() error { return nil }
 
 // refuseDepth answers a body nested too deep: 400 with the JSON-RPC error
-// for an invalid request, under a null id (nothing of the body is read).
-func refuseDepth(w http.ResponseWriter, max int) {
+// for an invalid request, under the request's id when one comes before
+// the overflow (idBeforeCut), else null.
+func refuseDepth(w http.ResponseWriter, max int, id json.RawMessage) {
 	msg := fmt.Sprintf("request body nests objects and arrays deeper than %d levels, this server's limit "+
 		"(mcphttp.Options.MaxDepth; mcp-outbox serve and proxy keep the default, %d)", max, DefaultMaxDepth)
-	b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": nil,
+	b, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": id,
 		"error": map[string]any{"code": codeInvalidRequest, "message": msg}})
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusBadRequest)

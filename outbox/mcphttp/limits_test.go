@@ -233,14 +233,36 @@ func TestDepthRefusedBeforeSDK(t *testing.T) {
 		t.Fatalf("status %d, reached %v; want 400 before the SDK", rec.Code, reached)
 	}
 	var msg struct {
+		ID    any `json:"id"`
 		Error struct {
 			Code    int    `json:"code"`
 			Message string `json:"message"`
 		} `json:"error"`
 	}
-	if err := json.Unmarshal(rec.Body.Bytes(), &msg); err != nil || msg.Error.Code != -32600 ||
+	if err := json.Unmarshal(rec.Body.Bytes(), &msg); err != nil || msg.Error.Code != -32600 || msg.ID != 1.0 ||
 		!strings.Contains(msg.Error.Message, fmt.Sprint(DefaultMaxDepth)) || !strings.Contains(msg.Error.Message, "MaxDepth") {
-		t.Errorf("body %s (%v): want a -32600 error naming the limit", rec.Body, err)
+		t.Errorf("body %s (%v): want a -32600 error naming the limit, under the request's id", rec.Body, err)
+	}
+}
+
+func TestIDBeforeCut(t *testing.T) {
+	deep := strings.Repeat("[", 10)
+	for _, tc := range []struct{ in, want string }{
+		{`{"jsonrpc":"2.0","id":7,"params":` + deep, `7`},
+		{`{"id":"a", "id" : "b" ,"params":` + deep, `"b"`},
+		{`{"\u0069d":3,"params":` + deep, `3`},
+		{`{"params":` + deep + `]],"id":1}`, `null`}, // after the cut: not looked at
+		{`{"id":1,"x":tru,"params":` + deep, `null`}, // malformed before the cut
+		{`{"id":{},"params":` + deep, `null`},        // not a usable id
+		{`[{"id":1,"params":` + deep, `null`},        // a batch
+	} {
+		cut := checkDepth([]byte(tc.in), 3)
+		if cut < 0 {
+			t.Fatalf("%s: not too deep", tc.in)
+		}
+		if got := string(idBeforeCut([]byte(tc.in), cut)); got != tc.want {
+			t.Errorf("idBeforeCut(%s) = %s, want %s", tc.in, got, tc.want)
+		}
 	}
 }
 
@@ -287,7 +309,7 @@ func TestCheckDepth(t *testing.T) {
 		{`[]]]]][[[`, 3, false},        // unbalanced closers do not go below zero
 		{`{"a":"\\",[[[[]]]]}`, 4, true},
 	} {
-		if got := checkDepth([]byte(tc.in), tc.max); got != tc.deep {
+		if got := checkDepth([]byte(tc.in), tc.max) >= 0; got != tc.deep {
 			t.Errorf("checkDepth(%s, %d) = %v, want %v", tc.in, tc.max, got, tc.deep)
 		}
 	}

@@ -16,9 +16,9 @@ import (
 // and without allocations), so that what reaches the SDK is what it would
 // have refused anyway, or valid JSON.
 
-// checkDepth reports whether b nests objects and arrays deeper than max.
-// It tracks the depth outside strings in one pass, without allocations,
-// and stops at the first level past max.
+// checkDepth returns the offset of the first '{' or '[' of b that opens a
+// level deeper than max, or -1 when b nests no deeper. It tracks the depth
+// outside strings in one pass, without allocations, and stops there.
 //
 // Why a bound of ours, below the go-sdk's own (1000, checked the same way
 // in its internal/json.Unmarshal): the go-sdk decodes with
@@ -32,10 +32,10 @@ import (
 // stateless handler's ephemeralConnectOpts, again in the transport's
 // ServeHTTP, then the call's params). 1 MB nested 990 deep took 5 s of
 // CPU against 0.4 s flat.
-func checkDepth(b []byte, max int) (tooDeep bool) {
+func checkDepth(b []byte, max int) int {
 	depth := 0
 	inString, escaped := false, false
-	for _, c := range b {
+	for i, c := range b {
 		if inString {
 			switch {
 			case escaped:
@@ -52,7 +52,7 @@ func checkDepth(b []byte, max int) (tooDeep bool) {
 			inString = true
 		case '{', '[':
 			if depth++; depth > max {
-				return true
+				return i
 			}
 		case '}', ']':
 			if depth > 0 {
@@ -60,7 +60,58 @@ func checkDepth(b []byte, max int) (tooDeep bool) {
 			}
 		}
 	}
-	return false
+	return -1
+}
+
+// idBeforeCut returns the id of the message b when b is an object whose
+// top-level members before cut (where it nests too deep) are well-formed
+// and hold a usable id (a string or a number; the last, as decoders take
+// it), else null: the refusal then goes to the request's id, which a
+// client matches to its request, as the stdio transport's does. Nothing
+// after the cut is looked at.
+func idBeforeCut(b []byte, cut int) json.RawMessage {
+	null := json.RawMessage("null")
+	obj := b[:cut]
+	i := skipSpace(obj, 0)
+	if i >= len(obj) || obj[i] != '{' {
+		return null
+	}
+	var id []byte
+	for i = skipSpace(obj, i+1); ; i = skipSpace(obj, i+1) {
+		if i >= len(obj) || obj[i] != '"' {
+			return null
+		}
+		kend := skipString(obj, i)
+		if kend < 0 || !json.Valid(obj[i:kend]) {
+			return null
+		}
+		key := obj[i+1 : kend-1]
+		if i = skipSpace(obj, kend); i >= len(obj) || obj[i] != ':' {
+			return null
+		}
+		vs, ve := skipValue(obj, i+1)
+		if ve < 0 {
+			break // the member the cut is in
+		}
+		if !json.Valid(obj[vs:ve]) {
+			return null
+		}
+		if keyIs(key, "id") {
+			id = obj[vs:ve]
+		}
+		if i = skipSpace(obj, ve); i >= len(obj) || obj[i] != ',' {
+			return null
+		}
+	}
+	var v any
+	if id == nil || json.Unmarshal(id, &v) != nil {
+		return null
+	}
+	switch v.(type) {
+	case string, float64:
+		return id
+	}
+	return null
 }
 
 // span is a value's bytes b[start:end]; end == 0 when absent.
