@@ -24,10 +24,12 @@ const StatelessVersion = "2026-07-28"
 
 // Options configure [NewHandler] and [ServeWith]; the zero value is usable.
 type Options struct {
-	// Logger gets the go-sdk's transport logs ([NewHandler]) and what
-	// [ServeWith] did with the requests still running when its shutdown
-	// bound passed. Nil discards the former and sends the latter to
-	// slog.Default(): a shutdown that cut requests is never silent.
+	// Logger gets the go-sdk's transport logs and the counts of requests
+	// refused by MaxInFlight and MaxInFlightPerPrincipal ([NewHandler]),
+	// and what [ServeWith] did with the requests still running when its
+	// shutdown bound passed. Nil discards the transport logs and sends the
+	// rest to slog.Default(): refusals and a shutdown that cut requests are
+	// never silent.
 	Logger *slog.Logger
 	// ShutdownTimeout bounds how long [ServeWith] waits, once its context
 	// ends, for the requests in flight to finish. Zero means
@@ -81,8 +83,10 @@ const (
 // params.idempotencyKey of tools/call is lifted into _meta first
 // ([LiftParamsKey]). The reason of a client's notifications/cancelled in
 // a session reaches the layer, which decides by it whether the call stops
-// (outbox.CancelPolicy). Put authentication in front of it, such as
-// bearer.Verifier.Require.
+// (outbox.CancelPolicy). It bounds the requests in flight, in all and per
+// principal, and how deep a body nests (see [Options]). Put authentication
+// in front of it, such as bearer.Verifier.Require: the per-principal bound
+// counts the principal it puts in the request's context.
 func NewHandler(s *mcp.Server, opts *Options) http.Handler {
 	var o Options
 	if opts != nil {
