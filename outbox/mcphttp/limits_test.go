@@ -9,12 +9,15 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/cancelnote"
 )
 
 // limitServer serves NewHandler on 127.0.0.1 behind bearer tokens whose
@@ -341,5 +344,28 @@ func BenchmarkLiftNothing(b *testing.B) {
 		if _, changed := liftBody(body); changed {
 			b.Fatal("lifted")
 		}
+	}
+}
+
+// TestCancelsTagSplices: the cancels wrapper tags each tools/call of a
+// session's body, a batch's too, by splicing its handle into _meta: the
+// rest of the body reaches the SDK byte for byte.
+func TestCancelsTagSplices(t *testing.T) {
+	var got []byte
+	h := newCancels().wrap(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
+		got, _ = io.ReadAll(r.Body)
+	}))
+	in := `[ {"method":"tools/call", "params":{"name":"a", "_meta":{"k":1}}, "id":1, "jsonrpc":"2.0"},` +
+		`{"params":{"name":"b"},"jsonrpc":"2.0","id":"two","method":"tools/call"} ]`
+	r := httptest.NewRequest(http.MethodPost, "/mcp", strings.NewReader(in))
+	r.Header.Set("Mcp-Session-Id", "s")
+	h.ServeHTTP(httptest.NewRecorder(), r)
+	handle := regexp.MustCompile(`"` + regexp.QuoteMeta(cancelnote.MetaKey) + `":"[^"]+"`)
+	if n := len(handle.FindAll(got, -1)); n != 2 {
+		t.Fatalf("%d handles in %s, want 2", n, got)
+	}
+	if rest := handle.ReplaceAllString(string(got), "H"); rest != `[ {"method":"tools/call", "params":{"name":"a", "_meta":{"k":1,H}}, "id":1, "jsonrpc":"2.0"},`+
+		`{"params":{"_meta":{H},"name":"b"},"jsonrpc":"2.0","id":"two","method":"tools/call"} ]` {
+		t.Errorf("body passed on:\n%s", rest)
 	}
 }
