@@ -196,6 +196,10 @@ PG_LOAD_ARGS ?= --rtt 0,1ms --clients 1,32
 bench/postgres: ## From outside over HTTP on PostgreSQL at 0 and 1 ms RTT, 1 and 32 clients: the layer vs the limit, a careful bare server, a pgx one, 3 replicas; round trips and commits per call (ARGS=--help; ARGS=--tasks: a task vs a plain call)
 	go run ./cmd/outbox-load --store postgres $(PG_LOAD_ARGS) $(ARGS)
 
+.PHONY: bench/amplify
+bench/amplify: ## What one token can make serve spend (issue 37): peak RSS for 16 concurrent 4 MiB calls, CPU for 1 MB nested 990 deep vs flat, 3 runs (ARGS=--help)
+	go run ./cmd/outbox-load amplify $(ARGS)
+
 .PHONY: bench/go
 bench/go: ## Run the go test benchmarks of the hot paths (compare runs with benchstat)
 	go test -run '^$$' -bench . -benchmem ./...

@@ -26,9 +26,13 @@ import (
 func newRouter(ctx context.Context, a *app, logger *slog.Logger) (http.Handler, error) {
 	r := chi.NewRouter()
 	r.Use(middleware.Recoverer)
-	mcpH := a.mcpHTTP
-	if mcpH == nil {
-		mcpH = mcphttp.NewHandler(a.server, &mcphttp.Options{Logger: logger, AllowedOrigins: a.auth.origins()})
+	mo := &mcphttp.Options{Logger: logger, AllowedOrigins: a.auth.origins()}
+	a.inflight.options(mo)
+	var mcpH http.Handler
+	if a.mcpHTTP != nil {
+		mcpH = a.inflight.wrap(a.mcpHTTP, mo)
+	} else {
+		mcpH = mcphttp.NewHandler(a.server, mo)
 	}
 	// The library handlers (NewHandler, and the proxy's a.mcpHTTP through
 	// sidecar.Options.AllowedOrigins) check the Origin themselves, behind

@@ -74,6 +74,9 @@ func runProxy(ctx context.Context, env *environment, args []string) error {
 	if err := cfg.httpLimits.flags(env, fs); err != nil {
 		return err
 	}
+	if err := inflightFlags(env, fs, &cfg.inflight); err != nil {
+		return err
+	}
 	var taskValues []string
 	fs.Var((*multiFlag)(&taskValues), "task", "make calls of an upstream tool MCP tasks: `TOOL=always|required|after:DURATION`, repeatable; see Tasks above [MCP_OUTBOX_TASKS]")
 	var bounds proxyBounds

@@ -107,6 +107,8 @@ type appConfig struct {
 	// httpLimits are --body-timeout, --conn-idle-timeout, --max-conns and
 	// --max-conns-per-client (http_limits.go).
 	httpLimits httpLimits
+	// inflight is --max-in-flight and --max-in-flight-per-principal.
+	inflight inflightLimits
 }
 
 // app is a running example server: database, layer and MCP server.
@@ -138,6 +140,8 @@ type app struct {
 	// mcphttp.DefaultShutdownTimeout). Tasks still running then stop,
 	// roll back and run again at the next start.
 	stopBound time.Duration
+	// inflight bounds /mcp's requests in flight (--max-in-flight).
+	inflight inflightLimits
 }
 
 func (cfg *appConfig) flags(env *environment, fs *flag.FlagSet) error {
@@ -246,7 +250,7 @@ func openStore(ctx context.Context, env *environment, cfg *appConfig) (*app, err
 		return nil, err
 	}
 	a := &app{db: db, dests: dests, logger: logger, logSensitive: cfg.logSensitive, retention: cfg.retention,
-		stopBound: cfg.shutdownTimeout}
+		stopBound: cfg.shutdownTimeout, inflight: cfg.inflight}
 	a.metricsRegistry = prometheus.NewRegistry()
 	a.metrics = outbox.NewMetrics(a.metricsRegistry)
 	if cfg.bare {
@@ -356,6 +360,9 @@ func runServe(ctx context.Context, env *environment, args []string) error {
 		return err
 	}
 	if err := cfg.httpLimits.flags(env, fs); err != nil {
+		return err
+	}
+	if err := inflightFlags(env, fs, &cfg.inflight); err != nil {
 		return err
 	}
 	var ac authConfig

@@ -30,7 +30,12 @@ func main() {
 		os.Exit(serveBare(os.Args[2:]))
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	var code int
+	if len(os.Args) > 1 && os.Args[1] == amplifyCommand {
+		code = runAmplify(ctx, os.Args[2:], os.Stdout, os.Stderr)
+	} else {
+		code = run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	}
 	stop()
 	os.Exit(code)
 }

@@ -190,6 +190,36 @@ func (t *Tracker) forget(id jsonrpc.ID, r *request) {
 	}
 }
 
+// track puts r in flight under id.
+func (t *Tracker) track(id jsonrpc.ID, r *request) {
+	if t.empty != nil {
+		r.note.done = func() { t.forget(id, r) }
+	}
+	t.mu.Lock()
+	_, dup := t.inflight[id]
+	if !dup {
+		t.inflight[id] = r
+	}
+	t.mu.Unlock()
+	if dup {
+		// A client reusing an id in flight breaks JSON-RPC, and the
+		// SDK refuses the second request: the first keeps its entry.
+		release(r)
+	}
+}
+
+// ReadCall is Read of a tools/call with this id whose params the caller
+// tags itself: it returns the handle to set at params._meta[MetaKey].
+// The HTTP front (mcphttp) splices it into the body's bytes rather than
+// decode the call and encode it again, which for a 4 MiB body is several
+// copies of it.
+func (t *Tracker) ReadCall(id jsonrpc.ID) (handle string) {
+	r := &request{note: &Note{}, handle: rand.Text()}
+	notes.Store(r.handle, r.note)
+	t.track(id, r)
+	return r.handle
+}
+
 // Read is called with each message the transport reads, before the SDK
 // sees it. It tags a tools/call with its handle, and notes a cancel of a
 // request in flight; it returns the message to pass on.
@@ -209,21 +239,7 @@ func (t *Tracker) Read(msg jsonrpc.Message) jsonrpc.Message {
 				req.Params = params
 			}
 		}
-		if t.empty != nil {
-			id := req.ID
-			r.note.done = func() { t.forget(id, r) }
-		}
-		t.mu.Lock()
-		_, dup := t.inflight[req.ID]
-		if !dup {
-			t.inflight[req.ID] = r
-		}
-		t.mu.Unlock()
-		if dup {
-			// A client reusing an id in flight breaks JSON-RPC, and the
-			// SDK refuses the second request: the first keeps its entry.
-			release(r)
-		}
+		t.track(req.ID, r)
 	case req.Method == "notifications/cancelled":
 		var p struct {
 			RequestID any    `json:"requestId"`

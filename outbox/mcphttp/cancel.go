@@ -44,49 +44,63 @@ func (c *cancels) wrap(next http.Handler) http.Handler {
 			return
 		}
 		// LiftParamsKey, in front, has read the body into memory already,
-		// bounded by the SDK's limit.
-		body, err := io.ReadAll(r.Body)
-		r.Body.Close()
-		if err != nil {
-			http.Error(w, "read request body: "+err.Error(), http.StatusBadRequest)
-			return
+		// bounded by the SDK's limit: take its bytes rather than a copy.
+		var body []byte
+		if b, ok := r.Body.(*bodyBytes); ok {
+			body = b.b
+		} else {
+			var err error
+			body, err = io.ReadAll(r.Body)
+			r.Body.Close()
+			if err != nil {
+				http.Error(w, "read request body: "+err.Error(), http.StatusBadRequest)
+				return
+			}
 		}
-		msgs, batch := splitBody(body)
 		var tracker *cancelnote.Tracker
 		var calls []jsonrpc.ID
-		changed := false
-		for i, raw := range msgs {
-			msg, err := jsonrpc.DecodeMessage(raw)
-			if err != nil {
+		var edits []splice
+		trimmed := bytes.TrimSpace(body)
+		for _, sp := range messageSpans(trimmed) {
+			m := trimmed[sp.start:sp.end]
+			f, ok := fields(m, "method", "id", "params", "jsonrpc")
+			if !ok || !f[0].ok() || !f[3].ok() || !stringIs(f[3].of(m), "2.0") {
 				continue // the SDK answers it
 			}
-			req, ok := msg.(*jsonrpc.Request)
-			if !ok {
-				continue
-			}
-			switch {
-			case req.Method == "tools/call" && req.IsCall():
-				before := req.Params
-				tracker = c.call(session, req)
-				calls = append(calls, req.ID)
-				if !bytes.Equal(before, req.Params) {
-					if out, err := jsonrpc.EncodeMessage(req); err == nil {
-						msgs[i], changed = out, true
-					}
+			switch method := f[0].of(m); {
+			case stringIs(method, "tools/call"):
+				id, ok := callID(m, f[1])
+				if !ok || !json.Valid(m) {
+					continue
 				}
-			case req.Method == "notifications/cancelled":
+				tracker = c.session(session)
+				handle := tracker.ReadCall(id)
+				calls = append(calls, id)
+				if !f[2].ok() {
+					continue // no params to tag: the SDK refuses the call
+				}
+				p := f[2].of(m)
+				if ps, ok := fields(p, "_meta"); ok {
+					hb, _ := json.Marshal(handle)
+					edits = append(edits, metaEdits(p, sp.start+f[2].start, ps[0], []member{{cancelnote.MetaKey, hb}})...)
+				}
+			case stringIs(method, "notifications/cancelled"):
+				msg, err := jsonrpc.DecodeMessage(m)
+				if err != nil {
+					continue
+				}
 				c.mu.Lock()
 				t := c.sessions[session]
 				c.mu.Unlock()
 				if t != nil {
-					t.Read(req)
+					t.Read(msg)
 				}
 			}
 		}
-		if changed {
-			body = joinBody(msgs, batch)
+		if len(edits) > 0 {
+			body = apply(trimmed, edits)
 		}
-		r.Body = io.NopCloser(bytes.NewReader(body))
+		r.Body = &bodyBytes{Reader: bytes.NewReader(body), b: body}
 		r.ContentLength = int64(len(body))
 		next.ServeHTTP(w, r)
 		if tracker != nil {
@@ -97,10 +111,8 @@ func (c *cancels) wrap(next http.Handler) http.Handler {
 	})
 }
 
-// call tracks req in the session's tracker, made when the session has none.
-// The tracker is taken and fed under c.mu, so it cannot be found empty and
-// dropped between the two.
-func (c *cancels) call(session string, req *jsonrpc.Request) *cancelnote.Tracker {
+// session returns the session's tracker, made when it has none.
+func (c *cancels) session(session string) *cancelnote.Tracker {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	t := c.sessions[session]
@@ -108,8 +120,21 @@ func (c *cancels) call(session string, req *jsonrpc.Request) *cancelnote.Tracker
 		t = cancelnote.NewSessionTracker(func(t *cancelnote.Tracker) { c.emptied(session, t) })
 		c.sessions[session] = t
 	}
-	t.Read(req)
 	return t
+}
+
+// callID is the id of a call at span v of message m; false when absent or
+// null (a notification), or not an id.
+func callID(m []byte, v span) (jsonrpc.ID, bool) {
+	if !v.ok() || isNullValue(v.of(m)) {
+		return jsonrpc.ID{}, false
+	}
+	var raw any
+	if json.Unmarshal(v.of(m), &raw) != nil {
+		return jsonrpc.ID{}, false
+	}
+	id, err := jsonrpc.MakeID(raw)
+	return id, err == nil && id.IsValid()
 }
 
 // emptied drops the session's tracker once it has nothing in flight.
@@ -121,25 +146,33 @@ func (c *cancels) emptied(session string, t *cancelnote.Tracker) {
 	}
 }
 
-// splitBody returns the messages of a POST body, a single one or a batch's.
-func splitBody(body []byte) (msgs []json.RawMessage, batch bool) {
-	trimmed := bytes.TrimSpace(body)
-	if len(trimmed) > 0 && trimmed[0] == '[' {
-		if json.Unmarshal(trimmed, &msgs) != nil {
-			return nil, true
-		}
-		return msgs, true
-	}
-	return []json.RawMessage{trimmed}, false
-}
-
-func joinBody(msgs []json.RawMessage, batch bool) []byte {
-	if !batch {
-		return msgs[0]
-	}
-	out, err := json.Marshal(msgs)
-	if err != nil {
+// messageSpans returns the spans of the messages of a trimmed body, a
+// single one or a batch's; none when the batch cannot be scanned.
+func messageSpans(b []byte) []span {
+	if len(b) == 0 {
 		return nil
 	}
-	return out
+	if b[0] != '[' {
+		return []span{{0, len(b)}}
+	}
+	var spans []span
+	i := skipSpace(b, 1)
+	if i < len(b) && b[i] == ']' {
+		return nil
+	}
+	for {
+		start, end := skipValue(b, i)
+		if end < 0 {
+			return nil
+		}
+		spans = append(spans, span{start, end})
+		i = skipSpace(b, end)
+		if i >= len(b) || (b[i] != ',' && b[i] != ']') {
+			return nil
+		}
+		if b[i] == ']' {
+			return spans
+		}
+		i++
+	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/inflight"
 	"github.com/mcp-outbox/mcp-outbox/internal/origin"
 )
 
@@ -24,10 +25,12 @@ const StatelessVersion = "2026-07-28"
 
 // Options configure [NewHandler] and [ServeWith]; the zero value is usable.
 type Options struct {
-	// Logger gets the go-sdk's transport logs ([NewHandler]) and what
-	// [ServeWith] did with the requests still running when its shutdown
-	// bound passed. Nil discards the former and sends the latter to
-	// slog.Default(): a shutdown that cut requests is never silent.
+	// Logger gets the go-sdk's transport logs and the counts of requests
+	// refused by MaxInFlight and MaxInFlightPerPrincipal ([NewHandler]),
+	// and what [ServeWith] did with the requests still running when its
+	// shutdown bound passed. Nil discards the transport logs and sends the
+	// rest to slog.Default(): refusals and a shutdown that cut requests are
+	// never silent.
 	Logger *slog.Logger
 	// ShutdownTimeout bounds how long [ServeWith] waits, once its context
 	// ends, for the requests in flight to finish. Zero means
@@ -58,8 +61,25 @@ type Options struct {
 	// lower; negative, no bound.
 	MaxConnsPerClient int
 
-	refusalLogEvery time.Duration // tests: the period refusals are counted over in the log
-	boundLoopback   bool          // tests: bound loopback peers per client too
+	// MaxInFlight bounds the requests [NewHandler] serves at once, event
+	// streams (a session's standalone GET stream) aside; one more is
+	// refused with 503 and Retry-After before its body is read. Zero
+	// means DefaultMaxInFlight; negative, no bound.
+	MaxInFlight int
+	// MaxInFlightPerPrincipal bounds them per principal (the
+	// auth.TokenInfo.UserID the authentication in front put in the
+	// request's context); one more is refused with 429 and Retry-After.
+	// Requests without a principal (no authentication) count against
+	// MaxInFlight only. Zero means DefaultMaxInFlightPerPrincipal;
+	// negative, no bound.
+	MaxInFlightPerPrincipal int
+	// MaxDepth bounds how deep a request body nests (objects and arrays,
+	// the JSON-RPC message's own levels included); a deeper one is
+	// refused with 400 and a JSON-RPC -32600 error before anything
+	// decodes it. Zero means DefaultMaxDepth; negative, no bound of ours
+	// (the go-sdk's own, 1000, stays).
+	MaxDepth int
+
 	// AllowedOrigins are the origins, besides the server's own, whose web
 	// pages may use [NewHandler]'s endpoint: scheme://host[:port], such as
 	// "https://app.example.com". A request with any other Origin header
@@ -68,6 +88,9 @@ type Options struct {
 	// scheme://Host, the scheme https over TLS or with
 	// "X-Forwarded-Proto: https". Nil allows the own origin only.
 	AllowedOrigins []string
+
+	refusalLogEvery time.Duration // tests: the period refusals are counted over in the log
+	boundLoopback   bool          // tests: bound loopback peers per client too
 }
 
 // DefaultIdleTimeout is [Options.IdleTimeout] when zero. It is longer than
@@ -80,6 +103,26 @@ type Options struct {
 // clients opened in two minutes.
 const DefaultIdleTimeout = 2 * time.Minute
 
+// The defaults of [Options]' bounds on what one client can make the
+// server hold.
+//
+// Each request in flight holds its body (up to the go-sdk's 4 MiB limit)
+// several times over while go-sdk reads and decodes it, so the bounds on
+// requests are bounds on memory: DefaultMaxInFlightPerPrincipal keeps
+// sixteen concurrent 4 MiB calls of one token under 200 MiB of peak RSS
+// (README, Limits), and is more than the parallel tool calls of an agent;
+// DefaultMaxInFlight is outbox-load's highest level of concurrent
+// callers, each with one call in flight. DefaultMaxDepth: a tools/call is
+// three levels (message, params, arguments) before the tool's own
+// arguments, which tools' input schemas and _meta keep to a handful more;
+// 64 leaves them ten times that, and bounds what the go-sdk's decoder,
+// whose cost grows with depth squared (see checkDepth), spends on one body.
+const (
+	DefaultMaxInFlight             = 128
+	DefaultMaxInFlightPerPrincipal = 8
+	DefaultMaxDepth                = 64
+)
+
 // NewHandler returns the Streamable HTTP endpoint of s (serve mounts it at
 // /mcp): stateful sessions for clients up to 2025-11-25, stateless
 // requests for 2026-07-28 and later (a request of a later version that
@@ -89,26 +132,49 @@ const DefaultIdleTimeout = 2 * time.Minute
 // a session reaches the layer, which decides by it whether the call stops
 // (outbox.CancelPolicy). A request whose Origin header is neither the
 // server's own nor in Options.AllowedOrigins gets 403, as the transport
-// spec wants. Put authentication in front of it, such as
-// bearer.Verifier.Require.
+// spec wants. It bounds the requests in flight, in all and per principal,
+// and how deep a body nests (see [Options]). Put authentication in front
+// of it, such as bearer.Verifier.Require: the per-principal bound counts
+// the principal it puts in the request's context.
 func NewHandler(s *mcp.Server, opts *Options) http.Handler {
-	var logger *slog.Logger
-	var origins []string
+	var o Options
 	if opts != nil {
-		logger, origins = opts.Logger, opts.AllowedOrigins
+		o = *opts
 	}
 	get := func(*http.Request) *mcp.Server { return s }
-	stateful := mcp.NewStreamableHTTPHandler(get, &mcp.StreamableHTTPOptions{Logger: logger})
-	stateless := mcp.NewStreamableHTTPHandler(get, &mcp.StreamableHTTPOptions{Logger: logger, Stateless: true})
-	// The Origin is checked first, before a body is read: a refused page
-	// costs nothing more.
-	return origin.Check(origins, LiftParamsKey(newCancels().wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	stateful := mcp.NewStreamableHTTPHandler(get, &mcp.StreamableHTTPOptions{Logger: o.Logger})
+	stateless := mcp.NewStreamableHTTPHandler(get, &mcp.StreamableHTTPOptions{Logger: o.Logger, Stateless: true})
+	h := liftParamsKey(newCancels().wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if v := r.Header.Get("Mcp-Protocol-Version"); v >= StatelessVersion && r.Header.Get("Mcp-Session-Id") == "" {
 			stateless.ServeHTTP(w, r)
 			return
 		}
 		stateful.ServeHTTP(w, r)
-	}))))
+	})), orDefault(o.MaxDepth, DefaultMaxDepth))
+	logger := o.Logger
+	if logger == nil {
+		logger = slog.Default() // refusals are never silent
+	}
+	h = inflight.New(inflight.Limits{
+		Total:           orDefault(o.MaxInFlight, DefaultMaxInFlight),
+		PerPrincipal:    orDefault(o.MaxInFlightPerPrincipal, DefaultMaxInFlightPerPrincipal),
+		TotalHow:        "mcp-outbox --max-in-flight, MCP_OUTBOX_MAX_IN_FLIGHT; mcphttp.Options.MaxInFlight",
+		PerPrincipalHow: "mcp-outbox --max-in-flight-per-principal, MCP_OUTBOX_MAX_IN_FLIGHT_PER_PRINCIPAL; mcphttp.Options.MaxInFlightPerPrincipal",
+	}, logger).Wrap(h)
+	// The Origin is checked first, before a body is read or a place in
+	// flight is taken: a refused page costs nothing more.
+	return origin.Check(o.AllowedOrigins, h)
+}
+
+// orDefault is v, def when v is zero, and 0 (no bound) when negative.
+func orDefault(v, def int) int {
+	switch {
+	case v == 0:
+		return def
+	case v < 0:
+		return 0
+	}
+	return v
 }
 
 // DefaultShutdownTimeout is [Options.ShutdownTimeout] when zero. It is
