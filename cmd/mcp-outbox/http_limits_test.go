@@ -15,15 +15,15 @@ import (
 )
 
 // TestHTTPLimitsFlags: serve's connection flags and their variables reach
-// its listener: a connection past --max-conns-per-client gets 503 naming
-// it, an idle one closes after MCP_OUTBOX_CONN_IDLE_TIMEOUT, and a slow
+// its listener: a connection past --max-conns gets 503 naming it (a
+// loopback client is bounded by the total only), an idle one closes after MCP_OUTBOX_CONN_IDLE_TIMEOUT, and a slow
 // body to the operator page's /login form gets 408 after --body-timeout.
 func TestHTTPLimitsFlags(t *testing.T) {
 	t.Parallel()
 	sum := sha256.Sum256([]byte("operator-token-0123456789"))
 	mcpURL, _ := startHTTP(t, bin, filepath.Join(t.TempDir(), "limits.db"),
 		[]string{"MCP_OUTBOX_CONN_IDLE_TIMEOUT=200ms"},
-		"--admin-token-sha256", hex.EncodeToString(sum[:]), "--body-timeout", "300ms", "--max-conns-per-client", "1")
+		"--admin-token-sha256", hex.EncodeToString(sum[:]), "--body-timeout", "300ms", "--max-conns", "1")
 	addr := strings.TrimSuffix(strings.TrimPrefix(mcpURL, "http://"), "/mcp")
 	dial := func() (net.Conn, *bufio.Reader) {
 		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
@@ -44,13 +44,13 @@ func TestHTTPLimitsFlags(t *testing.T) {
 		return resp, string(b)
 	}
 
-	// One connection, its headers unfinished, holds the client's one place.
+	// One connection, its headers unfinished, holds the one place.
 	held, _ := dial()
 	fmt.Fprintf(held, "GET /healthz HTTP/1.1\r\n")
 	c, br := dial()
 	fmt.Fprintf(c, "GET /healthz HTTP/1.1\r\nHost: %s\r\n\r\n", addr)
-	if resp, body := read(br); resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(body, "--max-conns-per-client") {
-		t.Fatalf("a second connection got %d %q, want 503 naming --max-conns-per-client", resp.StatusCode, body)
+	if resp, body := read(br); resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(body, "--max-conns)") {
+		t.Fatalf("a second connection got %d %q, want 503 naming --max-conns", resp.StatusCode, body)
 	}
 	held.Close()
 
