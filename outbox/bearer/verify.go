@@ -8,6 +8,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
 	"time"
@@ -20,14 +21,24 @@ import (
 var noExpiry = time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)
 
 // A Verifier maps bearer tokens to their principals. A nil or empty
-// Verifier authenticates nothing: Require then lets every request through.
+// Verifier authenticates nothing: Require then lets every request through,
+// and logs a warning saying so.
 type Verifier struct {
 	tokens []Token
 }
 
 // NewVerifier returns a Verifier of toks. Check them with CheckDistinct
-// first: of two principals with one token, the first listed wins.
+// first: of two principals with one token, the first listed wins. Each
+// Token's Hash is the 32-byte SHA-256 (ParseHash of a tokens file's hex,
+// or of what Hash returns); any other length would match no token, so it
+// panics, naming the principal, as a mistake in the program.
 func NewVerifier(toks []Token) *Verifier {
+	for _, t := range toks {
+		if len(t.Hash) != sha256.Size {
+			panic(fmt.Sprintf("bearer: the token of principal %q has a Hash of %d bytes, want the %d bytes of its SHA-256 "+
+				"(ParseHash of the hex that Hash returns; %d bytes is that hex itself)", t.Principal, len(t.Hash), sha256.Size, 2*sha256.Size))
+		}
+	}
 	return &Verifier{tokens: append([]Token(nil), toks...)}
 }
 
@@ -76,6 +87,9 @@ const Realm = "mcp-outbox"
 // the outbox layer as TokenInfo.UserID, which scopes keys and call_status.
 func (v *Verifier) Require(h http.Handler) http.Handler {
 	if !v.Enabled() {
+		// Said, since it is also what an empty tokens list read from a
+		// file or a variable that was not set gives.
+		slog.Default().Warn("bearer: the Verifier has no tokens: every request is let through unauthenticated")
 		return h
 	}
 	return Require(v.Verify, &RequireOptions{Realm: Realm})(h)

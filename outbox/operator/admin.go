@@ -402,6 +402,12 @@ func (h *adminHandler) fail(w http.ResponseWriter, r *http.Request, err error) {
 func (h *adminHandler) failLogging(w http.ResponseWriter, r *http.Request, err, logged error) {
 	if !refusal(err) {
 		id := logFault(r.Context(), h.logger, "admin request failed", logged, "method", r.Method, "path", r.URL.Path)
+		if databaseAway(h.db, err) {
+			// A script can tell an outage it should wait out from a fault.
+			w.Header().Set("Retry-After", retryAfterAway)
+			writeAdminJSON(w, http.StatusServiceUnavailable, adminFaultBody{awayText(id), id})
+			return
+		}
 		writeAdminJSON(w, http.StatusInternalServerError, adminFaultBody{faultText(id), id})
 		return
 	}

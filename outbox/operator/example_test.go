@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/bearer"
 	"github.com/mcp-outbox/mcp-outbox/outbox/oauth"
 	"github.com/mcp-outbox/mcp-outbox/outbox/operator"
 	"github.com/mcp-outbox/mcp-outbox/schema"
@@ -73,7 +74,12 @@ func Example_separate() {
 	reg := prometheus.NewRegistry()
 	metrics := outbox.NewMetrics(reg) // for outbox.Options and dispatch.Options
 	_ = metrics
-	token := []byte("the SHA-256 of the admin token (bearer.Hash)")
+	// The 32 bytes of the admin token's SHA-256, from the hex that
+	// 'mcp-outbox token hash' prints (bearer.Hash).
+	token, err := bearer.ParseHash("9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08")
+	if err != nil {
+		log.Fatal(err)
+	}
 
 	page, err := operator.NewPage(ctx, db, &operator.Options{BasePath: "/internal/ops/", AdminTokenSHA256: token})
 	if err != nil {

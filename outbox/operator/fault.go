@@ -9,6 +9,7 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/internal/errid"
 	"github.com/mcp-outbox/mcp-outbox/internal/operate"
 	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
+	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
 // An operator request can fail two ways. The layer refuses it (a bad
@@ -41,4 +42,26 @@ func logFault(ctx context.Context, logger *slog.Logger, msg string, err error, a
 // faultText is what an operator is told of a fault logged under id.
 func faultText(id string) string {
 	return "the server failed to carry out the request (error id " + id + "; the server's log has the error under error_id=" + id + ")"
+}
+
+// databaseAway reports whether err says the database is out of reach for
+// now: it cannot be reached (schema.DB.Unavailable), or another
+// connection's lock outlasted the wait (SQLite's SQLITE_BUSY or
+// SQLITE_LOCKED; PostgreSQL's lock_not_available), or the request's time
+// ran out. Trying again later may succeed; other faults need a look.
+func databaseAway(db *schema.DB, err error) bool {
+	if db.Unavailable(err) || errors.Is(err, context.DeadlineExceeded) || schema.PgCode(err) == schema.PgLockNotAvailable {
+		return true
+	}
+	var e interface{ Code() int } // modernc.org/sqlite's *Error
+	return errors.As(err, &e) && (e.Code()&0xff == 5 || e.Code()&0xff == 6)
+}
+
+// retryAfterAway is the Retry-After, in seconds, of an answer for a
+// database out of reach: SQLite's busy wait is 5 s.
+const retryAfterAway = "5"
+
+// awayText is what an operator is told when databaseAway.
+func awayText(id string) string {
+	return "the database is out of reach for now (held by another connection, or not answering); try again shortly (error id " + id + "; the server's log has the error under error_id=" + id + ")"
 }

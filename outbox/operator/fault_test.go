@@ -21,7 +21,8 @@ import (
 
 // TestAdminFaults: with the database write-locked by another connection,
 // the admin API and the page answer a write in the layer's words with an
-// error id and no driver text; the log has the driver's error under the
+// error id and no driver text, the API with 503 and Retry-After, as an
+// outage to wait out; the log has the driver's error under the
 // same id (issue 37, point 6). A refusal of the layer's own (no such
 // effect) still says why.
 func TestAdminFaults(t *testing.T) {
@@ -68,8 +69,9 @@ func TestAdminFaults(t *testing.T) {
 			if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
 				t.Fatalf("body %q: %v", rec.Body, err)
 			}
-			if rec.Code != http.StatusInternalServerError || driverText.MatchString(rec.Body.String()) {
-				t.Fatalf("POST %s: %d %s, want 500 without the driver's text", c.path, rec.Code, rec.Body)
+			if rec.Code != http.StatusServiceUnavailable || rec.Header().Get("Retry-After") == "" || driverText.MatchString(rec.Body.String()) {
+				t.Fatalf("POST %s: %d %v %s, want 503 with Retry-After (the database is held, not broken) without the driver's text",
+					c.path, rec.Code, rec.Header(), rec.Body)
 			}
 			m := idIn.FindStringSubmatch(body.Error)
 			if m == nil || body.ErrorID != m[1] {
@@ -154,4 +156,25 @@ func openLockableDB(t *testing.T) (*schema.DB, func(*testing.T)) {
 		})
 	}
 	return db, lock
+}
+
+// TestAdminFaultBroken: a fault that waiting will not mend (here the
+// effects table is gone) is a 500 with an error id and no Retry-After,
+// where a held database is a 503 (TestAdminFaults).
+func TestAdminFaultBroken(t *testing.T) {
+	t.Parallel()
+	db := openTestDB(t)
+	if _, err := db.Write.Exec(`ALTER TABLE effects RENAME TO effects_gone`); err != nil {
+		t.Fatal(err)
+	}
+	rec := adminPost(NewAdmin(db, &Options{Logger: slog.New(slog.DiscardHandler)}), "/effects/retry-dead", "")
+	var body struct{ Error, ErrorID string }
+	if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+		t.Fatalf("body %q: %v", rec.Body, err)
+	}
+	if rec.Code != http.StatusInternalServerError || rec.Header().Get("Retry-After") != "" || body.ErrorID == "" ||
+		strings.Contains(rec.Body.String(), "effects") {
+		t.Fatalf("retry-dead without an effects table: %d %v %s, want 500 with an error id, no Retry-After, no driver text",
+			rec.Code, rec.Header(), rec.Body)
+	}
 }

@@ -2,6 +2,7 @@ package operator
 
 import (
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -24,12 +25,16 @@ import (
 // mounted at the root, loopback clients only, the page's key kept in the
 // database.
 type Options struct {
-	// Logger gets the operator surface's logs; nil discards them.
+	// Logger gets the operator surface's logs: actions, faults under their
+	// error ids, refused guesses. Nil means slog.Default(): what an
+	// answer's error id points to must be somewhere.
 	Logger *slog.Logger
 	// Sealer opens the recorded results the page shows when the layer
 	// seals them (outbox.Options.Sealer); nil shows plaintext ones only.
 	Sealer *seal.Sealer
-	// AdminTokenSHA256 is the SHA-256 of the admin token (bearer.Hash).
+	// AdminTokenSHA256 is the SHA-256 of the admin token, 32 bytes: the
+	// bytes, not the hex (bearer.ParseHash(bearer.Hash(token)), or
+	// ParseHash of what 'mcp-outbox token hash' prints).
 	// With it, the admin API, the page and the metrics admit whoever
 	// presents the token, from any address (the page through a login
 	// session). Without it they answer only loopback clients that address
@@ -131,7 +136,7 @@ func options(opts *Options) (Options, error) {
 		o = *opts
 	}
 	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
+		o.Logger = slog.Default()
 	}
 	if o.Layer != nil {
 		if o.Dispatcher == nil {
@@ -158,6 +163,12 @@ func options(opts *Options) (Options, error) {
 			return o, err
 		}
 		o.OAuth = &oa
+	}
+	if o.AdminTokenSHA256 != nil && len(o.AdminTokenSHA256) != sha256.Size {
+		// The hex of bearer.Hash, converted with []byte, is 64 bytes: it
+		// would compile, and refuse the right token as a wrong one.
+		return o, fmt.Errorf("operator: AdminTokenSHA256 has %d bytes, want the %d bytes of the token's SHA-256 "+
+			"(bearer.ParseHash of the hex that bearer.Hash and 'mcp-outbox token hash' give)", len(o.AdminTokenSHA256), sha256.Size)
 	}
 	if o.SessionKey != nil && len(o.SessionKey) < minSessionKey {
 		return o, fmt.Errorf("operator: SessionKey has %d bytes, want at least %d", len(o.SessionKey), minSessionKey)

@@ -14,6 +14,8 @@ import (
 	"testing"
 
 	"github.com/go-chi/chi/v5"
+
+	"github.com/mcp-outbox/mcp-outbox/outbox/bearer"
 )
 
 const testAdminToken = "test-admin-token"
@@ -222,6 +224,12 @@ func TestPageReplicas(t *testing.T) {
 	}
 	if _, err := NewPage(ctx, db, &Options{SessionKey: []byte("short")}); err == nil || !strings.Contains(err.Error(), "SessionKey has 5 bytes, want at least 32") {
 		t.Errorf("a short key: %v", err)
+	}
+	// The hex of bearer.Hash as bytes: 64 of them, which would refuse the
+	// right token as a wrong one.
+	hexHash := []byte(bearer.Hash(testAdminToken))
+	if _, err := NewHandler(ctx, db, &Options{AdminTokenSHA256: hexHash}); err == nil || !strings.Contains(err.Error(), "AdminTokenSHA256 has 64 bytes, want the 32 bytes") {
+		t.Errorf("a hex admin hash: %v", err)
 	}
 	if _, err := NewPage(ctx, db, &Options{BasePath: "/ops?x"}); err == nil || !strings.Contains(err.Error(), `BasePath "/ops?x"`) {
 		t.Errorf("a bad base path: %v", err)
