@@ -402,8 +402,9 @@
 //		Destinations: []dispatch.Destination{{Name: "mailer", URL: mailerURL}},
 //	}})
 //	...
-//	h := mcphttp.NewHandler(server, nil)        // keeps every key source (see below)
-//	err = mcphttp.Serve(ctx, ln, h)             // returns once the calls in flight finished (bounded)
+//	hopts := &mcphttp.Options{}                 // the same to both: each reads its own bounds
+//	h := mcphttp.NewHandler(server, hopts)      // keeps every key source (see below)
+//	err = mcphttp.ServeWith(ctx, ln, h, hopts)  // returns once the calls in flight finished (bounded)
 //	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute) // then tasks stop
 //	defer cancel()
 //	return errors.Join(err, running.Stop(sctx))

@@ -49,7 +49,7 @@ func TestHTTPLimitsFlags(t *testing.T) {
 	fmt.Fprintf(held, "GET /healthz HTTP/1.1\r\n")
 	c, br := dial()
 	fmt.Fprintf(c, "GET /healthz HTTP/1.1\r\nHost: %s\r\n\r\n", addr)
-	if resp, body := read(br); resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(body, "--max-conns)") {
+	if resp, body := read(br); resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(body, "--max-conns;") {
 		t.Fatalf("a second connection got %d %q, want 503 naming --max-conns", resp.StatusCode, body)
 	}
 	held.Close()

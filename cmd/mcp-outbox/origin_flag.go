@@ -2,9 +2,9 @@ package main
 
 import (
 	"flag"
-	"fmt"
-	"net/url"
 	"strings"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/origin"
 )
 
 // originFlag adds --allowed-origin, the origins besides the server's own
@@ -47,10 +47,8 @@ func (v *originsValue) Set(s string) error {
 		if o == "" {
 			continue
 		}
-		u, err := url.Parse(strings.TrimSuffix(o, "/"))
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Path != "" ||
-			u.RawQuery != "" || u.Fragment != "" || u.User != nil {
-			return fmt.Errorf("origin %q: want scheme://host[:port], such as https://app.example.com", o)
+		if err := origin.Valid(o); err != nil {
+			return err
 		}
 		*v.p = append(*v.p, o)
 	}

@@ -117,8 +117,11 @@ func run(ctx context.Context, args []string, stderr io.Writer) (err error) {
 			return err
 		}
 	}
+	// One Options for NewHandler and ServeWith: each reads its own bounds
+	// (README, Limits). The zero value is the documented defaults.
+	hopts := &mcphttp.Options{}
 	r := chi.NewRouter()
-	r.Handle("/mcp", bearer.NewVerifier(toks).Require(mcphttp.NewHandler(server, nil)))
+	r.Handle("/mcp", bearer.NewVerifier(toks).Require(mcphttp.NewHandler(server, hopts)))
 	// Layer: readiness follows its Start (degraded were it never started)
 	// and the page judges destinations by the running dispatcher's.
 	ops, err := operator.NewHandler(ctx, db, &operator.Options{Layer: layer, Registry: reg})
@@ -132,7 +135,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) (err error) {
 	}
 	fmt.Fprintf(stderr, "serving MCP at http://%s/mcp\n", ln.Addr()) // port 0 picks one
 	// Returns when ctx ends, once the requests in flight have finished.
-	return mcphttp.Serve(ctx, ln, r)
+	return mcphttp.ServeWith(ctx, ln, r, hopts)
 }
 
 // The application's own tables, one directory of migrations per store.

@@ -7,6 +7,7 @@ package origin
 
 import (
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"slices"
@@ -68,4 +69,27 @@ func normalize(o string) string {
 		host = strings.TrimSuffix(host, ":"+p)
 	}
 	return u.Scheme + "://" + host
+}
+
+// Valid returns an error unless o is an origin a browser sends:
+// http or https, a host, an optional port, nothing after (a trailing
+// slash aside). Anything else would match no request's Origin.
+func Valid(o string) error {
+	u, err := url.Parse(strings.TrimSuffix(strings.TrimSpace(o), "/"))
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Path != "" ||
+		u.RawQuery != "" || u.Fragment != "" || u.User != nil {
+		return fmt.Errorf("origin %q: want scheme://host[:port], such as https://app.example.com", o)
+	}
+	return nil
+}
+
+// WarnInvalid logs a warning for each entry of allowed that is not Valid:
+// a library handler takes its origins without returning an error, and a
+// typo must not look like a browser's failure only.
+func WarnInvalid(logger *slog.Logger, allowed []string, field string) {
+	for _, o := range allowed {
+		if err := Valid(o); err != nil {
+			logger.Warn(field+" has an entry that matches no request: "+err.Error(), "entry", o)
+		}
+	}
 }

@@ -107,9 +107,9 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		why := ""
 		switch {
 		case l.total > 0 && l.open >= l.total:
-			why = fmt.Sprintf("this server holds at most %d open connections (mcp-outbox: --max-conns)", l.total)
+			why = fmt.Sprintf("this server holds at most %d open connections (mcp-outbox: --max-conns; mcphttp.Options.MaxConns)", l.total)
 		case l.perClient > 0 && l.per[client] >= l.perClient && (l.boundLoopback || !isLoopback(c.RemoteAddr())):
-			why = fmt.Sprintf("this server holds at most %d open connections per client address (mcp-outbox: --max-conns-per-client)", l.perClient)
+			why = fmt.Sprintf("this server holds at most %d open connections per client address (mcp-outbox: --max-conns-per-client; mcphttp.Options.MaxConnsPerClient)", l.perClient)
 		}
 		if why == "" {
 			l.open++

@@ -24,6 +24,12 @@ import (
 const StatelessVersion = "2026-07-28"
 
 // Options configure [NewHandler] and [ServeWith]; the zero value is usable.
+// Each reads its own fields: ServeWith the connection's (ShutdownTimeout,
+// BodyTimeout, IdleTimeout, MaxConns, MaxConnsPerClient), NewHandler the
+// request's (MaxInFlight, MaxInFlightPerPrincipal, MaxDepth,
+// AllowedOrigins). Give both the same Options: a bound given to only the
+// one that does not read it is not in force, and the first request
+// NewHandler serves logs a warning naming it.
 type Options struct {
 	// Logger gets the go-sdk's transport logs and the counts of requests
 	// refused by MaxInFlight and MaxInFlightPerPrincipal ([NewHandler]),
@@ -86,7 +92,9 @@ type Options struct {
 	// gets 403, on every method; one without (what MCP clients that are
 	// not browsers send) is served. The own origin is the request's
 	// scheme://Host, the scheme https over TLS or with
-	// "X-Forwarded-Proto: https". Nil allows the own origin only.
+	// "X-Forwarded-Proto: https". Nil allows the own origin only. An entry
+	// that is not an origin matches nothing, and NewHandler logs a warning
+	// for it.
 	AllowedOrigins []string
 
 	refusalLogEvery time.Duration // tests: the period refusals are counted over in the log
@@ -163,7 +171,8 @@ func NewHandler(s *mcp.Server, opts *Options) http.Handler {
 	}, logger).Wrap(h)
 	// The Origin is checked first, before a body is read or a place in
 	// flight is taken: a refused page costs nothing more.
-	return origin.Check(o.AllowedOrigins, h)
+	origin.WarnInvalid(logger, o.AllowedOrigins, "mcphttp: Options.AllowedOrigins")
+	return checkSplit(o, logger, origin.Check(o.AllowedOrigins, h))
 }
 
 // orDefault is v, def when v is zero, and 0 (no bound) when negative.
@@ -279,8 +288,11 @@ func ServeWith(ctx context.Context, ln net.Listener, h http.Handler, opts *Optio
 	// bound off: net/http takes a zero one as ReadTimeout's, which is none.
 	total, perClient := resolveConnLimits(o)
 	ln = newLimitListener(ln, connLimits{total: total, perClient: perClient, logger: logger, logEvery: o.refusalLogEvery, boundLoopback: o.boundLoopback})
+	sv := &served{opts: o}
+	defer sv.checkHandled(logger)
 	srv := &http.Server{Handler: tr.track(bodyTimeout(body, h)), ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout: max(idle, 0), ConnState: tr.connState, ConnContext: tr.connContext}
+		IdleTimeout: max(idle, 0), ConnState: tr.connState,
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context { return tr.connContext(withServed(ctx, sv), c) }}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {

@@ -296,7 +296,7 @@ func TestServeWith_LoopbackNotBoundPerClient(t *testing.T) {
 			t.Fatalf("loopback connection %d of 4 (per-client bound 2): %d %q", i+1, resp.StatusCode, body)
 		}
 	}
-	if resp, body := dialRaw(t, addr, "").get(t, "/"); resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(body, "--max-conns)") {
+	if resp, body := dialRaw(t, addr, "").get(t, "/"); resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(body, "--max-conns;") {
 		t.Fatalf("the fifth loopback connection (total bound 4): %d %q, want 503 naming --max-conns", resp.StatusCode, body)
 	}
 }
@@ -313,8 +313,8 @@ func TestServeWith_ConnLimits(t *testing.T) {
 		otherAddr  bool // a connection from another address is served
 		wantInBody string
 	}{
-		{"PerClient", Options{MaxConnsPerClient: 2, MaxConns: -1, boundLoopback: true}, true, "at most 2 open connections per client address (mcp-outbox: --max-conns-per-client)"},
-		{"Total", Options{MaxConns: 2, MaxConnsPerClient: -1}, false, "at most 2 open connections (mcp-outbox: --max-conns)"},
+		{"PerClient", Options{MaxConnsPerClient: 2, MaxConns: -1, boundLoopback: true}, true, "at most 2 open connections per client address (mcp-outbox: --max-conns-per-client; mcphttp.Options.MaxConnsPerClient)"},
+		{"Total", Options{MaxConns: 2, MaxConnsPerClient: -1}, false, "at most 2 open connections (mcp-outbox: --max-conns; mcphttp.Options.MaxConns)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -442,5 +442,20 @@ func TestServeWith_ConnLimitsGoClient(t *testing.T) {
 		if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(b), "--max-conns-per-client") {
 			t.Fatalf("past the bound: %d %q", resp.StatusCode, b)
 		}
+	}
+}
+
+// TestNewHandler_InvalidOriginWarns: an AllowedOrigins entry that is not
+// an origin (no scheme) matches no request; NewHandler, which returns no
+// error, says so in the log.
+func TestNewHandler_InvalidOriginWarns(t *testing.T) {
+	t.Parallel()
+	var logs syncBuffer
+	NewHandler(mcp.NewServer(&mcp.Implementation{Name: "t", Version: "v0"}, nil), &Options{
+		Logger:         slog.New(slog.NewTextHandler(&logs, nil)),
+		AllowedOrigins: []string{"https://ok.example", "app.example.com"},
+	})
+	if got := logs.String(); !strings.Contains(got, "level=WARN") || !strings.Contains(got, `app.example.com`) || strings.Contains(got, "ok.example") {
+		t.Fatalf("log %q: want one warning, for app.example.com only", got)
 	}
 }

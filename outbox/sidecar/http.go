@@ -58,6 +58,7 @@ func (p *Proxy) HTTPHandler(ctx context.Context) http.Handler {
 		events: newStandaloneEvents()}
 	go h.reap()
 	// The Origin rule of mcphttp.NewHandler (the transport spec's), first.
+	origin.WarnInvalid(p.logger, p.opts.AllowedOrigins, "sidecar: Options.AllowedOrigins")
 	return origin.Check(p.opts.AllowedOrigins, mcphttp.LiftParamsKey(h))
 }
 
