@@ -142,13 +142,19 @@ type verifiedKey struct{}
 //   - a token without opts.Scopes: 403 insufficient_scope with the scopes;
 //   - from a client address whose tokens were refused
 //     guesslimit.MaxTokenFailures (20) times within a minute of the first:
-//     429 with Retry-After until the minute ends, the token not looked at.
+//     429 with Retry-After until the minute ends, the token not looked at,
+//     unless verify accepted it within the last hour (and it has not
+//     expired since).
 //
 // The limit makes guessing cost a guesser, not the server: a client past
-// it costs no hash or signature check. A real client never reaches it (an
-// expired token is refused once, then refreshed). A missing token, which
-// is how an OAuth client begins, and a verifier that cannot decide (503)
-// do not count. Refusals are logged to opts.Logger as a count per minute,
+// it costs no signature check, only a SHA-256 of its token to see whether
+// it is one accepted recently. Those are verified as usual, so that
+// behind a reverse proxy, whose address every client shares, a guesser
+// cannot lock out the clients at work; a client's first token while its
+// address is over the limit still gets 429. A real client never reaches
+// the limit (an expired token is refused once, then refreshed). A
+// missing token, which is how an OAuth client begins, and a verifier that
+// cannot decide (503) do not count. Refusals are logged to opts.Logger as a count per minute,
 // with a warning for the first clients to reach the limit, never a line
 // per token; a resource with a ResourceMetadataURL is named "oauth tokens"
 // in those lines, one without "bearer tokens".
@@ -193,11 +199,11 @@ func Require(verify auth.TokenVerifier, opts *RequireOptions) func(http.Handler)
 		}, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true, ClockSkew: math.MaxInt64})(h)
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			client := clientaddr.Of(r.RemoteAddr)
-			if wait := guesses.Blocked(client); wait > 0 {
+			token, present, ok := TokenFromHeader(r.Header.Get("Authorization"))
+			if wait := guesses.Blocked(client, token); wait > 0 {
 				guesslimit.Refuse(w, wait)
 				return
 			}
-			token, present, ok := TokenFromHeader(r.Header.Get("Authorization"))
 			switch {
 			case !present:
 				WriteChallenge(w, http.StatusUnauthorized, base)
@@ -224,10 +230,13 @@ func Require(verify auth.TokenVerifier, opts *RequireOptions) func(http.Handler)
 					http.Error(w, "cannot verify the token now", http.StatusServiceUnavailable)
 					return
 				}
-				guesses.Fail(client)
+				guesses.Fail(client, token)
 				WriteChallenge(w, http.StatusUnauthorized, c)
 				return
 			}
+			// Before the scopes: a token without them is no guess, and
+			// past the limit it should hear 403, which says what it lacks.
+			guesses.Accepted(token, ti.Expiration)
 			if missing := Missing(ti.Scopes, o.Scopes); len(missing) > 0 {
 				c := base
 				c.Error, c.Description = "insufficient_scope", "insufficient scope"

@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -99,5 +100,71 @@ func TestRequire_GuessLimit(t *testing.T) {
 	want(send(h, other, good), http.StatusOK, "a good token from another address")
 	if n := logs.count("authentication failures over the limit"); n != 1 || !strings.Contains(logs.String(), `surface="oauth tokens"`) {
 		t.Errorf("the warning of the limit, %d times:\n%s", n, logs.String())
+	}
+}
+
+// TestRequire_KnownTokenPastLimit: behind a reverse proxy every client has
+// the proxy's address, so a guesser must not lock out the clients at
+// work. From one address past the limit: a JWT and an opaque token
+// accepted before are verified again (the introspection endpoint is
+// asked) and admitted; right tokens never accepted before get 429 (the
+// documented trade-off), and so does a wrong one, unverified. A token
+// accepted within the verifier's leeway past its exp is remembered only
+// until its exp, so past the limit it gets 429.
+func TestRequire_KnownTokenPastLimit(t *testing.T) {
+	t.Parallel()
+	is := newIssuer(t)
+	is.addKey("k1", jose.ES256, true)
+	var logs syncBuffer
+	rs := newRS(t, is, &oauth.Options{
+		Logger:        slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		Introspection: &oauth.Introspection{ClientID: "rs", ClientSecret: "rs-secret", CacheTTL: -1},
+	})
+	h := rs.Require(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	send := func(token string) int {
+		req := httptest.NewRequest(http.MethodPost, "/mcp", nil)
+		req.RemoteAddr = "127.0.0.1:40000" // the reverse proxy's
+		req.Header.Set("Authorization", "Bearer "+token)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec.Code
+	}
+	want := func(token string, status int, what string) {
+		t.Helper()
+		if got := send(token); got != status {
+			t.Fatalf("%s: status %d, want %d", what, got, status)
+		}
+	}
+	jwtKnown := is.mint("k1", is.good(resource))
+	opaqueKnown, opaqueNew := is.opaqueToken(resource, nil), is.opaqueToken(resource, nil)
+	fresh := is.good(resource)
+	fresh.Subject = "client-2"
+	jwtNew := is.mint("k1", fresh)
+	lapsing := is.good(resource)
+	lapsing.Expiry = jwt.NewNumericDate(time.Now().Add(-5 * time.Second)) // within the default leeway
+	jwtLapsing := is.mint("k1", lapsing)
+
+	want(jwtKnown, http.StatusOK, "a JWT")
+	want(opaqueKnown, http.StatusOK, "an opaque token")
+	want(jwtLapsing, http.StatusOK, "a JWT 5 s past its exp")
+	for i := range 25 {
+		want("guess-"+strconv.Itoa(i), map[bool]int{true: 401, false: 429}[i < 20], "a wrong token")
+	}
+	introspected := is.introspections.Load()
+	want(jwtKnown, http.StatusOK, "a JWT accepted before, past the limit")
+	want(opaqueKnown, http.StatusOK, "an opaque token accepted before, past the limit")
+	if n := is.introspections.Load() - introspected; n != 1 {
+		t.Errorf("the opaque token accepted before: %d introspections past the limit, want 1", n)
+	}
+	introspected = is.introspections.Load()
+	want(jwtNew, http.StatusTooManyRequests, "a right JWT never accepted, past the limit")
+	want(opaqueNew, http.StatusTooManyRequests, "a right opaque token never accepted, past the limit")
+	want("guess", http.StatusTooManyRequests, "a wrong token past the limit")
+	want(jwtLapsing, http.StatusTooManyRequests, "a JWT accepted before, past its exp, past the limit")
+	if n := is.introspections.Load() - introspected; n != 0 {
+		t.Errorf("past the limit: %d introspections of unknown tokens", n)
+	}
+	if n := logs.count("token refused"); n != 20 {
+		t.Errorf("%d tokens verified and refused, want 20 (none past the limit)", n)
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
 
@@ -45,13 +47,19 @@ func newAdminAuth(o Options) *adminAuth {
 // guessClient is whom r's failed authentications count against.
 func guessClient(r *http.Request) string { return clientaddr.Of(r.RemoteAddr) }
 
+// The limiter knows tokens by their exact text, so each of its calls
+// trims the token as bearer.Matches does: the header's and the login
+// form's copies of one token are one token.
+
 // tooManyGuesses is the refusal of a client past the limit on wrong
-// tokens, nil when it may try: its token is not looked at.
-func (c *adminAuth) tooManyGuesses(r *http.Request) *operatorRefusal {
+// tokens, nil when token (from the header or the login form) may be
+// looked at: the client is under the limit, or token was accepted
+// recently (accepted).
+func (c *adminAuth) tooManyGuesses(r *http.Request, token string) *operatorRefusal {
 	if c == nil || c.guesses == nil {
 		return nil
 	}
-	wait := c.guesses.Blocked(guessClient(r))
+	wait := c.guesses.Blocked(guessClient(r), strings.TrimSpace(token))
 	if wait <= 0 {
 		return nil
 	}
@@ -60,9 +68,19 @@ func (c *adminAuth) tooManyGuesses(r *http.Request) *operatorRefusal {
 }
 
 // guessed counts a wrong token of r's client.
-func (c *adminAuth) guessed(r *http.Request) {
+func (c *adminAuth) guessed(r *http.Request, token string) {
 	if c != nil && c.guesses != nil {
-		c.guesses.Fail(guessClient(r))
+		c.guesses.Fail(guessClient(r), strings.TrimSpace(token))
+	}
+}
+
+// accepted records a token that proved itself, the admin token or an
+// OAuth token (until its expiry), so that it is still looked at while
+// its client address is over the limit: behind a reverse proxy that
+// address is every client's, a guesser's too.
+func (c *adminAuth) accepted(token string, expiry time.Time) {
+	if c != nil && c.guesses != nil {
+		c.guesses.Accepted(strings.TrimSpace(token), expiry)
 	}
 }
 
@@ -120,9 +138,10 @@ const (
 //   - with neither, the loopback rule (checkAdminClient).
 //
 // With an admin token or OAuth, a client past the limit on wrong tokens
-// (Options.guesses) gets 429 first, its token unchecked; each bearer token
-// that is neither the admin token nor an accepted OAuth token counts
-// against it. A missing token does not: it is how a browser or an OAuth
+// (Options.guesses) gets 429 first, its token unchecked, unless the token
+// was accepted within the last hour (an OAuth token: and has not expired
+// since), which is then judged as usual; each bearer token that is
+// neither the admin token nor an accepted OAuth token counts against it. A missing token does not: it is how a browser or an OAuth
 // client begins.
 //
 // OAuth turns the loopback rule off. Its premise, that only clients on
@@ -134,7 +153,8 @@ func (c *adminAuth) check(r *http.Request, need access) (by string, refused *ope
 	header := r.Header.Get("Authorization")
 	oauth := c != nil && c.oauth != nil
 	if oauth || c.tokenRequired() {
-		if f := c.tooManyGuesses(r); f != nil {
+		token, _ := bearer.FromRequest(r)
+		if f := c.tooManyGuesses(r, token); f != nil {
 			return "", f
 		}
 	}
@@ -144,6 +164,7 @@ func (c *adminAuth) check(r *http.Request, need access) (by string, refused *ope
 		case present && !ok:
 			return "", c.refuse(http.StatusBadRequest, need, "invalid_request", "want 'Authorization: Bearer TOKEN'")
 		case present && c.isAdminToken(token):
+			c.accepted(token, time.Time{})
 			return byAdminToken, nil
 		case present:
 			return c.checkOAuth(r, token, need)
@@ -151,10 +172,11 @@ func (c *adminAuth) check(r *http.Request, need access) (by string, refused *ope
 	} else if c.tokenRequired() {
 		token, ok := bearer.FromRequest(r)
 		if ok && c.isAdminToken(token) {
+			c.accepted(token, time.Time{})
 			return byAdminToken, nil
 		}
 		if ok {
-			c.guessed(r)
+			c.guessed(r, token)
 		}
 	}
 	if c.tokenRequired() || oauth {
@@ -187,16 +209,17 @@ func (c *adminAuth) checkOAuth(r *http.Request, token string, need access) (stri
 		var ref bearer.Refusal
 		switch {
 		case errors.As(err, &ref):
-			c.guessed(r)
+			c.guessed(r, token)
 			return "", c.refuse(http.StatusUnauthorized, need, "invalid_token", string(ref))
 		case err == nil || errors.Is(err, auth.ErrInvalidToken):
-			c.guessed(r)
+			c.guessed(r, token)
 			return "", c.refuse(http.StatusUnauthorized, need, "invalid_token", "invalid token")
 		}
 		// The issuer unreachable, say: not the client's fault, and the
 		// error may name internal hosts.
 		return "", &operatorRefusal{status: http.StatusServiceUnavailable, msg: "cannot verify the token now"}
 	}
+	c.accepted(token, ti.Expiration)
 	if !c.oauth.grants(ti.Scopes, need) {
 		f := c.refuse(http.StatusForbidden, need, "insufficient_scope", "insufficient scope")
 		f.msg = fmt.Sprintf("insufficient scope: this needs %s", c.oauth.scope(need))

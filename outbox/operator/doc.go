@@ -86,7 +86,11 @@
 // Wrong admin tokens, at the login form and in the Authorization header
 // alike, and refused OAuth tokens are limited per client address: after 5
 // in a minute the client gets 429 with Retry-After until the minute ends,
-// its token unchecked. The limit is kept in each process's memory, not
+// its token unchecked, unless that token was accepted within the last
+// hour (an OAuth token: and has not expired since). A client address is
+// the TCP peer, so behind a reverse proxy it is every client's: a guesser
+// there cannot lock out an operator whose token worked before, but an
+// operator's first attempt during the guessing gets 429 too. The limit is kept in each process's memory, not
 // across replicas, on purpose: the admin token is a random 256-bit secret
 // that no rate of guessing finds, so the limit only keeps a guesser from
 // flooding the log and burning CPU, which a limit per process does;

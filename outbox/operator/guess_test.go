@@ -3,6 +3,7 @@ package operator
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -16,13 +17,15 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/auth"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/operate"
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/guesslimit"
 )
 
 // TestOperatorGuessLimit: wrong admin tokens in the header (admin API,
 // metrics, page) and at the login form, and refused OAuth tokens, share
 // one budget per client address. Past it the client gets 429 with
-// Retry-After, the token not looked at (not even the right one, and the
-// OAuth verifier not asked); a client at another address is not affected;
+// Retry-After, the token not looked at (not even the right one, never
+// accepted before: see TestOperatorKnownTokenPastLimit; and the OAuth
+// verifier not asked); a client at another address is not affected;
 // the window's end opens it again. A missing token and an issuer that
 // cannot answer count for nothing, and a flood of guesses makes a few log
 // lines, not one per guess.
@@ -127,4 +130,105 @@ func TestOperatorGuessLimit(t *testing.T) {
 		!strings.Contains(guessLines[1], "refused_unchecked=10006") || !strings.Contains(guessLines[1], "failures=5 ") {
 		t.Errorf("the log of 10,000 guesses:\n%s", strings.Join(guessLines, "\n"))
 	}
+}
+
+// TestOperatorKnownTokenPastLimit: behind a reverse proxy every operator
+// has the proxy's address, so a guesser must not lock out the operators
+// at work. From one address past the limit: the admin token, once
+// accepted, is still admitted (header on /admin and /metrics, and the
+// login form), and so is an OAuth token accepted before, verified again;
+// a right token not accepted before gets 429 (the documented trade-off),
+// and a wrong one too, unverified. A known token is refused again once
+// guesslimit.KnownFor has passed since its last success, an OAuth token
+// at its expiry, with the address over the limit.
+func TestOperatorKnownTokenPastLimit(t *testing.T) {
+	t.Parallel()
+	db := openTestDB(t)
+	var mu sync.Mutex
+	start := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	now := start
+	setNow := func(t time.Time) { mu.Lock(); now = t; mu.Unlock() }
+	var verified atomic.Int64
+	h, err := NewHandler(context.Background(), db, &Options{
+		AdminTokenSHA256: adminHash(),
+		Logger:           slog.New(slog.DiscardHandler),
+		Now:              func() time.Time { mu.Lock(); defer mu.Unlock(); return now },
+		OAuth: &OAuth{ReadScope: "ops:read", ActScope: "ops:act",
+			Verify: func(_ context.Context, token string, _ *http.Request) (*auth.TokenInfo, error) {
+				verified.Add(1)
+				switch token {
+				case "oauth-good", "oauth-new":
+					return &auth.TokenInfo{UserID: "ops", Scopes: []string{"ops:read"}, Expiration: start.Add(24 * time.Hour)}, nil
+				case "oauth-short":
+					return &auth.TokenInfo{UserID: "ops", Scopes: []string{"ops:read"}, Expiration: start.Add(10 * time.Minute)}, nil
+				}
+				return nil, auth.ErrInvalidToken
+			}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	send := func(method, path, token string, form url.Values) int {
+		var req *http.Request
+		if form != nil {
+			req = httptest.NewRequest(method, path, strings.NewReader(form.Encode()))
+			req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		} else {
+			req = httptest.NewRequest(method, path, nil)
+		}
+		req.RemoteAddr, req.Host = "127.0.0.1:40000", "ops.example.com" // the reverse proxy's
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec.Code
+	}
+	want := func(got, status int, what string) {
+		t.Helper()
+		if got != status {
+			t.Fatalf("%s: status %d, want %d", what, got, status)
+		}
+	}
+	guess := func() {
+		t.Helper()
+		for i := range 25 {
+			want(send("GET", "/admin/effects", fmt.Sprintf("guess-%d", i), nil),
+				map[bool]int{true: 401, false: 429}[i < operate.MaxLoginFailures], "a wrong token")
+		}
+	}
+	login := url.Values{"token": {testAdminToken}}
+
+	guess()
+	want(send("GET", "/admin/effects", testAdminToken, nil), http.StatusTooManyRequests, "the admin token never accepted, past the limit")
+	want(send("POST", "/login", "", login), http.StatusTooManyRequests, "a login never accepted, past the limit")
+	setNow(start.Add(guesslimit.Window))
+	want(send("GET", "/admin/effects", testAdminToken, nil), http.StatusOK, "the admin token after the window")
+	want(send("GET", "/admin/effects", "oauth-good", nil), http.StatusOK, "an OAuth token")
+	want(send("GET", "/admin/effects", "oauth-short", nil), http.StatusOK, "a short-lived OAuth token")
+
+	guess()
+	before := verified.Load()
+	want(send("GET", "/admin/effects", testAdminToken, nil), http.StatusOK, "the admin token accepted before, past the limit")
+	want(send("GET", "/metrics", testAdminToken, nil), http.StatusOK, "the admin token on the metrics, past the limit")
+	want(send("POST", "/login", "", login), http.StatusSeeOther, "a login with the admin token, past the limit")
+	want(send("GET", "/admin/effects", "oauth-good", nil), http.StatusOK, "an OAuth token accepted before, past the limit")
+	if n := verified.Load() - before; n != 1 {
+		t.Errorf("the OAuth token accepted before was verified %d times past the limit, want 1", n)
+	}
+	before = verified.Load()
+	want(send("GET", "/admin/effects", "oauth-new", nil), http.StatusTooManyRequests, "a right OAuth token never accepted, past the limit")
+	want(send("GET", "/admin/effects", "guess", nil), http.StatusTooManyRequests, "a wrong token past the limit")
+	if n := verified.Load() - before; n != 0 {
+		t.Errorf("the OAuth verifier was asked %d times for unknown tokens past the limit", n)
+	}
+
+	setNow(start.Add(10 * time.Minute)) // the short-lived token's expiry
+	guess()
+	want(send("GET", "/admin/effects", "oauth-short", nil), http.StatusTooManyRequests, "an OAuth token at its expiry, past the limit")
+	want(send("GET", "/admin/effects", testAdminToken, nil), http.StatusOK, "the admin token, 10 minutes on")
+	setNow(start.Add(10*time.Minute + guesslimit.KnownFor))
+	guess()
+	want(send("GET", "/admin/effects", testAdminToken, nil), http.StatusTooManyRequests, "the admin token, guesslimit.KnownFor after its last success")
+	want(send("POST", "/login", "", login), http.StatusTooManyRequests, "a login, guesslimit.KnownFor after the last success")
 }

@@ -2,8 +2,22 @@
 // wrong admin tokens (the operator surface and its page's login), wrong
 // bearer tokens and refused OAuth tokens on /mcp. Past the limit a client
 // is answered 429 until its window ends, its token not looked at, so a
-// guesser costs neither a hash nor a signature check; and it is logged at
-// a rate a log can hold.
+// guesser costs no signature check; and it is logged at a rate a log can
+// hold.
+//
+// Except a token accepted recently (Accepted: within KnownFor of its last
+// success, and not past its own expiry): past the limit it is still
+// looked at, and verified as usual. A client address is the TCP peer, so
+// behind a reverse proxy, a mesh's sidecar or a load balancer every client
+// shares one; without this rule anyone could lock every user out by
+// sending wrong tokens through it. A guesser never had a success, so it
+// gains nothing; a client that authenticated before the guessing began
+// keeps working. A client whose first token comes while its address is
+// over the limit still gets 429 until the window ends: telling it apart
+// from a guesser would take the verification the limit exists to spare.
+// What is remembered is the SHA-256 of each accepted token, never the
+// token, at most maxKnown of them; looking a token up costs one SHA-256,
+// and only for a token no longer than the longest accepted.
 //
 // The counts are kept in this process's memory, not shared through the
 // database, on purpose. With n replicas behind a balancer a guesser gets n
@@ -17,6 +31,7 @@
 package guesslimit
 
 import (
+	"crypto/sha256"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -40,6 +55,14 @@ const (
 	// maxClients bounds the clients tracked; when full, ended windows go
 	// first, then the oldest.
 	maxClients = 1000
+	// KnownFor is how long a token stays known after its last success
+	// (Accepted), unless it expires first: an hour outlives the pauses of
+	// a client at work, and bounds how long a token revoked at its issuer
+	// but not yet refused here is verified past the limit.
+	KnownFor = time.Hour
+	// maxKnown bounds the tokens remembered (32 bytes and a time each);
+	// when full, expired entries go first, then the one nearest its end.
+	maxKnown = 4096
 	// SummaryEvery is the period of the summary log line.
 	SummaryEvery = time.Minute
 	// maxLimitWarnings bounds the lines that name a client reaching the
@@ -75,11 +98,17 @@ type Limiter struct {
 
 	mu       sync.Mutex
 	byClient map[string]failures
+	// known holds the SHA-256 of each token accepted recently and when it
+	// stops being known; longest is the length of the longest token ever
+	// accepted, so that a longer one, known to be unknown, is not hashed.
+	known   map[[sha256.Size]byte]time.Time
+	longest int
 	// The current period of the summary: zero when nothing happened since
 	// the last one.
 	period                   time.Time
 	gen                      int // the period's number, for its timer
 	failed, refused, limited int
+	letThrough               int // known tokens looked at past the limit
 	warned                   int
 }
 
@@ -96,13 +125,16 @@ func New(o Options) *Limiter {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
-	return &Limiter{surface: o.Surface, max: o.Max, logger: o.Logger, now: o.Now, byClient: map[string]failures{}}
+	return &Limiter{surface: o.Surface, max: o.Max, logger: o.Logger, now: o.Now,
+		byClient: map[string]failures{}, known: map[[sha256.Size]byte]time.Time{}}
 }
 
-// Blocked says how long client must wait before its next attempt is
-// looked at; zero when it may try now. A refusal is counted for the
-// summary.
-func (l *Limiter) Blocked(client string) time.Duration {
+// Blocked says how long client must wait before token, the credential
+// its request carries ("" for none), is looked at; zero when it may be
+// looked at now: the client is under the limit, or token is known
+// (Accepted). A refusal, and a known token let through past the limit,
+// are counted for the summary.
+func (l *Limiter) Blocked(client, token string) time.Duration {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	f, ok := l.byClient[client]
@@ -119,15 +151,85 @@ func (l *Limiter) Blocked(client string) time.Duration {
 		return 0
 	}
 	l.noteLocked(now)
+	if l.knownLocked(token, now) {
+		l.letThrough++
+		return 0
+	}
 	l.refused++
 	return end.Sub(now)
 }
 
-// Fail counts a failed authentication of client.
-func (l *Limiter) Fail(client string) {
+// Accepted records that token was accepted (verified, not merely
+// admitted): it stays known for KnownFor from now, or until expiry if
+// that is sooner (the zero time: no expiry of its own).
+func (l *Limiter) Accepted(token string, expiry time.Time) {
+	if token == "" {
+		return
+	}
+	sum := sha256.Sum256([]byte(token))
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := l.now()
+	until := now.Add(KnownFor)
+	if !expiry.IsZero() && expiry.Before(until) {
+		until = expiry
+	}
+	if !until.After(now) {
+		delete(l.known, sum)
+		return
+	}
+	if _, ok := l.known[sum]; !ok && len(l.known) >= maxKnown {
+		l.evictKnownLocked(now)
+	}
+	l.known[sum] = until
+	l.longest = max(l.longest, len(token))
+}
+
+// knownLocked reports whether token is known and not expired.
+func (l *Limiter) knownLocked(token string, now time.Time) bool {
+	if token == "" || len(token) > l.longest {
+		return false
+	}
+	sum := sha256.Sum256([]byte(token))
+	until, ok := l.known[sum]
+	if ok && !until.After(now) {
+		delete(l.known, sum)
+		return false
+	}
+	return ok
+}
+
+// evictKnownLocked drops the expired tokens and, if none had expired, the
+// one nearest its end: only accepted tokens get in, so the set fills only
+// with more clients at work than it holds, and the one dropped is the
+// likeliest to be gone already.
+func (l *Limiter) evictKnownLocked(now time.Time) {
+	var first [sha256.Size]byte
+	var firstUntil time.Time
+	for sum, until := range l.known {
+		if !until.After(now) {
+			delete(l.known, sum)
+			continue
+		}
+		if firstUntil.IsZero() || until.Before(firstUntil) {
+			first, firstUntil = sum, until
+		}
+	}
+	if len(l.known) >= maxKnown {
+		delete(l.known, first)
+	}
+}
+
+// Fail counts a failed authentication of client with token ("" for none
+// to judge), which is no longer known: a token refused now (revoked,
+// expired) must not be looked at past the limit any more.
+func (l *Limiter) Fail(client, token string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.now()
+	if token != "" && len(token) <= l.longest {
+		delete(l.known, sha256.Sum256([]byte(token)))
+	}
 	f, ok := l.byClient[client]
 	if !ok || !f.since.Add(Window).After(now) {
 		if !ok && len(l.byClient) >= maxClients {
@@ -145,7 +247,7 @@ func (l *Limiter) Fail(client string) {
 	l.limited++
 	if l.warned < maxLimitWarnings {
 		l.warned++
-		l.logger.Warn("authentication failures over the limit: the client's attempts are refused (429) unchecked until its window ends",
+		l.logger.Warn("authentication failures over the limit: the client's attempts are refused (429) unchecked until its window ends, but for tokens accepted recently",
 			"surface", l.surface, "client", client, "failures", l.max, "window", Window.String())
 	}
 }
@@ -176,13 +278,14 @@ func (l *Limiter) flush(gen int) {
 }
 
 func (l *Limiter) summarizeLocked(now time.Time) {
-	if l.failed+l.refused > 0 {
+	if l.failed+l.refused+l.letThrough > 0 {
 		l.logger.Warn("failed authentications",
 			"surface", l.surface, "failures", l.failed, "refused_unchecked", l.refused,
-			"clients_over_limit", l.limited, "since", l.period.UTC().Format(time.RFC3339), "seconds", int(now.Sub(l.period).Seconds()))
+			"known_let_through", l.letThrough, "clients_over_limit", l.limited,
+			"since", l.period.UTC().Format(time.RFC3339), "seconds", int(now.Sub(l.period).Seconds()))
 	}
 	l.period = time.Time{}
-	l.failed, l.refused, l.limited, l.warned = 0, 0, 0, 0
+	l.failed, l.refused, l.limited, l.letThrough, l.warned = 0, 0, 0, 0, 0
 }
 
 // evictLocked drops the ended windows and, if none had ended, the oldest
