@@ -154,10 +154,10 @@ type verifiedKey struct{}
 // address is over the limit still gets 429. A real client never reaches
 // the limit (an expired token is refused once, then refreshed). A
 // missing token, which is how an OAuth client begins, and a verifier that
-// cannot decide (503) do not count. Refusals are logged to opts.Logger as a count per minute,
-// with a warning for the first clients to reach the limit, never a line
-// per token; a resource with a ResourceMetadataURL is named "oauth tokens"
-// in those lines, one without "bearer tokens".
+// cannot decide (503) do not count. Refusals are logged to opts.Logger as
+// a count per minute, with a warning for the first clients to reach the
+// limit, never a line per token; a resource with a ResourceMetadataURL is
+// named "oauth tokens" in those lines, one without "bearer tokens".
 //
 // The go-sdk's own RequireBearerToken sends no WWW-Authenticate without
 // options, answers a missing scope with 403 but no error="insufficient_scope"

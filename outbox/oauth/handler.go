@@ -73,7 +73,8 @@ func (rs *ResourceServer) MetadataHandler() http.Handler {
 // tools/call of a tool in Options.ToolScopes needs that tool's scopes too.
 // Refusals answer as package bearer's Require does, with the metadata's
 // URL in every challenge, and so does the limit on refused tokens per
-// client address (429 past it); its counts go to Options.Logger.
+// client address (429 past it, but for a token accepted within the hour
+// and not expired); its counts go to Options.Logger.
 func (rs *ResourceServer) Require(h http.Handler) http.Handler {
 	if len(rs.opts.ToolScopes) > 0 {
 		h = rs.requireToolScopes(h)

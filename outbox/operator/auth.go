@@ -47,14 +47,12 @@ func newAdminAuth(o Options) *adminAuth {
 // guessClient is whom r's failed authentications count against.
 func guessClient(r *http.Request) string { return clientaddr.Of(r.RemoteAddr) }
 
-// The limiter knows tokens by their exact text, so each of its calls
-// trims the token as bearer.Matches does: the header's and the login
-// form's copies of one token are one token.
-
 // tooManyGuesses is the refusal of a client past the limit on wrong
 // tokens, nil when token (from the header or the login form) may be
 // looked at: the client is under the limit, or token was accepted
-// recently (accepted).
+// recently (accepted). The limiter knows tokens by their exact text, so
+// this, guessed and accepted trim them as bearer.Matches does: the
+// header's and the login form's copies of one token are one token.
 func (c *adminAuth) tooManyGuesses(r *http.Request, token string) *operatorRefusal {
 	if c == nil || c.guesses == nil {
 		return nil
@@ -141,8 +139,9 @@ const (
 // (Options.guesses) gets 429 first, its token unchecked, unless the token
 // was accepted within the last hour (an OAuth token: and has not expired
 // since), which is then judged as usual; each bearer token that is
-// neither the admin token nor an accepted OAuth token counts against it. A missing token does not: it is how a browser or an OAuth
-// client begins.
+// neither the admin token nor an accepted OAuth token counts against it.
+// A missing token does not: it is how a browser or an OAuth client
+// begins.
 //
 // OAuth turns the loopback rule off. Its premise, that only clients on
 // this host reach the listener, is what a TLS-terminating proxy on the

@@ -11,9 +11,8 @@ import (
 
 // The login of the page: the admin token traded for a signed session
 // cookie (page_session.go). A wrong token counts against the client's
-// limit on wrong admin tokens (adminAuth.guesses), shared with the header,
-// and so does a success: the admin token, once accepted in either, is
-// looked at here past the limit too.
+// limit on wrong admin tokens (adminAuth.guesses), shared with the header;
+// the admin token, once accepted in either, is looked at past the limit.
 
 func (p *pageHandler) loginForm(w http.ResponseWriter, r *http.Request) {
 	if !p.auth.tokenRequired() || p.loggedIn(r) {
