@@ -67,7 +67,8 @@ func TestInFlightFlagsUsage(t *testing.T) {
 	t.Parallel()
 	for _, cmd := range []string{"serve", "proxy"} {
 		r := runCLI(t, nil, cmd, "--help")
-		for _, want := range []string{"-max-in-flight ", "MCP_OUTBOX_MAX_IN_FLIGHT]", "-max-in-flight-per-principal", "MCP_OUTBOX_MAX_IN_FLIGHT_PER_PRINCIPAL]"} {
+		for _, want := range []string{"-max-in-flight ", "MCP_OUTBOX_MAX_IN_FLIGHT]", "-max-in-flight-per-principal", "MCP_OUTBOX_MAX_IN_FLIGHT_PER_PRINCIPAL]",
+			"-max-in-flight-bytes-per-principal", "MCP_OUTBOX_MAX_IN_FLIGHT_BYTES_PER_PRINCIPAL]"} {
 			if !strings.Contains(r.stdout, want) {
 				t.Errorf("%s --help does not mention %s", cmd, want)
 			}

@@ -21,9 +21,19 @@ import (
 // bound off (the caller applies its defaults first).
 type Limits struct {
 	Total, PerPrincipal int
-	// TotalHow and PerPrincipalHow say, in the refusal, how to change each
-	// bound (a flag, an environment variable, a library option).
-	TotalHow, PerPrincipalHow string
+	// PerPrincipalBytes bounds a principal's request bodies in flight, by
+	// their Content-Length (a body without one counts as UnknownLength):
+	// what a request holds grows with its body, so many small calls are
+	// cheap and a few large ones are not. A principal with nothing in
+	// flight is always let in, whatever its body's length.
+	PerPrincipalBytes int64
+	// UnknownLength is what a body without a Content-Length counts as:
+	// the most it may be.
+	UnknownLength int64
+	// TotalHow, PerPrincipalHow and PerPrincipalBytesHow say, in the
+	// refusal, how to change each bound (a flag, an environment variable,
+	// a library option).
+	TotalHow, PerPrincipalHow, PerPrincipalBytesHow string
 }
 
 // Limiter counts the requests in flight.
@@ -33,8 +43,14 @@ type Limiter struct {
 
 	mu    sync.Mutex
 	total int
-	by    map[string]int
+	by    map[string]held
 	log   refusalLog
+}
+
+// held is what one principal has in flight.
+type held struct {
+	n     int
+	bytes int64
 }
 
 // New returns a Limiter; logger gets the refusals, counted.
@@ -42,7 +58,7 @@ func New(lim Limits, logger *slog.Logger) *Limiter {
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &Limiter{lim: lim, logger: logger, by: map[string]int{}, log: refusalLog{every: time.Minute}}
+	return &Limiter{lim: lim, logger: logger, by: map[string]held{}, log: refusalLog{every: time.Minute}}
 }
 
 // RetryAfter is the Retry-After of a refusal, in seconds: a call of the
@@ -71,23 +87,34 @@ func (l *Limiter) Wrap(h http.Handler) http.Handler {
 		if ti := auth.TokenInfoFromContext(r.Context()); ti != nil {
 			principal = ti.UserID
 		}
-		if status, msg := l.acquire(principal); status != 0 {
+		size := r.ContentLength
+		if size < 0 {
+			size = l.lim.UnknownLength
+		}
+		if status, msg := l.acquire(principal, size); status != 0 {
 			l.log.refused(l.logger, msg)
 			refuse(w, status, msg)
 			return
 		}
-		defer l.release(principal)
+		defer l.release(principal, size)
 		h.ServeHTTP(w, r)
 	})
 }
 
-func (l *Limiter) acquire(principal string) (status int, msg string) {
+func (l *Limiter) acquire(principal string, size int64) (status int, msg string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if principal != "" && l.lim.PerPrincipal > 0 && l.by[principal] >= l.lim.PerPrincipal {
+	h := l.by[principal]
+	if principal != "" && l.lim.PerPrincipal > 0 && h.n >= l.lim.PerPrincipal {
 		return http.StatusTooManyRequests, fmt.Sprintf(
 			"too many requests in flight for this principal: it has %d running, the limit per principal is %d (%s); "+
-				"retry once one of them is answered", l.by[principal], l.lim.PerPrincipal, l.lim.PerPrincipalHow)
+				"retry once one of them is answered", h.n, l.lim.PerPrincipal, l.lim.PerPrincipalHow)
+	}
+	if principal != "" && l.lim.PerPrincipalBytes > 0 && h.n > 0 && h.bytes+size > l.lim.PerPrincipalBytes {
+		return http.StatusTooManyRequests, fmt.Sprintf(
+			"too many request bytes in flight for this principal: %d running hold %d bytes of body, this one %d more, "+
+				"the limit per principal is %d (%s); retry once one of them is answered",
+			h.n, h.bytes, size, l.lim.PerPrincipalBytes, l.lim.PerPrincipalBytesHow)
 	}
 	if l.lim.Total > 0 && l.total >= l.lim.Total {
 		return http.StatusServiceUnavailable, fmt.Sprintf(
@@ -96,21 +123,24 @@ func (l *Limiter) acquire(principal string) (status int, msg string) {
 	}
 	l.total++
 	if principal != "" {
-		l.by[principal]++
+		l.by[principal] = held{h.n + 1, h.bytes + size}
 	}
 	return 0, ""
 }
 
-func (l *Limiter) release(principal string) {
+func (l *Limiter) release(principal string, size int64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.total--
 	if principal == "" {
 		return
 	}
-	if l.by[principal]--; l.by[principal] <= 0 {
+	h := l.by[principal]
+	if h.n <= 1 {
 		delete(l.by, principal)
+		return
 	}
+	l.by[principal] = held{h.n - 1, h.bytes - size}
 }
 
 // codeLimit is the JSON-RPC error of a refused request: in the

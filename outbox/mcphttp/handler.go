@@ -26,8 +26,8 @@ const StatelessVersion = "2026-07-28"
 // Options configure [NewHandler] and [ServeWith]; the zero value is usable.
 // Each reads its own fields: ServeWith the connection's (ShutdownTimeout,
 // BodyTimeout, IdleTimeout, MaxConns, MaxConnsPerClient), NewHandler the
-// request's (MaxInFlight, MaxInFlightPerPrincipal, MaxDepth,
-// AllowedOrigins). Give both the same Options: a bound given to only the
+// request's (MaxInFlight, MaxInFlightPerPrincipal,
+// MaxInFlightBytesPerPrincipal, MaxDepth, AllowedOrigins). Give both the same Options: a bound given to only the
 // one that does not read it is not in force, and the first request
 // NewHandler serves logs a warning naming it.
 type Options struct {
@@ -79,6 +79,14 @@ type Options struct {
 	// MaxInFlight only. Zero means DefaultMaxInFlightPerPrincipal;
 	// negative, no bound.
 	MaxInFlightPerPrincipal int
+	// MaxInFlightBytesPerPrincipal bounds the bodies of a principal's
+	// requests in flight, by their Content-Length (one without counts as
+	// the 4 MiB the go-sdk reads at most); one more is refused with 429
+	// and Retry-After. What a request holds grows with its body, so this,
+	// not the count, is what bounds memory, and many small calls pass. A
+	// principal with nothing in flight is always let in. Zero means
+	// DefaultMaxInFlightBytesPerPrincipal; negative, no bound.
+	MaxInFlightBytesPerPrincipal int64
 	// MaxDepth bounds how deep a request body nests (objects and arrays,
 	// the JSON-RPC message's own levels included); a deeper one is
 	// refused with 400 and a JSON-RPC -32600 error before anything
@@ -116,19 +124,23 @@ const DefaultIdleTimeout = 2 * time.Minute
 //
 // Each request in flight holds its body (up to the go-sdk's 4 MiB limit)
 // several times over while go-sdk reads and decodes it, so the bounds on
-// requests are bounds on memory: DefaultMaxInFlightPerPrincipal keeps
-// sixteen concurrent 4 MiB calls of one token under 200 MiB of peak RSS
-// (README, Limits), and is more than the parallel tool calls of an agent;
-// DefaultMaxInFlight is outbox-load's highest level of concurrent
+// requests are bounds on memory: DefaultMaxInFlightBytesPerPrincipal,
+// eight bodies of the most go-sdk reads, keeps sixteen concurrent 4 MiB
+// calls of one token under 200 MiB of peak RSS (README, Limits), while
+// DefaultMaxInFlightPerPrincipal lets an agent's parallel tool calls, or
+// a backend that calls for many users under one token, through; the
+// count still bounds the goroutines and database turns one principal
+// takes. DefaultMaxInFlight is outbox-load's highest level of concurrent
 // callers, each with one call in flight. DefaultMaxDepth: a tools/call is
 // three levels (message, params, arguments) before the tool's own
 // arguments, which tools' input schemas and _meta keep to a handful more;
 // 64 leaves them ten times that, and bounds what the go-sdk's decoder,
 // whose cost grows with depth squared (see checkDepth), spends on one body.
 const (
-	DefaultMaxInFlight             = 128
-	DefaultMaxInFlightPerPrincipal = 8
-	DefaultMaxDepth                = 64
+	DefaultMaxInFlight                  = 128
+	DefaultMaxInFlightPerPrincipal      = 32
+	DefaultMaxInFlightBytesPerPrincipal = 8 * mcp.DefaultMaxRequestBodyBytes
+	DefaultMaxDepth                     = 64
 )
 
 // NewHandler returns the Streamable HTTP endpoint of s (serve mounts it at
@@ -164,10 +176,14 @@ func NewHandler(s *mcp.Server, opts *Options) http.Handler {
 		logger = slog.Default() // refusals are never silent
 	}
 	h = inflight.New(inflight.Limits{
-		Total:           orDefault(o.MaxInFlight, DefaultMaxInFlight),
-		PerPrincipal:    orDefault(o.MaxInFlightPerPrincipal, DefaultMaxInFlightPerPrincipal),
-		TotalHow:        "mcp-outbox --max-in-flight, MCP_OUTBOX_MAX_IN_FLIGHT; mcphttp.Options.MaxInFlight",
-		PerPrincipalHow: "mcp-outbox --max-in-flight-per-principal, MCP_OUTBOX_MAX_IN_FLIGHT_PER_PRINCIPAL; mcphttp.Options.MaxInFlightPerPrincipal",
+		Total:             orDefault(o.MaxInFlight, DefaultMaxInFlight),
+		PerPrincipal:      orDefault(o.MaxInFlightPerPrincipal, DefaultMaxInFlightPerPrincipal),
+		TotalHow:          "mcp-outbox --max-in-flight, MCP_OUTBOX_MAX_IN_FLIGHT; mcphttp.Options.MaxInFlight",
+		PerPrincipalHow:   "mcp-outbox --max-in-flight-per-principal, MCP_OUTBOX_MAX_IN_FLIGHT_PER_PRINCIPAL; mcphttp.Options.MaxInFlightPerPrincipal",
+		PerPrincipalBytes: orDefault(o.MaxInFlightBytesPerPrincipal, DefaultMaxInFlightBytesPerPrincipal),
+		UnknownLength:     mcp.DefaultMaxRequestBodyBytes,
+		PerPrincipalBytesHow: "mcp-outbox --max-in-flight-bytes-per-principal, MCP_OUTBOX_MAX_IN_FLIGHT_BYTES_PER_PRINCIPAL; " +
+			"mcphttp.Options.MaxInFlightBytesPerPrincipal",
 	}, logger).Wrap(h)
 	// The Origin is checked first, before a body is read or a place in
 	// flight is taken: a refused page costs nothing more.
@@ -176,7 +192,7 @@ func NewHandler(s *mcp.Server, opts *Options) http.Handler {
 }
 
 // orDefault is v, def when v is zero, and 0 (no bound) when negative.
-func orDefault(v, def int) int {
+func orDefault[T int | int64](v, def T) T {
 	switch {
 	case v == 0:
 		return def

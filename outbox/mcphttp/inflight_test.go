@@ -165,6 +165,22 @@ func TestInFlightPerPrincipal(t *testing.T) {
 	wantAnswered(t, s.call(t, "alice", "quick"), "quick")
 }
 
+// TestInFlightBytesPerPrincipal: a principal's bodies in flight are
+// bounded by their length, which is what bounds memory; a principal with
+// nothing in flight is let in whatever its body's length, and another
+// principal is not held up.
+func TestInFlightBytesPerPrincipal(t *testing.T) {
+	s := startLimitServer(t, &Options{MaxInFlightBytesPerPrincipal: 100}) // each call's body is about 200 bytes
+	held := s.blockAs(t, "alice")                                         // let in: nothing of hers in flight
+	wantRefused(t, s.call(t, "alice", "quick"), http.StatusTooManyRequests, "--max-in-flight-bytes-per-principal")
+	wantAnswered(t, s.call(t, "bob", "quick"), "quick")
+	close(s.release)
+	if got := <-held; !strings.HasPrefix(got, "200 ") {
+		t.Fatalf("held call answered %q", got)
+	}
+	wantAnswered(t, s.call(t, "alice", "quick"), "quick")
+}
+
 func TestInFlightTotal(t *testing.T) {
 	s := startLimitServer(t, &Options{MaxInFlight: 2})
 	s.blockAs(t, "alice")

@@ -12,7 +12,8 @@ import (
 // One Options type configures two functions, and each reads only its own
 // fields: [ServeWith] the connection's (ShutdownTimeout, BodyTimeout,
 // IdleTimeout, MaxConns, MaxConnsPerClient), [NewHandler] the request's
-// (MaxInFlight, MaxInFlightPerPrincipal, MaxDepth, AllowedOrigins). A bound
+// (MaxInFlight, MaxInFlightPerPrincipal, MaxInFlightBytesPerPrincipal,
+// MaxDepth, AllowedOrigins). A bound
 // given to the other one only would be dropped quietly, so each request
 // carries what ServeWith was given, and the first request that reaches a
 // NewHandler compares: a field set on one side and not the same on the
@@ -50,7 +51,7 @@ func handlerFields(o Options) []string {
 		name string
 		set  bool
 	}{{"MaxInFlight", o.MaxInFlight != 0}, {"MaxInFlightPerPrincipal", o.MaxInFlightPerPrincipal != 0},
-		{"MaxDepth", o.MaxDepth != 0}, {"AllowedOrigins", len(o.AllowedOrigins) > 0}} {
+		{"MaxInFlightBytesPerPrincipal", o.MaxInFlightBytesPerPrincipal != 0}, {"MaxDepth", o.MaxDepth != 0}, {"AllowedOrigins", len(o.AllowedOrigins) > 0}} {
 		if x.set {
 			f = append(f, x.name)
 		}
@@ -66,7 +67,7 @@ func sameConn(a, b Options) bool {
 
 func sameHandler(a, b Options) bool {
 	return a.MaxInFlight == b.MaxInFlight && a.MaxInFlightPerPrincipal == b.MaxInFlightPerPrincipal &&
-		a.MaxDepth == b.MaxDepth && slices.Equal(a.AllowedOrigins, b.AllowedOrigins)
+		a.MaxInFlightBytesPerPrincipal == b.MaxInFlightBytesPerPrincipal && a.MaxDepth == b.MaxDepth && slices.Equal(a.AllowedOrigins, b.AllowedOrigins)
 }
 
 // checkSplit wraps NewHandler's h: at its first request it compares o
