@@ -1,6 +1,7 @@
 package oauth_test
 
 import (
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -60,8 +61,14 @@ func FuzzAuthorization(f *testing.F) {
 		pairs = append(pairs, w, "\x00")
 	}
 	scrub := strings.NewReplacer(append(pairs, `"`, "", ",", "", "=", "", "'", "", ":", "")...).Replace
+	clients := 0
 	f.Fuzz(func(t *testing.T, header string) {
 		req := httptest.NewRequest(http.MethodPost, "/mcp", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/list"}`))
+		// Each input from an address of its own: from one, the refused
+		// tokens would reach the guess limit (429), which
+		// TestRequire_GuessLimit covers.
+		clients++
+		req.RemoteAddr = fmt.Sprintf("10.%d.%d.%d:4000", clients>>16&0xff, clients>>8&0xff, clients&0xff)
 		if header != "" {
 			req.Header["Authorization"] = []string{header}
 		}
