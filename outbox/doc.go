@@ -462,9 +462,9 @@
 // # Operators
 //
 // What an operator does to calls and effects (retry, cancel, settle an
-// unknown effect or call, purge at once) is package
-// [github.com/mcp-outbox/mcp-outbox/outbox/admin]; the command line and the
-// operator surface are built on it. Finished records are purged
+// unknown effect or call, purge at once) is the admin API of package
+// [github.com/mcp-outbox/mcp-outbox/outbox/operator] and the mcp-outbox
+// command's outbox subcommands. Finished records are purged
 // continuously by the reaper (see Lifecycle), which keeps what [Retention] says.
 //
 // # Data protection

@@ -7,7 +7,7 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/mcp-outbox/mcp-outbox/outbox/internal/retention"
+	"github.com/mcp-outbox/mcp-outbox/internal/retention"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -31,7 +31,7 @@ const (
 
 // Retention says how long finished records stay in the database: what
 // [RunReaper] keeps, and what an operator's purge
-// ([github.com/mcp-outbox/mcp-outbox/outbox/admin.Purge]) keeps. The zero
+// (mcp-outbox purge, or the admin API's purge) keeps. The zero
 // value of each field selects the default documented on it.
 //
 // What is purged, and when:
@@ -60,7 +60,7 @@ const (
 // server behind mcp-outbox proxy) may have run there. Deleting it would let
 // a retry run it again, so it becomes state unknown instead, owned by
 // nobody, for an operator to settle
-// ([github.com/mcp-outbox/mcp-outbox/outbox/admin.ResolveCall]).
+// (mcp-outbox outbox resolve-call, or the admin API).
 //
 // Never purged: calls in state unknown, which wait for an operator, and
 // pending, in_flight, dead and unknown effects, which still need a

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox"
-	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
+	"github.com/mcp-outbox/mcp-outbox/internal/admin"
 )
 
 const purgeUsage = `Usage: mcp-outbox purge [flags]

@@ -12,7 +12,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/outboxtest"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
-	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
+	"github.com/mcp-outbox/mcp-outbox/internal/admin"
 )
 
 // TestForgetPrincipal_Forms: the library takes a principal as an operator

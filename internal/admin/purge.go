@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox"
-	"github.com/mcp-outbox/mcp-outbox/outbox/internal/retention"
+	"github.com/mcp-outbox/mcp-outbox/internal/retention"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
