@@ -17,11 +17,12 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/admin"
 	"github.com/mcp-outbox/mcp-outbox/internal/downstream"
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
 	"github.com/mcp-outbox/mcp-outbox/internal/outboxtest"
+	"github.com/mcp-outbox/mcp-outbox/internal/reencrypt"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
-	"github.com/mcp-outbox/mcp-outbox/internal/admin"
 	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
 	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 	"github.com/mcp-outbox/mcp-outbox/query"
@@ -240,7 +241,7 @@ func TestSeal_MissingKey(t *testing.T) {
 	b := setupNote(t, db, sealerOf(t, oldKey), runs)
 	// The rotation moves the hash key to new-key; b, started before with
 	// old-key alone, then creates the principal's data key under old-key.
-	if _, err := outbox.Reencrypt(context.Background(), db, sealerOf(t, newKey, oldKey), nil); err != nil {
+	if _, err := reencrypt.Seal(context.Background(), db, sealerOf(t, newKey, oldKey), nil); err != nil {
 		t.Fatal(err)
 	}
 	if res := note(t, b, "k", marker); res.IsError {
@@ -304,7 +305,7 @@ func TestSeal_KeyRequired(t *testing.T) {
 	if plain != 0 || runs.Load() != 1 {
 		t.Errorf("%d plaintext results, %d runs; want 0 and 1", plain, runs.Load())
 	}
-	if _, err := outbox.Decrypt(context.Background(), db, k1, nil); err != nil {
+	if _, err := reencrypt.Decrypt(context.Background(), db, k1, nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := outbox.New(db, nil); err != nil {
@@ -341,7 +342,7 @@ func TestSeal_ReencryptAfterForget(t *testing.T) {
 	if _, err := admin.ForgetPrincipal(ctx, db, "local", time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	r, err := outbox.Reencrypt(ctx, db, s, nil)
+	r, err := reencrypt.Seal(ctx, db, s, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -382,7 +383,7 @@ func TestSeal_Migration(t *testing.T) {
 	if r := resultOf(t, db, "old"); strings.HasPrefix(r, seal.Prefix) {
 		t.Errorf("old row's result sealed before reencrypt")
 	}
-	if _, err := outbox.Reencrypt(context.Background(), db, s, &outbox.ReencryptOptions{Batch: 1}); err != nil {
+	if _, err := reencrypt.Seal(context.Background(), db, s, &reencrypt.Options{Batch: 1}); err != nil {
 		t.Fatal(err)
 	}
 	if r := resultOf(t, db, "old"); !strings.HasPrefix(r, seal.Prefix) {
@@ -396,7 +397,7 @@ func TestSeal_Migration(t *testing.T) {
 	}
 	// Turning it off is explicit: decrypt, after which a layer without a
 	// key file replays everything.
-	if _, err := outbox.Decrypt(context.Background(), db, s, &outbox.ReencryptOptions{Batch: 1}); err != nil {
+	if _, err := reencrypt.Decrypt(context.Background(), db, s, &reencrypt.Options{Batch: 1}); err != nil {
 		t.Fatal(err)
 	}
 	off := setupNote(t, db, nil, runs)
@@ -588,7 +589,7 @@ func TestSeal_Rotation(t *testing.T) {
 	}
 	both := sealerOf(t, k2, k1)
 	var progress bytes.Buffer
-	r, err := outbox.Reencrypt(context.Background(), db, both, &outbox.ReencryptOptions{Batch: 1, Progress: &progress})
+	r, err := reencrypt.Seal(context.Background(), db, both, &reencrypt.Options{Batch: 1, Progress: &progress})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -602,7 +603,7 @@ func TestSeal_Rotation(t *testing.T) {
 		t.Errorf("%d data keys still under k1", n)
 	}
 	// Run again: nothing left to do.
-	if r, err := outbox.Reencrypt(context.Background(), db, both, nil); err != nil || r.DataKeys != 0 {
+	if r, err := reencrypt.Seal(context.Background(), db, both, nil); err != nil || r.DataKeys != 0 {
 		t.Errorf("second reencrypt: %+v %v", r, err)
 	}
 

@@ -481,10 +481,10 @@
 // file lacks) is answered as an error that says why, with the code
 // "erased" or "unreadable" under [MetaKeyError] (never "not_recorded", which
 // promises that a retry runs the call), and the call is never run again: its
-// row exists. ForgetPrincipal of package admin erases a
-// principal (crypto-erasure, see package seal); [Reencrypt] rotates keys
-// and seals the rows of a database used without encryption; [Decrypt]
-// turns it off.
+// row exists. mcp-outbox encryption forget-principal erases a
+// principal (crypto-erasure, see package seal); mcp-outbox encryption
+// reencrypt rotates keys and seals the rows of a database used without
+// encryption; mcp-outbox encryption decrypt turns it off.
 // Rows written without a Sealer stay readable with one; the reverse is
 // refused: [New] without a Sealer on a database that holds data keys
 // fails with [ErrKeyRequired], so encryption is never turned off but by

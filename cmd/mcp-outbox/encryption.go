@@ -8,9 +8,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
-	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/internal/admin"
+	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
+	"github.com/mcp-outbox/mcp-outbox/internal/reencrypt"
 	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -87,15 +87,15 @@ func runOutboxForget(ctx context.Context, env *environment, s outboxSub, args []
 }
 
 func runOutboxReencrypt(ctx context.Context, env *environment, s outboxSub, args []string) error {
-	return runRewrite(ctx, env, s, args, outbox.Reencrypt)
+	return runRewrite(ctx, env, s, args, reencrypt.Seal)
 }
 
 func runOutboxDecrypt(ctx context.Context, env *environment, s outboxSub, args []string) error {
-	return runRewrite(ctx, env, s, args, outbox.Decrypt)
+	return runRewrite(ctx, env, s, args, reencrypt.Decrypt)
 }
 
 func runRewrite(ctx context.Context, env *environment, s outboxSub, args []string,
-	rewrite func(context.Context, *schema.DB, *seal.Sealer, *outbox.ReencryptOptions) (*outbox.Reencrypted, error)) error {
+	rewrite func(context.Context, *schema.DB, *seal.Sealer, *reencrypt.Options) (*reencrypt.Counts, error)) error {
 	fs, dbPath := subFlags(env, s)
 	var keyFile string
 	keyFileFlag(env, fs, &keyFile)
@@ -124,7 +124,7 @@ func runRewrite(ctx context.Context, env *environment, s outboxSub, args []strin
 			return err
 		}
 	}
-	r, err := rewrite(ctx, db, sealer, &outbox.ReencryptOptions{Batch: *batch, Progress: env.stderr})
+	r, err := rewrite(ctx, db, sealer, &reencrypt.Options{Batch: *batch, Progress: env.stderr})
 	if r != nil {
 		fmt.Fprintf(env.stdout, "%s: %d data keys rewrapped, %d calls and %d effects rewritten, %d values unreadable\n",
 			s.name, r.DataKeys, r.Calls, r.Effects, r.Unreadable)

@@ -1,4 +1,7 @@
-package outbox
+// Package reencrypt rewrites the sealed values of an outbox database:
+// under the key file's current key (mcp-outbox encryption reencrypt), or
+// back to plaintext (mcp-outbox encryption decrypt).
+package reencrypt
 
 import (
 	"context"
@@ -12,17 +15,17 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
-// ReencryptOptions configure [Reencrypt] and [Decrypt]; nil means the
+// Options configure [Seal] and [Decrypt]; nil means the
 // defaults.
-type ReencryptOptions struct {
+type Options struct {
 	// Batch is how many rows one transaction rewrites; zero means 500.
 	Batch int
 	// Progress, if not nil, receives a line per batch.
 	Progress io.Writer
 }
 
-// Reencrypted counts what Reencrypt or Decrypt rewrote.
-type Reencrypted struct {
+// Counts counts what Seal or Decrypt rewrote.
+type Counts struct {
 	DataKeys int `json:"dataKeys"` // data keys rewrapped under the current key
 	Calls    int `json:"calls"`    // calls whose result or task arguments were rewritten
 	Effects  int `json:"effects"`  // effects whose body and headers were rewritten
@@ -31,7 +34,7 @@ type Reencrypted struct {
 	Unreadable int `json:"unreadable"`
 }
 
-// Reencrypt brings a database under s's current key:
+// Seal brings a database under s's current key:
 //
 //   - it rewraps every data key that another key wraps under the current
 //     one (the values themselves are sealed under the data keys and do not
@@ -45,12 +48,12 @@ type Reencrypted struct {
 // write is a compare-and-set on the value it read, so it never undoes a
 // concurrent write. Interrupted, it is run again: what is done is not done
 // twice.
-func Reencrypt(ctx context.Context, db *schema.DB, s *seal.Sealer, opts *ReencryptOptions) (*Reencrypted, error) {
+func Seal(ctx context.Context, db *schema.DB, s *seal.Sealer, opts *Options) (*Counts, error) {
 	if s == nil {
 		return nil, errors.New("reencrypt: no key file")
 	}
-	o := reencryptDefaults(opts)
-	r := &Reencrypted{}
+	o := defaults(opts)
+	r := &Counts{}
 	for {
 		n, err := s.Rewrap(ctx, db.Write, o.Batch)
 		if err != nil {
@@ -76,12 +79,12 @@ func Reencrypt(ctx context.Context, db *schema.DB, s *seal.Sealer, opts *Reencry
 // again. Values that cannot be opened (changed, a key missing) are left
 // and counted, and the data keys are kept. Hashes keyed under encryption
 // stay: their calls match on their key alone until they expire.
-func Decrypt(ctx context.Context, db *schema.DB, s *seal.Sealer, opts *ReencryptOptions) (*Reencrypted, error) {
+func Decrypt(ctx context.Context, db *schema.DB, s *seal.Sealer, opts *Options) (*Counts, error) {
 	if s == nil {
 		return nil, errors.New("decrypt: no key file")
 	}
-	o := reencryptDefaults(opts)
-	r := &Reencrypted{}
+	o := defaults(opts)
+	r := &Counts{}
 	sealed := func(v []byte) ([]byte, bool) { return v, seal.IsSealed(v) }
 	err := rewriteValues(ctx, db, o, r, sealed, func(ctx context.Context, q seal.Querier, ref seal.Ref, v []byte) ([]byte, error) {
 		p, err := s.Open(ctx, q, ref, v)
@@ -116,8 +119,8 @@ SELECT (SELECT count(*) FROM calls WHERE result LIKE 'mcpo1:%' OR task_params LI
 
 type errUnreadable struct{ error }
 
-func reencryptDefaults(opts *ReencryptOptions) ReencryptOptions {
-	var o ReencryptOptions
+func defaults(opts *Options) Options {
+	var o Options
 	if opts != nil {
 		o = *opts
 	}
@@ -127,7 +130,7 @@ func reencryptDefaults(opts *ReencryptOptions) ReencryptOptions {
 	return o
 }
 
-func (o ReencryptOptions) progress(format string, args ...any) {
+func (o Options) progress(format string, args ...any) {
 	if o.Progress != nil {
 		fmt.Fprintf(o.Progress, format+"\n", args...)
 	}
@@ -156,7 +159,7 @@ UPDATE effects SET headers = $1, body = $2, response = NULL WHERE id = $3 AND he
 )
 
 // rewriteValues walks calls, then effects, by id, a batch at a time.
-func rewriteValues(ctx context.Context, db *schema.DB, o ReencryptOptions, r *Reencrypted, pick pickFunc, rewrite rewriteFunc) error {
+func rewriteValues(ctx context.Context, db *schema.DB, o Options, r *Counts, pick pickFunc, rewrite rewriteFunc) error {
 	type row struct {
 		id               int64
 		key, principal   string
