@@ -13,17 +13,17 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/internal/admin"
+	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
 // Encryption at rest and forgetting a principal: with a Sealer of a key
 // file, what the layer records (results, effect bodies and headers, task
-// arguments) is encrypted before it reaches the database, and
-// admin.ForgetPrincipal erases a principal's records for good while keeping
-// its keys: a retry runs nothing and is answered "erased".
+// arguments) is encrypted before it reaches the database, and forgetting a
+// principal (mcp-outbox encryption forget-principal) erases its records for
+// good while keeping its keys: a retry runs nothing and is answered "erased".
 func Example_dataProtection() {
 	dir, err := os.MkdirTemp("", "example")
 	if err != nil {

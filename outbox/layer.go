@@ -16,34 +16,11 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
+	"github.com/mcp-outbox/mcp-outbox/internal/defaults"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/dbclock"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/metrics"
 	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 	"github.com/mcp-outbox/mcp-outbox/schema"
-)
-
-// Defaults for [Options] fields left at their zero value.
-const (
-	// DefaultFingerprintWindow is how long a call without a key is remembered
-	// by its fingerprint. Within it, a second call with the same tool and
-	// arguments from the same principal is taken as a retry and replayed, so a
-	// window much longer than clients' retry horizons would merge genuinely
-	// separate calls. Clients that send keys are not affected.
-	DefaultFingerprintWindow = 5 * time.Minute
-	// DefaultKeyRetention is how long a call with an explicit key is
-	// remembered (Stripe keeps keys at least 24 hours).
-	DefaultKeyRetention = 24 * time.Hour
-	// DefaultInFlightWait bounds how long a duplicate waits for the original
-	// attempt's outcome, and how long a claim keeps trying while another
-	// process holds SQLite's write lock, before it gets an "in progress"
-	// error.
-	DefaultInFlightWait = 30 * time.Second
-	// DefaultLease is how long an in_flight claim protects a call whose owner
-	// cannot be checked for liveness (another machine, another layer in the
-	// same process). Handlers that run longer than the lease before their
-	// first statement can lose the call to another attempt; they then fail
-	// the fence and commit nothing.
-	DefaultLease = time.Minute
 )
 
 // FingerprintOff as a fingerprint window turns fingerprints off: calls
@@ -62,15 +39,15 @@ type Options struct {
 	// the log has the error, so errors must go somewhere.
 	Logger *slog.Logger
 	// FingerprintWindow is the default window of tools without their own;
-	// zero means DefaultFingerprintWindow, FingerprintOff turns it off.
+	// zero means 5 minutes, FingerprintOff turns it off.
 	FingerprintWindow time.Duration
 	// KeyRetention is how long explicit keys are remembered; zero means
-	// DefaultKeyRetention.
+	// 24 hours.
 	KeyRetention time.Duration
 	// InFlightWait bounds a duplicate's wait, and a claim's wait for the
-	// write lock of another process; zero means DefaultInFlightWait.
+	// write lock of another process; zero means 30 s.
 	InFlightWait time.Duration
-	// Lease is the claim lease; zero means DefaultLease.
+	// Lease is the claim lease; zero means 1 minute.
 	Lease time.Duration
 	// RecordIdempotent records tools annotated idempotentHint too; by default
 	// they run in a transaction but are not recorded or replayed.
@@ -93,12 +70,12 @@ type Options struct {
 	Metrics *Metrics
 	// MaxBatchCalls bounds how many calls share one commit (group commit:
 	// calls that finish while others wait for the writer commit together,
-	// each in its own savepoint). Zero means DefaultMaxBatchCalls; 1 gives
+	// each in its own savepoint). Zero means 64; 1 gives
 	// every call a commit of its own.
 	MaxBatchCalls int
 	// MaxBatchWait bounds how long a batch keeps taking calls once it has
 	// begun, and so what its first call can wait for the others; zero means
-	// DefaultMaxBatchWait. No call ever waits for others to arrive: a batch
+	// 10 ms. No call ever waits for others to arrive: a batch
 	// commits as soon as nobody is waiting for the writer.
 	MaxBatchWait time.Duration
 	// LogSensitive adds each call's raw idempotency key and arguments to its
@@ -210,16 +187,16 @@ func New(db *schema.DB, opts *Options) (*Layer, error) {
 		o = *opts
 	}
 	if o.FingerprintWindow == 0 {
-		o.FingerprintWindow = DefaultFingerprintWindow
+		o.FingerprintWindow = defaults.FingerprintWindow
 	}
 	if o.KeyRetention <= 0 {
-		o.KeyRetention = DefaultKeyRetention
+		o.KeyRetention = defaults.KeyRetention
 	}
 	if o.InFlightWait <= 0 {
-		o.InFlightWait = DefaultInFlightWait
+		o.InFlightWait = defaults.InFlightWait
 	}
 	if o.Lease <= 0 {
-		o.Lease = DefaultLease
+		o.Lease = defaults.Lease
 	}
 	now := o.Now
 	if db.Dialect == schema.Postgres {
@@ -241,10 +218,10 @@ func New(db *schema.DB, opts *Options) (*Layer, error) {
 		o.Now = time.Now
 	}
 	if o.MaxBatchCalls <= 0 {
-		o.MaxBatchCalls = DefaultMaxBatchCalls
+		o.MaxBatchCalls = defaults.MaxBatchCalls
 	}
 	if o.MaxBatchWait <= 0 {
-		o.MaxBatchWait = DefaultMaxBatchWait
+		o.MaxBatchWait = defaults.MaxBatchWait
 	}
 	logger := o.Logger
 	if logger == nil {

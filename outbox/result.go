@@ -34,7 +34,7 @@ const (
 	// not_recorded, whose promise ("a retry runs the call") would be false
 	// here: a client that retries on it would loop on an answer that never
 	// changes, since the row exists and the call never runs again.
-	codeErased     = "erased"     // the principal was forgotten (admin.ForgetPrincipal)
+	codeErased     = "erased"     // the principal was forgotten (mcp-outbox encryption forget-principal)
 	codeUnreadable = "unreadable" // changed, copied from another row, or under a key the key file lacks
 )
 

@@ -7,27 +7,12 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/defaults"
 	"github.com/mcp-outbox/mcp-outbox/internal/retention"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
 // Defaults for [Retention] fields left at zero.
-const (
-	// DefaultCallRetention matches DefaultKeyRetention, so that by default a
-	// call row lives exactly as long as its key is remembered; calls known by
-	// a short fingerprint window stay this long for operators, whose effect
-	// listings name the call's key and tool.
-	DefaultCallRetention = 24 * time.Hour
-	// DefaultDeliveredRetention keeps delivered effects, with the response
-	// the destination sent, long enough to answer "did it go out?" for a
-	// week after the fact.
-	DefaultDeliveredRetention = 7 * 24 * time.Hour
-	// DefaultCancelledRetention gives an operator a week to change their
-	// mind: a cancelled effect can be retried until it is purged.
-	DefaultCancelledRetention = 7 * 24 * time.Hour
-	// DefaultReapInterval is how often [RunReaper] purges by default.
-	DefaultReapInterval = 10 * time.Minute
-)
 
 // Retention says how long finished records stay in the database: what
 // [RunReaper] keeps, and what an operator's purge
@@ -68,13 +53,13 @@ const (
 type Retention struct {
 	// Calls is the least time a call row is kept after its completion,
 	// for the calls of tools without a ToolRetention.Outcome of their
-	// own; zero means DefaultCallRetention.
+	// own; zero means 24 hours.
 	Calls time.Duration
 	// Delivered is how long a delivered effect is kept; zero means
-	// DefaultDeliveredRetention.
+	// 7 days.
 	Delivered time.Duration
 	// Cancelled is how long a cancelled effect is kept; zero means
-	// DefaultCancelledRetention.
+	// 7 days.
 	Cancelled time.Duration
 }
 
@@ -82,13 +67,13 @@ type Retention struct {
 // duration is an error.
 func (r Retention) ages() (retention.Ages, error) {
 	return retention.Ages{Calls: r.Calls, Delivered: r.Delivered, Cancelled: r.Cancelled}.WithDefaults(retention.Ages{
-		Calls: DefaultCallRetention, Delivered: DefaultDeliveredRetention, Cancelled: DefaultCancelledRetention,
+		Calls: defaults.CallRetention, Delivered: defaults.DeliveredRetention, Cancelled: defaults.CancelledRetention,
 	})
 }
 
 // RunReaper purges expired records (see [Retention]) at once and then every
 // interval until ctx ends, then returns. Zero interval means
-// DefaultReapInterval; nil logger discards. A failed pass is logged and
+// 10 minutes; nil logger discards. A failed pass is logged and
 // tried again at the next interval: the data it would delete stays
 // correct, only the file stays larger for a while.
 func RunReaper(ctx context.Context, db *schema.DB, r Retention, interval time.Duration, logger *slog.Logger) error {
@@ -102,7 +87,7 @@ func runReaper(ctx context.Context, db *schema.DB, r Retention, interval time.Du
 		return fmt.Errorf("reaper: negative interval %s", interval)
 	}
 	if interval == 0 {
-		interval = DefaultReapInterval
+		interval = defaults.ReapInterval
 	}
 	ages, err := r.ages()
 	if err != nil {

@@ -80,7 +80,7 @@ func (l *Layer) openResult(ctx context.Context, q seal.Querier, principal string
 	if !r.result.Valid {
 		if r.state == "completed" || r.state == "failed" {
 			// Every outcome is recorded with its result; only
-			// admin.ForgetPrincipal deletes one (and sets erased_at).
+			// Forgetting a principal deletes one (and sets erased_at).
 			r.unreadable = seal.ErrErased
 		}
 		return

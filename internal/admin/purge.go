@@ -4,8 +4,9 @@ import (
 	"context"
 	"time"
 
-	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/internal/defaults"
 	"github.com/mcp-outbox/mcp-outbox/internal/retention"
+	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -50,7 +51,7 @@ func Purge(ctx context.Context, db *schema.DB, opts *PurgeOptions) (PurgeCounts,
 	}
 	r := o.Retention
 	ages, err := retention.Ages{Calls: r.Calls, Delivered: r.Delivered, Cancelled: r.Cancelled}.WithDefaults(retention.Ages{
-		Calls: outbox.DefaultCallRetention, Delivered: outbox.DefaultDeliveredRetention, Cancelled: outbox.DefaultCancelledRetention,
+		Calls: defaults.CallRetention, Delivered: defaults.DeliveredRetention, Cancelled: defaults.CancelledRetention,
 	})
 	if err != nil {
 		return PurgeCounts{}, err
