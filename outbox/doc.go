@@ -625,10 +625,11 @@
 // With a TracerProvider ([Options.TracerProvider], nil meaning the global
 // one) every request the server receives gets a SERVER span after the
 // OpenTelemetry MCP conventions, whose parent is the trace context the
-// client put in params._meta (SEP-414; [Propagator] and [MetaCarrier] put
-// it there from a Go client). An effect stores the traceparent of the
-// span that enqueued it, and the [dispatch.Dispatcher] makes each delivery attempt
-// a CLIENT span in that trace ([dispatch.Options.TracerProvider]),
+// client put in params._meta (SEP-414; [MetaCarrier] with OpenTelemetry's
+// propagation.TraceContext puts it there from a Go client). An effect
+// stores the traceparent of the span that enqueued it, and the
+// [dispatch.Dispatcher] makes each delivery attempt a CLIENT span in that
+// trace ([dispatch.Options.TracerProvider]),
 // sending the attempt's traceparent to the destination. Keys appear only
 // as hashes; arguments and results only with LogSensitive.
 //

@@ -2,10 +2,18 @@ package outbox
 
 import (
 	"context"
+	"log/slog"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/schema"
 )
+
+// RunReaper is the reaper Layer.Start runs, on the clock now.
+func RunReaper(ctx context.Context, db *schema.DB, r Retention, interval time.Duration, logger *slog.Logger) error {
+	return runReaper(ctx, db, r, interval, logger, time.Now)
+}
 
 // SetTestHookAfterCommit lets tests act between a call's commit and its response.
 func SetTestHookAfterCommit(f func(context.Context)) { testHookAfterCommit = f }

@@ -85,7 +85,7 @@ type Runner struct {
 //     NoDispatcher), which delivers at once what a previous run left, and
 //     from then on is woken by every commit that enqueued effects
 //     (Start adds its Notify with [Layer.OnEnqueue]);
-//   - the reaper ([RunReaper] on the layer's clock), which purges at once
+//   - the reaper (the reaper, on the layer's clock), which purges at once
 //     and then every ReapInterval what opts.Retention no longer keeps, so
 //     that the tables do not grow without bound (unless ReaperOff);
 //   - the task runner, which takes over the tasks whose owner is gone and

@@ -71,17 +71,12 @@ func (r Retention) ages() (retention.Ages, error) {
 	})
 }
 
-// RunReaper purges expired records (see [Retention]) at once and then every
-// interval until ctx ends, then returns. Zero interval means
-// 10 minutes; nil logger discards. A failed pass is logged and
-// tried again at the next interval: the data it would delete stays
-// correct, only the file stays larger for a while.
-func RunReaper(ctx context.Context, db *schema.DB, r Retention, interval time.Duration, logger *slog.Logger) error {
-	return runReaper(ctx, db, r, interval, logger, time.Now)
-}
-
-// runReaper is RunReaper on the clock now: [Layer.Start] passes the
-// layer's, so that records expire on the clock that wrote their expiry.
+// runReaper purges expired records (see [Retention]) at once and then
+// every interval until ctx ends, then returns. Zero interval means 10
+// minutes; nil logger discards. A failed pass is logged and tried again at
+// the next interval: the data it would delete stays correct, only the file
+// stays larger for a while. [Layer.Start] runs it on the layer's clock, so
+// that records expire on the clock that wrote their expiry.
 func runReaper(ctx context.Context, db *schema.DB, r Retention, interval time.Duration, logger *slog.Logger, now func() time.Time) error {
 	if interval < 0 {
 		return fmt.Errorf("reaper: negative interval %s", interval)
