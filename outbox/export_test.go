@@ -51,3 +51,6 @@ const MaxTaskRuns = maxTaskRuns
 func SetUnknownDestinationWatch(every time.Duration, round func()) {
 	unknownDestinationInterval, testHookUnknownDestinationRound = every, round
 }
+
+// Started reports whether a Start of l ever succeeded.
+func Started(l *Layer) bool { return l.everStarted() }

@@ -18,6 +18,7 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/internal/defaults"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/dbclock"
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/layerinfo"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/metrics"
 	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 	"github.com/mcp-outbox/mcp-outbox/schema"
@@ -386,3 +387,13 @@ func (m minLevel) WithAttrs(attrs []slog.Attr) slog.Handler {
 }
 
 func (m minLevel) WithGroup(name string) slog.Handler { return minLevel{m.level, m.h.WithGroup(name)} }
+
+func init() {
+	layerinfo.Of = func(l any) layerinfo.Info { return infoOf{l.(*Layer)} }
+}
+
+// infoOf is the layer as the operator surface sees it (layerinfo.Info).
+type infoOf struct{ l *Layer }
+
+func (i infoOf) Started() bool        { return i.l.everStarted() }
+func (i infoOf) Sealer() *seal.Sealer { return i.l.sealer() }

@@ -247,12 +247,12 @@ func (l *Layer) Runner() *Runner {
 	return l.runner
 }
 
-// Started reports whether a Start of the layer ever succeeded, with a
+// everStarted reports whether a Start of the layer ever succeeded, with a
 // dispatcher or NoDispatcher. A layer never started delivers nothing it
 // enqueues, and nothing else in its process says so: it logs a warning at
 // its first enqueue, and package operator's readiness check
 // (Options.Layer) reports it degraded.
-func (l *Layer) Started() bool {
+func (l *Layer) everStarted() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.started

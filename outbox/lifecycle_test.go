@@ -428,8 +428,8 @@ func TestLayer_EnqueueWithoutStartIsLogged(t *testing.T) {
 	if _, err := b3.layer.Start(context.Background(), noURL); err == nil {
 		t.Fatal("a bad Start started")
 	}
-	if b3.layer.Started() || b3.layer.Runner() != nil {
-		t.Errorf("after a failed Start: Started %v, Runner %v; want neither", b3.layer.Started(), b3.layer.Runner())
+	if outbox.Started(b3.layer) || b3.layer.Runner() != nil {
+		t.Errorf("after a failed Start: Started %v, Runner %v; want neither", outbox.Started(b3.layer), b3.layer.Runner())
 	}
 	callCharge(t, b3.session, "failed-start-1", 100)
 	if recs := failed.records(t, msg); len(recs) != 1 {

@@ -57,9 +57,9 @@ const selectPlainFingerprints = `
 SELECT max(expires_at) FROM calls
 WHERE expires_at > $1 AND key_source = 'fingerprint' AND key LIKE 'fp~_%' ESCAPE '~'`
 
-// Sealer is the layer's Options.Sealer: what an operator surface on the
-// same database needs to show its results.
-func (l *Layer) Sealer() *seal.Sealer { return l.opts.Sealer }
+// sealer is the layer's Options.Sealer: what an operator surface on the
+// same database needs to show its results (layerinfo.Info).
+func (l *Layer) sealer() *seal.Sealer { return l.opts.Sealer }
 
 // callRef names a call's column for sealing: the call's id binds the value
 // to its row.

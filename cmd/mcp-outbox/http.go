@@ -58,7 +58,7 @@ func newRouter(ctx context.Context, a *app, logger *slog.Logger) (http.Handler, 
 	}
 	if a.layer != nil {
 		opts.Dispatcher = appDispatcher{a}
-		opts.Sealer = a.layer.Sealer()
+		opts.Sealer = a.sealer
 	}
 	ops, err := operator.NewHandler(ctx, a.db, opts)
 	if err != nil {

@@ -26,6 +26,7 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/outbox/destconfig"
 	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
 	"github.com/mcp-outbox/mcp-outbox/outbox/mcphttp"
+	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -116,6 +117,7 @@ type appConfig struct {
 type app struct {
 	db     *schema.DB
 	layer  *outbox.Layer // nil when bare
+	sealer *seal.Sealer  // the layer's, nil without --encryption-key-file
 	server *mcp.Server
 	dests  []dispatch.Destination
 	logger *slog.Logger
@@ -250,7 +252,7 @@ func openStore(ctx context.Context, env *environment, cfg *appConfig) (*app, err
 	if err != nil {
 		return nil, err
 	}
-	a := &app{db: db, dests: dests, logger: logger, logSensitive: cfg.logSensitive, retention: cfg.retention,
+	a := &app{db: db, dests: dests, logger: logger, sealer: sealer, logSensitive: cfg.logSensitive, retention: cfg.retention,
 		stopBound: cfg.shutdownTimeout, inflight: cfg.inflight}
 	a.metricsRegistry = prometheus.NewRegistry()
 	a.metrics = outbox.NewMetrics(a.metricsRegistry)

@@ -16,6 +16,7 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/guesslimit"
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/layerinfo"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 )
@@ -113,12 +114,12 @@ type layerDispatcher struct{ l *outbox.Layer }
 
 // Running: a layer never started is not a dispatcher that stopped (which
 // is unavailable), but degraded; readiness tells the two apart by
-// Layer.Started, and the page and the metrics need no dispatcher running.
+// whether the layer ever started, and the page and the metrics need no dispatcher running.
 func (d layerDispatcher) Running() bool {
 	if r := d.l.Runner(); r != nil {
 		return r.Running()
 	}
-	return !d.l.Started()
+	return !layerinfo.Of(d.l).Started()
 }
 
 // Destinations are the running Start's; nil (no judgement) without one.
@@ -143,7 +144,7 @@ func options(opts *Options) (Options, error) {
 			o.Dispatcher = layerDispatcher{o.Layer}
 		}
 		if o.Sealer == nil {
-			o.Sealer = o.Layer.Sealer()
+			o.Sealer = layerinfo.Of(o.Layer).Sealer()
 		}
 	}
 	if o.Now == nil {
