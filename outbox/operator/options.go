@@ -114,7 +114,8 @@ type layerDispatcher struct{ l *outbox.Layer }
 
 // Running: a layer never started is not a dispatcher that stopped (which
 // is unavailable), but degraded; readiness tells the two apart by
-// whether the layer ever started, and the page and the metrics need no dispatcher running.
+// whether the layer ever started, and the page and the metrics need no
+// dispatcher running.
 func (d layerDispatcher) Running() bool {
 	if r := d.l.Runner(); r != nil {
 		return r.Running()
