@@ -18,9 +18,9 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/outbox/bearer"
 )
 
-// WellKnownPath is RFC 9728's well-known path of Protected Resource
+// wellKnownPath is RFC 9728's well-known path of Protected Resource
 // Metadata.
-const WellKnownPath = "/.well-known/oauth-protected-resource"
+const wellKnownPath = "/.well-known/oauth-protected-resource"
 
 // MetadataPaths are the paths to serve [ResourceServer.MetadataHandler]
 // at: RFC 9728 §3.1's path-suffixed form for the resource (for
@@ -30,9 +30,9 @@ const WellKnownPath = "/.well-known/oauth-protected-resource"
 func (rs *ResourceServer) MetadataPaths() []string {
 	p := strings.TrimSuffix(rs.resource.EscapedPath(), "/")
 	if p == "" {
-		return []string{WellKnownPath}
+		return []string{wellKnownPath}
 	}
-	return []string{WellKnownPath + p, WellKnownPath}
+	return []string{wellKnownPath + p, wellKnownPath}
 }
 
 // MetadataURL is the absolute URL of the metadata, as challenges name it.
