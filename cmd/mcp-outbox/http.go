@@ -46,7 +46,7 @@ func newRouter(ctx context.Context, a *app, logger *slog.Logger) (http.Handler, 
 		}
 	} else if v := a.auth.verifier(); v.Enabled() {
 		// Verifier.Require, with the refused tokens' count in our log.
-		r.Handle("/mcp", ahead(bearer.Require(v.Verify, &bearer.RequireOptions{Realm: bearer.Realm, Logger: logger})(mcpH)))
+		r.Handle("/mcp", ahead(bearer.Require(v.Verify, &bearer.RequireOptions{Realm: "mcp-outbox", Logger: logger})(mcpH)))
 	} else {
 		r.Handle("/mcp", mcpH)
 	}
