@@ -10,7 +10,6 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/internal/paramskey"
 	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
-	"github.com/mcp-outbox/mcp-outbox/query"
 )
 
 // Names a key travels under.
@@ -58,7 +57,7 @@ func identify(req *mcp.CallToolRequest, t *toolInfo, window bool, s *seal.Sealer
 	if err != nil {
 		return id, fmt.Errorf("arguments are not valid JSON: %w", err)
 	}
-	id.argsHash = query.ArgsHash(s, canonical)
+	id.argsHash = callkey.SealedArgsHash(s, canonical)
 	if s.Keyed() {
 		id.plainHash = callkey.ArgsHash(canonical)
 	}
@@ -75,7 +74,7 @@ func identify(req *mcp.CallToolRequest, t *toolInfo, window bool, s *seal.Sealer
 		return id, nil
 	}
 	if window {
-		id.key = query.Fingerprint(s, id.principal, t.name, canonical)
+		id.key = callkey.SealedFingerprint(s, id.principal, t.name, canonical)
 		if s.Keyed() {
 			id.plainKey = callkey.Fingerprint(id.principal, t.name, canonical)
 		}

@@ -13,7 +13,6 @@ package query
 import (
 	"context"
 	"database/sql"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -193,7 +192,7 @@ func LookupArgsSealed(ctx context.Context, db *schema.DB, s *seal.Sealer, princi
 	if err := loadHashKey(ctx, db, s); err != nil {
 		return nil, err
 	}
-	st, err := LookupSealed(ctx, db, s, principal, Fingerprint(s, principal, tool, canonical), now)
+	st, err := LookupSealed(ctx, db, s, principal, callkey.SealedFingerprint(s, principal, tool, canonical), now)
 	if err == nil && st.State == NotFound && s.Keyed() {
 		// Made before encryption was turned on: under its plain fingerprint.
 		st, err = LookupSealed(ctx, db, s, principal, callkey.Fingerprint(principal, tool, canonical), now)
@@ -359,25 +358,4 @@ func loadHashKey(ctx context.Context, db *schema.DB, s *seal.Sealer) error {
 		return fmt.Errorf("fingerprints of this database are keyed: %w", err)
 	}
 	return nil
-}
-
-// Fingerprint is the key of a call made without one: keyed with s's hash
-// key when it has one ('fk_'), so that the key of a likely call cannot be
-// computed by whoever reads the table; callkey's plain SHA-256 otherwise,
-// also when s has not loaded the hash key (seal.Sealer.LoadHashKey), which
-// would not find a call the layer recorded with one.
-func Fingerprint(s *seal.Sealer, principal, tool string, canonical []byte) string {
-	if h := s.Hash([]byte("fingerprint"), []byte(principal), []byte(tool), canonical); h != nil {
-		return "fk_" + hex.EncodeToString(h)
-	}
-	return callkey.Fingerprint(principal, tool, canonical)
-}
-
-// ArgsHash is a call's args_hash: keyed with s's hash key when it has one
-// (seal.HashPrefix), callkey's plain SHA-256 otherwise.
-func ArgsHash(s *seal.Sealer, canonical []byte) string {
-	if h := s.Hash([]byte("args"), canonical); h != nil {
-		return seal.HashPrefix + hex.EncodeToString(h)
-	}
-	return callkey.ArgsHash(canonical)
 }

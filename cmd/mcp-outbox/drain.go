@@ -9,10 +9,10 @@ import (
 	"os"
 	"time"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/opsquery"
 	"github.com/mcp-outbox/mcp-outbox/outbox/destconfig"
 	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
 	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
-	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -117,7 +117,7 @@ func runDrain(ctx context.Context, env *environment, args []string) error {
 	}
 
 	progress := newProgress(env.stderr)
-	var show func(query.Counts) // only a terminal gets progress: counting costs
+	var show func(opsquery.Counts) // only a terminal gets progress: counting costs
 	if progress.tty {
 		show = progress.show
 	}
@@ -142,10 +142,10 @@ func runDrain(ctx context.Context, env *environment, args []string) error {
 	return nil
 }
 
-func printDrainSummary(w io.Writer, c query.Counts, took time.Duration, asJSON bool) error {
+func printDrainSummary(w io.Writer, c opsquery.Counts, took time.Duration, asJSON bool) error {
 	if asJSON {
 		return json.NewEncoder(w).Encode(struct {
-			query.Counts
+			opsquery.Counts
 			Seconds float64 `json:"seconds"`
 		}{c, took.Seconds()})
 	}
@@ -176,7 +176,7 @@ func newProgress(w io.Writer) *progress {
 }
 
 // show rewrites the line; Drain calls it at most every 100 ms.
-func (p *progress) show(c query.Counts) {
+func (p *progress) show(c opsquery.Counts) {
 	p.last = time.Now()
 	fmt.Fprintf(p.w, "\rdelivered %d, pending %d, in flight %d, dead %d, unknown %d   ", c.Delivered, c.Pending, c.InFlight, c.Dead, c.Unknown)
 }

@@ -15,9 +15,9 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/internal/admin"
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/internal/operate"
+	"github.com/mcp-outbox/mcp-outbox/internal/opsquery"
 	"github.com/mcp-outbox/mcp-outbox/internal/visible"
 	"github.com/mcp-outbox/mcp-outbox/outbox/destconfig"
-	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -309,7 +309,7 @@ func runOutboxList(ctx context.Context, env *environment, s outboxSub, args []st
 		return err
 	}
 	defer db.Close()
-	rows, err := query.ListEffects(ctx, db, f)
+	rows, err := opsquery.ListEffects(ctx, db, f)
 	if err != nil {
 		return err
 	}
@@ -543,7 +543,7 @@ func runOutboxCalls(ctx context.Context, env *environment, s outboxSub, args []s
 		return err
 	}
 	defer db.Close()
-	rows, err := query.ListUnknownCalls(ctx, db, *limit)
+	rows, err := opsquery.ListUnknownCalls(ctx, db, *limit)
 	if err != nil {
 		return err
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/internal/defaults"
 	"github.com/mcp-outbox/mcp-outbox/internal/gctune"
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
+	"github.com/mcp-outbox/mcp-outbox/internal/opsquery"
 	"github.com/mcp-outbox/mcp-outbox/internal/profenv"
 	"github.com/mcp-outbox/mcp-outbox/internal/testclock"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
@@ -27,7 +28,6 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
 	"github.com/mcp-outbox/mcp-outbox/outbox/mcphttp"
 	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
-	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -510,7 +510,7 @@ func warnUnconfigured(ctx context.Context, a *app) {
 	for _, d := range a.dests {
 		known[d.Name] = true
 	}
-	counts, err := query.CountEffectsByDestination(ctx, a.db)
+	counts, err := opsquery.CountEffectsByDestination(ctx, a.db)
 	if err != nil {
 		return
 	}

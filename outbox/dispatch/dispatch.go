@@ -17,12 +17,12 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
+	"github.com/mcp-outbox/mcp-outbox/internal/opsquery"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/dbclock"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/metrics"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/otelattr"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/owner"
 	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
-	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -497,9 +497,9 @@ const drainProgressEvery = 100 * time.Millisecond
 // not nil, is called with the current counts after a round, at most every
 // drainProgressEvery: counting reads every effect's index entry (about
 // 0.1 s per million), too much for every round.
-func (d *Dispatcher) Drain(ctx context.Context, progress func(query.Counts)) (query.Counts, error) {
+func (d *Dispatcher) Drain(ctx context.Context, progress func(opsquery.Counts)) (opsquery.Counts, error) {
 	if err := d.requireKeyFile(ctx); err != nil {
-		return query.Counts{}, err
+		return opsquery.Counts{}, err
 	}
 	d.stopping.Store(false)
 	defer d.closeStatements()
@@ -518,7 +518,7 @@ func (d *Dispatcher) Drain(ctx context.Context, progress func(query.Counts)) (qu
 		}
 		if err != nil {
 			if !d.transient(err) || ctx.Err() != nil {
-				return query.Counts{}, err
+				return opsquery.Counts{}, err
 			}
 			// A database restarting or failing over, or a lock held by
 			// another process, passes: drain is for deploy hooks, which
@@ -532,7 +532,7 @@ func (d *Dispatcher) Drain(ctx context.Context, progress func(query.Counts)) (qu
 		}
 		if progress != nil && time.Since(lastProgress) >= drainProgressEvery {
 			lastProgress = time.Now()
-			if c, err := query.CountEffects(ctx, d.db); err == nil {
+			if c, err := opsquery.CountEffects(ctx, d.db); err == nil {
 				progress(c)
 			}
 		}
@@ -541,7 +541,7 @@ func (d *Dispatcher) Drain(ctx context.Context, progress func(query.Counts)) (qu
 			if open, err = d.openEffects(ctx); err != nil && d.transient(err) && ctx.Err() == nil {
 				open = true // counted below, once the store answers again
 			} else if err != nil || !open {
-				c, cerr := query.CountEffects(context.WithoutCancel(ctx), d.db)
+				c, cerr := opsquery.CountEffects(context.WithoutCancel(ctx), d.db)
 				return c, errors.Join(err, cerr)
 			}
 		}
@@ -549,7 +549,7 @@ func (d *Dispatcher) Drain(ctx context.Context, progress func(query.Counts)) (qu
 		select {
 		case <-ctx.Done():
 			d.settle(ctx)
-			c, err := query.CountEffects(context.WithoutCancel(ctx), d.db)
+			c, err := opsquery.CountEffects(context.WithoutCancel(ctx), d.db)
 			return c, errors.Join(ctx.Err(), err)
 		case <-d.wake:
 		case <-timer.C:

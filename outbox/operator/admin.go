@@ -22,9 +22,9 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/internal/admin"
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/internal/operate"
+	"github.com/mcp-outbox/mcp-outbox/internal/opsquery"
 	"github.com/mcp-outbox/mcp-outbox/internal/visible"
 	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
-	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -206,13 +206,13 @@ func (h *adminHandler) list(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	rows, err := query.ListEffects(r.Context(), h.db, f)
+	rows, err := opsquery.ListEffects(r.Context(), h.db, f)
 	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
 	writeAdminJSON(w, http.StatusOK, struct {
-		Effects []query.EffectRow `json:"effects"`
+		Effects []opsquery.EffectRow `json:"effects"`
 	}{rows})
 }
 
@@ -286,13 +286,13 @@ func (h *adminHandler) unknownCalls(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	calls, err := query.ListUnknownCalls(r.Context(), h.db, limit)
+	calls, err := opsquery.ListUnknownCalls(r.Context(), h.db, limit)
 	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
 	writeAdminJSON(w, http.StatusOK, struct {
-		Calls []query.UnknownCall `json:"calls"`
+		Calls []opsquery.UnknownCall `json:"calls"`
 	}{calls})
 }
 

@@ -19,9 +19,9 @@ import (
 	"github.com/go-chi/chi/v5/middleware"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/operate"
+	"github.com/mcp-outbox/mcp-outbox/internal/opsquery"
 	"github.com/mcp-outbox/mcp-outbox/internal/visible"
 	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
-	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -59,7 +59,7 @@ var pageTemplates = template.Must(template.New("page").Funcs(template.FuncMap{
 	"clip":     func(n int, s string) string { return operate.Shorten(s, n) },
 	"px":       func(v float64) string { return strconv.FormatFloat(v, 'f', 1, 64) },
 	"ref":      func(id int64, state string) effectRef { return effectRef{id, state} },
-	"needsOps": func(c query.Counts) int { return c.Dead + c.Unknown },
+	"needsOps": func(c opsquery.Counts) int { return c.Dead + c.Unknown },
 }).ParseFS(pageFiles, "page/*.html"))
 
 // Bounds of what the page shows and reads, so that it stays fast and

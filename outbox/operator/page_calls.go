@@ -52,7 +52,7 @@ type pageUnknownCall struct {
 	UnknownAt time.Time
 }
 
-// selectPageUnknownCalls is query.ListUnknownCalls newest first, with the
+// selectPageUnknownCalls is opsquery.ListUnknownCalls newest first, with the
 // row id and the time the call became unknown. It reads the calls_unknown
 // index backwards.
 const selectPageUnknownCalls = `

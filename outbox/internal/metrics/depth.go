@@ -7,7 +7,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/mcp-outbox/mcp-outbox/query"
+	"github.com/mcp-outbox/mcp-outbox/internal/opsquery"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -61,7 +61,7 @@ func (c *depthCollector) Collect(ch chan<- prometheus.Metric) {
 	// A scrape must not hang on a locked or slow database.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	unknown, err := query.CountUnknownCalls(ctx, c.db)
+	unknown, err := opsquery.CountUnknownCalls(ctx, c.db)
 	if err != nil {
 		ch <- prometheus.NewInvalidMetric(c.unknownCalls, err)
 	} else {
@@ -85,12 +85,12 @@ func (c *depthCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-func (c *depthCollector) read(ctx context.Context) (map[string]query.Counts, map[string]int64, error) {
-	byDest, err := query.CountEffectsByDestination(ctx, c.db)
+func (c *depthCollector) read(ctx context.Context) (map[string]opsquery.Counts, map[string]int64, error) {
+	byDest, err := opsquery.CountEffectsByDestination(ctx, c.db)
 	if err != nil {
 		return nil, nil, fmt.Errorf("read outbox depth: %w", err)
 	}
-	counts := map[string]query.Counts{}
+	counts := map[string]opsquery.Counts{}
 	for _, d := range byDest {
 		counts[d.Destination] = d.Counts
 	}
