@@ -437,8 +437,8 @@
 // [StartOptions.ReapInterval] change it, and a tool's own
 // [ToolOptions.Retention] (Restate's per-handler retention) keeps its keys
 // and its calls for other times than the layer's; [ReaperOff] leaves
-// purging to something else (mcp-outbox purge, or the admin API's purge).
-// On PostgreSQL every replica runs a reaper; their batches do not collide.
+// purging to something else (mcp-outbox purge). On PostgreSQL every
+// replica runs a reaper; their batches do not collide.
 //
 // Destinations are checked where the mistake is made. Once Start runs a
 // dispatcher, the layer knows its destinations: an Enqueue to any other
@@ -466,7 +466,7 @@
 //
 // # Data protection
 //
-// With [Options].Sealer (package [github.com/mcp-outbox/mcp-outbox/outbox/seal];
+// With [Options].Keys (package [github.com/mcp-outbox/mcp-outbox/outbox/seal];
 // serve's --encryption-key-file) the layer seals, under a data key of the
 // call's principal, every recorded result (error texts and structured
 // content included), a task's stored arguments, and each effect's headers

@@ -17,6 +17,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/internal/defaults"
+	"github.com/mcp-outbox/mcp-outbox/internal/sealing"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/dbclock"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/layerinfo"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/metrics"
@@ -88,14 +89,15 @@ type Options struct {
 	// a no-op until the program installs an SDK. With LogSensitive the
 	// spans carry arguments and results too.
 	TracerProvider trace.TracerProvider
-	// Sealer, if not nil, encrypts what the layer stores that may hold
+	// Keys, if not nil, encrypt what the layer stores that may hold
 	// personal data (results, task arguments, effect bodies and headers)
-	// and keys the hashes of arguments (package seal). Nil stores them in
-	// plaintext, on a database that was never encrypted (or was decrypted
-	// with [Decrypt]): on one that holds data keys, New fails with
-	// [ErrKeyRequired], as it does when the Sealer's key file lacks the
-	// key that wraps the database's hash key.
-	Sealer *seal.Sealer
+	// and key the hashes of arguments (package seal: seal.LoadKeyFile, or
+	// a KMS's seal.KeyRing). Nil stores them in plaintext, on a database
+	// that was never encrypted (or was decrypted with mcp-outbox
+	// encryption decrypt): on one that holds data keys, New fails with
+	// [ErrKeyRequired], as it does when the ring lacks the key that wraps
+	// the database's hash key.
+	Keys seal.KeyRing
 }
 
 // A Layer is the idempotent execution layer of MCP servers on one
@@ -107,6 +109,7 @@ type Layer struct {
 	db     *schema.DB
 	group  *groupCommit // the writer's transactions, shared among calls
 	opts   Options
+	sealer *sealing.Sealer // of opts.Keys, shared with whatever else is given the same ring
 	logger *slog.Logger
 	now    func() time.Time
 	self   processID
@@ -167,18 +170,18 @@ type Layer struct {
 }
 
 // ErrKeyRequired is the error of [New] (tested with errors.Is) on an
-// encrypted database without [Options].Sealer (serve's
+// encrypted database without [Options].Keys (serve's
 // --encryption-key-file), or with one whose key file lacks the key that
 // wraps the hash key: the layer would store new values in plaintext, or
 // hash arguments without the database's secret, and run a keyless retry
 // of a recorded call again. Give the key file; to turn encryption off,
 // [Decrypt] first.
-var ErrKeyRequired = seal.ErrKeyRequired
+var ErrKeyRequired = sealing.ErrKeyRequired
 
 // New returns a layer on db. The database must have been opened with
 // [schema.Open], which applies the outbox migrations. It fails with
 // [ErrKeyRequired] when the database is encrypted and opts lacks the key
-// it needs (see [Options].Sealer).
+// it needs (see [Options].Keys).
 func New(db *schema.DB, opts *Options) (*Layer, error) {
 	if db == nil {
 		return nil, errors.New("outbox: nil database")
@@ -228,7 +231,7 @@ func New(db *schema.DB, opts *Options) (*Layer, error) {
 	if logger == nil {
 		logger = slog.New(minLevel{slog.LevelWarn, slog.Default().Handler()})
 	}
-	plainUntil, err := checkSealer(context.Background(), db, o.Sealer, logger)
+	plainUntil, err := checkSealer(context.Background(), db, sealing.Of(o.Keys), logger)
 	if err != nil {
 		return nil, err
 	}
@@ -238,6 +241,7 @@ func New(db *schema.DB, opts *Options) (*Layer, error) {
 		db:     db,
 		group:  group,
 		opts:   o,
+		sealer: sealing.Of(o.Keys),
 		logger: logger.With("subsystem", "outbox"),
 		now:    now,
 		self:   currentProcess(),
@@ -395,5 +399,5 @@ func init() {
 // infoOf is the layer as the operator surface sees it (layerinfo.Info).
 type infoOf struct{ l *Layer }
 
-func (i infoOf) Started() bool        { return i.l.everStarted() }
-func (i infoOf) Sealer() *seal.Sealer { return i.l.sealer() }
+func (i infoOf) Started() bool      { return i.l.everStarted() }
+func (i infoOf) Keys() seal.KeyRing { return i.l.opts.Keys }

@@ -177,8 +177,8 @@ func (l *Layer) Start(ctx context.Context, opts *StartOptions) (*Runner, error) 
 		if do.Now == nil {
 			do.Now = l.now
 		}
-		if do.Sealer == nil {
-			do.Sealer = l.opts.Sealer
+		if do.Keys == nil {
+			do.Keys = l.opts.Keys
 		}
 		d, err := dispatch.New(l.db, &do)
 		if err != nil {

@@ -15,9 +15,9 @@ import (
 // Defaults for [Retention] fields left at zero.
 
 // Retention says how long finished records stay in the database: what
-// [RunReaper] keeps, and what an operator's purge
-// (mcp-outbox purge, or the admin API's purge) keeps. The zero
-// value of each field selects the default documented on it.
+// the reaper [Layer.Start] runs keeps, and what an operator's purge
+// (mcp-outbox purge) keeps. The zero value of each field selects the
+// default documented on it.
 //
 // What is purged, and when:
 //

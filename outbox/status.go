@@ -108,12 +108,12 @@ func (l *Layer) lookupStatus(ctx context.Context, principal string, in statusInp
 		if err := callkey.Validate(in.Key); err != nil {
 			return nil, fmt.Errorf("%s: %w", StatusToolName, err)
 		}
-		st, err = query.LookupSealed(ctx, l.db, l.opts.Sealer, principal, in.Key, l.now())
+		st, err = query.LookupSealed(ctx, l.db, l.opts.Keys, principal, in.Key, l.now())
 	case in.Key == "" && in.Tool != "":
 		if _, err := callkey.Canonical(in.Arguments); err != nil {
 			return nil, fmt.Errorf("%s: %w", StatusToolName, err)
 		}
-		st, err = query.LookupArgsSealed(ctx, l.db, l.opts.Sealer, principal, in.Tool, in.Arguments, l.now())
+		st, err = query.LookupArgsSealed(ctx, l.db, l.opts.Keys, principal, in.Tool, in.Arguments, l.now())
 	default:
 		return nil, fmt.Errorf("%s: give either key, or tool with arguments", StatusToolName)
 	}

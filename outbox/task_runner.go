@@ -96,7 +96,7 @@ func (l *Layer) recoverTask(ctx context.Context, o orphanTask) {
 		}
 		return
 	}
-	params, err := l.opts.Sealer.OpenString(ctx, l.db.Read, callRef(o.id, "task_params", o.principal), o.params)
+	params, err := l.sealer.OpenString(ctx, l.db.Read, callRef(o.id, "task_params", o.principal), o.params)
 	if err != nil {
 		l.logger.ErrorContext(ctx, "task's stored params cannot be opened; left in flight", "tool", o.tool, "error", err)
 		return

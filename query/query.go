@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
+	"github.com/mcp-outbox/mcp-outbox/internal/sealing"
 	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -110,9 +111,11 @@ func Lookup(ctx context.Context, db *schema.DB, principal, key string, now time.
 	return LookupSealed(ctx, db, nil, principal, key, now)
 }
 
-// LookupSealed is Lookup on a database whose results s sealed (nil: no
-// key file); a result s cannot open is left out and the message says why.
-func LookupSealed(ctx context.Context, db *schema.DB, s *seal.Sealer, principal, key string, now time.Time) (*Status, error) {
+// LookupSealed is Lookup on a database whose results were sealed under
+// keys (nil: no key file); a result keys cannot open is left out and the
+// message says why.
+func LookupSealed(ctx context.Context, db *schema.DB, keys seal.KeyRing, principal, key string, now time.Time) (*Status, error) {
+	s := sealing.Of(keys)
 	if err := callkey.Validate(key); err != nil {
 		return nil, err
 	}
@@ -151,9 +154,9 @@ func LookupSealed(ctx context.Context, db *schema.DB, s *seal.Sealer, principal,
 	st.ExpiresAt = ms(expires)
 	var unreadable error
 	if result.Valid {
-		plain, err := s.OpenString(ctx, db.Read, seal.Ref{Row: fmt.Sprint(id), Column: "result", Principal: principal}, result.String)
+		plain, err := s.OpenString(ctx, db.Read, sealing.Ref{Row: fmt.Sprint(id), Column: "result", Principal: principal}, result.String)
 		switch {
-		case errors.Is(err, seal.ErrErased):
+		case errors.Is(err, sealing.ErrErased):
 			erased.Valid = true
 		case err != nil:
 			unreadable = err
@@ -181,10 +184,10 @@ func LookupArgs(ctx context.Context, db *schema.DB, principal, tool string, args
 	return LookupArgsSealed(ctx, db, nil, principal, tool, args, now)
 }
 
-// LookupArgsSealed is LookupArgs with s's keyed fingerprints and sealed
-// results (see [LookupSealed]); it loads s's hash key (seal.Sealer.LoadHashKey)
-// if the database has one and s has not loaded it.
-func LookupArgsSealed(ctx context.Context, db *schema.DB, s *seal.Sealer, principal, tool string, args json.RawMessage, now time.Time) (*Status, error) {
+// LookupArgsSealed is LookupArgs with keys' keyed fingerprints and sealed
+// results (see [LookupSealed]).
+func LookupArgsSealed(ctx context.Context, db *schema.DB, keys seal.KeyRing, principal, tool string, args json.RawMessage, now time.Time) (*Status, error) {
+	s := sealing.Of(keys)
 	canonical, err := callkey.Canonical(args)
 	if err != nil {
 		return nil, err
@@ -192,10 +195,10 @@ func LookupArgsSealed(ctx context.Context, db *schema.DB, s *seal.Sealer, princi
 	if err := loadHashKey(ctx, db, s); err != nil {
 		return nil, err
 	}
-	st, err := LookupSealed(ctx, db, s, principal, callkey.SealedFingerprint(s, principal, tool, canonical), now)
+	st, err := LookupSealed(ctx, db, keys, principal, callkey.SealedFingerprint(s, principal, tool, canonical), now)
 	if err == nil && st.State == NotFound && s.Keyed() {
 		// Made before encryption was turned on: under its plain fingerprint.
-		st, err = LookupSealed(ctx, db, s, principal, callkey.Fingerprint(principal, tool, canonical), now)
+		st, err = LookupSealed(ctx, db, keys, principal, callkey.Fingerprint(principal, tool, canonical), now)
 	}
 	if err == nil && st.State == NotFound {
 		// The client sent no key: speak of what it sent.
@@ -335,11 +338,11 @@ var ErrKeyedFingerprints = errors.New("the calls of this database are fingerprin
 	"(it is used with encryption on): look them up with LookupArgsSealed and a Sealer of that key file")
 
 // loadHashKey loads s's hash key from db when db has one: a Sealer made for
-// reads alone (seal.New, without the layer, which loads it in outbox.New)
+// reads alone (sealing.New, without the layer, which loads it in outbox.New)
 // would otherwise compute plain fingerprints, find nothing, and tell the
 // client that a call which is recorded would run. It only reads: a database
 // without a hash key has no keyed fingerprints to find.
-func loadHashKey(ctx context.Context, db *schema.DB, s *seal.Sealer) error {
+func loadHashKey(ctx context.Context, db *schema.DB, s *sealing.Sealer) error {
 	if s.Keyed() {
 		return nil
 	}

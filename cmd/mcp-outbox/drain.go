@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/opsquery"
+	"github.com/mcp-outbox/mcp-outbox/internal/sealing"
 	"github.com/mcp-outbox/mcp-outbox/outbox/destconfig"
 	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
-	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -61,7 +61,7 @@ func runDrain(ctx context.Context, env *environment, args []string) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	sealer, err := loadSealer(keyFile)
+	keys, err := loadKeys(keyFile)
 	if err != nil {
 		return err
 	}
@@ -105,13 +105,13 @@ func runDrain(ctx context.Context, env *environment, args []string) error {
 	// Without the key file every sealed effect would be claimed, fail to
 	// open, and be put back an attempt poorer and a minute later, until
 	// --timeout; refuse before touching one.
-	if err := seal.RequireKeyFile(dctx, d.Read, sealer); err != nil {
-		if errors.Is(err, seal.ErrKeyRequired) {
+	if err := sealing.RequireKeyFile(dctx, d.Read, sealing.Of(keys)); err != nil {
+		if errors.Is(err, sealing.ErrKeyRequired) {
 			return usageError{err}
 		}
 		return err
 	}
-	disp, err := dispatch.New(d, &dispatch.Options{Destinations: destinations, Logger: logger, TracerProvider: tp, Sealer: sealer})
+	disp, err := dispatch.New(d, &dispatch.Options{Destinations: destinations, Logger: logger, TracerProvider: tp, Keys: keys})
 	if err != nil {
 		return usageError{err}
 	}

@@ -57,7 +57,7 @@ func newRouter(ctx context.Context, a *app, logger *slog.Logger) (http.Handler, 
 	}
 	if a.layer != nil {
 		opts.Dispatcher = appDispatcher{a}
-		opts.Sealer = a.sealer
+		opts.Keys = a.keys
 	}
 	ops, err := operator.NewHandler(ctx, a.db, opts)
 	if err != nil {

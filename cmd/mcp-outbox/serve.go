@@ -117,7 +117,7 @@ type appConfig struct {
 type app struct {
 	db     *schema.DB
 	layer  *outbox.Layer // nil when bare
-	sealer *seal.Sealer  // the layer's, nil without --encryption-key-file
+	keys   seal.KeyRing  // the layer's, nil without --encryption-key-file
 	server *mcp.Server
 	dests  []dispatch.Destination
 	logger *slog.Logger
@@ -238,7 +238,7 @@ func openStore(ctx context.Context, env *environment, cfg *appConfig) (*app, err
 	if cfg.batchCalls < 0 {
 		return nil, usagef("--batch-calls %d: must not be negative", cfg.batchCalls)
 	}
-	sealer, err := loadSealer(cfg.keyFile)
+	keys, err := loadKeys(cfg.keyFile)
 	if err != nil {
 		return nil, err
 	}
@@ -252,7 +252,7 @@ func openStore(ctx context.Context, env *environment, cfg *appConfig) (*app, err
 	if err != nil {
 		return nil, err
 	}
-	a := &app{db: db, dests: dests, logger: logger, sealer: sealer, logSensitive: cfg.logSensitive, retention: cfg.retention,
+	a := &app{db: db, dests: dests, logger: logger, keys: keys, logSensitive: cfg.logSensitive, retention: cfg.retention,
 		stopBound: cfg.shutdownTimeout, inflight: cfg.inflight}
 	a.metricsRegistry = prometheus.NewRegistry()
 	a.metrics = outbox.NewMetrics(a.metricsRegistry)
@@ -270,7 +270,7 @@ func openStore(ctx context.Context, env *environment, cfg *appConfig) (*app, err
 		}
 	}
 	a.layer, err = outbox.New(db, &outbox.Options{Logger: logger, FingerprintWindow: window, InFlightWait: cfg.inFlightWait, Lease: cfg.lease, KeyRetention: cfg.retention.Calls, Metrics: a.metrics, LogSensitive: cfg.logSensitive,
-		MaxBatchCalls: cfg.batchCalls, MaxBatchWait: cfg.batchWait, TracerProvider: a.tracerProvider, Sealer: sealer,
+		MaxBatchCalls: cfg.batchCalls, MaxBatchWait: cfg.batchWait, TracerProvider: a.tracerProvider, Keys: keys,
 		// nil, the layer's clock, except in a failpoints build told to skew it.
 		Now: testclock.Now()})
 	if err != nil {

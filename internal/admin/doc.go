@@ -12,6 +12,6 @@
 // layer or dispatcher; the database ([schema.DB]) is enough, on SQLite and
 // on PostgreSQL alike.
 //
-// The continuous purge, [outbox.RunReaper], stays beside the layer: [Purge]
-// is the same deletion, run once.
+// The continuous purge, the reaper outbox.Layer.Start runs, stays beside
+// the layer: [Purge] is the same deletion, run once.
 package admin

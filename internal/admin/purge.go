@@ -14,7 +14,7 @@ import (
 // default documented on it.
 type PurgeOptions struct {
 	// Retention says what is kept; the zero value keeps what
-	// [outbox.RunReaper] keeps by default.
+	// the layer's reaper keeps by default.
 	Retention outbox.Retention
 	// Now is the time the retention is counted back from; zero means
 	// time.Now().

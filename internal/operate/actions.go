@@ -13,8 +13,8 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/internal/admin"
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/internal/opsquery"
+	"github.com/mcp-outbox/mcp-outbox/internal/sealing"
 	"github.com/mcp-outbox/mcp-outbox/internal/visible"
-	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -345,7 +345,7 @@ func CheckResolveCall(ref CallRef, outcome, note string) error {
 // ResolveUnknownCall validates and settles the unknown call ref names. s
 // is the Sealer of the database's key file, nil for a database without
 // one: the note is recorded as the call's result (admin.ResolveCall).
-func ResolveUnknownCall(ctx context.Context, db *schema.DB, s *seal.Sealer, ref CallRef, outcome, note string) (*CallResolution, error) {
+func ResolveUnknownCall(ctx context.Context, db *schema.DB, s *sealing.Sealer, ref CallRef, outcome, note string) (*CallResolution, error) {
 	if err := CheckResolveCall(ref, outcome, note); err != nil {
 		return nil, err
 	}

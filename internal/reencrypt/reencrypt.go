@@ -11,7 +11,7 @@ import (
 	"io"
 	"strings"
 
-	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
+	"github.com/mcp-outbox/mcp-outbox/internal/sealing"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -48,7 +48,7 @@ type Counts struct {
 // write is a compare-and-set on the value it read, so it never undoes a
 // concurrent write. Interrupted, it is run again: what is done is not done
 // twice.
-func Seal(ctx context.Context, db *schema.DB, s *seal.Sealer, opts *Options) (*Counts, error) {
+func Seal(ctx context.Context, db *schema.DB, s *sealing.Sealer, opts *Options) (*Counts, error) {
 	if s == nil {
 		return nil, errors.New("reencrypt: no key file")
 	}
@@ -65,8 +65,8 @@ func Seal(ctx context.Context, db *schema.DB, s *seal.Sealer, opts *Options) (*C
 		r.DataKeys += n
 		o.progress("data keys rewrapped under %q: %d", s.Ring().Current(), r.DataKeys)
 	}
-	convert := func(v []byte) ([]byte, bool) { return v, v != nil && !seal.IsSealed(v) }
-	err := rewriteValues(ctx, db, o, r, convert, func(ctx context.Context, q seal.Querier, ref seal.Ref, v []byte) ([]byte, error) {
+	convert := func(v []byte) ([]byte, bool) { return v, v != nil && !sealing.IsSealed(v) }
+	err := rewriteValues(ctx, db, o, r, convert, func(ctx context.Context, q sealing.Querier, ref sealing.Ref, v []byte) ([]byte, error) {
 		return s.Seal(ctx, q, ref, v)
 	})
 	return r, err
@@ -79,16 +79,16 @@ func Seal(ctx context.Context, db *schema.DB, s *seal.Sealer, opts *Options) (*C
 // again. Values that cannot be opened (changed, a key missing) are left
 // and counted, and the data keys are kept. Hashes keyed under encryption
 // stay: their calls match on their key alone until they expire.
-func Decrypt(ctx context.Context, db *schema.DB, s *seal.Sealer, opts *Options) (*Counts, error) {
+func Decrypt(ctx context.Context, db *schema.DB, s *sealing.Sealer, opts *Options) (*Counts, error) {
 	if s == nil {
 		return nil, errors.New("decrypt: no key file")
 	}
 	o := defaults(opts)
 	r := &Counts{}
-	sealed := func(v []byte) ([]byte, bool) { return v, seal.IsSealed(v) }
-	err := rewriteValues(ctx, db, o, r, sealed, func(ctx context.Context, q seal.Querier, ref seal.Ref, v []byte) ([]byte, error) {
+	sealed := func(v []byte) ([]byte, bool) { return v, sealing.IsSealed(v) }
+	err := rewriteValues(ctx, db, o, r, sealed, func(ctx context.Context, q sealing.Querier, ref sealing.Ref, v []byte) ([]byte, error) {
 		p, err := s.Open(ctx, q, ref, v)
-		if err != nil && !errors.Is(err, seal.ErrErased) {
+		if err != nil && !errors.Is(err, sealing.ErrErased) {
 			return nil, errUnreadable{err}
 		}
 		return p, err
@@ -139,7 +139,7 @@ func (o Options) progress(format string, args ...any) {
 // A value's rewrite: pick says whether v needs one, rewrite makes it.
 type (
 	pickFunc    func(v []byte) ([]byte, bool)
-	rewriteFunc func(ctx context.Context, q seal.Querier, ref seal.Ref, v []byte) ([]byte, error)
+	rewriteFunc func(ctx context.Context, q sealing.Querier, ref sealing.Ref, v []byte) ([]byte, error)
 )
 
 const (
@@ -223,14 +223,14 @@ func rewriteValues(ctx context.Context, db *schema.DB, o Options, r *Counts, pic
 					if _, ok := pick(v); !ok {
 						continue
 					}
-					nv, err := rewrite(ctx, tx, seal.Ref{Row: rowRef, Column: cols[i], Principal: x.principal}, v)
+					nv, err := rewrite(ctx, tx, sealing.Ref{Row: rowRef, Column: cols[i], Principal: x.principal}, v)
 					if err != nil {
 						var u errUnreadable
 						if errors.As(err, &u) {
 							bad = true
 							continue
 						}
-						if !errors.Is(err, seal.ErrErased) {
+						if !errors.Is(err, sealing.ErrErased) {
 							tx.Rollback()
 							return fmt.Errorf("%s %d: %w", table, x.id, err)
 						}

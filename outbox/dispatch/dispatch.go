@@ -18,6 +18,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/internal/opsquery"
+	"github.com/mcp-outbox/mcp-outbox/internal/sealing"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/dbclock"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/metrics"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/otelattr"
@@ -131,15 +132,15 @@ type Options struct {
 	ShutdownTimeout time.Duration
 	// ResponseLimit bounds the response body recorded per attempt.
 	ResponseLimit int
-	// Sealer opens effect bodies and headers the layer sealed (package
-	// seal); nil reads plaintext ones only: on a database that holds data
-	// keys, Run and Drain then fail with seal.ErrKeyRequired before they
-	// claim anything. Layer.Start passes the layer's; a dispatcher made
-	// with New (mcp-outbox drain, a process of its own) needs one of the
-	// same key file. With a Sealer the
-	// destination's response is not kept (it may echo the body): only its
-	// status and the error text.
-	Sealer *seal.Sealer
+	// Keys open effect bodies and headers the layer sealed (package seal);
+	// nil reads plaintext ones only: on a database that holds data keys,
+	// Run and Drain then fail with an error that wraps
+	// outbox.ErrKeyRequired before they claim anything. Layer.Start passes
+	// the layer's; a dispatcher made with New (mcp-outbox drain, a process
+	// of its own) needs the same key file's. With Keys the destination's
+	// response is not kept (it may echo the body): only its status and
+	// the error text.
+	Keys seal.KeyRing
 	// Now and Rand are the clock and the jitter source; tests inject them.
 	Now  func() time.Time
 	Rand func() float64
@@ -172,6 +173,7 @@ type Options struct {
 type Dispatcher struct {
 	db     *schema.DB
 	opts   Options
+	sealer *sealing.Sealer // of opts.Keys
 	dests  map[string]*destState
 	names  string // JSON array of configured destination names, for SQL
 	amo    string // JSON array of the at_most_once ones
@@ -271,7 +273,7 @@ func New(db *schema.DB, opts *Options) (*Dispatcher, error) {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	d := &Dispatcher{
-		db: db, opts: o, dests: map[string]*destState{}, now: now,
+		db: db, opts: o, sealer: sealing.Of(o.Keys), dests: map[string]*destState{}, now: now,
 		logger: logger.With("subsystem", "dispatch"),
 		self:   owner.Current(),
 		wake:   make(chan struct{}, 1),
@@ -368,14 +370,14 @@ func (d *Dispatcher) Notify() {
 }
 
 // requireKeyFile refuses to deliver from an encrypted database without a
-// Sealer (seal.ErrKeyRequired): every sealed effect would be claimed,
+// key ring (sealing.ErrKeyRequired): every sealed effect would be claimed,
 // fail to open, and lose an attempt and its place in time, which a
 // stranger's drain without the key file did to all of them.
 func (d *Dispatcher) requireKeyFile(ctx context.Context) error {
-	if d.opts.Sealer != nil {
+	if d.sealer != nil {
 		return nil
 	}
-	if err := seal.RequireKeyFile(ctx, d.db.Read, nil); err != nil {
+	if err := sealing.RequireKeyFile(ctx, d.db.Read, nil); err != nil {
 		return fmt.Errorf("dispatch: %w", err)
 	}
 	return nil

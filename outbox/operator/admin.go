@@ -23,8 +23,8 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/internal/operate"
 	"github.com/mcp-outbox/mcp-outbox/internal/opsquery"
+	"github.com/mcp-outbox/mcp-outbox/internal/sealing"
 	"github.com/mcp-outbox/mcp-outbox/internal/visible"
-	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -57,7 +57,7 @@ import (
 // Who may call it: see Options.AdminTokenSHA256.
 func NewAdmin(db *schema.DB, opts *Options) http.Handler {
 	o := mustOptions(opts)
-	h := &adminHandler{db: db, sealer: o.Sealer, logger: o.Logger, dispatcher: o.Dispatcher}
+	h := &adminHandler{db: db, sealer: sealing.Of(o.Keys), logger: o.Logger, dispatcher: o.Dispatcher}
 	r := chi.NewRouter()
 	r.Use(middleware.Recoverer, adminGuard(newAdminAuth(o)))
 	r.NotFound(func(w http.ResponseWriter, _ *http.Request) {
@@ -84,7 +84,7 @@ func NewAdmin(db *schema.DB, opts *Options) http.Handler {
 type adminHandler struct {
 	db *schema.DB
 	// sealer seals a resolution's note on an encrypted database.
-	sealer *seal.Sealer
+	sealer *sealing.Sealer
 	logger *slog.Logger
 	// dispatcher names the destinations a retarget may move effects to.
 	dispatcher Dispatcher

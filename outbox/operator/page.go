@@ -20,6 +20,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/operate"
 	"github.com/mcp-outbox/mcp-outbox/internal/opsquery"
+	"github.com/mcp-outbox/mcp-outbox/internal/sealing"
 	"github.com/mcp-outbox/mcp-outbox/internal/visible"
 	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 	"github.com/mcp-outbox/mcp-outbox/schema"
@@ -75,7 +76,8 @@ const (
 // pageHandler serves the operator page for one database.
 type pageHandler struct {
 	db         *schema.DB
-	sealer     *seal.Sealer
+	sealer     *sealing.Sealer
+	keys       seal.KeyRing // sealer's, for package query
 	logger     *slog.Logger
 	auth       *adminAuth // without an admin token: loopback only
 	dispatcher Dispatcher
@@ -121,7 +123,7 @@ func newPageHandler(ctx context.Context, db *schema.DB, o Options) (*pageHandler
 	tmpl := template.Must(pageTemplates.Clone())
 	base := o.BasePath
 	tmpl.Funcs(template.FuncMap{"base": func() string { return base }})
-	return &pageHandler{db: db, sealer: o.Sealer, logger: o.Logger, auth: newAdminAuth(o), dispatcher: o.Dispatcher, base: base,
+	return &pageHandler{db: db, sealer: sealing.Of(o.Keys), keys: o.Keys, logger: o.Logger, auth: newAdminAuth(o), dispatcher: o.Dispatcher, base: base,
 		templates: tmpl, now: o.Now, flashKey: subkey(key, "flash"),
 		sessions: pageSessions{key: subkey(key, "session"), adminHash: o.AdminTokenSHA256}}, nil
 }

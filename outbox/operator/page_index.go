@@ -161,7 +161,7 @@ func (p *pageHandler) findCall(ctx context.Context, res *lookupResult) error {
 	if err := callkey.Validate(res.Key); err != nil {
 		return operate.BadInput{Err: err}
 	}
-	st, err := query.LookupSealed(ctx, p.db, p.sealer, principal, res.Key, time.Now())
+	st, err := query.LookupSealed(ctx, p.db, p.keys, principal, res.Key, time.Now())
 	if err != nil {
 		return err
 	}
