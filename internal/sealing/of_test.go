@@ -21,7 +21,7 @@ func TestOf(t *testing.T) {
 		t.Error("Of(nil) is not nil: encryption would read as on")
 	}
 	a, b := &ring{ids: []string{"k1"}}, &ring{ids: []string{"k1"}}
-	if Of(a) != Of(a) {
+	if first, again := Of(a), Of(a); first != again {
 		t.Error("one ring, two Sealers: the data-key cache is not shared")
 	}
 	if Of(a) == Of(b) {
