@@ -13,8 +13,8 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/internal/cancelnote"
 	"github.com/mcp-outbox/mcp-outbox/internal/failpoint"
+	"github.com/mcp-outbox/mcp-outbox/internal/sealing"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/metrics"
-	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 )
 
 type localKey struct{ principal, key string }
@@ -57,7 +57,7 @@ type attempt struct {
 	// which the outcome's statement inserts (effects_postgres.go).
 	pending []pendingEffect
 	// sealKey is the principal's data key as tx found it (sealed.go).
-	sealKey   *seal.DataKey
+	sealKey   *sealing.DataKey
 	sealKeyTx handlerTx
 
 	completedAt int64  // unix ms of the recorded outcome
@@ -179,7 +179,7 @@ func (l *Layer) run(ctx context.Context, t *toolInfo, req *mcp.CallToolRequest, 
 	// hashing its arguments on every call.
 	id, err := callIdentity{principal: t.principalOf(req)}, error(nil)
 	if t.record {
-		id, err = identify(req, t, t.window > 0, l.opts.Sealer)
+		id, err = identify(req, t, t.window > 0, l.sealer)
 	}
 	if err != nil {
 		return l.refuse(ctx, t, req, start, toolError(codeInvalidKey, "%v; nothing was executed.", err))

@@ -17,11 +17,13 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/admin"
 	"github.com/mcp-outbox/mcp-outbox/internal/downstream"
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
 	"github.com/mcp-outbox/mcp-outbox/internal/outboxtest"
+	"github.com/mcp-outbox/mcp-outbox/internal/reencrypt"
+	"github.com/mcp-outbox/mcp-outbox/internal/sealing"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
-	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
 	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
 	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 	"github.com/mcp-outbox/mcp-outbox/query"
@@ -42,8 +44,8 @@ func newKeyLine(t *testing.T, id string) string {
 	return id + ":" + base64.StdEncoding.EncodeToString(k)
 }
 
-// sealerOf writes a key file of lines and loads it.
-func sealerOf(t *testing.T, lines ...string) *seal.Sealer {
+// sealerOf writes a key file of lines and loads its key ring.
+func sealerOf(t *testing.T, lines ...string) seal.KeyRing {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "keys")
 	if err := os.WriteFile(path, []byte(strings.Join(lines, "\n")+"\n"), 0o600); err != nil {
@@ -53,7 +55,7 @@ func sealerOf(t *testing.T, lines ...string) *seal.Sealer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return seal.New(ring)
+	return ring
 }
 
 // noteBundle is a layer with one tool, note, that echoes its text in its
@@ -68,12 +70,12 @@ type noteIn struct {
 	Text string `json:"text"`
 }
 
-func setupNote(t *testing.T, db *schema.DB, s *seal.Sealer, runs *atomic.Int64) *noteBundle {
+func setupNote(t *testing.T, db *schema.DB, s seal.KeyRing, runs *atomic.Int64) *noteBundle {
 	t.Helper()
 	if runs == nil {
 		runs = new(atomic.Int64)
 	}
-	l, err := outbox.New(db, &outbox.Options{Sealer: s})
+	l, err := outbox.New(db, &outbox.Options{Keys: s})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +143,7 @@ func TestSeal_NoMarkerAtRest(t *testing.T) {
 			t.Parallel()
 			target := testTarget(t)
 			db := openTarget(t, target)
-			var s *seal.Sealer
+			var s seal.KeyRing
 			if encrypted {
 				s = sealerOf(t, newKeyLine(t, "k1"))
 			}
@@ -188,7 +190,7 @@ func TestSeal_Refused(t *testing.T) {
 		}
 	}
 	ra := resultOf(t, db, "a")
-	if !strings.HasPrefix(ra, seal.Prefix) {
+	if !strings.HasPrefix(ra, sealing.Prefix) {
 		t.Fatalf("result stored as %.40q, want sealed", ra)
 	}
 	// Flip one character of the ciphertext of b.
@@ -240,7 +242,7 @@ func TestSeal_MissingKey(t *testing.T) {
 	b := setupNote(t, db, sealerOf(t, oldKey), runs)
 	// The rotation moves the hash key to new-key; b, started before with
 	// old-key alone, then creates the principal's data key under old-key.
-	if _, err := outbox.Reencrypt(context.Background(), db, sealerOf(t, newKey, oldKey), nil); err != nil {
+	if _, err := reencrypt.Seal(context.Background(), db, sealing.Of(sealerOf(t, newKey, oldKey)), nil); err != nil {
 		t.Fatal(err)
 	}
 	if res := note(t, b, "k", marker); res.IsError {
@@ -281,13 +283,13 @@ func TestSeal_KeyRequired(t *testing.T) {
 	if res := note(t, setupNote(t, db, k1, runs), "", marker); res.IsError {
 		t.Fatal(text(res))
 	}
-	for name, s := range map[string]*seal.Sealer{"NoKeyFile": nil, "OtherKey": sealerOf(t, newKeyLine(t, "k2"))} {
-		_, err := outbox.New(db, &outbox.Options{Sealer: s})
+	for name, s := range map[string]seal.KeyRing{"NoKeyFile": nil, "OtherKey": sealerOf(t, newKeyLine(t, "k2"))} {
+		_, err := outbox.New(db, &outbox.Options{Keys: s})
 		if !errors.Is(err, outbox.ErrKeyRequired) {
 			t.Errorf("%s: New: %v, want ErrKeyRequired", name, err)
 			continue
 		}
-		want := []string{`"k1"`, "--encryption-key-file", "Options.Sealer", "outbox decrypt"}
+		want := []string{`"k1"`, "--encryption-key-file", "Options.Keys", "outbox decrypt"}
 		if s != nil {
 			want = []string{`"k1"`, "hash key", "run again"}
 		}
@@ -304,7 +306,7 @@ func TestSeal_KeyRequired(t *testing.T) {
 	if plain != 0 || runs.Load() != 1 {
 		t.Errorf("%d plaintext results, %d runs; want 0 and 1", plain, runs.Load())
 	}
-	if _, err := outbox.Decrypt(context.Background(), db, k1, nil); err != nil {
+	if _, err := reencrypt.Decrypt(context.Background(), db, sealing.Of(k1), nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := outbox.New(db, nil); err != nil {
@@ -321,7 +323,7 @@ func TestSeal_SameIDOtherKey(t *testing.T) {
 	if res := note(t, setupNote(t, db, sealerOf(t, newKeyLine(t, "k1")), nil), "a", marker); res.IsError {
 		t.Fatal(text(res))
 	}
-	_, err := outbox.New(db, &outbox.Options{Sealer: sealerOf(t, newKeyLine(t, "k1"))})
+	_, err := outbox.New(db, &outbox.Options{Keys: sealerOf(t, newKeyLine(t, "k1"))})
 	if err == nil || !strings.Contains(err.Error(), `the key file's "k1" is not the key that wrapped it`) {
 		t.Errorf("another key under the same id: %v, want an error saying so", err)
 	}
@@ -341,7 +343,7 @@ func TestSeal_ReencryptAfterForget(t *testing.T) {
 	if _, err := admin.ForgetPrincipal(ctx, db, "local", time.Now()); err != nil {
 		t.Fatal(err)
 	}
-	r, err := outbox.Reencrypt(ctx, db, s, nil)
+	r, err := reencrypt.Seal(ctx, db, sealing.Of(s), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -376,16 +378,16 @@ func TestSeal_Migration(t *testing.T) {
 	if got := runs.Load(); got != 2 {
 		t.Errorf("%d runs, want 2: the old row replays", got)
 	}
-	if r := resultOf(t, db, "new"); !strings.HasPrefix(r, seal.Prefix) {
+	if r := resultOf(t, db, "new"); !strings.HasPrefix(r, sealing.Prefix) {
 		t.Errorf("new row's result %.40q, want sealed", r)
 	}
-	if r := resultOf(t, db, "old"); strings.HasPrefix(r, seal.Prefix) {
+	if r := resultOf(t, db, "old"); strings.HasPrefix(r, sealing.Prefix) {
 		t.Errorf("old row's result sealed before reencrypt")
 	}
-	if _, err := outbox.Reencrypt(context.Background(), db, s, &outbox.ReencryptOptions{Batch: 1}); err != nil {
+	if _, err := reencrypt.Seal(context.Background(), db, sealing.Of(s), &reencrypt.Options{Batch: 1}); err != nil {
 		t.Fatal(err)
 	}
-	if r := resultOf(t, db, "old"); !strings.HasPrefix(r, seal.Prefix) {
+	if r := resultOf(t, db, "old"); !strings.HasPrefix(r, sealing.Prefix) {
 		t.Errorf("old row's result %.40q after reencrypt, want sealed", r)
 	}
 	if n := unsealedEffects(t, db); n != 0 {
@@ -396,7 +398,7 @@ func TestSeal_Migration(t *testing.T) {
 	}
 	// Turning it off is explicit: decrypt, after which a layer without a
 	// key file replays everything.
-	if _, err := outbox.Decrypt(context.Background(), db, s, &outbox.ReencryptOptions{Batch: 1}); err != nil {
+	if _, err := reencrypt.Decrypt(context.Background(), db, sealing.Of(s), &reencrypt.Options{Batch: 1}); err != nil {
 		t.Fatal(err)
 	}
 	off := setupNote(t, db, nil, runs)
@@ -536,10 +538,10 @@ func TestSeal_ResolveCallSealsNote(t *testing.T) {
 	if n := outboxtest.Count(t, db.Read, `SELECT count(*) FROM calls WHERE key = 'lost' AND state = 'unknown' AND result IS NULL`); n != 1 {
 		t.Fatal("the refused resolution changed the call")
 	}
-	if err := admin.ResolveCall(ctx, db, ref, admin.Resolution{Outcome: admin.CallCompleted, Note: marker, Sealer: s}); err != nil {
+	if err := admin.ResolveCall(ctx, db, ref, admin.Resolution{Outcome: admin.CallCompleted, Note: marker, Sealer: sealing.Of(s)}); err != nil {
 		t.Fatal(err)
 	}
-	if r := resultOf(t, db, "lost"); !strings.HasPrefix(r, seal.Prefix) {
+	if r := resultOf(t, db, "lost"); !strings.HasPrefix(r, sealing.Prefix) {
 		t.Errorf("resolved result %.40q, want sealed", r)
 	}
 	if bytes.Contains(rawStore(t, db, target), []byte(marker)) {
@@ -565,7 +567,7 @@ func unsealedEffects(t *testing.T, db *schema.DB) int {
 		if err := rows.Scan(&h, &body); err != nil {
 			t.Fatal(err)
 		}
-		if !seal.IsSealed([]byte(h)) || (body != nil && !seal.IsSealed(body)) {
+		if !sealing.IsSealed([]byte(h)) || (body != nil && !sealing.IsSealed(body)) {
 			n++
 		}
 	}
@@ -588,7 +590,7 @@ func TestSeal_Rotation(t *testing.T) {
 	}
 	both := sealerOf(t, k2, k1)
 	var progress bytes.Buffer
-	r, err := outbox.Reencrypt(context.Background(), db, both, &outbox.ReencryptOptions{Batch: 1, Progress: &progress})
+	r, err := reencrypt.Seal(context.Background(), db, sealing.Of(both), &reencrypt.Options{Batch: 1, Progress: &progress})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -602,7 +604,7 @@ func TestSeal_Rotation(t *testing.T) {
 		t.Errorf("%d data keys still under k1", n)
 	}
 	// Run again: nothing left to do.
-	if r, err := outbox.Reencrypt(context.Background(), db, both, nil); err != nil || r.DataKeys != 0 {
+	if r, err := reencrypt.Seal(context.Background(), db, sealing.Of(both), nil); err != nil || r.DataKeys != 0 {
 		t.Errorf("second reencrypt: %+v %v", r, err)
 	}
 
@@ -648,7 +650,7 @@ func TestSeal_TaskRecovered(t *testing.T) {
 			lopts = &ledger.Options{}
 		}
 		lopts.Tasks = map[string]outbox.TaskOptions{"charge": {Mode: outbox.TasksAlways, After: 50 * time.Millisecond, PollInterval: 20 * time.Millisecond}}
-		return setupOn(t, db, &outbox.Options{Sealer: s}, lopts)
+		return setupOn(t, db, &outbox.Options{Keys: s}, lopts)
 	}
 	g := newGate()
 	a := setupSealed(&ledger.Options{Gate: g.hold})
@@ -658,7 +660,7 @@ func TestSeal_TaskRecovered(t *testing.T) {
 	if err := db.Read.QueryRow(`SELECT task_params FROM calls WHERE task_id = $1`, id).Scan(&params); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.HasPrefix(params, seal.Prefix) {
+	if !strings.HasPrefix(params, sealing.Prefix) {
 		t.Errorf("task_params stored as %.40q, want sealed", params)
 	}
 	if onPostgres() {
@@ -687,7 +689,7 @@ func TestSeal_TaskRecovered(t *testing.T) {
 	if err := db.Read.QueryRow(`SELECT result FROM calls WHERE task_id = $1`, id).Scan(&res); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.HasPrefix(res, seal.Prefix) {
+	if !strings.HasPrefix(res, sealing.Prefix) {
 		t.Errorf("task's result stored as %.40q, want sealed", res)
 	}
 }

@@ -163,7 +163,7 @@
 //	unknown    a call the proxy (outbox/sidecar) forwarded whose answer was
 //	           lost: it may or may not have run, so it never runs again by
 //	           itself; a retry gets an outcome_unknown error until an
-//	           operator settles it (admin.ResolveCall). It never expires;
+//	           operator settles it (outbox resolve-call). It never expires;
 //	           but a call made without a key blocks identical calls only
 //	           for its fingerprint window, after which it is set aside
 //	           under a key of its own (fingerprint/uid) and an identical
@@ -270,7 +270,7 @@
 // context ends, then stops them: they stay in flight for the next start.
 // A task is kept, like its call, for the key's retention ([TaskOptions.TTL]
 // overrides it): ttlMs says how long. A 2025-11-25 client may ask for less
-// (params.task.ttl) and gets it, though at least [MinTaskTTL]; the row,
+// (params.task.ttl) and gets it, though at least 1 minute; the row,
 // and the key that finds the task again, expire by the ttl granted.
 //
 // Status notifications. A 2025-11-25 session that asked for a task gets
@@ -429,19 +429,16 @@
 // Stop does. An effect that a call commits after Stop is not lost: it is
 // delivered at the next Start.
 //
-// The reaper purges at once and then every [DefaultReapInterval] (ten
-// minutes) what [Retention] no longer keeps: by default a finished call a
-// day after it finished, once its key expired too ([DefaultCallRetention],
-// matching [DefaultKeyRetention]), and delivered and cancelled effects
-// after a week
-// ([DefaultDeliveredRetention], [DefaultCancelledRetention]). Dead and
-// unknown effects, and calls in state unknown, are never purged: they wait
-// for an operator. [StartOptions.Retention] and [StartOptions.ReapInterval]
-// change it, and a tool's own [ToolOptions.Retention] (Restate's
-// per-handler retention) keeps its keys and its calls for other times than
-// the layer's; [ReaperOff] leaves purging to something else (admin.Purge,
-// or mcp-outbox purge). On PostgreSQL every replica runs a reaper; their
-// batches do not collide.
+// The reaper purges at once and then every ten minutes what [Retention] no
+// longer keeps: by default a finished call a day after it finished, once
+// its key (kept 24 hours) expired too, and delivered and cancelled effects
+// after a week. Dead and unknown effects, and calls in state unknown, are
+// never purged: they wait for an operator. [StartOptions.Retention] and
+// [StartOptions.ReapInterval] change it, and a tool's own
+// [ToolOptions.Retention] (Restate's per-handler retention) keeps its keys
+// and its calls for other times than the layer's; [ReaperOff] leaves
+// purging to something else (mcp-outbox purge). On PostgreSQL every
+// replica runs a reaper; their batches do not collide.
 //
 // Destinations are checked where the mistake is made. Once Start runs a
 // dispatcher, the layer knows its destinations: an Enqueue to any other
@@ -450,7 +447,7 @@
 // it like any other error. Start itself fails while effects are pending
 // for a destination its dispatcher does not know, since they would wait
 // forever; its error names the way out, mcp-outbox outbox retarget --from
-// NAME --to NAME (or admin.RetargetPending), which moves them to the right
+// NAME --to NAME (or the admin API's retarget), which moves them to the right
 // name. A layer started with [StartOptions.NoDispatcher] because another
 // process delivers (mcp-outbox drain, or a replica) checks the names
 // [StartOptions.KnownDestinations] gives, or accepts any name without them.
@@ -462,14 +459,14 @@
 // # Operators
 //
 // What an operator does to calls and effects (retry, cancel, settle an
-// unknown effect or call, purge at once) is package
-// [github.com/mcp-outbox/mcp-outbox/outbox/admin]; the command line and the
-// operator surface are built on it. Finished records are purged
+// unknown effect or call, purge at once) is the admin API of package
+// [github.com/mcp-outbox/mcp-outbox/outbox/operator] and the mcp-outbox
+// command's outbox subcommands. Finished records are purged
 // continuously by the reaper (see Lifecycle), which keeps what [Retention] says.
 //
 // # Data protection
 //
-// With [Options].Sealer (package [github.com/mcp-outbox/mcp-outbox/outbox/seal];
+// With [Options].Keys (package [github.com/mcp-outbox/mcp-outbox/outbox/seal];
 // serve's --encryption-key-file) the layer seals, under a data key of the
 // call's principal, every recorded result (error texts and structured
 // content included), a task's stored arguments, and each effect's headers
@@ -481,10 +478,10 @@
 // file lacks) is answered as an error that says why, with the code
 // "erased" or "unreadable" under [MetaKeyError] (never "not_recorded", which
 // promises that a retry runs the call), and the call is never run again: its
-// row exists. ForgetPrincipal of package admin erases a
-// principal (crypto-erasure, see package seal); [Reencrypt] rotates keys
-// and seals the rows of a database used without encryption; [Decrypt]
-// turns it off.
+// row exists. mcp-outbox encryption forget-principal erases a
+// principal (crypto-erasure, see package seal); mcp-outbox encryption
+// reencrypt rotates keys and seals the rows of a database used without
+// encryption; mcp-outbox encryption decrypt turns it off.
 // Rows written without a Sealer stay readable with one; the reverse is
 // refused: [New] without a Sealer on a database that holds data keys
 // fails with [ErrKeyRequired], so encryption is never turned off but by
@@ -628,10 +625,11 @@
 // With a TracerProvider ([Options.TracerProvider], nil meaning the global
 // one) every request the server receives gets a SERVER span after the
 // OpenTelemetry MCP conventions, whose parent is the trace context the
-// client put in params._meta (SEP-414; [Propagator] and [MetaCarrier] put
-// it there from a Go client). An effect stores the traceparent of the
-// span that enqueued it, and the [dispatch.Dispatcher] makes each delivery attempt
-// a CLIENT span in that trace ([dispatch.Options.TracerProvider]),
+// client put in params._meta (SEP-414; [MetaCarrier] with OpenTelemetry's
+// propagation.TraceContext puts it there from a Go client). An effect
+// stores the traceparent of the span that enqueued it, and the
+// [dispatch.Dispatcher] makes each delivery attempt a CLIENT span in that
+// trace ([dispatch.Options.TracerProvider]),
 // sending the attempt's traceparent to the destination. Keys appear only
 // as hashes; arguments and results only with LogSensitive.
 //
@@ -673,7 +671,7 @@
 // JSON-RPC id or session id, which do not survive a reconnect. The
 // principal is stored as "user:" followed by the authenticated user's ID
 // (the go-sdk's TokenInfo.UserID) on HTTP with authentication, and as
-// "local" otherwise; the status tool, package query and admin.CallRef name
+// "local" otherwise; the status tool, package query and the admin API name
 // it so.
 //
 // The model's id for a tool call is not a key. Claude Code sends it in

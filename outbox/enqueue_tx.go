@@ -9,7 +9,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
+	"github.com/mcp-outbox/mcp-outbox/internal/sealing"
 )
 
 // EnqueueTx adds an effect to the outbox inside tx, a transaction the
@@ -59,8 +59,8 @@ func (l *Layer) EnqueueTx(ctx context.Context, tx *sql.Tx, e Effect) (string, er
 	// No call: call_id is NULL, and the effect is the first and only of
 	// its sequence, so nothing orders it behind another effect.
 	// No call, so no principal: the layer's own data key ('') seals it.
-	headers, body, err := sealEffect(func(ref seal.Ref, v []byte) ([]byte, error) {
-		return l.opts.Sealer.Seal(context.Background(), tx, ref, v)
+	headers, body, err := sealEffect(func(ref sealing.Ref, v []byte) ([]byte, error) {
+		return l.sealer.Seal(context.Background(), tx, ref, v)
 	}, key, "", headers, e.Body)
 	if err != nil {
 		return "", err

@@ -13,17 +13,18 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/admin"
+	"github.com/mcp-outbox/mcp-outbox/internal/sealing"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
-	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
 	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
 // Encryption at rest and forgetting a principal: with a Sealer of a key
 // file, what the layer records (results, effect bodies and headers, task
-// arguments) is encrypted before it reaches the database, and
-// admin.ForgetPrincipal erases a principal's records for good while keeping
-// its keys: a retry runs nothing and is answered "erased".
+// arguments) is encrypted before it reaches the database, and forgetting a
+// principal (mcp-outbox encryption forget-principal) erases its records for
+// good while keeping its keys: a retry runs nothing and is answered "erased".
 func Example_dataProtection() {
 	dir, err := os.MkdirTemp("", "example")
 	if err != nil {
@@ -95,7 +96,7 @@ func Example_dataProtection() {
 	if err := db.Read.QueryRowContext(ctx, `SELECT result FROM calls WHERE key = 'charge-1'`).Scan(&stored); err != nil {
 		log.Fatal(err)
 	}
-	fmt.Println("stored encrypted:", seal.IsSealed([]byte(stored)), "readable:", strings.Contains(stored, "42 EUR"))
+	fmt.Println("stored encrypted:", sealing.IsSealed([]byte(stored)), "readable:", strings.Contains(stored, "42 EUR"))
 
 	// The principal as an operator writes it: "local" for calls on stdio
 	// or without authentication, the user's ID (TokenInfo.UserID) for
@@ -121,5 +122,5 @@ func sealedLayer(db *schema.DB, keyFile string) (*outbox.Layer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return outbox.New(db, &outbox.Options{Sealer: seal.New(ring)}) // layer.Start gives it to its dispatcher
+	return outbox.New(db, &outbox.Options{Keys: ring}) // layer.Start gives it to its dispatcher
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox"
@@ -22,7 +23,7 @@ func ExampleMetaCarrier() {
 
 	params := &mcp.CallToolParams{Name: "charge", Arguments: map[string]any{"amount": 100},
 		Meta: mcp.Meta{outbox.MetaKeyIdempotency: "order-1234"}}
-	outbox.Propagator().Inject(ctx, outbox.MetaCarrier(params.Meta))
+	propagation.TraceContext{}.Inject(ctx, outbox.MetaCarrier(params.Meta))
 	fmt.Println(params.Meta["traceparent"])
 	// Output: 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01
 }

@@ -2,10 +2,18 @@ package outbox
 
 import (
 	"context"
+	"log/slog"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/mcp-outbox/mcp-outbox/schema"
 )
+
+// RunReaper is the reaper Layer.Start runs, on the clock now.
+func RunReaper(ctx context.Context, db *schema.DB, r Retention, interval time.Duration, logger *slog.Logger) error {
+	return runReaper(ctx, db, r, interval, logger, time.Now)
+}
 
 // SetTestHookAfterCommit lets tests act between a call's commit and its response.
 func SetTestHookAfterCommit(f func(context.Context)) { testHookAfterCommit = f }
@@ -43,3 +51,6 @@ const MaxTaskRuns = maxTaskRuns
 func SetUnknownDestinationWatch(every time.Duration, round func()) {
 	unknownDestinationInterval, testHookUnknownDestinationRound = every, round
 }
+
+// Started reports whether a Start of l ever succeeded.
+func Started(l *Layer) bool { return l.everStarted() }

@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/admin"
 	"github.com/mcp-outbox/mcp-outbox/internal/faultdb"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
-	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
 )
 
 // A purge that store faults interrupt says so and deletes only what

@@ -49,15 +49,6 @@ import (
 // frames of the NORMAL one durable too, since WAL frames become durable in
 // order.
 
-// Defaults for the group commit knobs of [Options].
-const (
-	// DefaultMaxBatchCalls bounds the calls that share one commit.
-	DefaultMaxBatchCalls = 64
-	// DefaultMaxBatchWait bounds how long a batch stays open taking more
-	// units once it has begun, which bounds what its first call waits.
-	DefaultMaxBatchWait = 10 * time.Millisecond
-)
-
 // groupCommit shares transactions of the writer connection among units of
 // work; see above.
 type groupCommit struct {

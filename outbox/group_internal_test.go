@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/defaults"
 	"github.com/mcp-outbox/mcp-outbox/internal/pgtest"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -21,7 +22,7 @@ func openGroup(t testing.TB) *groupCommit {
 	if _, err := db.Write.Exec(`CREATE TABLE t (v INTEGER)`); err != nil {
 		t.Fatal(err)
 	}
-	return newGroupCommit(db, DefaultMaxBatchCalls, time.Hour, time.Now)
+	return newGroupCommit(db, defaults.MaxBatchCalls, time.Hour, time.Now)
 }
 
 // committed waits for b's outcome; a batch left open with nobody to commit
@@ -132,7 +133,7 @@ func TestGroupCommit_OwnTransactionEndedByError(t *testing.T) {
 	if _, err := db.Write.Exec(`CREATE TABLE t (v INTEGER)`); err != nil {
 		t.Fatal(err)
 	}
-	g := newGroupCommit(db, DefaultMaxBatchCalls, time.Hour, time.Now)
+	g := newGroupCommit(db, defaults.MaxBatchCalls, time.Hour, time.Now)
 	rows := func() (n int) {
 		t.Helper()
 		if err := db.Read.QueryRow(`SELECT count(*) FROM t`).Scan(&n); err != nil {

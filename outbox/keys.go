@@ -9,8 +9,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/internal/paramskey"
-	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
-	"github.com/mcp-outbox/mcp-outbox/query"
+	"github.com/mcp-outbox/mcp-outbox/internal/sealing"
 )
 
 // Names a key travels under.
@@ -52,13 +51,13 @@ func principalOf(req *mcp.CallToolRequest) string {
 
 // identify finds the key of a call. It returns source "" when the call
 // carries no key and fingerprints are off for the tool.
-func identify(req *mcp.CallToolRequest, t *toolInfo, window bool, s *seal.Sealer) (callIdentity, error) {
+func identify(req *mcp.CallToolRequest, t *toolInfo, window bool, s *sealing.Sealer) (callIdentity, error) {
 	id := callIdentity{principal: t.principalOf(req)}
 	canonical, err := callkey.Canonical(req.Params.Arguments)
 	if err != nil {
 		return id, fmt.Errorf("arguments are not valid JSON: %w", err)
 	}
-	id.argsHash = query.ArgsHash(s, canonical)
+	id.argsHash = callkey.SealedArgsHash(s, canonical)
 	if s.Keyed() {
 		id.plainHash = callkey.ArgsHash(canonical)
 	}
@@ -75,7 +74,7 @@ func identify(req *mcp.CallToolRequest, t *toolInfo, window bool, s *seal.Sealer
 		return id, nil
 	}
 	if window {
-		id.key = query.Fingerprint(s, id.principal, t.name, canonical)
+		id.key = callkey.SealedFingerprint(s, id.principal, t.name, canonical)
 		if s.Keyed() {
 			id.plainKey = callkey.Fingerprint(id.principal, t.name, canonical)
 		}
@@ -95,7 +94,7 @@ func (id callIdentity) matches(rowHash string) bool {
 	if rowHash == id.argsHash || (id.plainHash != "" && rowHash == id.plainHash) {
 		return true
 	}
-	return id.plainHash == "" && strings.HasPrefix(rowHash, seal.HashPrefix)
+	return id.plainHash == "" && strings.HasPrefix(rowHash, sealing.HashPrefix)
 }
 
 func explicitKey(req *mcp.CallToolRequest, t *toolInfo) (string, callkey.Source, error) {

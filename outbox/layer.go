@@ -16,34 +16,13 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
+	"github.com/mcp-outbox/mcp-outbox/internal/defaults"
+	"github.com/mcp-outbox/mcp-outbox/internal/sealing"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/dbclock"
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/layerinfo"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/metrics"
 	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 	"github.com/mcp-outbox/mcp-outbox/schema"
-)
-
-// Defaults for [Options] fields left at their zero value.
-const (
-	// DefaultFingerprintWindow is how long a call without a key is remembered
-	// by its fingerprint. Within it, a second call with the same tool and
-	// arguments from the same principal is taken as a retry and replayed, so a
-	// window much longer than clients' retry horizons would merge genuinely
-	// separate calls. Clients that send keys are not affected.
-	DefaultFingerprintWindow = 5 * time.Minute
-	// DefaultKeyRetention is how long a call with an explicit key is
-	// remembered (Stripe keeps keys at least 24 hours).
-	DefaultKeyRetention = 24 * time.Hour
-	// DefaultInFlightWait bounds how long a duplicate waits for the original
-	// attempt's outcome, and how long a claim keeps trying while another
-	// process holds SQLite's write lock, before it gets an "in progress"
-	// error.
-	DefaultInFlightWait = 30 * time.Second
-	// DefaultLease is how long an in_flight claim protects a call whose owner
-	// cannot be checked for liveness (another machine, another layer in the
-	// same process). Handlers that run longer than the lease before their
-	// first statement can lose the call to another attempt; they then fail
-	// the fence and commit nothing.
-	DefaultLease = time.Minute
 )
 
 // FingerprintOff as a fingerprint window turns fingerprints off: calls
@@ -62,15 +41,15 @@ type Options struct {
 	// the log has the error, so errors must go somewhere.
 	Logger *slog.Logger
 	// FingerprintWindow is the default window of tools without their own;
-	// zero means DefaultFingerprintWindow, FingerprintOff turns it off.
+	// zero means 5 minutes, FingerprintOff turns it off.
 	FingerprintWindow time.Duration
 	// KeyRetention is how long explicit keys are remembered; zero means
-	// DefaultKeyRetention.
+	// 24 hours.
 	KeyRetention time.Duration
 	// InFlightWait bounds a duplicate's wait, and a claim's wait for the
-	// write lock of another process; zero means DefaultInFlightWait.
+	// write lock of another process; zero means 30 s.
 	InFlightWait time.Duration
-	// Lease is the claim lease; zero means DefaultLease.
+	// Lease is the claim lease; zero means 1 minute.
 	Lease time.Duration
 	// RecordIdempotent records tools annotated idempotentHint too; by default
 	// they run in a transaction but are not recorded or replayed.
@@ -93,12 +72,12 @@ type Options struct {
 	Metrics *Metrics
 	// MaxBatchCalls bounds how many calls share one commit (group commit:
 	// calls that finish while others wait for the writer commit together,
-	// each in its own savepoint). Zero means DefaultMaxBatchCalls; 1 gives
+	// each in its own savepoint). Zero means 64; 1 gives
 	// every call a commit of its own.
 	MaxBatchCalls int
 	// MaxBatchWait bounds how long a batch keeps taking calls once it has
 	// begun, and so what its first call can wait for the others; zero means
-	// DefaultMaxBatchWait. No call ever waits for others to arrive: a batch
+	// 10 ms. No call ever waits for others to arrive: a batch
 	// commits as soon as nobody is waiting for the writer.
 	MaxBatchWait time.Duration
 	// LogSensitive adds each call's raw idempotency key and arguments to its
@@ -110,14 +89,15 @@ type Options struct {
 	// a no-op until the program installs an SDK. With LogSensitive the
 	// spans carry arguments and results too.
 	TracerProvider trace.TracerProvider
-	// Sealer, if not nil, encrypts what the layer stores that may hold
+	// Keys, if not nil, encrypt what the layer stores that may hold
 	// personal data (results, task arguments, effect bodies and headers)
-	// and keys the hashes of arguments (package seal). Nil stores them in
-	// plaintext, on a database that was never encrypted (or was decrypted
-	// with [Decrypt]): on one that holds data keys, New fails with
-	// [ErrKeyRequired], as it does when the Sealer's key file lacks the
-	// key that wraps the database's hash key.
-	Sealer *seal.Sealer
+	// and key the hashes of arguments (package seal: seal.LoadKeyFile, or
+	// a KMS's seal.KeyRing). Nil stores them in plaintext, on a database
+	// that was never encrypted (or was decrypted with mcp-outbox
+	// encryption decrypt): on one that holds data keys, New fails with
+	// [ErrKeyRequired], as it does when the ring lacks the key that wraps
+	// the database's hash key.
+	Keys seal.KeyRing
 }
 
 // A Layer is the idempotent execution layer of MCP servers on one
@@ -129,6 +109,7 @@ type Layer struct {
 	db     *schema.DB
 	group  *groupCommit // the writer's transactions, shared among calls
 	opts   Options
+	sealer *sealing.Sealer // of opts.Keys, shared with whatever else is given the same ring
 	logger *slog.Logger
 	now    func() time.Time
 	self   processID
@@ -189,18 +170,18 @@ type Layer struct {
 }
 
 // ErrKeyRequired is the error of [New] (tested with errors.Is) on an
-// encrypted database without [Options].Sealer (serve's
+// encrypted database without [Options].Keys (serve's
 // --encryption-key-file), or with one whose key file lacks the key that
 // wraps the hash key: the layer would store new values in plaintext, or
 // hash arguments without the database's secret, and run a keyless retry
 // of a recorded call again. Give the key file; to turn encryption off,
 // [Decrypt] first.
-var ErrKeyRequired = seal.ErrKeyRequired
+var ErrKeyRequired = sealing.ErrKeyRequired
 
 // New returns a layer on db. The database must have been opened with
 // [schema.Open], which applies the outbox migrations. It fails with
 // [ErrKeyRequired] when the database is encrypted and opts lacks the key
-// it needs (see [Options].Sealer).
+// it needs (see [Options].Keys).
 func New(db *schema.DB, opts *Options) (*Layer, error) {
 	if db == nil {
 		return nil, errors.New("outbox: nil database")
@@ -210,16 +191,16 @@ func New(db *schema.DB, opts *Options) (*Layer, error) {
 		o = *opts
 	}
 	if o.FingerprintWindow == 0 {
-		o.FingerprintWindow = DefaultFingerprintWindow
+		o.FingerprintWindow = defaults.FingerprintWindow
 	}
 	if o.KeyRetention <= 0 {
-		o.KeyRetention = DefaultKeyRetention
+		o.KeyRetention = defaults.KeyRetention
 	}
 	if o.InFlightWait <= 0 {
-		o.InFlightWait = DefaultInFlightWait
+		o.InFlightWait = defaults.InFlightWait
 	}
 	if o.Lease <= 0 {
-		o.Lease = DefaultLease
+		o.Lease = defaults.Lease
 	}
 	now := o.Now
 	if db.Dialect == schema.Postgres {
@@ -241,16 +222,16 @@ func New(db *schema.DB, opts *Options) (*Layer, error) {
 		o.Now = time.Now
 	}
 	if o.MaxBatchCalls <= 0 {
-		o.MaxBatchCalls = DefaultMaxBatchCalls
+		o.MaxBatchCalls = defaults.MaxBatchCalls
 	}
 	if o.MaxBatchWait <= 0 {
-		o.MaxBatchWait = DefaultMaxBatchWait
+		o.MaxBatchWait = defaults.MaxBatchWait
 	}
 	logger := o.Logger
 	if logger == nil {
 		logger = slog.New(minLevel{slog.LevelWarn, slog.Default().Handler()})
 	}
-	plainUntil, err := checkSealer(context.Background(), db, o.Sealer, logger)
+	plainUntil, err := checkSealer(context.Background(), db, sealing.Of(o.Keys), logger)
 	if err != nil {
 		return nil, err
 	}
@@ -260,6 +241,7 @@ func New(db *schema.DB, opts *Options) (*Layer, error) {
 		db:     db,
 		group:  group,
 		opts:   o,
+		sealer: sealing.Of(o.Keys),
 		logger: logger.With("subsystem", "outbox"),
 		now:    now,
 		self:   currentProcess(),
@@ -409,3 +391,13 @@ func (m minLevel) WithAttrs(attrs []slog.Attr) slog.Handler {
 }
 
 func (m minLevel) WithGroup(name string) slog.Handler { return minLevel{m.level, m.h.WithGroup(name)} }
+
+func init() {
+	layerinfo.Of = func(l any) layerinfo.Info { return infoOf{l.(*Layer)} }
+}
+
+// infoOf is the layer as the operator surface sees it (layerinfo.Info).
+type infoOf struct{ l *Layer }
+
+func (i infoOf) Started() bool      { return i.l.everStarted() }
+func (i infoOf) Keys() seal.KeyRing { return i.l.opts.Keys }

@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/defaults"
 	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
 )
 
@@ -49,16 +50,16 @@ type StartOptions struct {
 	// Destinations are the set.
 	KnownDestinations []string
 	// Retention is what the reaper keeps (see [Retention]); its zero
-	// value keeps calls for DefaultCallRetention after their key expires,
-	// delivered and cancelled effects for DefaultDeliveredRetention and
-	// DefaultCancelledRetention.
+	// value keeps calls for 24 hours after their key expires,
+	// delivered and cancelled effects for 7 days and
+	// 7 days.
 	Retention Retention
 	// ReapInterval is how often the reaper purges, beginning at Start;
-	// zero means DefaultReapInterval, ReaperOff runs no reaper.
+	// zero means 10 minutes, ReaperOff runs no reaper.
 	ReapInterval time.Duration
 	// TaskScanInterval is how often the layer looks for tasks whose owner
 	// is gone, to run them again (see "Tasks" in the package doc),
-	// beginning at Start; zero means DefaultTaskScanInterval or the
+	// beginning at Start; zero means 10 s or the
 	// layer's lease, whichever is shorter; negative runs no scan.
 	TaskScanInterval time.Duration
 }
@@ -84,7 +85,7 @@ type Runner struct {
 //     NoDispatcher), which delivers at once what a previous run left, and
 //     from then on is woken by every commit that enqueued effects
 //     (Start adds its Notify with [Layer.OnEnqueue]);
-//   - the reaper ([RunReaper] on the layer's clock), which purges at once
+//   - the reaper (the reaper, on the layer's clock), which purges at once
 //     and then every ReapInterval what opts.Retention no longer keeps, so
 //     that the tables do not grow without bound (unless ReaperOff);
 //   - the task runner, which takes over the tasks whose owner is gone and
@@ -102,7 +103,7 @@ type Runner struct {
 // destination the dispatcher does not know: they would wait forever,
 // silently. Its error names the way out: move them to the right name
 // (mcp-outbox outbox retarget --from NAME --to NAME, or
-// admin.RetargetPending), cancel them (mcp-outbox outbox cancel --dest
+// the admin API), cancel them (mcp-outbox outbox cancel --dest
 // NAME), configure the destination, or use NoDispatcher if another
 // process delivers them. Effects that reach the database for such a name
 // while the dispatcher runs (a cooperating upstream of the proxy writes
@@ -136,7 +137,7 @@ func (l *Layer) Start(ctx context.Context, opts *StartOptions) (*Runner, error) 
 		return nil, fmt.Errorf("start outbox: negative reap interval %s (ReaperOff turns the reaper off)", o.ReapInterval)
 	}
 	if o.ReapInterval == 0 {
-		o.ReapInterval = DefaultReapInterval
+		o.ReapInterval = defaults.ReapInterval
 	}
 	// Checked here, so that a bad retention fails Start rather than
 	// the reaper's goroutine later.
@@ -176,8 +177,8 @@ func (l *Layer) Start(ctx context.Context, opts *StartOptions) (*Runner, error) 
 		if do.Now == nil {
 			do.Now = l.now
 		}
-		if do.Sealer == nil {
-			do.Sealer = l.opts.Sealer
+		if do.Keys == nil {
+			do.Keys = l.opts.Keys
 		}
 		d, err := dispatch.New(l.db, &do)
 		if err != nil {
@@ -213,7 +214,7 @@ func (l *Layer) Start(ctx context.Context, opts *StartOptions) (*Runner, error) 
 		if scan == 0 {
 			// A task may be taken over once its lease passed: no point in
 			// looking much less often than that.
-			scan = min(DefaultTaskScanInterval, l.opts.Lease)
+			scan = min(defaults.TaskScanInterval, l.opts.Lease)
 		}
 		wg.Go(func() { _ = l.runTaskRecovery(runCtx, scan) })
 	}
@@ -246,12 +247,12 @@ func (l *Layer) Runner() *Runner {
 	return l.runner
 }
 
-// Started reports whether a Start of the layer ever succeeded, with a
+// everStarted reports whether a Start of the layer ever succeeded, with a
 // dispatcher or NoDispatcher. A layer never started delivers nothing it
 // enqueues, and nothing else in its process says so: it logs a warning at
 // its first enqueue, and package operator's readiness check
 // (Options.Layer) reports it degraded.
-func (l *Layer) Started() bool {
+func (l *Layer) everStarted() bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.started

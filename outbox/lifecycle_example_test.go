@@ -111,7 +111,7 @@ func placeOrders(ctx context.Context, target string, w io.Writer) (err error) {
 		}, nil)
 
 	// The dispatcher, woken by every commit that enqueues, and the reaper,
-	// which purges at once and every DefaultReapInterval what the default
+	// which purges at once and every 10 minutes what the default
 	// Retention no longer keeps.
 	running, err := layer.Start(ctx, &outbox.StartOptions{Dispatcher: &dispatch.Options{
 		Destinations: []dispatch.Destination{{Name: "mailer", URL: apiURL}},

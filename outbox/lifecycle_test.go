@@ -12,6 +12,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/defaults"
 	"github.com/mcp-outbox/mcp-outbox/internal/downstream"
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
@@ -199,7 +200,7 @@ func TestLayer_Start_Reaps(t *testing.T) {
 	if err := r.Stop(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	clk.Add(outbox.DefaultDeliveredRetention + time.Minute)
+	clk.Add(defaults.DeliveredRetention + time.Minute)
 	start(t, b, opts)
 	pollUntil(t, "the reaper's first pass", func() bool {
 		return count(t, b.db.Read, `SELECT count(*) FROM effects`)+count(t, b.db.Read, `SELECT count(*) FROM calls`) == 0
@@ -427,8 +428,8 @@ func TestLayer_EnqueueWithoutStartIsLogged(t *testing.T) {
 	if _, err := b3.layer.Start(context.Background(), noURL); err == nil {
 		t.Fatal("a bad Start started")
 	}
-	if b3.layer.Started() || b3.layer.Runner() != nil {
-		t.Errorf("after a failed Start: Started %v, Runner %v; want neither", b3.layer.Started(), b3.layer.Runner())
+	if outbox.Started(b3.layer) || b3.layer.Runner() != nil {
+		t.Errorf("after a failed Start: Started %v, Runner %v; want neither", outbox.Started(b3.layer), b3.layer.Runner())
 	}
 	callCharge(t, b3.session, "failed-start-1", 100)
 	if recs := failed.records(t, msg); len(recs) != 1 {

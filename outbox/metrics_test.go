@@ -12,6 +12,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/outboxtest"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/metrics"
 )
 
 // histogram returns the sample count and sum of the histogram series of
@@ -137,7 +138,7 @@ func TestMetrics_OldestPendingAge(t *testing.T) {
 	t.Parallel()
 	s := newDispatchSetup(t, 1, nil)
 	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(outbox.NewDepthCollector(s.db))
+	reg.MustRegister(metrics.NewDepthCollector(s.db))
 	if _, err := s.db.Write.Exec(`UPDATE effects SET created_at = created_at - 90000`); err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +173,7 @@ func TestMetrics_UnknownCalls(t *testing.T) {
 	t.Parallel()
 	db := openDB(t)
 	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(outbox.NewDepthCollector(db))
+	reg.MustRegister(metrics.NewDepthCollector(db))
 	const head = `
 # HELP mcp_outbox_calls_unknown Calls in state unknown: forwarded, their outcome lost; each waits for an operator (mcp-outbox outbox resolve-call).
 # TYPE mcp_outbox_calls_unknown gauge

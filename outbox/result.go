@@ -9,8 +9,8 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
+	"github.com/mcp-outbox/mcp-outbox/internal/sealing"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/replaynote"
-	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 )
 
 // MetaKeyCall is the _meta entry of every recorded call's result: the key,
@@ -34,7 +34,7 @@ const (
 	// not_recorded, whose promise ("a retry runs the call") would be false
 	// here: a client that retries on it would loop on an answer that never
 	// changes, since the row exists and the call never runs again.
-	codeErased     = "erased"     // the principal was forgotten (admin.ForgetPrincipal)
+	codeErased     = "erased"     // the principal was forgotten (mcp-outbox encryption forget-principal)
 	codeUnreadable = "unreadable" // changed, copied from another row, or under a key the key file lacks
 )
 
@@ -96,7 +96,7 @@ func decodeRecorded(r callRow) (*mcp.CallToolResult, error) {
 // unreadableCode is the code of the answer about a recorded result that err
 // keeps from being read.
 func unreadableCode(err error) string {
-	if errors.Is(err, seal.ErrErased) {
+	if errors.Is(err, sealing.ErrErased) {
 		return codeErased
 	}
 	return codeUnreadable

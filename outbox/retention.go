@@ -7,32 +7,17 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/mcp-outbox/mcp-outbox/outbox/internal/retention"
+	"github.com/mcp-outbox/mcp-outbox/internal/defaults"
+	"github.com/mcp-outbox/mcp-outbox/internal/retention"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
 // Defaults for [Retention] fields left at zero.
-const (
-	// DefaultCallRetention matches DefaultKeyRetention, so that by default a
-	// call row lives exactly as long as its key is remembered; calls known by
-	// a short fingerprint window stay this long for operators, whose effect
-	// listings name the call's key and tool.
-	DefaultCallRetention = 24 * time.Hour
-	// DefaultDeliveredRetention keeps delivered effects, with the response
-	// the destination sent, long enough to answer "did it go out?" for a
-	// week after the fact.
-	DefaultDeliveredRetention = 7 * 24 * time.Hour
-	// DefaultCancelledRetention gives an operator a week to change their
-	// mind: a cancelled effect can be retried until it is purged.
-	DefaultCancelledRetention = 7 * 24 * time.Hour
-	// DefaultReapInterval is how often [RunReaper] purges by default.
-	DefaultReapInterval = 10 * time.Minute
-)
 
 // Retention says how long finished records stay in the database: what
-// [RunReaper] keeps, and what an operator's purge
-// ([github.com/mcp-outbox/mcp-outbox/outbox/admin.Purge]) keeps. The zero
-// value of each field selects the default documented on it.
+// the reaper [Layer.Start] runs keeps, and what an operator's purge
+// (mcp-outbox purge) keeps. The zero value of each field selects the
+// default documented on it.
 //
 // What is purged, and when:
 //
@@ -60,7 +45,7 @@ const (
 // server behind mcp-outbox proxy) may have run there. Deleting it would let
 // a retry run it again, so it becomes state unknown instead, owned by
 // nobody, for an operator to settle
-// ([github.com/mcp-outbox/mcp-outbox/outbox/admin.ResolveCall]).
+// (mcp-outbox outbox resolve-call, or the admin API).
 //
 // Never purged: calls in state unknown, which wait for an operator, and
 // pending, in_flight, dead and unknown effects, which still need a
@@ -68,13 +53,13 @@ const (
 type Retention struct {
 	// Calls is the least time a call row is kept after its completion,
 	// for the calls of tools without a ToolRetention.Outcome of their
-	// own; zero means DefaultCallRetention.
+	// own; zero means 24 hours.
 	Calls time.Duration
 	// Delivered is how long a delivered effect is kept; zero means
-	// DefaultDeliveredRetention.
+	// 7 days.
 	Delivered time.Duration
 	// Cancelled is how long a cancelled effect is kept; zero means
-	// DefaultCancelledRetention.
+	// 7 days.
 	Cancelled time.Duration
 }
 
@@ -82,27 +67,22 @@ type Retention struct {
 // duration is an error.
 func (r Retention) ages() (retention.Ages, error) {
 	return retention.Ages{Calls: r.Calls, Delivered: r.Delivered, Cancelled: r.Cancelled}.WithDefaults(retention.Ages{
-		Calls: DefaultCallRetention, Delivered: DefaultDeliveredRetention, Cancelled: DefaultCancelledRetention,
+		Calls: defaults.CallRetention, Delivered: defaults.DeliveredRetention, Cancelled: defaults.CancelledRetention,
 	})
 }
 
-// RunReaper purges expired records (see [Retention]) at once and then every
-// interval until ctx ends, then returns. Zero interval means
-// DefaultReapInterval; nil logger discards. A failed pass is logged and
-// tried again at the next interval: the data it would delete stays
-// correct, only the file stays larger for a while.
-func RunReaper(ctx context.Context, db *schema.DB, r Retention, interval time.Duration, logger *slog.Logger) error {
-	return runReaper(ctx, db, r, interval, logger, time.Now)
-}
-
-// runReaper is RunReaper on the clock now: [Layer.Start] passes the
-// layer's, so that records expire on the clock that wrote their expiry.
+// runReaper purges expired records (see [Retention]) at once and then
+// every interval until ctx ends, then returns. Zero interval means 10
+// minutes; nil logger discards. A failed pass is logged and tried again at
+// the next interval: the data it would delete stays correct, only the file
+// stays larger for a while. [Layer.Start] runs it on the layer's clock, so
+// that records expire on the clock that wrote their expiry.
 func runReaper(ctx context.Context, db *schema.DB, r Retention, interval time.Duration, logger *slog.Logger, now func() time.Time) error {
 	if interval < 0 {
 		return fmt.Errorf("reaper: negative interval %s", interval)
 	}
 	if interval == 0 {
-		interval = DefaultReapInterval
+		interval = defaults.ReapInterval
 	}
 	ages, err := r.ages()
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/sealing"
 	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -25,18 +26,18 @@ import (
 // It also returns until when a call without a key made before encryption
 // was on may still name an identical call (the latest expiry of a plain
 // fingerprint), 0 if none may.
-func checkSealer(ctx context.Context, db *schema.DB, s *seal.Sealer, logger *slog.Logger) (int64, error) {
+func checkSealer(ctx context.Context, db *schema.DB, s *sealing.Sealer, logger *slog.Logger) (int64, error) {
 	if s == nil {
-		return 0, seal.RequireKeyFile(ctx, db.Read, nil)
+		return 0, sealing.RequireKeyFile(ctx, db.Read, nil)
 	}
 	if err := s.LoadHashKey(ctx, db.Write); err != nil {
 		var missing *seal.MissingKeyError
 		if errors.As(err, &missing) {
-			return 0, seal.HashKeyMissing(missing)
+			return 0, sealing.HashKeyMissing(missing)
 		}
 		return 0, err
 	}
-	missing, err := seal.MissingKeys(ctx, db.Read, s.Ring())
+	missing, err := sealing.MissingKeys(ctx, db.Read, s.Ring())
 	if err != nil {
 		return 0, err
 	}
@@ -57,35 +58,31 @@ const selectPlainFingerprints = `
 SELECT max(expires_at) FROM calls
 WHERE expires_at > $1 AND key_source = 'fingerprint' AND key LIKE 'fp~_%' ESCAPE '~'`
 
-// Sealer is the layer's Options.Sealer: what an operator surface on the
-// same database needs to show its results.
-func (l *Layer) Sealer() *seal.Sealer { return l.opts.Sealer }
-
 // callRef names a call's column for sealing: the call's id binds the value
 // to its row.
-func callRef(callID int64, column, principal string) seal.Ref {
-	return seal.Ref{Row: strconv.FormatInt(callID, 10), Column: column, Principal: principal}
+func callRef(callID int64, column, principal string) sealing.Ref {
+	return sealing.Ref{Row: strconv.FormatInt(callID, 10), Column: column, Principal: principal}
 }
 
 // effectRef names an effect's column: its Idempotency-Key, unique and
 // known before the row is inserted, binds the value to the row.
-func effectRef(key, column, principal string) seal.Ref {
-	return seal.Ref{Row: key, Column: column, Principal: principal}
+func effectRef(key, column, principal string) sealing.Ref {
+	return sealing.Ref{Row: key, Column: column, Principal: principal}
 }
 
 // openResult replaces a recorded result read from q by its plaintext; one
 // that cannot be opened (erased, tampered, a missing key) keeps r.unreadable
 // for the answer, which names the reason and never runs the call again.
-func (l *Layer) openResult(ctx context.Context, q seal.Querier, principal string, r *callRow) {
+func (l *Layer) openResult(ctx context.Context, q sealing.Querier, principal string, r *callRow) {
 	if !r.result.Valid {
 		if r.state == "completed" || r.state == "failed" {
 			// Every outcome is recorded with its result; only
-			// admin.ForgetPrincipal deletes one (and sets erased_at).
-			r.unreadable = seal.ErrErased
+			// Forgetting a principal deletes one (and sets erased_at).
+			r.unreadable = sealing.ErrErased
 		}
 		return
 	}
-	plain, err := l.opts.Sealer.OpenString(ctx, q, callRef(r.id, "result", principal), r.result.String)
+	plain, err := l.sealer.OpenString(ctx, q, callRef(r.id, "result", principal), r.result.String)
 	if err != nil {
 		r.unreadable = err
 		return
@@ -94,7 +91,7 @@ func (l *Layer) openResult(ctx context.Context, q seal.Querier, principal string
 }
 
 // sealEffect seals an effect's headers and body with sealFn.
-func sealEffect(sealFn func(seal.Ref, []byte) ([]byte, error), key, principal, headers string, body []byte) (string, []byte, error) {
+func sealEffect(sealFn func(sealing.Ref, []byte) ([]byte, error), key, principal, headers string, body []byte) (string, []byte, error) {
 	h, err := sealFn(effectRef(key, "headers", principal), []byte(headers))
 	if err != nil {
 		return "", nil, fmt.Errorf("seal effect headers: %w", err)
@@ -111,13 +108,13 @@ func sealEffect(sealFn func(seal.Ref, []byte) ([]byte, error), key, principal, h
 // the principal's data key up once per transaction: a call's result and
 // its effects' headers and bodies are sealed under one key, found by one
 // query. Statements there never take a call's context (group.go).
-func (a *attempt) seal(q handlerTx, ref seal.Ref, plain []byte) ([]byte, error) {
-	s := a.layer.opts.Sealer
+func (a *attempt) seal(q handlerTx, ref sealing.Ref, plain []byte) ([]byte, error) {
+	s := a.layer.sealer
 	if s == nil {
 		return plain, nil
 	}
 	if a.sealKey == nil || a.sealKeyTx != q || a.sealKey.Principal() != ref.Principal {
-		var sq seal.Querier = q
+		var sq sealing.Querier = q
 		if a.unit != nil && a.unit.tx() == q {
 			sq = a.unit.querier()
 		}

@@ -18,16 +18,16 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/query"
 )
 
-// StatusInput asks for one call: by key, or by tool and arguments for a call
+// statusInput, the status tool's input, asks for one call: by key, or by tool and arguments for a call
 // made without a key.
-type StatusInput struct {
+type statusInput struct {
 	Key       string          `json:"key,omitempty" jsonschema:"the idempotency key the call was made with"`
 	Tool      string          `json:"tool,omitempty" jsonschema:"for a call made without a key: the tool's name"`
 	Arguments json.RawMessage `json:"arguments,omitempty" jsonschema:"for a call made without a key: its exact arguments"`
 }
 
 func (l *Layer) addStatusTool(s *mcp.Server, tenant string) {
-	mcp.AddTool(s, statusTool(), func(ctx context.Context, req *mcp.CallToolRequest, in StatusInput) (*mcp.CallToolResult, *query.Status, error) {
+	mcp.AddTool(s, statusTool(), func(ctx context.Context, req *mcp.CallToolRequest, in statusInput) (*mcp.CallToolResult, *query.Status, error) {
 		st, err := l.lookupStatus(ctx, scopedPrincipal(tenant, principalOf(req)), in)
 		if err == nil && speaks2025(req) {
 			as2025(st)
@@ -58,7 +58,7 @@ func statusTool() *mcp.Tool {
 // [mcp.AddTool] would, and the status is both the structured content and,
 // as JSON, the text content.
 func (l *Layer) callStatus(ctx context.Context, req *mcp.CallToolRequest) *mcp.CallToolResult {
-	var in StatusInput
+	var in statusInput
 	dec := json.NewDecoder(bytes.NewReader(req.Params.Arguments))
 	dec.DisallowUnknownFields()
 	if len(req.Params.Arguments) > 0 {
@@ -94,7 +94,7 @@ func statusError(err error) *mcp.CallToolResult {
 	return &mcp.CallToolResult{IsError: true, Content: []mcp.Content{&mcp.TextContent{Text: err.Error()}}}
 }
 
-func (l *Layer) lookupStatus(ctx context.Context, principal string, in StatusInput) (*query.Status, error) {
+func (l *Layer) lookupStatus(ctx context.Context, principal string, in statusInput) (*query.Status, error) {
 	var (
 		st  *query.Status
 		err error
@@ -108,12 +108,12 @@ func (l *Layer) lookupStatus(ctx context.Context, principal string, in StatusInp
 		if err := callkey.Validate(in.Key); err != nil {
 			return nil, fmt.Errorf("%s: %w", StatusToolName, err)
 		}
-		st, err = query.LookupSealed(ctx, l.db, l.opts.Sealer, principal, in.Key, l.now())
+		st, err = query.LookupSealed(ctx, l.db, l.opts.Keys, principal, in.Key, l.now())
 	case in.Key == "" && in.Tool != "":
 		if _, err := callkey.Canonical(in.Arguments); err != nil {
 			return nil, fmt.Errorf("%s: %w", StatusToolName, err)
 		}
-		st, err = query.LookupArgsSealed(ctx, l.db, l.opts.Sealer, principal, in.Tool, in.Arguments, l.now())
+		st, err = query.LookupArgsSealed(ctx, l.db, l.opts.Keys, principal, in.Tool, in.Arguments, l.now())
 	default:
 		return nil, fmt.Errorf("%s: give either key, or tool with arguments", StatusToolName)
 	}
@@ -157,7 +157,7 @@ func statusSchemas() (in, out *jsonschema.Schema) {
 	opts := &jsonschema.ForOptions{TypeSchemas: map[reflect.Type]*jsonschema.Schema{
 		reflect.TypeFor[json.RawMessage](): {Type: "object"},
 	}}
-	in, err := jsonschema.For[StatusInput](opts)
+	in, err := jsonschema.For[statusInput](opts)
 	if err != nil {
 		panic(fmt.Sprintf("status tool input schema: %v", err))
 	}

@@ -20,7 +20,7 @@ import (
 // `mcp-outbox status`, which read the database and show it as stored.
 
 // clientNotes are last_error texts the layer writes itself, with no host,
-// address or foreign text in them: the operators' actions (outbox/admin)
+// address or foreign text in them: the operators' actions (internal/admin)
 // and the dispatcher's reclaim of an interrupted attempt (outbox/dispatch).
 // Passed on as they are.
 var clientNotes = map[string]bool{

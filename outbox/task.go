@@ -12,6 +12,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/defaults"
 	"github.com/mcp-outbox/mcp-outbox/internal/paramskey"
 )
 
@@ -59,26 +60,13 @@ const (
 
 func (m TaskMode) valid() bool { return m >= TasksNever && m <= TasksIfSlow }
 
-// Defaults for [TaskOptions] fields left at zero.
-const (
-	// DefaultTaskAfter is how long a TasksIfSlow call may take and still
-	// get a plain answer.
-	DefaultTaskAfter = time.Second
-	// DefaultTaskPollInterval is the pollIntervalMs told to clients.
-	DefaultTaskPollInterval = 500 * time.Millisecond
-	// MinTaskTTL is the shortest ttl a client's request gets (2025-11-25
-	// params.task.ttl): a task kept for less could be gone before its
-	// client read its result.
-	MinTaskTTL = time.Minute
-)
-
 // grantTTL is the ttl a task gets when its client asked for asked: at
 // most ceiling, the retention the task has without asking (a task outlives
 // neither its tool's TTL nor the key that finds it again), at least
-// MinTaskTTL (or ceiling, if shorter). Asking shortens how long the call's
+// 1 minute (or ceiling, if shorter). Asking shortens how long the call's
 // record is kept, its key with it: after the ttl a retry runs it again.
 func grantTTL(asked, ceiling time.Duration) time.Duration {
-	return min(ceiling, max(asked, min(MinTaskTTL, ceiling)))
+	return min(ceiling, max(asked, min(defaults.MinTaskTTL, ceiling)))
 }
 
 // TaskOptions configure the tasks of one tool ([ToolOptions.Tasks]).
@@ -86,10 +74,10 @@ type TaskOptions struct {
 	// Mode says when a call becomes a task; the zero value is TasksNever.
 	Mode TaskMode
 	// After is how long a TasksIfSlow call waits for a plain answer; zero
-	// means DefaultTaskAfter.
+	// means 1 s.
 	After time.Duration
 	// PollInterval is the pollIntervalMs told to clients; zero means
-	// DefaultTaskPollInterval.
+	// 500 ms.
 	PollInterval time.Duration
 	// TTL is the ttlMs told to clients: how long a finished task is kept,
 	// and the call's record with it. Zero means the call's key retention
@@ -97,7 +85,7 @@ type TaskOptions struct {
 	// the fingerprint window for a call made without one), so a task lives
 	// exactly as long as the key that finds it again.
 	// A client of the 2025-11-25 generation may ask for a shorter ttl
-	// (params.task.ttl): it gets it, though never less than MinTaskTTL,
+	// (params.task.ttl): it gets it, though never less than 1 minute,
 	// and the answered ttl says what it got. The 2026-07-28 extension
 	// lets a client ask for none.
 	TTL time.Duration
@@ -105,10 +93,10 @@ type TaskOptions struct {
 
 func (o TaskOptions) withDefaults() TaskOptions {
 	if o.After <= 0 {
-		o.After = DefaultTaskAfter
+		o.After = defaults.TaskAfter
 	}
 	if o.PollInterval <= 0 {
-		o.PollInterval = DefaultTaskPollInterval
+		o.PollInterval = defaults.TaskPollInterval
 	}
 	return o
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/defaults"
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 )
@@ -520,7 +521,7 @@ func TestTask2025_BothGenerationsOneServer(t *testing.T) {
 }
 
 // TestTask2025_TTL: a requested params.task.ttl is granted within
-// [MinTaskTTL, the task's retention without one], the answer says what was
+// [1 minute, the task's retention without one], the answer says what was
 // granted, and the call's row (its key with it) expires by it.
 func TestTask2025_TTL(t *testing.T) {
 	t.Parallel()
@@ -532,10 +533,10 @@ func TestTask2025_TTL(t *testing.T) {
 		want  time.Duration
 	}{
 		{90_000, 90 * time.Second},
-		{1, outbox.MinTaskTTL},
-		{(10 * outbox.DefaultKeyRetention).Milliseconds(), outbox.DefaultKeyRetention},
-		{nil, outbox.DefaultKeyRetention}, // params.task without a ttl
-		{"soon", outbox.DefaultKeyRetention},
+		{1, defaults.MinTaskTTL},
+		{(10 * defaults.KeyRetention).Milliseconds(), defaults.KeyRetention},
+		{nil, defaults.KeyRetention}, // params.task without a ttl
+		{"soon", defaults.KeyRetention},
 	} {
 		key := fmt.Sprintf("t25-ttl-%d", i)
 		params := map[string]any{"name": "charge", "arguments": map[string]any{"amount": 100 + i},

@@ -136,7 +136,7 @@ func (l *Layer) getTask(ctx context.Context, principal, id string, withResult bo
 		return nil, fmt.Errorf("read task: %w", err)
 	}
 	if result.Valid {
-		plain, err := l.opts.Sealer.OpenString(ctx, l.db.Read, callRef(callID, "result", principal), result.String)
+		plain, err := l.sealer.OpenString(ctx, l.db.Read, callRef(callID, "result", principal), result.String)
 		if err != nil {
 			// Erased, tampered or under a missing key: the task's result
 			// says so; the task is never run again.

@@ -155,7 +155,7 @@ func (a *attempt) writeTask(u *unit, existing string) error {
 		return nil
 	}
 	ttl := a.retention().Milliseconds()
-	params, err := a.layer.opts.Sealer.SealString(context.Background(), u.querier(), callRef(a.callID, "task_params", a.id.principal), a.task.params)
+	params, err := a.layer.sealer.SealString(context.Background(), u.querier(), callRef(a.callID, "task_params", a.id.principal), a.task.params)
 	if err != nil {
 		return fmt.Errorf("seal task params: %w", err)
 	}
@@ -238,7 +238,7 @@ func (a *attempt) endTask(ctx context.Context, u *unit) error {
 		asked = 1
 	}
 	cancelled, _ := encodeResult(toolError(codeNotRecorded, "the task was cancelled before its commit; nothing of it was kept."))
-	cancelled, err := a.layer.opts.Sealer.SealString(context.Background(), u.querier(), callRef(a.callID, "result", a.id.principal), cancelled)
+	cancelled, err := a.layer.sealer.SealString(context.Background(), u.querier(), callRef(a.callID, "result", a.id.principal), cancelled)
 	if err != nil {
 		return err
 	}
@@ -278,7 +278,7 @@ func (a *attempt) endTask(ctx context.Context, u *unit) error {
 		msg = fmt.Sprintf("%v\n\n(Nothing of this task was kept. Call id %s.)", a.handlerErr, a.uid)
 	}
 	failed, _ := encodeResult(toolError(codeNotRecorded, "%s", msg))
-	if failed, err = a.layer.opts.Sealer.SealString(context.Background(), u.querier(), callRef(a.callID, "result", a.id.principal), failed); err != nil {
+	if failed, err = a.layer.sealer.SealString(context.Background(), u.querier(), callRef(a.callID, "result", a.id.principal), failed); err != nil {
 		return err
 	}
 	_, err = u.exec(endTaskFailed, code, failed, now, expires, a.callID, a.owner)

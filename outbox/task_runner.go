@@ -11,10 +11,6 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 )
 
-// DefaultTaskScanInterval is how often a started layer looks for tasks
-// whose owner is gone, beside the scan at Start.
-const DefaultTaskScanInterval = 10 * time.Second
-
 const selectOrphanTasks = `
 SELECT id, principal, key, key_source, tool, args_hash, owner, lease_until, task_id, coalesce(task_params, ''), task_cancel
 FROM calls WHERE state = 'in_flight' AND task_id IS NOT NULL`
@@ -100,7 +96,7 @@ func (l *Layer) recoverTask(ctx context.Context, o orphanTask) {
 		}
 		return
 	}
-	params, err := l.opts.Sealer.OpenString(ctx, l.db.Read, callRef(o.id, "task_params", o.principal), o.params)
+	params, err := l.sealer.OpenString(ctx, l.db.Read, callRef(o.id, "task_params", o.principal), o.params)
 	if err != nil {
 		l.logger.ErrorContext(ctx, "task's stored params cannot be opened; left in flight", "tool", o.tool, "error", err)
 		return

@@ -19,6 +19,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/auth"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/defaults"
 	"github.com/mcp-outbox/mcp-outbox/internal/faultdb"
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
 	"github.com/mcp-outbox/mcp-outbox/internal/outboxtest"
@@ -276,7 +277,7 @@ func TestTask_CreatedDurablyThenCompletes(t *testing.T) {
 			t.Errorf("CreateTaskResult lacks %s: %v", f, created)
 		}
 	}
-	if created["pollIntervalMs"] != float64(20) || created["ttlMs"] != float64(outbox.DefaultKeyRetention.Milliseconds()) {
+	if created["pollIntervalMs"] != float64(20) || created["ttlMs"] != float64(defaults.KeyRetention.Milliseconds()) {
 		t.Errorf("pollIntervalMs, ttlMs = %v, %v", created["pollIntervalMs"], created["ttlMs"])
 	}
 	g.waitReached(t)

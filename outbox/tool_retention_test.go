@@ -9,10 +9,11 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/admin"
+	"github.com/mcp-outbox/mcp-outbox/internal/defaults"
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
 	"github.com/mcp-outbox/mcp-outbox/internal/outboxtest"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
-	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
 	"github.com/mcp-outbox/mcp-outbox/query"
 )
 
@@ -85,7 +86,7 @@ func TestToolRetention(t *testing.T) {
 
 	t.Run("StatusSaysWhenTheKeyExpires", func(t *testing.T) {
 		for key, want := range map[string]time.Time{
-			"s-1": start.Add(time.Hour), "k-1": start.Add(time.Hour), "l-1": start.Add(outbox.DefaultKeyRetention),
+			"s-1": start.Add(time.Hour), "k-1": start.Add(time.Hour), "l-1": start.Add(defaults.KeyRetention),
 		} {
 			st := status(t, cs, map[string]any{"key": key})
 			if st.ExpiresAt == nil || !st.ExpiresAt.Equal(want) {
@@ -132,7 +133,7 @@ func TestToolRetention(t *testing.T) {
 		t.Errorf("calls after the purge at 2h01m: %s, want %s", got, want)
 	}
 
-	clk.Add(outbox.DefaultCallRetention) // a day later
+	clk.Add(defaults.CallRetention) // a day later
 	purge(outbox.Retention{})
 	if got, want := keysOf(t, db, keys), "[]"; got != want {
 		t.Errorf("calls after the purge a day later: %s, want %s", got, want)

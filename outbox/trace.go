@@ -60,10 +60,6 @@ const (
 // propagator is shared with the dispatcher: see otelattr.Propagator.
 var propagator = otelattr.Propagator
 
-// Propagator is the propagator the layer, the dispatcher and the proxy use:
-// W3C Trace Context and Baggage.
-func Propagator() propagation.TextMapPropagator { return propagator }
-
 // MetaCarrier carries trace context in a request's params._meta, where
 // SEP-414 puts traceparent, tracestate and baggage, unprefixed. Values that
 // are not strings read as absent.

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
-	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
+	"github.com/mcp-outbox/mcp-outbox/internal/sealing"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -625,7 +625,7 @@ func (a *attempt) Enqueue(ctx context.Context, e Effect) (key string, err error)
 	now := a.layer.nowMS()
 	// Sealed here, on both stores: a deferred effect (PostgreSQL) is
 	// written by the outcome's statement as it stands now.
-	headers, body, err := sealEffect(func(ref seal.Ref, v []byte) ([]byte, error) { return a.seal(a.tx, ref, v) },
+	headers, body, err := sealEffect(func(ref sealing.Ref, v []byte) ([]byte, error) { return a.seal(a.tx, ref, v) },
 		key, a.id.principal, headers, e.Body)
 	if err != nil {
 		a.effects--

@@ -13,13 +13,13 @@ package query
 import (
 	"context"
 	"database/sql"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
+	"github.com/mcp-outbox/mcp-outbox/internal/sealing"
 	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -111,9 +111,11 @@ func Lookup(ctx context.Context, db *schema.DB, principal, key string, now time.
 	return LookupSealed(ctx, db, nil, principal, key, now)
 }
 
-// LookupSealed is Lookup on a database whose results s sealed (nil: no
-// key file); a result s cannot open is left out and the message says why.
-func LookupSealed(ctx context.Context, db *schema.DB, s *seal.Sealer, principal, key string, now time.Time) (*Status, error) {
+// LookupSealed is Lookup on a database whose results were sealed under
+// keys (nil: no key file); a result keys cannot open is left out and the
+// message says why.
+func LookupSealed(ctx context.Context, db *schema.DB, keys seal.KeyRing, principal, key string, now time.Time) (*Status, error) {
+	s := sealing.Of(keys)
 	if err := callkey.Validate(key); err != nil {
 		return nil, err
 	}
@@ -152,9 +154,9 @@ func LookupSealed(ctx context.Context, db *schema.DB, s *seal.Sealer, principal,
 	st.ExpiresAt = ms(expires)
 	var unreadable error
 	if result.Valid {
-		plain, err := s.OpenString(ctx, db.Read, seal.Ref{Row: fmt.Sprint(id), Column: "result", Principal: principal}, result.String)
+		plain, err := s.OpenString(ctx, db.Read, sealing.Ref{Row: fmt.Sprint(id), Column: "result", Principal: principal}, result.String)
 		switch {
-		case errors.Is(err, seal.ErrErased):
+		case errors.Is(err, sealing.ErrErased):
 			erased.Valid = true
 		case err != nil:
 			unreadable = err
@@ -182,10 +184,10 @@ func LookupArgs(ctx context.Context, db *schema.DB, principal, tool string, args
 	return LookupArgsSealed(ctx, db, nil, principal, tool, args, now)
 }
 
-// LookupArgsSealed is LookupArgs with s's keyed fingerprints and sealed
-// results (see [LookupSealed]); it loads s's hash key (seal.Sealer.LoadHashKey)
-// if the database has one and s has not loaded it.
-func LookupArgsSealed(ctx context.Context, db *schema.DB, s *seal.Sealer, principal, tool string, args json.RawMessage, now time.Time) (*Status, error) {
+// LookupArgsSealed is LookupArgs with keys' keyed fingerprints and sealed
+// results (see [LookupSealed]).
+func LookupArgsSealed(ctx context.Context, db *schema.DB, keys seal.KeyRing, principal, tool string, args json.RawMessage, now time.Time) (*Status, error) {
+	s := sealing.Of(keys)
 	canonical, err := callkey.Canonical(args)
 	if err != nil {
 		return nil, err
@@ -193,10 +195,10 @@ func LookupArgsSealed(ctx context.Context, db *schema.DB, s *seal.Sealer, princi
 	if err := loadHashKey(ctx, db, s); err != nil {
 		return nil, err
 	}
-	st, err := LookupSealed(ctx, db, s, principal, Fingerprint(s, principal, tool, canonical), now)
+	st, err := LookupSealed(ctx, db, keys, principal, callkey.SealedFingerprint(s, principal, tool, canonical), now)
 	if err == nil && st.State == NotFound && s.Keyed() {
 		// Made before encryption was turned on: under its plain fingerprint.
-		st, err = LookupSealed(ctx, db, s, principal, callkey.Fingerprint(principal, tool, canonical), now)
+		st, err = LookupSealed(ctx, db, keys, principal, callkey.Fingerprint(principal, tool, canonical), now)
 	}
 	if err == nil && st.State == NotFound {
 		// The client sent no key: speak of what it sent.
@@ -336,11 +338,11 @@ var ErrKeyedFingerprints = errors.New("the calls of this database are fingerprin
 	"(it is used with encryption on): look them up with LookupArgsSealed and a Sealer of that key file")
 
 // loadHashKey loads s's hash key from db when db has one: a Sealer made for
-// reads alone (seal.New, without the layer, which loads it in outbox.New)
+// reads alone (sealing.New, without the layer, which loads it in outbox.New)
 // would otherwise compute plain fingerprints, find nothing, and tell the
 // client that a call which is recorded would run. It only reads: a database
 // without a hash key has no keyed fingerprints to find.
-func loadHashKey(ctx context.Context, db *schema.DB, s *seal.Sealer) error {
+func loadHashKey(ctx context.Context, db *schema.DB, s *sealing.Sealer) error {
 	if s.Keyed() {
 		return nil
 	}
@@ -359,25 +361,4 @@ func loadHashKey(ctx context.Context, db *schema.DB, s *seal.Sealer) error {
 		return fmt.Errorf("fingerprints of this database are keyed: %w", err)
 	}
 	return nil
-}
-
-// Fingerprint is the key of a call made without one: keyed with s's hash
-// key when it has one ('fk_'), so that the key of a likely call cannot be
-// computed by whoever reads the table; callkey's plain SHA-256 otherwise,
-// also when s has not loaded the hash key (seal.Sealer.LoadHashKey), which
-// would not find a call the layer recorded with one.
-func Fingerprint(s *seal.Sealer, principal, tool string, canonical []byte) string {
-	if h := s.Hash([]byte("fingerprint"), []byte(principal), []byte(tool), canonical); h != nil {
-		return "fk_" + hex.EncodeToString(h)
-	}
-	return callkey.Fingerprint(principal, tool, canonical)
-}
-
-// ArgsHash is a call's args_hash: keyed with s's hash key when it has one
-// (seal.HashPrefix), callkey's plain SHA-256 otherwise.
-func ArgsHash(s *seal.Sealer, canonical []byte) string {
-	if h := s.Hash([]byte("args"), canonical); h != nil {
-		return seal.HashPrefix + hex.EncodeToString(h)
-	}
-	return callkey.ArgsHash(canonical)
 }

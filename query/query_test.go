@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/opsquery"
 	"github.com/mcp-outbox/mcp-outbox/internal/pgtest"
 	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
@@ -110,16 +111,16 @@ func testReads(t *testing.T, db *schema.DB) {
 	})
 	t.Run("ListEffects", func(t *testing.T) {
 		for _, tc := range []struct {
-			f    query.EffectFilter
+			f    opsquery.EffectFilter
 			want []int64
 		}{
-			{query.EffectFilter{}, []int64{bigID, 12, 11, 10}},
-			{query.EffectFilter{State: "dead"}, []int64{12}},
-			{query.EffectFilter{Destination: "other"}, []int64{bigID}},
-			{query.EffectFilter{ID: bigID}, []int64{bigID}},
-			{query.EffectFilter{Destination: "payments", Limit: 2}, []int64{12, 11}},
+			{opsquery.EffectFilter{}, []int64{bigID, 12, 11, 10}},
+			{opsquery.EffectFilter{State: "dead"}, []int64{12}},
+			{opsquery.EffectFilter{Destination: "other"}, []int64{bigID}},
+			{opsquery.EffectFilter{ID: bigID}, []int64{bigID}},
+			{opsquery.EffectFilter{Destination: "payments", Limit: 2}, []int64{12, 11}},
 		} {
-			rows, err := query.ListEffects(ctx, db, tc.f)
+			rows, err := opsquery.ListEffects(ctx, db, tc.f)
 			if err != nil {
 				t.Fatalf("%+v: %v", tc.f, err)
 			}
@@ -133,47 +134,47 @@ func testReads(t *testing.T, db *schema.DB) {
 		}
 	})
 	t.Run("Counts", func(t *testing.T) {
-		c, err := query.CountEffects(ctx, db)
+		c, err := opsquery.CountEffects(ctx, db)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := (query.Counts{Pending: 1, Delivered: 1, Dead: 1, Unknown: 1}); c != want {
+		if want := (opsquery.Counts{Pending: 1, Delivered: 1, Dead: 1, Unknown: 1}); c != want {
 			t.Errorf("counts %+v, want %+v", c, want)
 		}
-		by, err := query.CountEffectsByDestination(ctx, db)
+		by, err := opsquery.CountEffectsByDestination(ctx, db)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if len(by) != 2 || by[0].Destination != "other" || by[0].Unknown != 1 || by[1].Destination != "payments" || by[1].Total() != 3 {
 			t.Errorf("by destination: %+v", by)
 		}
-		if n, err := query.CountUnknownCalls(ctx, db); err != nil || n != 1 {
+		if n, err := opsquery.CountUnknownCalls(ctx, db); err != nil || n != 1 {
 			t.Errorf("unknown calls: %d, %v", n, err)
 		}
 	})
 	t.Run("Lists", func(t *testing.T) {
-		stuck, err := query.ListStuckEffects(ctx, db, 10)
+		stuck, err := opsquery.ListStuckEffects(ctx, db, 10)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if len(stuck) != 2 || stuck[0].ID != bigID || stuck[1].ID != 12 || stuck[1].Principal != "p" || stuck[1].CallKey != "k1" {
 			t.Errorf("stuck effects: %+v", stuck)
 		}
-		calls, err := query.RecentCalls(ctx, db, 10)
+		calls, err := opsquery.RecentCalls(ctx, db, 10)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if len(calls) != 2 || calls[1].Key != "k1" || calls[1].Effects != 3 || calls[1].Delivered != 1 || calls[1].CompletedAt == nil {
 			t.Errorf("recent calls: %+v", calls)
 		}
-		unknown, err := query.ListUnknownCalls(ctx, db, 10)
+		unknown, err := opsquery.ListUnknownCalls(ctx, db, 10)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if len(unknown) != 1 || unknown[0].Key != "lost" || unknown[0].CallID != "call_2" {
 			t.Errorf("unknown calls: %+v", unknown)
 		}
-		ids, err := query.EffectIDs(ctx, db, uid)
+		ids, err := opsquery.EffectIDs(ctx, db, uid)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -182,7 +183,7 @@ func testReads(t *testing.T, db *schema.DB) {
 		}
 	})
 	t.Run("DeliveryHistory", func(t *testing.T) {
-		h, err := query.DeliveryHistory(ctx, db, now, time.Minute, 5)
+		h, err := opsquery.DeliveryHistory(ctx, db, now, time.Minute, 5)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -19,8 +19,8 @@ import (
 )
 
 // TestQuery_LookupArgsSealed_FreshSealer: a program that looks up a keyless
-// call of an encrypted database with a Sealer of its own (seal.New, as a
-// status endpoint beside the server would) finds it, and one without a
+// call of an encrypted database with a key ring of its own (as a status
+// endpoint beside the server would) finds it, and one without a
 // Sealer is told to use one. Both used to answer not_found ("making the
 // call would run it") about a call that is recorded and would replay: the
 // fingerprint was computed plain, since nothing had loaded the hash key.
@@ -36,14 +36,14 @@ func TestQuery_LookupArgsSealed_FreshSealer(t *testing.T) {
 	if err := os.WriteFile(keyFile, []byte("k1:"+base64.StdEncoding.EncodeToString(k)+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	sealer := func() *seal.Sealer {
+	sealer := func() seal.KeyRing {
 		ring, err := seal.LoadKeyFile(keyFile)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return seal.New(ring)
+		return ring
 	}
-	layer, err := outbox.New(db, &outbox.Options{Sealer: sealer()})
+	layer, err := outbox.New(db, &outbox.Options{Keys: sealer()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,8 +19,8 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/tokens"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
-	"github.com/mcp-outbox/mcp-outbox/outbox/bearer"
 )
 
 func sha256Hex(s string) string {
@@ -396,7 +396,7 @@ func TestTokenCommands(t *testing.T) {
 	}
 	// Strong ones, 'token new's and openssl's, never warn.
 	for range 200 {
-		tok, err := bearer.NewToken()
+		tok, err := tokens.NewToken()
 		if err != nil {
 			t.Fatal(err)
 		}

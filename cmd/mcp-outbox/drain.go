@@ -9,10 +9,10 @@ import (
 	"os"
 	"time"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/opsquery"
+	"github.com/mcp-outbox/mcp-outbox/internal/sealing"
 	"github.com/mcp-outbox/mcp-outbox/outbox/destconfig"
 	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
-	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
-	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -61,7 +61,7 @@ func runDrain(ctx context.Context, env *environment, args []string) error {
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	sealer, err := loadSealer(keyFile)
+	keys, err := loadKeys(keyFile)
 	if err != nil {
 		return err
 	}
@@ -105,19 +105,19 @@ func runDrain(ctx context.Context, env *environment, args []string) error {
 	// Without the key file every sealed effect would be claimed, fail to
 	// open, and be put back an attempt poorer and a minute later, until
 	// --timeout; refuse before touching one.
-	if err := seal.RequireKeyFile(dctx, d.Read, sealer); err != nil {
-		if errors.Is(err, seal.ErrKeyRequired) {
+	if err := sealing.RequireKeyFile(dctx, d.Read, sealing.Of(keys)); err != nil {
+		if errors.Is(err, sealing.ErrKeyRequired) {
 			return usageError{err}
 		}
 		return err
 	}
-	disp, err := dispatch.New(d, &dispatch.Options{Destinations: destinations, Logger: logger, TracerProvider: tp, Sealer: sealer})
+	disp, err := dispatch.New(d, &dispatch.Options{Destinations: destinations, Logger: logger, TracerProvider: tp, Keys: keys})
 	if err != nil {
 		return usageError{err}
 	}
 
 	progress := newProgress(env.stderr)
-	var show func(query.Counts) // only a terminal gets progress: counting costs
+	var show func(opsquery.Counts) // only a terminal gets progress: counting costs
 	if progress.tty {
 		show = progress.show
 	}
@@ -142,10 +142,10 @@ func runDrain(ctx context.Context, env *environment, args []string) error {
 	return nil
 }
 
-func printDrainSummary(w io.Writer, c query.Counts, took time.Duration, asJSON bool) error {
+func printDrainSummary(w io.Writer, c opsquery.Counts, took time.Duration, asJSON bool) error {
 	if asJSON {
 		return json.NewEncoder(w).Encode(struct {
-			query.Counts
+			opsquery.Counts
 			Seconds float64 `json:"seconds"`
 		}{c, took.Seconds()})
 	}
@@ -176,7 +176,7 @@ func newProgress(w io.Writer) *progress {
 }
 
 // show rewrites the line; Drain calls it at most every 100 ms.
-func (p *progress) show(c query.Counts) {
+func (p *progress) show(c opsquery.Counts) {
 	p.last = time.Now()
 	fmt.Fprintf(p.w, "\rdelivered %d, pending %d, in flight %d, dead %d, unknown %d   ", c.Delivered, c.Pending, c.InFlight, c.Dead, c.Unknown)
 }

@@ -8,9 +8,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/admin"
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
-	"github.com/mcp-outbox/mcp-outbox/outbox"
-	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
+	"github.com/mcp-outbox/mcp-outbox/internal/reencrypt"
+	"github.com/mcp-outbox/mcp-outbox/internal/sealing"
 	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -22,8 +23,10 @@ func keyFileFlag(env *environment, fs *flag.FlagSet, p *string) {
 			"(ID:BASE64(32 bytes) a line; the first encrypts, all decrypt; mode 600); see 'Data protection' in the README [MCP_OUTBOX_ENCRYPTION_KEY_FILE]")
 }
 
-// loadSealer is the Sealer of --encryption-key-file; nil when not given.
-func loadSealer(path string) (*seal.Sealer, error) {
+// loadKeys is the key ring of --encryption-key-file; nil when not given.
+// The nil is the interface's own: a nil *seal.FileKeyRing in a KeyRing
+// would read as encryption on.
+func loadKeys(path string) (seal.KeyRing, error) {
 	if path == "" {
 		return nil, nil
 	}
@@ -31,7 +34,7 @@ func loadSealer(path string) (*seal.Sealer, error) {
 	if err != nil {
 		return nil, usagef("--encryption-key-file: %v", err)
 	}
-	return seal.New(ring), nil
+	return ring, nil
 }
 
 func runOutboxForget(ctx context.Context, env *environment, s outboxSub, args []string) error {
@@ -87,15 +90,15 @@ func runOutboxForget(ctx context.Context, env *environment, s outboxSub, args []
 }
 
 func runOutboxReencrypt(ctx context.Context, env *environment, s outboxSub, args []string) error {
-	return runRewrite(ctx, env, s, args, outbox.Reencrypt)
+	return runRewrite(ctx, env, s, args, reencrypt.Seal)
 }
 
 func runOutboxDecrypt(ctx context.Context, env *environment, s outboxSub, args []string) error {
-	return runRewrite(ctx, env, s, args, outbox.Decrypt)
+	return runRewrite(ctx, env, s, args, reencrypt.Decrypt)
 }
 
 func runRewrite(ctx context.Context, env *environment, s outboxSub, args []string,
-	rewrite func(context.Context, *schema.DB, *seal.Sealer, *outbox.ReencryptOptions) (*outbox.Reencrypted, error)) error {
+	rewrite func(context.Context, *schema.DB, *sealing.Sealer, *reencrypt.Options) (*reencrypt.Counts, error)) error {
 	fs, dbPath := subFlags(env, s)
 	var keyFile string
 	keyFileFlag(env, fs, &keyFile)
@@ -110,7 +113,7 @@ func runRewrite(ctx context.Context, env *environment, s outboxSub, args []strin
 	if keyFile == "" {
 		return usagef("%s: give --encryption-key-file (or MCP_OUTBOX_ENCRYPTION_KEY_FILE)", s.name)
 	}
-	sealer, err := loadSealer(keyFile)
+	keys, err := loadKeys(keyFile)
 	if err != nil {
 		return err
 	}
@@ -120,11 +123,11 @@ func runRewrite(ctx context.Context, env *environment, s outboxSub, args []strin
 	}
 	defer db.Close()
 	if s.name == "reencrypt" {
-		if err := checkRotation(ctx, db, sealer); err != nil {
+		if err := checkRotation(ctx, db, keys); err != nil {
 			return err
 		}
 	}
-	r, err := rewrite(ctx, db, sealer, &outbox.ReencryptOptions{Batch: *batch, Progress: env.stderr})
+	r, err := rewrite(ctx, db, sealing.Of(keys), &reencrypt.Options{Batch: *batch, Progress: env.stderr})
 	if r != nil {
 		fmt.Fprintf(env.stdout, "%s: %d data keys rewrapped, %d calls and %d effects rewritten, %d values unreadable\n",
 			s.name, r.DataKeys, r.Calls, r.Effects, r.Unreadable)
@@ -142,14 +145,14 @@ func runRewrite(ctx context.Context, env *environment, s outboxSub, args []strin
 // 0 let it go on. The same state follows a finished rotation run again
 // with the old key still in the file; that refusal costs a rerun, the
 // other a database, and the message covers both.
-func checkRotation(ctx context.Context, db *schema.DB, sealer *seal.Sealer) error {
-	fr, ok := sealer.Ring().(*seal.FileKeyRing)
+func checkRotation(ctx context.Context, db *schema.DB, keys seal.KeyRing) error {
+	fr, ok := keys.(*seal.FileKeyRing)
 	if !ok || len(fr.IDs()) < 2 {
 		return nil
 	}
 	// Without a ring, MissingKeys lists every key id that wraps a live
 	// data key.
-	inUse, err := seal.MissingKeys(ctx, db.Read, nil)
+	inUse, err := sealing.MissingKeys(ctx, db.Read, nil)
 	if err != nil || len(inUse) == 0 {
 		return err
 	}

@@ -16,7 +16,6 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/internal/origin"
 	"github.com/mcp-outbox/mcp-outbox/outbox/bearer"
 	"github.com/mcp-outbox/mcp-outbox/outbox/mcphttp"
-	"github.com/mcp-outbox/mcp-outbox/outbox/oauth"
 	"github.com/mcp-outbox/mcp-outbox/outbox/operator"
 )
 
@@ -47,7 +46,7 @@ func newRouter(ctx context.Context, a *app, logger *slog.Logger) (http.Handler, 
 		}
 	} else if v := a.auth.verifier(); v.Enabled() {
 		// Verifier.Require, with the refused tokens' count in our log.
-		r.Handle("/mcp", ahead(bearer.Require(v.Verify, &bearer.RequireOptions{Realm: bearer.Realm, Logger: logger})(mcpH)))
+		r.Handle("/mcp", ahead(bearer.Require(v.Verify, &bearer.RequireOptions{Realm: "mcp-outbox", Logger: logger})(mcpH)))
 	} else {
 		r.Handle("/mcp", mcpH)
 	}
@@ -58,7 +57,7 @@ func newRouter(ctx context.Context, a *app, logger *slog.Logger) (http.Handler, 
 	}
 	if a.layer != nil {
 		opts.Dispatcher = appDispatcher{a}
-		opts.Sealer = a.layer.Sealer()
+		opts.Keys = a.keys
 	}
 	ops, err := operator.NewHandler(ctx, a.db, opts)
 	if err != nil {
@@ -104,6 +103,10 @@ func (d appDispatcher) Destinations() []string {
 	return names
 }
 
+// issuerTimeout bounds serve's first request to the OAuth issuer at start,
+// as the resource server's own client bounds each request.
+const issuerTimeout = 10 * time.Second
+
 // serveHTTP serves the app on early's listener until the ctx early was
 // started with ends, then shuts down gracefully.
 func serveHTTP(ctx context.Context, a *app, early *earlyHTTP, logger *slog.Logger, stderr io.Writer) error {
@@ -127,7 +130,7 @@ func serveHTTP(ctx context.Context, a *app, early *earlyHTTP, logger *slog.Logge
 		mcpAuth = fmt.Sprintf("OAuth access tokens of %s for %s (metadata at %s)", rs.Issuer(), rs.Resource(), rs.MetadataURL())
 		// Not fatal: the issuer may start after us (a sidecar), and
 		// tokens are refused with 503 until it answers.
-		cctx, cancel := context.WithTimeout(ctx, oauth.DefaultHTTPTimeout)
+		cctx, cancel := context.WithTimeout(ctx, issuerTimeout)
 		if err := rs.Check(cctx); err != nil {
 			fmt.Fprintf(stderr, "mcp-outbox: WARNING: cannot read the OAuth issuer's keys yet: %v\n", err)
 		}

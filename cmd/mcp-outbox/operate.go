@@ -12,12 +12,13 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/admin"
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/internal/operate"
+	"github.com/mcp-outbox/mcp-outbox/internal/opsquery"
+	"github.com/mcp-outbox/mcp-outbox/internal/sealing"
 	"github.com/mcp-outbox/mcp-outbox/internal/visible"
-	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
 	"github.com/mcp-outbox/mcp-outbox/outbox/destconfig"
-	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -309,7 +310,7 @@ func runOutboxList(ctx context.Context, env *environment, s outboxSub, args []st
 		return err
 	}
 	defer db.Close()
-	rows, err := query.ListEffects(ctx, db, f)
+	rows, err := opsquery.ListEffects(ctx, db, f)
 	if err != nil {
 		return err
 	}
@@ -543,7 +544,7 @@ func runOutboxCalls(ctx context.Context, env *environment, s outboxSub, args []s
 		return err
 	}
 	defer db.Close()
-	rows, err := query.ListUnknownCalls(ctx, db, *limit)
+	rows, err := opsquery.ListUnknownCalls(ctx, db, *limit)
 	if err != nil {
 		return err
 	}
@@ -590,7 +591,7 @@ func runOutboxResolveCall(ctx context.Context, env *environment, s outboxSub, ar
 	// The note becomes the call's recorded result: on an encrypted
 	// database it is sealed like every other, or refused without the key
 	// file, rather than stored as the one plaintext result.
-	sealer, err := loadSealer(keyFile)
+	keys, err := loadKeys(keyFile)
 	if err != nil {
 		return err
 	}
@@ -599,7 +600,7 @@ func runOutboxResolveCall(ctx context.Context, env *environment, s outboxSub, ar
 		return err
 	}
 	defer db.Close()
-	res, err := operate.ResolveUnknownCall(ctx, db, sealer, ref, *outcome, *note)
+	res, err := operate.ResolveUnknownCall(ctx, db, sealing.Of(keys), ref, *outcome, *note)
 	if err != nil {
 		return cliError(err)
 	}

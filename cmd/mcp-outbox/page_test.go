@@ -25,14 +25,14 @@ import (
 	"github.com/chromedp/chromedp"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/admin"
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/internal/downstream"
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
 	"github.com/mcp-outbox/mcp-outbox/internal/operate"
+	"github.com/mcp-outbox/mcp-outbox/internal/opsquery"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
-	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
 	"github.com/mcp-outbox/mcp-outbox/outbox/operator"
-	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -1055,14 +1055,14 @@ func TestPageDeliveryHistory(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { read.Close() })
-	buckets, err := query.DeliveryHistory(context.Background(), read, end, time.Minute, 60)
+	buckets, err := opsquery.DeliveryHistory(context.Background(), read, end, time.Minute, 60)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(buckets) != 60 || !buckets[0].Start.Equal(end.Add(-time.Hour)) {
 		t.Fatalf("%d buckets from %v, want 60 from %v", len(buckets), buckets[0].Start, end.Add(-time.Hour))
 	}
-	got := map[int]query.Bucket{}
+	got := map[int]opsquery.Bucket{}
 	for i, b := range buckets {
 		if b.Delivered+b.Failed > 0 {
 			got[i] = b
@@ -1078,7 +1078,7 @@ func TestPageDeliveryHistory(t *testing.T) {
 		}
 	}
 	// operator's TestNewChart draws these buckets.
-	if _, err := query.DeliveryHistory(context.Background(), read, end, 0, 60); err == nil {
+	if _, err := opsquery.DeliveryHistory(context.Background(), read, end, 0, 60); err == nil {
 		t.Error("a zero step: no error")
 	}
 }

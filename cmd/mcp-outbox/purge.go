@@ -6,8 +6,9 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/admin"
+	"github.com/mcp-outbox/mcp-outbox/internal/defaults"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
-	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
 )
 
 const purgeUsage = `Usage: mcp-outbox purge [flags]
@@ -40,9 +41,9 @@ func runPurge(ctx context.Context, env *environment, args []string) error {
 	db := fs.String("db", env.envDefault("MCP_OUTBOX_DB", "./mcp-outbox.db"), "the database: an SQLite `file`, or a postgres:// URL [MCP_OUTBOX_DB]")
 	dryRun := fs.Bool("dry-run", false, "count what would be purged, delete nothing")
 	var r outbox.Retention
-	fs.DurationVar(&r.Calls, "calls-ttl", outbox.DefaultCallRetention, "keep calls at least this long after they completed")
-	fs.DurationVar(&r.Delivered, "delivered-ttl", outbox.DefaultDeliveredRetention, "keep delivered effects this long")
-	fs.DurationVar(&r.Cancelled, "cancelled-ttl", outbox.DefaultCancelledRetention, "keep cancelled effects this long")
+	fs.DurationVar(&r.Calls, "calls-ttl", defaults.CallRetention, "keep calls at least this long after they completed")
+	fs.DurationVar(&r.Delivered, "delivered-ttl", defaults.DeliveredRetention, "keep delivered effects this long")
+	fs.DurationVar(&r.Cancelled, "cancelled-ttl", defaults.CancelledRetention, "keep cancelled effects this long")
 	asJSON := fs.Bool("json", false, "print the counts as JSON")
 	if err := parseFlags(fs, args); err != nil {
 		return err

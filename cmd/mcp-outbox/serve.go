@@ -17,15 +17,17 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/defaults"
 	"github.com/mcp-outbox/mcp-outbox/internal/gctune"
 	"github.com/mcp-outbox/mcp-outbox/internal/ledger"
+	"github.com/mcp-outbox/mcp-outbox/internal/opsquery"
 	"github.com/mcp-outbox/mcp-outbox/internal/profenv"
 	"github.com/mcp-outbox/mcp-outbox/internal/testclock"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/outbox/destconfig"
 	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
 	"github.com/mcp-outbox/mcp-outbox/outbox/mcphttp"
-	"github.com/mcp-outbox/mcp-outbox/query"
+	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -115,6 +117,7 @@ type appConfig struct {
 type app struct {
 	db     *schema.DB
 	layer  *outbox.Layer // nil when bare
+	keys   seal.KeyRing  // the layer's, nil without --encryption-key-file
 	server *mcp.Server
 	dests  []dispatch.Destination
 	logger *slog.Logger
@@ -150,7 +153,7 @@ func (cfg *appConfig) flags(env *environment, fs *flag.FlagSet) error {
 	fs.StringVar(&cfg.durability, "durability", env.envDefault("MCP_OUTBOX_DURABILITY", "full"),
 		"full: a commit survives power loss; normal: survives a process crash, not a power loss, ~10x faster commits [MCP_OUTBOX_DURABILITY]")
 	fs.Var((*multiFlag)(&cfg.dests), "dest", "destination `NAME=URL[;SETTING=VALUE...]` for effects, repeatable; see Destinations above [MCP_OUTBOX_DEST_<NAME>=URL]")
-	batchCalls, err := env.envInt("MCP_OUTBOX_BATCH_CALLS", outbox.DefaultMaxBatchCalls)
+	batchCalls, err := env.envInt("MCP_OUTBOX_BATCH_CALLS", defaults.MaxBatchCalls)
 	if err != nil {
 		return err
 	}
@@ -163,17 +166,17 @@ func (cfg *appConfig) flags(env *environment, fs *flag.FlagSet) error {
 		def       time.Duration
 		usage     string
 	}{
-		{&cfg.fingerprint, "fingerprint-window", "MCP_OUTBOX_FINGERPRINT_WINDOW", outbox.DefaultFingerprintWindow,
+		{&cfg.fingerprint, "fingerprint-window", "MCP_OUTBOX_FINGERPRINT_WINDOW", defaults.FingerprintWindow,
 			"how long a call without an idempotency key is recognised by its tool and arguments; 0 turns it off"},
-		{&cfg.inFlightWait, "in-flight-wait", "MCP_OUTBOX_IN_FLIGHT_WAIT", outbox.DefaultInFlightWait,
+		{&cfg.inFlightWait, "in-flight-wait", "MCP_OUTBOX_IN_FLIGHT_WAIT", defaults.InFlightWait,
 			"how long a duplicate waits for the original call's outcome before an \"in progress\" error"},
-		{&cfg.lease, "lease", "MCP_OUTBOX_LEASE", outbox.DefaultLease,
+		{&cfg.lease, "lease", "MCP_OUTBOX_LEASE", defaults.Lease,
 			"how long a running call's claim keeps other processes on the same database from taking it over; 0 means the default"},
-		{&cfg.batchWait, "batch-wait", "MCP_OUTBOX_BATCH_WAIT", outbox.DefaultMaxBatchWait,
+		{&cfg.batchWait, "batch-wait", "MCP_OUTBOX_BATCH_WAIT", defaults.MaxBatchWait,
 			"group commit: a batch stops taking calls this long after it began (0 means the default); no call ever waits for others to arrive"},
-		{&cfg.retention.Calls, "calls-ttl", "MCP_OUTBOX_CALLS_TTL", outbox.DefaultCallRetention,
+		{&cfg.retention.Calls, "calls-ttl", "MCP_OUTBOX_CALLS_TTL", defaults.CallRetention,
 			"how long a call's key is remembered (a retry within it replays) and its record kept"},
-		{&cfg.retention.Delivered, "delivered-ttl", "MCP_OUTBOX_DELIVERED_TTL", outbox.DefaultDeliveredRetention,
+		{&cfg.retention.Delivered, "delivered-ttl", "MCP_OUTBOX_DELIVERED_TTL", defaults.DeliveredRetention,
 			"how long delivered effects are kept before the reaper purges them"},
 	} {
 		v, err := env.envDuration(f.env, f.def)
@@ -198,7 +201,7 @@ func (cfg *appConfig) ledgerFlags(env *environment, fs *flag.FlagSet) error {
 	fs.DurationVar(&cfg.demoDelay, "demo-delay", delay, "simulated processing time inside charge, after its write and before its commit, to reproduce client timeouts; on SQLite other writes wait for it [MCP_OUTBOX_DEMO_DELAY]")
 	fs.BoolVar(&cfg.bare, "bare", false, "run the ledger WITHOUT the outbox layer: every retry charges again (for demonstrations)")
 	fs.Var((*multiFlag)(&cfg.tasks), "task", "make calls of a tool MCP tasks: `TOOL=always|required|after:DURATION`, repeatable; see Tasks above [MCP_OUTBOX_TASKS]")
-	fs.DurationVar(&cfg.taskPoll, "task-poll", outbox.DefaultTaskPollInterval, "how often Tasks clients are told to poll a task (pollIntervalMs)")
+	fs.DurationVar(&cfg.taskPoll, "task-poll", defaults.TaskPollInterval, "how often Tasks clients are told to poll a task (pollIntervalMs)")
 	retentionFlag(fs, &cfg.retentions)
 	return nil
 }
@@ -209,7 +212,7 @@ func (cfg *appConfig) keyRetention() time.Duration {
 	if cfg.retention.Calls > 0 {
 		return cfg.retention.Calls
 	}
-	return outbox.DefaultKeyRetention
+	return defaults.KeyRetention
 }
 
 // openStore opens what every server command needs: the database, the
@@ -235,7 +238,7 @@ func openStore(ctx context.Context, env *environment, cfg *appConfig) (*app, err
 	if cfg.batchCalls < 0 {
 		return nil, usagef("--batch-calls %d: must not be negative", cfg.batchCalls)
 	}
-	sealer, err := loadSealer(cfg.keyFile)
+	keys, err := loadKeys(cfg.keyFile)
 	if err != nil {
 		return nil, err
 	}
@@ -249,7 +252,7 @@ func openStore(ctx context.Context, env *environment, cfg *appConfig) (*app, err
 	if err != nil {
 		return nil, err
 	}
-	a := &app{db: db, dests: dests, logger: logger, logSensitive: cfg.logSensitive, retention: cfg.retention,
+	a := &app{db: db, dests: dests, logger: logger, keys: keys, logSensitive: cfg.logSensitive, retention: cfg.retention,
 		stopBound: cfg.shutdownTimeout, inflight: cfg.inflight}
 	a.metricsRegistry = prometheus.NewRegistry()
 	a.metrics = outbox.NewMetrics(a.metricsRegistry)
@@ -267,7 +270,7 @@ func openStore(ctx context.Context, env *environment, cfg *appConfig) (*app, err
 		}
 	}
 	a.layer, err = outbox.New(db, &outbox.Options{Logger: logger, FingerprintWindow: window, InFlightWait: cfg.inFlightWait, Lease: cfg.lease, KeyRetention: cfg.retention.Calls, Metrics: a.metrics, LogSensitive: cfg.logSensitive,
-		MaxBatchCalls: cfg.batchCalls, MaxBatchWait: cfg.batchWait, TracerProvider: a.tracerProvider, Sealer: sealer,
+		MaxBatchCalls: cfg.batchCalls, MaxBatchWait: cfg.batchWait, TracerProvider: a.tracerProvider, Keys: keys,
 		// nil, the layer's clock, except in a failpoints build told to skew it.
 		Now: testclock.Now()})
 	if err != nil {
@@ -507,7 +510,7 @@ func warnUnconfigured(ctx context.Context, a *app) {
 	for _, d := range a.dests {
 		known[d.Name] = true
 	}
-	counts, err := query.CountEffectsByDestination(ctx, a.db)
+	counts, err := opsquery.CountEffectsByDestination(ctx, a.db)
 	if err != nil {
 		return
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
+	"github.com/mcp-outbox/mcp-outbox/internal/sealing"
 	"github.com/mcp-outbox/mcp-outbox/query"
 )
 
@@ -38,7 +39,7 @@ func runStatus(ctx context.Context, env *environment, args []string) error {
 	if err != nil {
 		return err
 	}
-	sealer, err := loadSealer(keyFile)
+	keys, err := loadKeys(keyFile)
 	if err != nil {
 		return err
 	}
@@ -58,7 +59,7 @@ func runStatus(ctx context.Context, env *environment, args []string) error {
 		return err
 	}
 	defer d.Close()
-	if err := sealer.LoadHashKey(ctx, d.Write); err != nil {
+	if err := sealing.Of(keys).LoadHashKey(ctx, d.Write); err != nil {
 		return err
 	}
 	if *principal == "" {
@@ -67,9 +68,9 @@ func runStatus(ctx context.Context, env *environment, args []string) error {
 	*principal = callkey.ParsePrincipal(*principal)
 	var st *query.Status
 	if key != "" {
-		st, err = query.LookupSealed(ctx, d, sealer, *principal, key, time.Now())
+		st, err = query.LookupSealed(ctx, d, keys, *principal, key, time.Now())
 	} else {
-		st, err = query.LookupArgsSealed(ctx, d, sealer, *principal, *tool, json.RawMessage(*argsJSON), time.Now())
+		st, err = query.LookupArgsSealed(ctx, d, keys, *principal, *tool, json.RawMessage(*argsJSON), time.Now())
 	}
 	if err != nil {
 		return err

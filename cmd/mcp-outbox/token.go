@@ -8,6 +8,7 @@ import (
 	"math"
 	"strings"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/tokens"
 	"github.com/mcp-outbox/mcp-outbox/outbox/bearer"
 )
 
@@ -64,10 +65,10 @@ func runToken(_ context.Context, env *environment, args []string) error {
 }
 
 func newToken(env *environment, principal string) error {
-	if !bearer.ValidPrincipal(principal) {
-		return usagef("principal %q: %s", principal, bearer.PrincipalRule)
+	if !tokens.ValidPrincipal(principal) {
+		return usagef("principal %q: %s", principal, tokens.PrincipalRule)
 	}
-	token, err := bearer.NewToken()
+	token, err := tokens.NewToken()
 	if err != nil {
 		return err
 	}

@@ -10,10 +10,11 @@ import (
 	"strings"
 	"unicode"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/admin"
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
+	"github.com/mcp-outbox/mcp-outbox/internal/opsquery"
+	"github.com/mcp-outbox/mcp-outbox/internal/sealing"
 	"github.com/mcp-outbox/mcp-outbox/internal/visible"
-	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
-	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -83,14 +84,14 @@ const (
 )
 
 // ParseEffectFilter validates a listing's filters.
-func ParseEffectFilter(state, dest string, limit int) (query.EffectFilter, error) {
+func ParseEffectFilter(state, dest string, limit int) (opsquery.EffectFilter, error) {
 	if state != "" && !slices.Contains(EffectStateNames(), state) {
-		return query.EffectFilter{}, BadInputf("state %q: want one of %s", state, strings.Join(EffectStateNames(), ", "))
+		return opsquery.EffectFilter{}, BadInputf("state %q: want one of %s", state, strings.Join(EffectStateNames(), ", "))
 	}
 	if limit < 1 || limit > MaxListLimit {
-		return query.EffectFilter{}, BadInputf("limit %d: want 1 to %d", limit, MaxListLimit)
+		return opsquery.EffectFilter{}, BadInputf("limit %d: want 1 to %d", limit, MaxListLimit)
 	}
-	return query.EffectFilter{State: state, Destination: dest, Limit: limit}, nil
+	return opsquery.EffectFilter{State: state, Destination: dest, Limit: limit}, nil
 }
 
 // ParseEffectID reads an effect id from the command line or a URL.
@@ -178,9 +179,9 @@ func FindEffectAction(name string) (EffectAction, bool) {
 
 // ActionResult is what an action did, for the command line and the API.
 type ActionResult struct {
-	Effect        query.EffectRow `json:"effect"`
-	PreviousState string          `json:"previousState"`
-	Warning       string          `json:"warning,omitempty"`
+	Effect        opsquery.EffectRow `json:"effect"`
+	PreviousState string             `json:"previousState"`
+	Warning       string             `json:"warning,omitempty"`
 }
 
 // ApplyEffectAction validates and runs an action on effect id.
@@ -238,8 +239,8 @@ func newStateError(a EffectAction, id int64, state string, sentinel error) error
 }
 
 // ReadEffect reads effect id, ErrNoEffect when there is none.
-func ReadEffect(ctx context.Context, db *schema.DB, id int64) (*query.EffectRow, error) {
-	rows, err := query.ListEffects(ctx, db, query.EffectFilter{ID: id, Limit: 1})
+func ReadEffect(ctx context.Context, db *schema.DB, id int64) (*opsquery.EffectRow, error) {
+	rows, err := opsquery.ListEffects(ctx, db, opsquery.EffectFilter{ID: id, Limit: 1})
 	if err != nil {
 		return nil, fmt.Errorf("read effect %d: %w", id, err)
 	}
@@ -253,18 +254,18 @@ func ReadEffect(ctx context.Context, db *schema.DB, id int64) (*query.EffectRow,
 // the number of calls in state unknown: the other thing that waits for an
 // operator.
 type EffectSummary struct {
-	query.Counts
+	opsquery.Counts
 	Total        int `json:"total"`
 	UnknownCalls int `json:"unknownCalls"`
 }
 
 // SummarizeEffects counts effects by state, and the unknown calls.
 func SummarizeEffects(ctx context.Context, db *schema.DB) (EffectSummary, error) {
-	c, err := query.CountEffects(ctx, db)
+	c, err := opsquery.CountEffects(ctx, db)
 	if err != nil {
 		return EffectSummary{}, err
 	}
-	n, err := query.CountUnknownCalls(ctx, db)
+	n, err := opsquery.CountUnknownCalls(ctx, db)
 	if err != nil {
 		return EffectSummary{}, err
 	}
@@ -344,7 +345,7 @@ func CheckResolveCall(ref CallRef, outcome, note string) error {
 // ResolveUnknownCall validates and settles the unknown call ref names. s
 // is the Sealer of the database's key file, nil for a database without
 // one: the note is recorded as the call's result (admin.ResolveCall).
-func ResolveUnknownCall(ctx context.Context, db *schema.DB, s *seal.Sealer, ref CallRef, outcome, note string) (*CallResolution, error) {
+func ResolveUnknownCall(ctx context.Context, db *schema.DB, s *sealing.Sealer, ref CallRef, outcome, note string) (*CallResolution, error) {
 	if err := CheckResolveCall(ref, outcome, note); err != nil {
 		return nil, err
 	}

@@ -7,8 +7,8 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
-	"github.com/mcp-outbox/mcp-outbox/query"
+	"github.com/mcp-outbox/mcp-outbox/internal/admin"
+	"github.com/mcp-outbox/mcp-outbox/internal/opsquery"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -59,7 +59,7 @@ func checkDestName(what, name string) error {
 // dispatcher on it knew. Sorted, without duplicates.
 func KnownDestinations(ctx context.Context, db *schema.DB, configured []string) ([]string, error) {
 	known := slices.Clone(configured)
-	counts, err := query.CountEffectsByDestination(ctx, db)
+	counts, err := opsquery.CountEffectsByDestination(ctx, db)
 	if err != nil {
 		return nil, err
 	}
@@ -115,7 +115,7 @@ func withPendingNames(ctx context.Context, db *schema.DB, err error) error {
 	if !errors.Is(err, admin.ErrNoPending) {
 		return err
 	}
-	counts, cerr := query.CountEffectsByDestination(ctx, db)
+	counts, cerr := opsquery.CountEffectsByDestination(ctx, db)
 	if cerr != nil {
 		return err
 	}

@@ -6,16 +6,17 @@ import (
 	"time"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/operate"
+	"github.com/mcp-outbox/mcp-outbox/internal/opsquery"
 	"github.com/mcp-outbox/mcp-outbox/query"
 )
 
 // Effects as `mcp-outbox outbox list` prints them; the rows come from
-// query.ListEffects. Text from a destination is printed on one line,
+// opsquery.ListEffects. Text from a destination is printed on one line,
 // without control characters.
 func ExampleWriteEffectTable() {
 	t := time.Date(2026, 7, 28, 9, 30, 0, 0, time.UTC)
 	next := t.Add(time.Minute)
-	rows := []query.EffectRow{
+	rows := []opsquery.EffectRow{
 		{ID: 2, CallKey: "order-7", EffectStatus: query.EffectStatus{Destination: "payments", Method: "POST", Path: "/v1/charges",
 			State: "pending", Attempts: 1, LastStatus: 503, LastError: "upstream\r\nbusy", NextAttemptAt: &next}, UpdatedAt: t},
 		{ID: 1, EffectStatus: query.EffectStatus{Destination: "mailer", Method: "POST", Path: "/send", State: "delivered",
@@ -31,9 +32,9 @@ func ExampleWriteEffectTable() {
 }
 
 // Calls in state unknown as `mcp-outbox outbox calls` prints them; the
-// rows come from query.ListUnknownCalls.
+// rows come from opsquery.ListUnknownCalls.
 func ExampleWriteUnknownCallTable() {
-	rows := []query.UnknownCall{{Principal: "user:alice", Key: "order-7", Tool: "charge", CallID: "c-1f2e",
+	rows := []opsquery.UnknownCall{{Principal: "user:alice", Key: "order-7", Tool: "charge", CallID: "c-1f2e",
 		Attempts: 1, CreatedAt: time.Date(2026, 7, 28, 9, 30, 0, 0, time.UTC)}}
 	if err := operate.WriteUnknownCallTable(os.Stdout, rows); err != nil {
 		log.Fatal(err)

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
-	"github.com/mcp-outbox/mcp-outbox/query"
+	"github.com/mcp-outbox/mcp-outbox/internal/opsquery"
 )
 
 // Tables for a terminal: what the command line prints of the reads the API
@@ -21,7 +21,7 @@ import (
 // request, attempts, last HTTP status, when (the next attempt for pending,
 // the delivery for delivered, the last change otherwise), the call's key
 // and the last error, the long ones shortened.
-func WriteEffectTable(w io.Writer, rows []query.EffectRow) error {
+func WriteEffectTable(w io.Writer, rows []opsquery.EffectRow) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tSTATE\tDEST\tREQUEST\tATTEMPTS\tSTATUS\tWHEN (UTC)\tCALL KEY\tLAST ERROR")
 	for _, r := range rows {
@@ -53,7 +53,7 @@ func WriteEffectTable(w io.Writer, rows []query.EffectRow) error {
 // call id. Keys are shown whole (at most 255 bytes), for resolving the
 // call by its key; Shorten only blanks control characters, which a valid
 // key has none of.
-func WriteUnknownCallTable(w io.Writer, rows []query.UnknownCall) error {
+func WriteUnknownCallTable(w io.Writer, rows []opsquery.UnknownCall) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "PRINCIPAL\tKEY\tTOOL\tATTEMPTS\tCREATED (UTC)\tCALL ID")
 	for _, c := range rows {

@@ -1,5 +1,5 @@
 // Package outboxtest holds the test helpers that the suites of outbox,
-// outbox/dispatch and outbox/admin share: the store a test runs on, a
+// outbox/dispatch and internal/admin share: the store a test runs on, a
 // database with the example ledger's tables, an in-memory client session,
 // and calls of tools and of the status tool. Each suite runs on SQLite by
 // default and on PostgreSQL when MCP_OUTBOX_TEST_STORE=postgres (make test

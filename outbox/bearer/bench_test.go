@@ -5,6 +5,7 @@ import (
 	"net/http/httptest"
 	"testing"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/tokens"
 	"github.com/mcp-outbox/mcp-outbox/outbox/bearer"
 )
 
@@ -12,7 +13,7 @@ import (
 // token's check, and the guess limiter's look (issue 37), in parallel as
 // requests arrive. Compare with BenchmarkRequire/none, the handler alone.
 func BenchmarkRequire(b *testing.B) {
-	token, _ := bearer.NewToken()
+	token, _ := tokens.NewToken()
 	hash, _ := bearer.ParseHash(bearer.Hash(token))
 	next := http.HandlerFunc(func(http.ResponseWriter, *http.Request) {})
 	for _, bc := range []struct {

@@ -7,11 +7,11 @@ import (
 	"math"
 	"net/http"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
 
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/authhdr"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/clientaddr"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/guesslimit"
 )
@@ -45,90 +45,6 @@ func (r Refusal) Error() string { return string(r) }
 
 // Unwrap makes a Refusal an auth.ErrInvalidToken.
 func (r Refusal) Unwrap() error { return auth.ErrInvalidToken }
-
-// Challenge is one WWW-Authenticate: Bearer challenge (RFC 6750 §3).
-type Challenge struct {
-	Realm            string
-	Error            string // invalid_request, invalid_token or insufficient_scope
-	Description      string // error_description: a fixed phrase, see Refusal
-	Scope            []string
-	ResourceMetadata string // RFC 9728 §5.1
-}
-
-// String renders c as the value of a WWW-Authenticate header.
-func (c Challenge) String() string {
-	var params []string
-	add := func(name, v string) {
-		if v != "" {
-			params = append(params, name+"="+quote(v))
-		}
-	}
-	add("realm", c.Realm)
-	add("resource_metadata", c.ResourceMetadata)
-	add("error", c.Error)
-	add("error_description", c.Description)
-	add("scope", strings.Join(c.Scope, " "))
-	if len(params) == 0 {
-		return "Bearer"
-	}
-	return "Bearer " + strings.Join(params, ", ")
-}
-
-// quote makes v a quoted-string. What goes in is configuration or a fixed
-// phrase, but a quote or a control character must still not end the
-// parameter early or split the header.
-func quote(v string) string {
-	var b strings.Builder
-	b.WriteByte('"')
-	for _, r := range v {
-		switch {
-		case r == '"' || r == '\\':
-			b.WriteByte('\\')
-			b.WriteRune(r)
-		case r < 0x20 || r == 0x7f:
-			b.WriteByte(' ')
-		default:
-			b.WriteRune(r)
-		}
-	}
-	b.WriteByte('"')
-	return b.String()
-}
-
-// WriteChallenge answers status with c in WWW-Authenticate and a short
-// plain-text body that repeats only c's fixed phrases.
-func WriteChallenge(w http.ResponseWriter, status int, c Challenge) {
-	w.Header().Set("WWW-Authenticate", c.String())
-	w.Header().Set("Cache-Control", "no-store")
-	msg := c.Description
-	if msg == "" {
-		msg = strings.ReplaceAll(c.Error, "_", " ")
-	}
-	if msg == "" {
-		msg = "authentication required"
-	}
-	http.Error(w, msg, status)
-}
-
-// TokenFromHeader returns the token of an 'Authorization: Bearer TOKEN'
-// header value, parsed exactly as the go-sdk's RequireBearerToken parses
-// it (two fields, scheme in any case), so that a header accepted here is
-// accepted there. present reports whether there was a bearer
-// Authorization header at all.
-//
-// A header of another scheme (Basic, say) counts as absent: RFC 6750 §3.1
-// wants no error code for a client that "attempted using an unsupported
-// authentication method".
-func TokenFromHeader(h string) (token string, present, ok bool) {
-	f := strings.Fields(h)
-	if len(f) == 0 || !strings.EqualFold(f[0], "bearer") {
-		return "", false, false
-	}
-	if len(f) != 2 {
-		return "", true, false
-	}
-	return f[1], true, true
-}
 
 type verifiedKey struct{}
 
@@ -176,7 +92,7 @@ func Require(verify auth.TokenVerifier, opts *RequireOptions) func(http.Handler)
 	}
 	// The MCP spec (2025-11-25) wants the scopes a client needs in the 401
 	// as well, so that its first authorization asks for them.
-	base := Challenge{Realm: o.Realm, ResourceMetadata: o.ResourceMetadataURL, Scope: o.Scopes}
+	base := authhdr.Challenge{Realm: o.Realm, ResourceMetadata: o.ResourceMetadataURL, Scope: o.Scopes}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
@@ -199,19 +115,19 @@ func Require(verify auth.TokenVerifier, opts *RequireOptions) func(http.Handler)
 		}, &auth.RequireBearerTokenOptions{AllowMissingExpiration: true, ClockSkew: math.MaxInt64})(h)
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			client := clientaddr.Of(r.RemoteAddr)
-			token, present, ok := TokenFromHeader(r.Header.Get("Authorization"))
+			token, present, ok := authhdr.TokenFromHeader(r.Header.Get("Authorization"))
 			if wait := guesses.Blocked(client, token); wait > 0 {
 				guesslimit.Refuse(w, wait)
 				return
 			}
 			switch {
 			case !present:
-				WriteChallenge(w, http.StatusUnauthorized, base)
+				authhdr.WriteChallenge(w, http.StatusUnauthorized, base)
 				return
 			case !ok:
 				c := base
 				c.Error, c.Description = "invalid_request", "want 'Authorization: Bearer TOKEN'"
-				WriteChallenge(w, http.StatusBadRequest, c)
+				authhdr.WriteChallenge(w, http.StatusBadRequest, c)
 				return
 			}
 			ti, err := verify(r.Context(), token, r)
@@ -231,30 +147,19 @@ func Require(verify auth.TokenVerifier, opts *RequireOptions) func(http.Handler)
 					return
 				}
 				guesses.Fail(client, token)
-				WriteChallenge(w, http.StatusUnauthorized, c)
+				authhdr.WriteChallenge(w, http.StatusUnauthorized, c)
 				return
 			}
 			// Before the scopes: a token without them is no guess, and
 			// past the limit it should hear 403, which says what it lacks.
 			guesses.Accepted(token, ti.Expiration)
-			if missing := Missing(ti.Scopes, o.Scopes); len(missing) > 0 {
+			if missing := authhdr.Missing(ti.Scopes, o.Scopes); len(missing) > 0 {
 				c := base
 				c.Error, c.Description = "insufficient_scope", "insufficient scope"
-				WriteChallenge(w, http.StatusForbidden, c)
+				authhdr.WriteChallenge(w, http.StatusForbidden, c)
 				return
 			}
 			inner.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), verifiedKey{}, ti)))
 		})
 	}
-}
-
-// Missing returns the scopes of want that have does not hold.
-func Missing(have, want []string) []string {
-	var out []string
-	for _, s := range want {
-		if !slices.Contains(have, s) {
-			out = append(out, s)
-		}
-	}
-	return out
 }

@@ -76,14 +76,6 @@ func TestRequire_Scope(t *testing.T) {
 	}
 }
 
-func TestChallenge_Quoting(t *testing.T) {
-	t.Parallel()
-	got := bearer.Challenge{Realm: "a\"b\\c\r\nd"}.String()
-	if want := `Bearer realm="a\"b\\c  d"`; got != want {
-		t.Errorf("got %s, want %s", got, want)
-	}
-}
-
 func mustHash(t *testing.T, h string) []byte {
 	t.Helper()
 	b, err := bearer.ParseHash(h)

@@ -7,8 +7,7 @@
 // environment variable as 'principal=sha256hex,...' ([ParseEnv]). A
 // [Verifier] checks a request's token against every hash in constant time
 // and is a go-sdk auth.TokenVerifier; [Verifier.Require] wraps an MCP
-// handler. [Matches] checks a single token, such as the operator's admin
-// token (package operator).
+// handler.
 //
 // [Require] is RFC 6750's side of any bearer scheme: it runs a go-sdk
 // auth.TokenVerifier and answers what a client can act on, a 401 with a

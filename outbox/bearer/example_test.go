@@ -15,7 +15,7 @@ import (
 // A tokens file names each principal with the hash of its token; the
 // Verifier turns a request's token into its principal.
 func Example() {
-	token := "alice-s-token" // in practice from bearer.NewToken
+	token := "alice-s-token" // in practice from mcp-outbox token new
 	file := "# PRINCIPAL SHA256HEX\nalice " + bearer.Hash(token) + "\n"
 	toks, err := bearer.ParseFile([]byte(file))
 	if err != nil {

@@ -55,7 +55,7 @@ func TestRequire_GuessLimit(t *testing.T) {
 		return nil, auth.ErrInvalidToken
 	}
 	var logs syncBuffer
-	h := Require(verify, &RequireOptions{Realm: Realm, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+	h := Require(verify, &RequireOptions{Realm: realm, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
 		now: func() time.Time { mu.Lock(); defer mu.Unlock(); return now }})(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 	const guesser, other = "203.0.113.7:40000", "[2001:db8::1]:40000"
 	send := func(remote, authorization string) *httptest.ResponseRecorder {
@@ -157,7 +157,7 @@ func TestRequire_KnownTokenPastLimit(t *testing.T) {
 		return nil, auth.ErrInvalidToken
 	}
 	var logs syncBuffer
-	h := Require(verify, &RequireOptions{Realm: Realm, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+	h := Require(verify, &RequireOptions{Realm: realm, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
 		now: func() time.Time { mu.Lock(); defer mu.Unlock(); return now }})(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
 	send := func(token string) int {
 		req := httptest.NewRequest(http.MethodPost, "/mcp", nil)

@@ -8,24 +8,14 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"regexp"
 	"strings"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/tokens"
 )
 
-// principalPattern keeps principals to what the token file and
-// MCP_OUTBOX_TOKENS can carry unambiguously (no spaces, '=' or ',') and what
-// reads well in logs and in the calls table.
-var principalPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._@:-]{0,127}$`)
-
-// PrincipalRule says what ValidPrincipal accepts, for error messages.
-const PrincipalRule = "want 1 to 128 letters, digits and ._@:- starting with a letter or digit"
-
-// ValidPrincipal reports whether p can name a principal: see PrincipalRule.
-func ValidPrincipal(p string) bool { return principalPattern.MatchString(p) }
-
-// MaxFileBytes bounds a tokens file; a few thousand lines is already far
+// maxFileBytes bounds a tokens file; a few thousand lines is already far
 // more than a static token list should hold.
-const MaxFileBytes = 1 << 20
+const maxFileBytes = 1 << 20
 
 // A Token is one principal's bearer token, known only by its hash.
 type Token struct {
@@ -33,19 +23,19 @@ type Token struct {
 	Hash      []byte // SHA-256 of the token
 }
 
-// ReadFile reads a tokens file of at most MaxFileBytes, for ParseFile.
+// ReadFile reads a tokens file of at most 1 MiB, for ParseFile.
 func ReadFile(path string) ([]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, MaxFileBytes+1))
+	b, err := io.ReadAll(io.LimitReader(f, maxFileBytes+1))
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", path, err)
 	}
-	if int64(len(b)) > MaxFileBytes {
-		return nil, fmt.Errorf("%s is larger than %d bytes", path, MaxFileBytes)
+	if int64(len(b)) > maxFileBytes {
+		return nil, fmt.Errorf("%s is larger than %d bytes", path, maxFileBytes)
 	}
 	return b, nil
 }
@@ -70,7 +60,7 @@ func LoadFile(path string) ([]Token, error) {
 func ParseFile(b []byte) ([]Token, error) {
 	var out []Token
 	sc := bufio.NewScanner(bytes.NewReader(b))
-	sc.Buffer(nil, MaxFileBytes)
+	sc.Buffer(nil, maxFileBytes)
 	for n := 1; sc.Scan(); n++ {
 		line := strings.TrimSpace(sc.Text())
 		if line == "" || strings.HasPrefix(line, "#") {
@@ -115,8 +105,8 @@ func ParseEnv(v string) ([]Token, error) {
 }
 
 func newToken(principal, hashHex string) (Token, error) {
-	if !ValidPrincipal(principal) {
-		return Token{}, fmt.Errorf("principal %q: %s", principal, PrincipalRule)
+	if !tokens.ValidPrincipal(principal) {
+		return Token{}, fmt.Errorf("principal %q: %s", principal, tokens.PrincipalRule)
 	}
 	h, err := ParseHash(hashHex)
 	if err != nil {

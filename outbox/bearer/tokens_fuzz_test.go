@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/tokens"
 )
 
 const fuzzHash = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08" // SHA-256 of "test"
@@ -73,7 +75,7 @@ func FuzzTokensFile(f *testing.F) {
 		}
 		var back strings.Builder
 		for _, tok := range toks {
-			if !principalPattern.MatchString(tok.Principal) || len(tok.Hash) != sha256.Size {
+			if !tokens.ValidPrincipal(tok.Principal) || len(tok.Hash) != sha256.Size {
 				t.Fatalf("token %+v: bad principal or hash", tok)
 			}
 			fmt.Fprintf(&back, "%s %s\n", tok.Principal, hex.EncodeToString(tok.Hash))
@@ -123,7 +125,7 @@ func FuzzTokensEnv(f *testing.F) {
 		}
 		var parts []string
 		for _, tok := range toks {
-			if !principalPattern.MatchString(tok.Principal) || len(tok.Hash) != sha256.Size {
+			if !tokens.ValidPrincipal(tok.Principal) || len(tok.Hash) != sha256.Size {
 				t.Fatalf("token %+v: bad principal or hash", tok)
 			}
 			parts = append(parts, tok.Principal+"="+hex.EncodeToString(tok.Hash))
@@ -190,7 +192,7 @@ func withoutPrincipal(msg, principal string) string {
 // scrubbed is s with the words of the parser's fixed texts taken out.
 var scrubbed = func() func(string) string {
 	_, hashErr := ParseHash("")
-	words := strings.Fields(strings.Join([]string{PrincipalRule, hashErr.Error(),
+	words := strings.Fields(strings.Join([]string{tokens.PrincipalRule, hashErr.Error(),
 		"line entry want 'PRINCIPAL SHA256HEX', got fields principal=sha256hex principal scan lines:"}, " "))
 	slices.SortFunc(words, func(a, b string) int { return len(b) - len(a) }) // the longest words first
 	var pairs []string

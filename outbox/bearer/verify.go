@@ -2,15 +2,12 @@ package bearer
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
-	"encoding/base64"
 	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
@@ -75,8 +72,8 @@ func (v *Verifier) Verify(_ context.Context, token string, _ *http.Request) (*au
 	return &auth.TokenInfo{UserID: principal, Expiration: noExpiry}, nil
 }
 
-// Realm is the realm of static tokens' challenges.
-const Realm = "mcp-outbox"
+// realm is the realm of static tokens' challenges.
+const realm = "mcp-outbox"
 
 // Require puts h behind the bearer tokens, when there are any: a request
 // without a token gets 401 with 'WWW-Authenticate: Bearer
@@ -92,23 +89,7 @@ func (v *Verifier) Require(h http.Handler) http.Handler {
 		slog.Default().Warn("bearer: the Verifier has no tokens: every request is let through unauthenticated")
 		return h
 	}
-	return Require(v.Verify, &RequireOptions{Realm: Realm})(h)
-}
-
-// FromRequest returns the token of r's 'Authorization: Bearer' header.
-func FromRequest(r *http.Request) (token string, ok bool) {
-	scheme, token, ok := strings.Cut(strings.TrimSpace(r.Header.Get("Authorization")), " ")
-	if !ok || !strings.EqualFold(scheme, "bearer") {
-		return "", false
-	}
-	return token, true
-}
-
-// Matches reports, in constant time, whether token (white space around it
-// aside) has the SHA-256 hash.
-func Matches(hash []byte, token string) bool {
-	sum := sha256.Sum256([]byte(strings.TrimSpace(token)))
-	return subtle.ConstantTimeCompare(sum[:], hash) == 1
+	return Require(v.Verify, &RequireOptions{Realm: realm})(h)
 }
 
 // Hash returns the hex SHA-256 of token: what a tokens file line and
@@ -116,13 +97,4 @@ func Matches(hash []byte, token string) bool {
 func Hash(token string) string {
 	sum := sha256.Sum256([]byte(token))
 	return hex.EncodeToString(sum[:])
-}
-
-// NewToken returns a new random token: 32 bytes, base64url.
-func NewToken() (string, error) {
-	b := make([]byte, 32)
-	if _, err := rand.Read(b); err != nil {
-		return "", fmt.Errorf("read random bytes: %w", err)
-	}
-	return base64.RawURLEncoding.EncodeToString(b), nil
 }

@@ -17,12 +17,13 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
+	"github.com/mcp-outbox/mcp-outbox/internal/opsquery"
+	"github.com/mcp-outbox/mcp-outbox/internal/sealing"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/dbclock"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/metrics"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/otelattr"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/owner"
 	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
-	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -131,15 +132,15 @@ type Options struct {
 	ShutdownTimeout time.Duration
 	// ResponseLimit bounds the response body recorded per attempt.
 	ResponseLimit int
-	// Sealer opens effect bodies and headers the layer sealed (package
-	// seal); nil reads plaintext ones only: on a database that holds data
-	// keys, Run and Drain then fail with seal.ErrKeyRequired before they
-	// claim anything. Layer.Start passes the layer's; a dispatcher made
-	// with New (mcp-outbox drain, a process of its own) needs one of the
-	// same key file. With a Sealer the
-	// destination's response is not kept (it may echo the body): only its
-	// status and the error text.
-	Sealer *seal.Sealer
+	// Keys open effect bodies and headers the layer sealed (package seal);
+	// nil reads plaintext ones only: on a database that holds data keys,
+	// Run and Drain then fail with an error that wraps
+	// outbox.ErrKeyRequired before they claim anything. Layer.Start passes
+	// the layer's; a dispatcher made with New (mcp-outbox drain, a process
+	// of its own) needs the same key file's. With Keys the destination's
+	// response is not kept (it may echo the body): only its status and
+	// the error text.
+	Keys seal.KeyRing
 	// Now and Rand are the clock and the jitter source; tests inject them.
 	Now  func() time.Time
 	Rand func() float64
@@ -172,6 +173,7 @@ type Options struct {
 type Dispatcher struct {
 	db     *schema.DB
 	opts   Options
+	sealer *sealing.Sealer // of opts.Keys
 	dests  map[string]*destState
 	names  string // JSON array of configured destination names, for SQL
 	amo    string // JSON array of the at_most_once ones
@@ -271,7 +273,7 @@ func New(db *schema.DB, opts *Options) (*Dispatcher, error) {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	d := &Dispatcher{
-		db: db, opts: o, dests: map[string]*destState{}, now: now,
+		db: db, opts: o, sealer: sealing.Of(o.Keys), dests: map[string]*destState{}, now: now,
 		logger: logger.With("subsystem", "dispatch"),
 		self:   owner.Current(),
 		wake:   make(chan struct{}, 1),
@@ -368,14 +370,14 @@ func (d *Dispatcher) Notify() {
 }
 
 // requireKeyFile refuses to deliver from an encrypted database without a
-// Sealer (seal.ErrKeyRequired): every sealed effect would be claimed,
+// key ring (sealing.ErrKeyRequired): every sealed effect would be claimed,
 // fail to open, and lose an attempt and its place in time, which a
 // stranger's drain without the key file did to all of them.
 func (d *Dispatcher) requireKeyFile(ctx context.Context) error {
-	if d.opts.Sealer != nil {
+	if d.sealer != nil {
 		return nil
 	}
-	if err := seal.RequireKeyFile(ctx, d.db.Read, nil); err != nil {
+	if err := sealing.RequireKeyFile(ctx, d.db.Read, nil); err != nil {
 		return fmt.Errorf("dispatch: %w", err)
 	}
 	return nil
@@ -497,9 +499,9 @@ const drainProgressEvery = 100 * time.Millisecond
 // not nil, is called with the current counts after a round, at most every
 // drainProgressEvery: counting reads every effect's index entry (about
 // 0.1 s per million), too much for every round.
-func (d *Dispatcher) Drain(ctx context.Context, progress func(query.Counts)) (query.Counts, error) {
+func (d *Dispatcher) Drain(ctx context.Context, progress func(opsquery.Counts)) (opsquery.Counts, error) {
 	if err := d.requireKeyFile(ctx); err != nil {
-		return query.Counts{}, err
+		return opsquery.Counts{}, err
 	}
 	d.stopping.Store(false)
 	defer d.closeStatements()
@@ -518,7 +520,7 @@ func (d *Dispatcher) Drain(ctx context.Context, progress func(query.Counts)) (qu
 		}
 		if err != nil {
 			if !d.transient(err) || ctx.Err() != nil {
-				return query.Counts{}, err
+				return opsquery.Counts{}, err
 			}
 			// A database restarting or failing over, or a lock held by
 			// another process, passes: drain is for deploy hooks, which
@@ -532,7 +534,7 @@ func (d *Dispatcher) Drain(ctx context.Context, progress func(query.Counts)) (qu
 		}
 		if progress != nil && time.Since(lastProgress) >= drainProgressEvery {
 			lastProgress = time.Now()
-			if c, err := query.CountEffects(ctx, d.db); err == nil {
+			if c, err := opsquery.CountEffects(ctx, d.db); err == nil {
 				progress(c)
 			}
 		}
@@ -541,7 +543,7 @@ func (d *Dispatcher) Drain(ctx context.Context, progress func(query.Counts)) (qu
 			if open, err = d.openEffects(ctx); err != nil && d.transient(err) && ctx.Err() == nil {
 				open = true // counted below, once the store answers again
 			} else if err != nil || !open {
-				c, cerr := query.CountEffects(context.WithoutCancel(ctx), d.db)
+				c, cerr := opsquery.CountEffects(context.WithoutCancel(ctx), d.db)
 				return c, errors.Join(err, cerr)
 			}
 		}
@@ -549,7 +551,7 @@ func (d *Dispatcher) Drain(ctx context.Context, progress func(query.Counts)) (qu
 		select {
 		case <-ctx.Done():
 			d.settle(ctx)
-			c, err := query.CountEffects(context.WithoutCancel(ctx), d.db)
+			c, err := opsquery.CountEffects(context.WithoutCancel(ctx), d.db)
 			return c, errors.Join(ctx.Err(), err)
 		case <-d.wake:
 		case <-timer.C:

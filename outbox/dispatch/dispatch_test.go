@@ -13,11 +13,11 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/admin"
 	"github.com/mcp-outbox/mcp-outbox/internal/downstream"
+	"github.com/mcp-outbox/mcp-outbox/internal/opsquery"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
-	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
 	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
-	"github.com/mcp-outbox/mcp-outbox/query"
 )
 
 // dispatchSetup is a ledger with n committed charges (n effects to
@@ -97,8 +97,8 @@ func TestDispatch_Delivers(t *testing.T) {
 	defer cancel()
 	// Progress comes after the first round, then at most every 100 ms:
 	// this drain is over long before a second report is due.
-	var reports []query.Counts
-	c, err := d.Drain(ctx, func(c query.Counts) { reports = append(reports, c) })
+	var reports []opsquery.Counts
+	c, err := d.Drain(ctx, func(c opsquery.Counts) { reports = append(reports, c) })
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -421,7 +421,7 @@ func TestDispatch_OperatorActions(t *testing.T) {
 	d := s.dispatcher(t, dispatch.Destination{}, nil)
 	round(t, d)
 	ctx := context.Background()
-	rows, err := query.ListEffects(ctx, s.db, query.EffectFilter{State: "dead"})
+	rows, err := opsquery.ListEffects(ctx, s.db, opsquery.EffectFilter{State: "dead"})
 	if err != nil || len(rows) != 2 {
 		t.Fatalf("dead effects: %v %v", rows, err)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/internal/outboxtest"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/metrics"
 )
 
 // histogram returns the sample count and sum of the histogram series of
@@ -31,7 +32,7 @@ func TestMetrics_Delivery(t *testing.T) {
 	m := outbox.NewMetrics(reg)
 	s := newDispatchSetup(t, 2, nil)
 	depth := prometheus.NewPedanticRegistry()
-	depth.MustRegister(outbox.NewDepthCollector(s.db))
+	depth.MustRegister(metrics.NewDepthCollector(s.db))
 	s.fake.FailNext(1, downstream.Status(http.StatusServiceUnavailable))
 	d := s.dispatcher(t, dispatch.Destination{}, &dispatch.Options{Metrics: m, BackoffBase: time.Second})
 

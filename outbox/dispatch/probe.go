@@ -130,7 +130,7 @@ func (d *Dispatcher) probeOne(ctx context.Context, ds *destState, p probed) erro
 		status = resp.StatusCode
 		body, _ = io.ReadAll(io.LimitReader(resp.Body, int64(d.opts.ResponseLimit)))
 		resp.Body.Close()
-		if d.opts.Sealer != nil {
+		if d.sealer != nil {
 			body = nil // not kept with encryption on: it may echo the effect
 		}
 	}

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/downstream"
+	"github.com/mcp-outbox/mcp-outbox/internal/sealing"
 	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
-	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -133,7 +133,7 @@ func TestDispatchQueue_ShutdownReleasesQueued(t *testing.T) {
 }
 
 // On an encrypted database (it holds data keys), a dispatcher without a
-// Sealer refuses to start: Drain and Run fail with seal.ErrKeyRequired
+// Sealer refuses to start: Drain and Run fail with sealing.ErrKeyRequired
 // before they claim an effect, so no attempt is spent and no effect is
 // pushed back (a stranger's drain without the key file did both to all
 // of them). With no data keys, nothing changes.
@@ -148,11 +148,11 @@ func TestDispatch_EncryptedDatabaseNeedsSealer(t *testing.T) {
 	d := s.dispatcher(t, dispatch.Destination{}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := d.Drain(ctx, nil); !errors.Is(err, seal.ErrKeyRequired) {
-		t.Errorf("Drain without a Sealer: %v, want seal.ErrKeyRequired", err)
+	if _, err := d.Drain(ctx, nil); !errors.Is(err, sealing.ErrKeyRequired) {
+		t.Errorf("Drain without a Sealer: %v, want sealing.ErrKeyRequired", err)
 	}
-	if err := d.Run(ctx); !errors.Is(err, seal.ErrKeyRequired) {
-		t.Errorf("Run without a Sealer: %v, want seal.ErrKeyRequired", err)
+	if err := d.Run(ctx); !errors.Is(err, sealing.ErrKeyRequired) {
+		t.Errorf("Run without a Sealer: %v, want sealing.ErrKeyRequired", err)
 	}
 	if n := count(t, s.db.Read, `SELECT count(*) FROM effects WHERE attempts = 0 AND next_attempt_at = 0 AND state = 'pending'`); n != 3 {
 		t.Errorf("%d of 3 effects untouched", n)

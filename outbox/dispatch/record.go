@@ -197,7 +197,7 @@ func (d *Dispatcher) commitOutcomes(ctx context.Context, batch []*pendingRecord,
 		if !o.next.IsZero() {
 			next = o.next.UnixMilli()
 		}
-		if o.response != nil && d.opts.Sealer == nil {
+		if o.response != nil && d.sealer == nil {
 			resp = string(o.response)
 		}
 		res, err := stmt.ExecContext(ctx,

@@ -18,6 +18,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/internal/failpoint"
+	"github.com/mcp-outbox/mcp-outbox/internal/sealing"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/metrics"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/otelattr"
 	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
@@ -44,7 +45,7 @@ func (d *Dispatcher) deliver(ctx context.Context, ds *destState, e *claimedEffec
 		// operator); a key missing from the key file may come back, so that
 		// effect waits and tries again.
 		var missing *seal.MissingKeyError
-		if errors.As(e.unreadable, &missing) || errors.Is(e.unreadable, seal.ErrNoKeyRing) {
+		if errors.As(e.unreadable, &missing) || errors.Is(e.unreadable, sealing.ErrNoKeyRing) {
 			return d.finish(ctx, ds, e, outcome{state: "pending", err: "not sent: " + e.unreadable.Error(), next: now.Add(time.Minute)}, 0)
 		}
 		return d.finish(ctx, ds, e, outcome{state: "dead", err: "not sent: " + e.unreadable.Error()}, 0)

@@ -6,8 +6,8 @@ import (
 	"encoding/json"
 	"fmt"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/sealing"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/owner"
-	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -326,7 +326,7 @@ func (d *Dispatcher) claimIn(ctx context.Context, stmt *sql.Stmt, dest string, l
 		return nil, fmt.Errorf("claim effects: %w", err)
 	}
 	rows.Close()
-	b := d.opts.Sealer.Batch()
+	b := d.sealer.Batch()
 	for _, e := range out {
 		d.openEffect(ctx, b, e)
 	}
@@ -368,10 +368,10 @@ func (d *Dispatcher) markSent(ctx context.Context, e *claimedEffect) (bool, erro
 //
 // The claim's effects share a Batch: their data keys are read once each,
 // not once per value.
-func (d *Dispatcher) openEffect(ctx context.Context, b *seal.Batch, e *claimedEffect) {
-	headers, err := b.Open(ctx, d.db.Read, seal.Ref{Row: e.key, Column: "headers"}, []byte(e.rawHeaders))
+func (d *Dispatcher) openEffect(ctx context.Context, b *sealing.Batch, e *claimedEffect) {
+	headers, err := b.Open(ctx, d.db.Read, sealing.Ref{Row: e.key, Column: "headers"}, []byte(e.rawHeaders))
 	if err == nil {
-		e.body, err = b.Open(ctx, d.db.Read, seal.Ref{Row: e.key, Column: "body"}, e.body)
+		e.body, err = b.Open(ctx, d.db.Read, sealing.Ref{Row: e.key, Column: "body"}, e.body)
 	}
 	if err != nil {
 		e.unreadable = err

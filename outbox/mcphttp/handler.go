@@ -206,7 +206,7 @@ func orDefault[T int | int64](v, def T) T {
 // long enough for the calls in flight under the documented defaults:
 //
 //   - before its handler runs, a call of the outbox layer may wait up to
-//     outbox.DefaultInFlightWait (30 s): a duplicate for the outcome of the
+//     30 s (outbox.Options.InFlightWait): a duplicate for the outcome of the
 //     attempt it duplicates, a claim for SQLite's write lock held by
 //     another process;
 //   - the handler itself has no limit the layer imposes, but a client's

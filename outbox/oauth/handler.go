@@ -16,11 +16,12 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/oauthex"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox/bearer"
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/authhdr"
 )
 
-// WellKnownPath is RFC 9728's well-known path of Protected Resource
+// wellKnownPath is RFC 9728's well-known path of Protected Resource
 // Metadata.
-const WellKnownPath = "/.well-known/oauth-protected-resource"
+const wellKnownPath = "/.well-known/oauth-protected-resource"
 
 // MetadataPaths are the paths to serve [ResourceServer.MetadataHandler]
 // at: RFC 9728 §3.1's path-suffixed form for the resource (for
@@ -30,9 +31,9 @@ const WellKnownPath = "/.well-known/oauth-protected-resource"
 func (rs *ResourceServer) MetadataPaths() []string {
 	p := strings.TrimSuffix(rs.resource.EscapedPath(), "/")
 	if p == "" {
-		return []string{WellKnownPath}
+		return []string{wellKnownPath}
 	}
-	return []string{WellKnownPath + p, WellKnownPath}
+	return []string{wellKnownPath + p, wellKnownPath}
 }
 
 // MetadataURL is the absolute URL of the metadata, as challenges name it.
@@ -128,11 +129,11 @@ func (rs *ResourceServer) requireToolScopes(next http.Handler) http.Handler {
 		names, unnamed := toolsCalled(body)
 		if unnamed {
 			for _, scopes := range rs.opts.ToolScopes {
-				need = append(need, bearer.Missing(have, scopes)...)
+				need = append(need, authhdr.Missing(have, scopes)...)
 			}
 		}
 		for _, tool := range names {
-			need = append(need, bearer.Missing(have, rs.opts.ToolScopes[tool])...)
+			need = append(need, authhdr.Missing(have, rs.opts.ToolScopes[tool])...)
 		}
 		if len(need) > 0 {
 			// The challenge names every scope the request needs, not only
@@ -140,7 +141,7 @@ func (rs *ResourceServer) requireToolScopes(next http.Handler) http.Handler {
 			// steps up, and must not lose the ones it has.
 			want := slices.Concat(rs.opts.ScopesRequired, need, have)
 			slices.Sort(want)
-			bearer.WriteChallenge(w, http.StatusForbidden, bearer.Challenge{
+			authhdr.WriteChallenge(w, http.StatusForbidden, authhdr.Challenge{
 				ResourceMetadata: rs.MetadataURL(),
 				Error:            "insufficient_scope",
 				Description:      "insufficient scope for the tool",

@@ -18,10 +18,10 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/outbox/bearer"
 )
 
-// DefaultIntrospectionCacheTTL is how long an introspection's answer is
+// defaultIntrospectionCacheTTL is how long an introspection's answer is
 // reused when Introspection.CacheTTL is zero. A revoked token keeps
 // working here for at most this long.
-const DefaultIntrospectionCacheTTL = 30 * time.Second
+const defaultIntrospectionCacheTTL = 30 * time.Second
 
 // maxIntrospectionCache bounds the cached answers: past it the cache is
 // emptied, so a flood of made-up tokens costs memory once, not forever.
@@ -39,7 +39,7 @@ type Introspection struct {
 	// endpoint (client_secret_basic). Required.
 	ClientID, ClientSecret string
 	// CacheTTL is how long an answer is reused, never past the token's
-	// exp; zero means DefaultIntrospectionCacheTTL, negative no cache.
+	// exp; zero means 30 s, negative no cache.
 	CacheTTL time.Duration
 }
 

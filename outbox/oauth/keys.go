@@ -129,8 +129,8 @@ func (c *keyCache) introspectionEndpoint(ctx context.Context) (string, error) {
 
 // maxAge is how long a response may be used by its Cache-Control:
 // no-store and no-cache mean "ask again next time" (RefreshInterval still
-// bounds how often), max-age is capped at MaxKeysMaxAge, and nothing at
-// all means DefaultKeysMaxAge.
+// bounds how often), max-age is capped at 24 hours, and nothing at
+// all means 5 minutes.
 func maxAge(h http.Header) time.Duration {
 	for _, d := range strings.Split(h.Get("Cache-Control"), ",") {
 		name, v, _ := strings.Cut(strings.TrimSpace(strings.ToLower(d)), "=")
@@ -142,13 +142,13 @@ func maxAge(h http.Header) time.Duration {
 			if err != nil || n < 0 {
 				return 0
 			}
-			if time.Duration(n) > MaxKeysMaxAge/time.Second {
-				return MaxKeysMaxAge
+			if time.Duration(n) > maxKeysMaxAge/time.Second {
+				return maxKeysMaxAge
 			}
 			return time.Duration(n) * time.Second
 		}
 	}
-	return DefaultKeysMaxAge
+	return defaultKeysMaxAge
 }
 
 // discover finds the issuer's jwks_uri: RFC 8414's

@@ -16,29 +16,29 @@ import (
 
 // Defaults of Options' zero values.
 const (
-	// DefaultLeeway is the clock skew allowed on exp, nbf and iat.
-	DefaultLeeway = 30 * time.Second
-	// DefaultKeysMaxAge is how long the issuer's keys are used when its
+	// defaultLeeway is the clock skew allowed on exp, nbf and iat.
+	defaultLeeway = 30 * time.Second
+	// defaultKeysMaxAge is how long the issuer's keys are used when its
 	// JWKS response says nothing about caching.
-	DefaultKeysMaxAge = 5 * time.Minute
-	// DefaultRefreshInterval is the least time between two fetches of the
+	defaultKeysMaxAge = 5 * time.Minute
+	// defaultRefreshInterval is the least time between two fetches of the
 	// JWKS caused by tokens naming a key the set does not hold: a stream of
 	// made-up kids costs the issuer one request per interval at most.
-	DefaultRefreshInterval = 10 * time.Second
-	// DefaultHTTPTimeout bounds each request to the issuer.
-	DefaultHTTPTimeout = 10 * time.Second
+	defaultRefreshInterval = 10 * time.Second
+	// defaultHTTPTimeout bounds each request to the issuer.
+	defaultHTTPTimeout = 10 * time.Second
 )
 
-// MaxKeysMaxAge caps what an issuer's Cache-Control can ask for: a key the
+// maxKeysMaxAge caps what an issuer's Cache-Control can ask for: a key the
 // issuer withdraws is still accepted for at most this long.
-const MaxKeysMaxAge = 24 * time.Hour
+const maxKeysMaxAge = 24 * time.Hour
 
-// DefaultAlgorithms are the JWS algorithms accepted when
+// defaultAlgorithms are the JWS algorithms accepted when
 // Options.Algorithms is empty: the asymmetric ones access-token issuers
 // use. "none" and the HMAC algorithms can never be accepted: a resource
 // server holds no shared secret, and an HMAC "signed" with the issuer's
 // public key is the classic forgery.
-var DefaultAlgorithms = []jose.SignatureAlgorithm{
+var defaultAlgorithms = []jose.SignatureAlgorithm{
 	jose.RS256, jose.RS384, jose.RS512,
 	jose.PS256, jose.PS384, jose.PS512,
 	jose.ES256, jose.ES384, jose.ES512,
@@ -62,22 +62,22 @@ type Options struct {
 	// ResourceName is the metadata's human-readable resource_name; empty
 	// leaves it out.
 	ResourceName string
-	// Algorithms accepted in a token's header. Empty means
-	// DefaultAlgorithms. "none" and HMAC algorithms are refused by New.
+	// Algorithms accepted in a token's header. Empty means the asymmetric
+	// ones issuers use: RS256/384/512, PS256/384/512, ES256/384/512 and
+	// EdDSA. "none" and HMAC algorithms are refused by New.
 	Algorithms []jose.SignatureAlgorithm
 	// Leeway is the clock skew allowed on exp, nbf and iat; zero means
-	// DefaultLeeway, negative none.
+	// 30 s, negative none.
 	Leeway time.Duration
 	// RefreshInterval is the least time between fetches of the JWKS for an
-	// unknown kid; zero means DefaultRefreshInterval, negative none (for
-	// tests).
+	// unknown kid; zero means 10 s, negative none (for tests).
 	RefreshInterval time.Duration
 	// Introspection, when set, accepts opaque (non-JWT) access tokens by
 	// asking the issuer's RFC 7662 introspection endpoint. Nil accepts
 	// JWTs only.
 	Introspection *Introspection
-	// HTTPClient reaches the issuer. Nil means a client with
-	// DefaultHTTPTimeout and the system's trust store (which honours
+	// HTTPClient reaches the issuer. Nil means a client with a 10 s
+	// timeout and the system's trust store (which honours
 	// SSL_CERT_FILE and SSL_CERT_DIR), following no redirects to another
 	// host.
 	HTTPClient *http.Client
@@ -117,11 +117,11 @@ func New(issuer, resource string, opts *Options) (*ResourceServer, error) {
 		return nil, fmt.Errorf("resource %q: want an absolute http(s) URL without query or fragment, such as https://mcp.example.com/mcp", resource)
 	}
 	if len(o.Algorithms) == 0 {
-		o.Algorithms = DefaultAlgorithms
+		o.Algorithms = defaultAlgorithms
 	}
 	for _, a := range o.Algorithms {
-		if !slices.Contains(DefaultAlgorithms, a) {
-			return nil, fmt.Errorf("algorithm %q: want one of %v (none and HMAC are never accepted)", a, DefaultAlgorithms)
+		if !slices.Contains(defaultAlgorithms, a) {
+			return nil, fmt.Errorf("algorithm %q: want one of %v (none and HMAC are never accepted)", a, defaultAlgorithms)
 		}
 	}
 	for tool, scopes := range o.ToolScopes {
@@ -143,18 +143,18 @@ func New(issuer, resource string, opts *Options) (*ResourceServer, error) {
 	}
 	switch {
 	case o.Leeway == 0:
-		o.Leeway = DefaultLeeway
+		o.Leeway = defaultLeeway
 	case o.Leeway < 0:
 		o.Leeway = 0
 	}
 	switch {
 	case o.RefreshInterval == 0:
-		o.RefreshInterval = DefaultRefreshInterval
+		o.RefreshInterval = defaultRefreshInterval
 	case o.RefreshInterval < 0:
 		o.RefreshInterval = 0
 	}
 	if o.HTTPClient == nil {
-		o.HTTPClient = &http.Client{Timeout: DefaultHTTPTimeout, CheckRedirect: sameHostRedirect}
+		o.HTTPClient = &http.Client{Timeout: defaultHTTPTimeout, CheckRedirect: sameHostRedirect}
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -177,7 +177,7 @@ func New(issuer, resource string, opts *Options) (*ResourceServer, error) {
 		}
 		switch {
 		case cfg.CacheTTL == 0:
-			cfg.CacheTTL = DefaultIntrospectionCacheTTL
+			cfg.CacheTTL = defaultIntrospectionCacheTTL
 		case cfg.CacheTTL < 0:
 			cfg.CacheTTL = 0
 		}

@@ -14,15 +14,16 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/outbox/bearer"
 )
 
-// MaxTokenBytes bounds a token: larger ones are refused before parsing.
-const MaxTokenBytes = 16 << 10
+// maxTokenBytes bounds a token: larger ones are refused before parsing.
+const maxTokenBytes = 16 << 10
 
-// PrincipalPrefix starts every principal this package names.
-const PrincipalPrefix = "oauth:"
+// principalPrefix starts every principal this package names.
+const principalPrefix = "oauth:"
 
-// Principal is the principal of a token with iss and sub: both, so that a
-// subject of one issuer is never taken for the same subject of another.
-func Principal(iss, sub string) string { return PrincipalPrefix + iss + "#" + sub }
+// Principal is the principal of a token with iss and sub, "oauth:ISS#SUB":
+// both, so that a subject of one issuer is never taken for the same
+// subject of another.
+func Principal(iss, sub string) string { return principalPrefix + iss + "#" + sub }
 
 // The reasons a token is refused, told to the client as error_description.
 // They name the check, never a claim's value.
@@ -73,7 +74,7 @@ func (c tokenClaims) scopes() []string {
 // error that is not (the issuer unreachable) means the token could not be
 // judged.
 func (rs *ResourceServer) Verify(ctx context.Context, token string, _ *http.Request) (*auth.TokenInfo, error) {
-	if len(token) > MaxTokenBytes {
+	if len(token) > maxTokenBytes {
 		return nil, refMalformed
 	}
 	if strings.Count(token, ".") != 2 {

@@ -19,12 +19,12 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/admin"
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/internal/operate"
+	"github.com/mcp-outbox/mcp-outbox/internal/opsquery"
+	"github.com/mcp-outbox/mcp-outbox/internal/sealing"
 	"github.com/mcp-outbox/mcp-outbox/internal/visible"
-	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
-	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
-	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -57,7 +57,7 @@ import (
 // Who may call it: see Options.AdminTokenSHA256.
 func NewAdmin(db *schema.DB, opts *Options) http.Handler {
 	o := mustOptions(opts)
-	h := &adminHandler{db: db, sealer: o.Sealer, logger: o.Logger, dispatcher: o.Dispatcher}
+	h := &adminHandler{db: db, sealer: sealing.Of(o.Keys), logger: o.Logger, dispatcher: o.Dispatcher}
 	r := chi.NewRouter()
 	r.Use(middleware.Recoverer, adminGuard(newAdminAuth(o)))
 	r.NotFound(func(w http.ResponseWriter, _ *http.Request) {
@@ -84,7 +84,7 @@ func NewAdmin(db *schema.DB, opts *Options) http.Handler {
 type adminHandler struct {
 	db *schema.DB
 	// sealer seals a resolution's note on an encrypted database.
-	sealer *seal.Sealer
+	sealer *sealing.Sealer
 	logger *slog.Logger
 	// dispatcher names the destinations a retarget may move effects to.
 	dispatcher Dispatcher
@@ -206,13 +206,13 @@ func (h *adminHandler) list(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	rows, err := query.ListEffects(r.Context(), h.db, f)
+	rows, err := opsquery.ListEffects(r.Context(), h.db, f)
 	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
 	writeAdminJSON(w, http.StatusOK, struct {
-		Effects []query.EffectRow `json:"effects"`
+		Effects []opsquery.EffectRow `json:"effects"`
 	}{rows})
 }
 
@@ -286,13 +286,13 @@ func (h *adminHandler) unknownCalls(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
-	calls, err := query.ListUnknownCalls(r.Context(), h.db, limit)
+	calls, err := opsquery.ListUnknownCalls(r.Context(), h.db, limit)
 	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
 	writeAdminJSON(w, http.StatusOK, struct {
-		Calls []query.UnknownCall `json:"calls"`
+		Calls []opsquery.UnknownCall `json:"calls"`
 	}{calls})
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/auth"
 
 	"github.com/mcp-outbox/mcp-outbox/outbox/bearer"
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/authhdr"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/clientaddr"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/guesslimit"
 )
@@ -51,7 +52,7 @@ func guessClient(r *http.Request) string { return clientaddr.Of(r.RemoteAddr) }
 // tokens, nil when token (from the header or the login form) may be
 // looked at: the client is under the limit, or token was accepted
 // recently (accepted). The limiter knows tokens by their exact text, so
-// this, guessed and accepted trim them as bearer.Matches does: the
+// this, guessed and accepted trim them as authhdr.Matches does: the
 // header's and the login form's copies of one token are one token.
 func (c *adminAuth) tooManyGuesses(r *http.Request, token string) *operatorRefusal {
 	if c == nil || c.guesses == nil {
@@ -88,7 +89,7 @@ func (c *adminAuth) tokenRequired() bool { return c != nil && c.adminHash != nil
 // isAdminToken reports whether token is the admin token, for the bearer
 // header and the operator page's login form alike.
 func (c *adminAuth) isAdminToken(token string) bool {
-	return c.tokenRequired() && bearer.Matches(c.adminHash, token)
+	return c.tokenRequired() && authhdr.Matches(c.adminHash, token)
 }
 
 // operatorRefusal is why a request may not use the operator surface: the
@@ -96,7 +97,7 @@ func (c *adminAuth) isAdminToken(token string) bool {
 // body.
 type operatorRefusal struct {
 	status    int
-	challenge *bearer.Challenge
+	challenge *authhdr.Challenge
 	msg       string
 	// noCredential: the request carried neither the admin token nor an
 	// OAuth token to judge (the page sends a browser to its login form
@@ -152,13 +153,13 @@ func (c *adminAuth) check(r *http.Request, need access) (by string, refused *ope
 	header := r.Header.Get("Authorization")
 	oauth := c != nil && c.oauth != nil
 	if oauth || c.tokenRequired() {
-		token, _ := bearer.FromRequest(r)
+		token, _ := authhdr.FromRequest(r)
 		if f := c.tooManyGuesses(r, token); f != nil {
 			return "", f
 		}
 	}
 	if oauth {
-		token, present, ok := bearer.TokenFromHeader(header)
+		token, present, ok := authhdr.TokenFromHeader(header)
 		switch {
 		case present && !ok:
 			return "", c.refuse(http.StatusBadRequest, need, "invalid_request", "want 'Authorization: Bearer TOKEN'")
@@ -169,7 +170,7 @@ func (c *adminAuth) check(r *http.Request, need access) (by string, refused *ope
 			return c.checkOAuth(r, token, need)
 		}
 	} else if c.tokenRequired() {
-		token, ok := bearer.FromRequest(r)
+		token, ok := authhdr.FromRequest(r)
 		if ok && c.isAdminToken(token) {
 			c.accepted(token, time.Time{})
 			return byAdminToken, nil
@@ -230,7 +231,7 @@ func (c *adminAuth) checkOAuth(r *http.Request, token string, need access) (stri
 // refuse builds a refusal with a challenge: the realm, and with OAuth the
 // resource metadata and the scope need asks for.
 func (c *adminAuth) refuse(status int, need access, code, desc string) *operatorRefusal {
-	ch := &bearer.Challenge{Realm: adminRealm, Error: code, Description: desc}
+	ch := &authhdr.Challenge{Realm: adminRealm, Error: code, Description: desc}
 	if c != nil && c.oauth != nil {
 		ch.ResourceMetadata = c.oauth.ResourceMetadataURL
 		ch.Scope = []string{c.oauth.scope(need)}

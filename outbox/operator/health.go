@@ -14,6 +14,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/operate"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/layerinfo"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -79,12 +80,12 @@ func (rd *readiness) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		checks["database"], ready = "not ready: see the server's log", false
 	}
 	switch {
-	case rd.layer != nil && !rd.layer.Started():
+	case rd.layer != nil && !layerinfo.Of(rd.layer).Started():
 		checks["dispatcher"], degraded = notStarted, true
 	case rd.dispatcher != nil && !rd.dispatcher.Running():
 		checks["dispatcher"], ready = "not running", false
 	}
-	if ready && rd.layer != nil && !rd.layer.Started() {
+	if ready && rd.layer != nil && !layerinfo.Of(rd.layer).Started() {
 		// No dispatcher names the destinations to judge by: "ok" here would
 		// vouch for effects whose names nothing has checked.
 		checks["destinations"] = destinationsUnchecked

@@ -10,7 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/metrics"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -20,7 +20,7 @@ import (
 //
 // It serves Options.Registry (a registry of its own when nil), into which
 // it registers the Go runtime's and the process's collectors, the outbox
-// depth (outbox.NewDepthCollector) read from db at each scrape, and
+// depth (metrics.NewDepthCollector) read from db at each scrape, and
 // mcp_outbox_effects_unconfigured: the pending effects per destination
 // that Options.Dispatcher does not deliver to. Give Options.Registry the
 // registry passed to outbox.NewMetrics to serve the layer's and the
@@ -40,7 +40,7 @@ func NewMetricsHandler(db *schema.DB, opts *Options) http.Handler {
 	for _, c := range []prometheus.Collector{
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		outbox.NewDepthCollector(db),
+		metrics.NewDepthCollector(db),
 		newUnconfiguredCollector(db, o.Dispatcher),
 	} {
 		if err := reg.Register(c); err != nil && !errors.As(err, new(prometheus.AlreadyRegisteredError)) {

@@ -16,7 +16,7 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 	"github.com/mcp-outbox/mcp-outbox/outbox/dispatch"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/guesslimit"
-
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/layerinfo"
 	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 )
 
@@ -29,9 +29,9 @@ type Options struct {
 	// error ids, refused guesses. Nil means slog.Default(): what an
 	// answer's error id points to must be somewhere.
 	Logger *slog.Logger
-	// Sealer opens the recorded results the page shows when the layer
-	// seals them (outbox.Options.Sealer); nil shows plaintext ones only.
-	Sealer *seal.Sealer
+	// Keys open the recorded results the page shows when the layer seals
+	// them (outbox.Options.Keys); nil shows plaintext ones only.
+	Keys seal.KeyRing
 	// AdminTokenSHA256 is the SHA-256 of the admin token, 32 bytes: the
 	// bytes, not the hex (bearer.ParseHash(bearer.Hash(token)), or
 	// ParseHash of what 'mcp-outbox token hash' prints).
@@ -67,7 +67,7 @@ type Options struct {
 	// handler is built), and /readyz reports "degraded" while the layer was
 	// never started: nothing in this process delivers the effects its calls
 	// enqueue (see Layer.Start; a Start with NoDispatcher says another
-	// process does, and is not degraded). A nil Sealer means the layer's.
+	// process does, and is not degraded). Nil Keys mean the layer's.
 	// Nil Layer judges by Dispatcher alone, which cannot tell a forgotten
 	// Start from a process that delivers nothing on purpose.
 	Layer *outbox.Layer
@@ -113,12 +113,13 @@ type layerDispatcher struct{ l *outbox.Layer }
 
 // Running: a layer never started is not a dispatcher that stopped (which
 // is unavailable), but degraded; readiness tells the two apart by
-// Layer.Started, and the page and the metrics need no dispatcher running.
+// whether the layer ever started, and the page and the metrics need no
+// dispatcher running.
 func (d layerDispatcher) Running() bool {
 	if r := d.l.Runner(); r != nil {
 		return r.Running()
 	}
-	return !d.l.Started()
+	return !layerinfo.Of(d.l).Started()
 }
 
 // Destinations are the running Start's; nil (no judgement) without one.
@@ -142,8 +143,8 @@ func options(opts *Options) (Options, error) {
 		if o.Dispatcher == nil {
 			o.Dispatcher = layerDispatcher{o.Layer}
 		}
-		if o.Sealer == nil {
-			o.Sealer = o.Layer.Sealer()
+		if o.Keys == nil {
+			o.Keys = layerinfo.Of(o.Layer).Keys()
 		}
 	}
 	if o.Now == nil {

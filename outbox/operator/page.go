@@ -19,9 +19,10 @@ import (
 	"github.com/go-chi/chi/v5/middleware"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/operate"
+	"github.com/mcp-outbox/mcp-outbox/internal/opsquery"
+	"github.com/mcp-outbox/mcp-outbox/internal/sealing"
 	"github.com/mcp-outbox/mcp-outbox/internal/visible"
 	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
-	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -59,7 +60,7 @@ var pageTemplates = template.Must(template.New("page").Funcs(template.FuncMap{
 	"clip":     func(n int, s string) string { return operate.Shorten(s, n) },
 	"px":       func(v float64) string { return strconv.FormatFloat(v, 'f', 1, 64) },
 	"ref":      func(id int64, state string) effectRef { return effectRef{id, state} },
-	"needsOps": func(c query.Counts) int { return c.Dead + c.Unknown },
+	"needsOps": func(c opsquery.Counts) int { return c.Dead + c.Unknown },
 }).ParseFS(pageFiles, "page/*.html"))
 
 // Bounds of what the page shows and reads, so that it stays fast and
@@ -75,7 +76,8 @@ const (
 // pageHandler serves the operator page for one database.
 type pageHandler struct {
 	db         *schema.DB
-	sealer     *seal.Sealer
+	sealer     *sealing.Sealer
+	keys       seal.KeyRing // sealer's, for package query
 	logger     *slog.Logger
 	auth       *adminAuth // without an admin token: loopback only
 	dispatcher Dispatcher
@@ -121,7 +123,7 @@ func newPageHandler(ctx context.Context, db *schema.DB, o Options) (*pageHandler
 	tmpl := template.Must(pageTemplates.Clone())
 	base := o.BasePath
 	tmpl.Funcs(template.FuncMap{"base": func() string { return base }})
-	return &pageHandler{db: db, sealer: o.Sealer, logger: o.Logger, auth: newAdminAuth(o), dispatcher: o.Dispatcher, base: base,
+	return &pageHandler{db: db, sealer: sealing.Of(o.Keys), keys: o.Keys, logger: o.Logger, auth: newAdminAuth(o), dispatcher: o.Dispatcher, base: base,
 		templates: tmpl, now: o.Now, flashKey: subkey(key, "flash"),
 		sessions: pageSessions{key: subkey(key, "session"), adminHash: o.AdminTokenSHA256}}, nil
 }

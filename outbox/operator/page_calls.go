@@ -13,9 +13,9 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/admin"
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/internal/operate"
-	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
 	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -52,7 +52,7 @@ type pageUnknownCall struct {
 	UnknownAt time.Time
 }
 
-// selectPageUnknownCalls is query.ListUnknownCalls newest first, with the
+// selectPageUnknownCalls is opsquery.ListUnknownCalls newest first, with the
 // row id and the time the call became unknown. It reads the calls_unknown
 // index backwards.
 const selectPageUnknownCalls = `

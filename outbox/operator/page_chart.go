@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/mcp-outbox/mcp-outbox/query"
+	"github.com/mcp-outbox/mcp-outbox/internal/opsquery"
 )
 
 // The page's delivery chart, drawn as inline SVG by the template, and how
@@ -88,7 +88,7 @@ type chartTick struct {
 	Label string
 }
 
-func newChart(cw chartWindow, buckets []query.Bucket) chart {
+func newChart(cw chartWindow, buckets []opsquery.Bucket) chart {
 	c := chart{Window: cw, Windows: chartWindows, Width: 760, Height: 170, Left: 40, Top: 10, PlotW: 710, PlotH: 130}
 	c.Bottom = c.Top + c.PlotH
 	c.Right, c.Middle = float64(c.Left+c.PlotW), float64(c.Top)+float64(c.PlotH)/2

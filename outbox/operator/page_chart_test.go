@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mcp-outbox/mcp-outbox/query"
+	"github.com/mcp-outbox/mcp-outbox/internal/opsquery"
 )
 
 // TestNewChart draws the buckets of cmd/mcp-outbox's
@@ -14,7 +14,7 @@ func TestNewChart(t *testing.T) {
 	t.Parallel()
 	cw := chartWindows[0]
 	end := cw.end(time.Date(2026, 12, 1, 10, 30, 0, 0, time.UTC))
-	buckets := make([]query.Bucket, cw.Buckets)
+	buckets := make([]opsquery.Bucket, cw.Buckets)
 	for i := range buckets {
 		buckets[i].Start = end.Add(time.Duration(i-cw.Buckets) * cw.Step)
 	}

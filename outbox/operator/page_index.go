@@ -13,9 +13,10 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/admin"
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
 	"github.com/mcp-outbox/mcp-outbox/internal/operate"
-	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
+	"github.com/mcp-outbox/mcp-outbox/internal/opsquery"
 	"github.com/mcp-outbox/mcp-outbox/query"
 )
 
@@ -29,11 +30,11 @@ type indexData struct {
 	LoggedIn bool // with a session cookie: offer to log out
 	Flash    *flash
 	Summary  operate.EffectSummary
-	ByDest   []query.DestinationCounts
-	Stuck    []query.StuckEffect
+	ByDest   []opsquery.DestinationCounts
+	Stuck    []opsquery.StuckEffect
 	// UnknownCalls are the newest of Summary.UnknownCalls.
 	UnknownCalls []pageUnknownCall
-	Calls        []query.CallRow
+	Calls        []opsquery.CallRow
 	Chart        chart
 	Lookup       *lookupResult
 	// Unconfigured are the destinations with effects pending that this
@@ -86,28 +87,28 @@ func (p *pageHandler) show(w http.ResponseWriter, r *http.Request, lookup *looku
 func (p *pageHandler) read(ctx context.Context, d *indexData, window chartWindow) (err error) {
 	// One count of the effects for both the totals and the destinations:
 	// each reads every effect's index entry.
-	if d.ByDest, err = query.CountEffectsByDestination(ctx, p.db); err != nil {
+	if d.ByDest, err = opsquery.CountEffectsByDestination(ctx, p.db); err != nil {
 		return err
 	}
-	var all query.Counts
+	var all opsquery.Counts
 	for _, bd := range d.ByDest {
 		all = all.Plus(bd.Counts)
 	}
-	unknownCalls, err := query.CountUnknownCalls(ctx, p.db)
+	unknownCalls, err := opsquery.CountUnknownCalls(ctx, p.db)
 	if err != nil {
 		return err
 	}
 	d.Summary = operate.EffectSummary{Counts: all, Total: all.Total(), UnknownCalls: unknownCalls}
-	if d.Stuck, err = query.ListStuckEffects(ctx, p.db, pageStuckLimit); err != nil {
+	if d.Stuck, err = opsquery.ListStuckEffects(ctx, p.db, pageStuckLimit); err != nil {
 		return err
 	}
 	if d.UnknownCalls, err = listPageUnknownCalls(ctx, p.db.Read, operate.PageUnknownCalls); err != nil {
 		return err
 	}
-	if d.Calls, err = query.RecentCalls(ctx, p.db, pageCallsLimit); err != nil {
+	if d.Calls, err = opsquery.RecentCalls(ctx, p.db, pageCallsLimit); err != nil {
 		return err
 	}
-	buckets, err := query.DeliveryHistory(ctx, p.db, window.end(d.Now), window.Step, window.Buckets)
+	buckets, err := opsquery.DeliveryHistory(ctx, p.db, window.end(d.Now), window.Step, window.Buckets)
 	if err != nil {
 		return err
 	}
@@ -160,7 +161,7 @@ func (p *pageHandler) findCall(ctx context.Context, res *lookupResult) error {
 	if err := callkey.Validate(res.Key); err != nil {
 		return operate.BadInput{Err: err}
 	}
-	st, err := query.LookupSealed(ctx, p.db, p.sealer, principal, res.Key, time.Now())
+	st, err := query.LookupSealed(ctx, p.db, p.keys, principal, res.Key, time.Now())
 	if err != nil {
 		return err
 	}
@@ -177,7 +178,7 @@ func (p *pageHandler) findCall(ctx context.Context, res *lookupResult) error {
 		}
 	}
 	if st.CallID != "" {
-		if res.EffectIDs, err = query.EffectIDs(ctx, p.db, st.CallID); err != nil {
+		if res.EffectIDs, err = opsquery.EffectIDs(ctx, p.db, st.CallID); err != nil {
 			return err
 		}
 	}

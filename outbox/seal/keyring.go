@@ -4,15 +4,15 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/aes"
 	"crypto/cipher"
-	"crypto/rand"
 	"encoding/base64"
 	"errors"
 	"fmt"
 	"os"
 	"strings"
 	"unicode"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/gcm"
 )
 
 // KeySize is the size of every key: AES-256.
@@ -132,12 +132,12 @@ func ParseKeys(data []byte) (*FileKeyRing, error) {
 		if len(key) != KeySize {
 			return nil, fmt.Errorf("line %d (key %q): %d bytes, want %d; %s", n, id, len(key), KeySize, makeOne)
 		}
-		aead, err := newAEAD(key)
+		a, err := gcm.New(key)
 		if err != nil {
 			return nil, fmt.Errorf("line %d: %w", n, err)
 		}
 		r.ids = append(r.ids, id)
-		r.keys[id] = aead
+		r.keys[id] = a
 	}
 	if err := sc.Err(); err != nil {
 		return nil, err
@@ -164,47 +164,18 @@ func (r *FileKeyRing) Has(id string) bool { _, ok := r.keys[id]; return ok }
 
 // Wrap seals dek under key id.
 func (r *FileKeyRing) Wrap(_ context.Context, id string, dek, ad []byte) ([]byte, error) {
-	aead, ok := r.keys[id]
+	a, ok := r.keys[id]
 	if !ok {
 		return nil, &MissingKeyError{KeyID: id}
 	}
-	return sealAEAD(aead, dek, ad)
+	return gcm.Seal(a, dek, ad)
 }
 
 // Unwrap opens what Wrap sealed.
 func (r *FileKeyRing) Unwrap(_ context.Context, id string, wrapped, ad []byte) ([]byte, error) {
-	aead, ok := r.keys[id]
+	a, ok := r.keys[id]
 	if !ok {
 		return nil, &MissingKeyError{KeyID: id}
 	}
-	return openAEAD(aead, wrapped, ad)
-}
-
-func newAEAD(key []byte) (cipher.AEAD, error) {
-	block, err := aes.NewCipher(key)
-	if err != nil {
-		return nil, err
-	}
-	return cipher.NewGCM(block)
-}
-
-// sealAEAD returns nonce || ciphertext, with a fresh random nonce: 96 bits
-// from crypto/rand, safe for far more values than one data key will seal.
-func sealAEAD(aead cipher.AEAD, plain, ad []byte) ([]byte, error) {
-	out := make([]byte, aead.NonceSize(), aead.NonceSize()+len(plain)+aead.Overhead())
-	if _, err := rand.Read(out); err != nil {
-		return nil, err
-	}
-	return aead.Seal(out, out, plain, ad), nil
-}
-
-func openAEAD(aead cipher.AEAD, sealed, ad []byte) ([]byte, error) {
-	if len(sealed) < aead.NonceSize()+aead.Overhead() {
-		return nil, ErrTampered
-	}
-	plain, err := aead.Open(nil, sealed[:aead.NonceSize()], sealed[aead.NonceSize():], ad)
-	if err != nil {
-		return nil, ErrTampered
-	}
-	return plain, nil
+	return gcm.Open(a, wrapped, ad)
 }

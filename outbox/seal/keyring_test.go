@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/gcm"
 	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 )
 
@@ -67,10 +68,10 @@ func TestParseKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.Unwrap(context.Background(), "new", w, []byte("ad")); !errors.Is(err, seal.ErrTampered) {
+	if _, err := r.Unwrap(context.Background(), "new", w, []byte("ad")); !errors.Is(err, gcm.ErrTampered) {
 		t.Errorf("unwrap under another key: %v, want ErrTampered", err)
 	}
-	if _, err := r.Unwrap(context.Background(), "old", w, []byte("other ad")); !errors.Is(err, seal.ErrTampered) {
+	if _, err := r.Unwrap(context.Background(), "old", w, []byte("other ad")); !errors.Is(err, gcm.ErrTampered) {
 		t.Errorf("unwrap with other associated data: %v, want ErrTampered", err)
 	}
 	var missing *seal.MissingKeyError

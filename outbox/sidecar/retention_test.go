@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/defaults"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
 )
 
@@ -33,7 +34,7 @@ func TestRetention(t *testing.T) {
 		retain sql.NullInt64
 	}{
 		"w-1": {time.Hour, sql.NullInt64{Int64: (2 * time.Hour).Milliseconds(), Valid: true}},
-		"g-1": {outbox.DefaultKeyRetention, sql.NullInt64{}},
+		"g-1": {defaults.KeyRetention, sql.NullInt64{}},
 	} {
 		var window int64
 		var retain sql.NullInt64

@@ -16,6 +16,7 @@ import (
 
 	"github.com/mcp-outbox/mcp-outbox/internal/paramskey"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
+	"github.com/mcp-outbox/mcp-outbox/outbox/internal/otelattr"
 	"github.com/mcp-outbox/mcp-outbox/outbox/internal/remote"
 )
 
@@ -124,7 +125,7 @@ func injectMeta(ctx context.Context, params json.RawMessage) (json.RawMessage, e
 	}
 	set := map[string]json.RawMessage{"traceparent": nil, "tracestate": nil}
 	carrier := outbox.MetaCarrier{}
-	outbox.Propagator().Inject(ctx, carrier)
+	otelattr.Propagator.Inject(ctx, carrier)
 	for k, v := range carrier {
 		b, err := json.Marshal(v)
 		if err != nil {

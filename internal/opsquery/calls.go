@@ -1,4 +1,9 @@
-package query
+// Package opsquery holds the operator's reads of an outbox database: counts
+// of effects by state and destination, listings of effects, stuck effects,
+// unknown calls and recent calls, and the delivery history the page charts.
+// The command line, the operator surface and the dispatcher's metrics read
+// through it; a client's "what happened to my call?" is package query.
+package opsquery
 
 import (
 	"context"
@@ -61,4 +66,10 @@ func CountUnknownCalls(ctx context.Context, db *schema.DB) (int, error) {
 		return 0, fmt.Errorf("count unknown calls: %w", err)
 	}
 	return n, nil
+}
+
+// ms is a time of the tables (Unix milliseconds), in UTC.
+func ms(v int64) *time.Time {
+	t := time.UnixMilli(v).UTC()
+	return &t
 }

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
+	"github.com/mcp-outbox/mcp-outbox/internal/admin"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 

@@ -1,4 +1,10 @@
-package seal
+// Package sealing is the layer's side of encryption at rest: the Sealer
+// that seals and opens values under per-principal data keys stored in
+// data_keys, wrapped by a key ring (package outbox/seal, which documents
+// the scheme). A user gives the layer a key ring; the layer, its
+// dispatcher, the operator surface and package query share one Sealer per
+// ring ([Of]).
+package sealing
 
 import (
 	"context"
@@ -11,9 +17,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/mcp-outbox/mcp-outbox/internal/gcm"
+	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 )
 
 // Prefix starts every sealed value; what follows is 'DEKID:BASE64'. No
@@ -25,7 +35,7 @@ const Prefix = "mcpo1:"
 var (
 	// ErrTampered: a sealed value fails to open under its data key: it was
 	// changed, or copied from another row, column or principal.
-	ErrTampered = errors.New("sealed value fails authentication: changed, or copied from another row")
+	ErrTampered = gcm.ErrTampered
 	// ErrErased: the value's principal was forgotten; its data key is gone.
 	ErrErased = errors.New("erased: the principal was forgotten, and its data key with it")
 	// ErrNoKeyRing: a sealed value was read without a key file.
@@ -68,7 +78,7 @@ func DataKeyOf(v []byte) string {
 // nil *Sealer is encryption off: Seal returns the plaintext, Open returns
 // plaintext rows and refuses sealed ones with ErrNoKeyRing.
 type Sealer struct {
-	ring KeyRing
+	ring seal.KeyRing
 	now  func() time.Time
 
 	mu    sync.Mutex
@@ -83,12 +93,12 @@ type cachedDEK struct {
 }
 
 // New returns a Sealer whose data keys ring wraps.
-func New(ring KeyRing) *Sealer {
+func New(ring seal.KeyRing) *Sealer {
 	return &Sealer{ring: ring, now: time.Now, deks: map[string]cachedDEK{}}
 }
 
 // Ring is the Sealer's key ring.
-func (s *Sealer) Ring() KeyRing {
+func (s *Sealer) Ring() seal.KeyRing {
 	if s == nil {
 		return nil
 	}
@@ -152,7 +162,7 @@ func (k *DataKey) Seal(ref Ref, plain []byte) ([]byte, error) {
 		return nil, fmt.Errorf("seal: data key of %q used for a value of %q", k.principal, ref.Principal)
 	}
 	id := k.id
-	ct, err := sealAEAD(k.aead, plain, ref.ad())
+	ct, err := gcm.Seal(k.aead, plain, ref.ad())
 	if err != nil {
 		return nil, err
 	}
@@ -236,7 +246,7 @@ func openWith(aead cipher.AEAD, principal string, ref Ref, b64 string) ([]byte, 
 	if err != nil {
 		return nil, ErrTampered
 	}
-	return openAEAD(aead, ct, ref.ad())
+	return gcm.Open(aead, ct, ref.ad())
 }
 
 // OpenString is Open for a text column.
@@ -287,7 +297,7 @@ func (s *Sealer) findLive(ctx context.Context, q Querier, principal, purpose str
 	var missing error
 	for _, d := range live {
 		if !s.ring.Has(d.keyID) {
-			missing = &MissingKeyError{KeyID: d.keyID}
+			missing = &seal.MissingKeyError{KeyID: d.keyID}
 			continue
 		}
 		aead, err := s.unwrap(ctx, d.id, principal, purpose, d.keyID, d.wrapped)
@@ -302,7 +312,7 @@ func (s *Sealer) findLive(ctx context.Context, q Querier, principal, purpose str
 }
 
 func (s *Sealer) create(ctx context.Context, q Querier, principal, purpose string) error {
-	dek := make([]byte, KeySize)
+	dek := make([]byte, seal.KeySize)
 	idb := make([]byte, 12)
 	if _, err := rand.Read(dek); err != nil {
 		return err
@@ -364,7 +374,7 @@ func (s *Sealer) unwrap(ctx context.Context, id, principal, purpose, keyID strin
 		}
 		return nil, err
 	}
-	aead, err := newAEAD(dek)
+	aead, err := gcm.New(dek)
 	if err != nil {
 		return nil, err
 	}
@@ -378,7 +388,7 @@ func (s *Sealer) unwrap(ctx context.Context, id, principal, purpose, keyID strin
 const HashPrefix = "h1:"
 
 // LoadHashKey reads (or creates) the hash key; call it once before Hash.
-// It fails with a *MissingKeyError when the key file lacks the key that
+// It fails with a *seal.MissingKeyError when the key file lacks the key that
 // wraps it: Hash then gives nil, and a caller that hashed anyway would not
 // match what was hashed under the key (see HashKeyMissing).
 func (s *Sealer) LoadHashKey(ctx context.Context, q Querier) error {
@@ -438,4 +448,29 @@ func (s *Sealer) Hash(parts ...[]byte) []byte {
 		m.Write(p)
 	}
 	return m.Sum(nil)
+}
+
+// shared holds the Sealer of each key ring a process was given, so that
+// the layer, its dispatcher, the operator surface and package query,
+// each given the same ring, share one cache of unwrapped data keys and
+// one hash key: a KMS ring is then called once per principal and
+// process, as the package doc of outbox/seal promises.
+var shared sync.Map // seal.KeyRing -> *Sealer
+
+// Of is the Sealer of ring, shared by every caller given the same ring; a
+// nil ring is encryption off (a nil *Sealer). A ring whose type cannot be
+// a map key (a struct holding a slice, say) gets a Sealer of its own at
+// each call, which is correct but caches nothing between callers.
+func Of(ring seal.KeyRing) *Sealer {
+	if ring == nil {
+		return nil
+	}
+	if !reflect.TypeOf(ring).Comparable() {
+		return New(ring)
+	}
+	if s, ok := shared.Load(ring); ok {
+		return s.(*Sealer)
+	}
+	s, _ := shared.LoadOrStore(ring, New(ring))
+	return s.(*Sealer)
 }

@@ -12,7 +12,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
+	"github.com/mcp-outbox/mcp-outbox/internal/sealing"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -228,8 +228,8 @@ type Resolution struct {
 	// retry replays, for CallCompleted and CallFailed; it may be empty.
 	Note string
 	// Sealer seals the recorded result on a database used with a key file
-	// (outbox.Options.Sealer, of the same key file); nil on one without.
-	Sealer *seal.Sealer
+	// (of outbox.Options.Keys, the same key file's); nil on one without.
+	Sealer *sealing.Sealer
 }
 
 // CallRef names a call by whose it is and its key, as the calls table
@@ -372,7 +372,7 @@ func recordResolution(ctx context.Context, db *schema.DB, c callName, rs Resolut
 	if rs.Sealer != nil {
 		// As outbox's callRef names a call's result: the layer opens it
 		// under that name when a retry replays it.
-		ref := seal.Ref{Row: strconv.FormatInt(id, 10), Column: "result", Principal: principal}
+		ref := sealing.Ref{Row: strconv.FormatInt(id, 10), Column: "result", Principal: principal}
 		if result, err = rs.Sealer.SealString(ctx, tx, ref, result); err != nil {
 			return fmt.Errorf("resolve %s: seal the result: %w", c.name, err)
 		}

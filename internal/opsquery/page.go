@@ -1,4 +1,4 @@
-package query
+package opsquery
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -92,17 +93,17 @@ func ListStuckEffects(ctx context.Context, db *schema.DB, limit int) ([]StuckEff
 // CallRow is one row of the calls table as operators see it. Key is the
 // raw idempotency key: whoever shows it decides how much of it to show.
 type CallRow struct {
-	ID          int64      `json:"id"`
-	Principal   string     `json:"principal"`
-	Key         string     `json:"key"`
-	KeySource   string     `json:"keySource"`
-	Tool        string     `json:"tool"`
-	State       State      `json:"state"`
-	Attempts    int        `json:"attempts"`
-	Effects     int        `json:"effects"`
-	Delivered   int        `json:"delivered"`
-	CreatedAt   time.Time  `json:"createdAt"`
-	CompletedAt *time.Time `json:"completedAt,omitempty"`
+	ID          int64       `json:"id"`
+	Principal   string      `json:"principal"`
+	Key         string      `json:"key"`
+	KeySource   string      `json:"keySource"`
+	Tool        string      `json:"tool"`
+	State       query.State `json:"state"`
+	Attempts    int         `json:"attempts"`
+	Effects     int         `json:"effects"`
+	Delivered   int         `json:"delivered"`
+	CreatedAt   time.Time   `json:"createdAt"`
+	CompletedAt *time.Time  `json:"completedAt,omitempty"`
 }
 
 const selectRecentCalls = `
@@ -133,7 +134,7 @@ func RecentCalls(ctx context.Context, db *schema.DB, limit int) ([]CallRow, erro
 			&c.Effects, &c.Delivered); err != nil {
 			return nil, fmt.Errorf("list recent calls: %w", err)
 		}
-		c.State, c.CreatedAt = State(state), time.UnixMilli(created).UTC()
+		c.State, c.CreatedAt = query.State(state), time.UnixMilli(created).UTC()
 		if completed.Valid {
 			c.CompletedAt = ms(completed.Int64)
 		}

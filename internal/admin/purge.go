@@ -4,8 +4,9 @@ import (
 	"context"
 	"time"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/defaults"
+	"github.com/mcp-outbox/mcp-outbox/internal/retention"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
-	"github.com/mcp-outbox/mcp-outbox/outbox/internal/retention"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -13,7 +14,7 @@ import (
 // default documented on it.
 type PurgeOptions struct {
 	// Retention says what is kept; the zero value keeps what
-	// [outbox.RunReaper] keeps by default.
+	// the layer's reaper keeps by default.
 	Retention outbox.Retention
 	// Now is the time the retention is counted back from; zero means
 	// time.Now().
@@ -50,7 +51,7 @@ func Purge(ctx context.Context, db *schema.DB, opts *PurgeOptions) (PurgeCounts,
 	}
 	r := o.Retention
 	ages, err := retention.Ages{Calls: r.Calls, Delivered: r.Delivered, Cancelled: r.Cancelled}.WithDefaults(retention.Ages{
-		Calls: outbox.DefaultCallRetention, Delivered: outbox.DefaultDeliveredRetention, Cancelled: outbox.DefaultCancelledRetention,
+		Calls: defaults.CallRetention, Delivered: defaults.DeliveredRetention, Cancelled: defaults.CancelledRetention,
 	})
 	if err != nil {
 		return PurgeCounts{}, err

@@ -11,7 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
-	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
+	"github.com/mcp-outbox/mcp-outbox/internal/sealing"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -195,7 +195,7 @@ func forget(ctx context.Context, conn *sql.Conn, f *Forgotten, now time.Time) er
 		return fmt.Errorf("forget principal: %w", err)
 	}
 	defer tx.Rollback()
-	if f.DataKeys, err = seal.Forget(ctx, tx, principal, now); err != nil {
+	if f.DataKeys, err = sealing.Forget(ctx, tx, principal, now); err != nil {
 		return err
 	}
 	ms := now.UnixMilli()

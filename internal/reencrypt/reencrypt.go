@@ -1,4 +1,7 @@
-package outbox
+// Package reencrypt rewrites the sealed values of an outbox database:
+// under the key file's current key (mcp-outbox encryption reencrypt), or
+// back to plaintext (mcp-outbox encryption decrypt).
+package reencrypt
 
 import (
 	"context"
@@ -8,21 +11,21 @@ import (
 	"io"
 	"strings"
 
-	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
+	"github.com/mcp-outbox/mcp-outbox/internal/sealing"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
-// ReencryptOptions configure [Reencrypt] and [Decrypt]; nil means the
+// Options configure [Seal] and [Decrypt]; nil means the
 // defaults.
-type ReencryptOptions struct {
+type Options struct {
 	// Batch is how many rows one transaction rewrites; zero means 500.
 	Batch int
 	// Progress, if not nil, receives a line per batch.
 	Progress io.Writer
 }
 
-// Reencrypted counts what Reencrypt or Decrypt rewrote.
-type Reencrypted struct {
+// Counts counts what Seal or Decrypt rewrote.
+type Counts struct {
 	DataKeys int `json:"dataKeys"` // data keys rewrapped under the current key
 	Calls    int `json:"calls"`    // calls whose result or task arguments were rewritten
 	Effects  int `json:"effects"`  // effects whose body and headers were rewritten
@@ -31,7 +34,7 @@ type Reencrypted struct {
 	Unreadable int `json:"unreadable"`
 }
 
-// Reencrypt brings a database under s's current key:
+// Seal brings a database under s's current key:
 //
 //   - it rewraps every data key that another key wraps under the current
 //     one (the values themselves are sealed under the data keys and do not
@@ -45,12 +48,12 @@ type Reencrypted struct {
 // write is a compare-and-set on the value it read, so it never undoes a
 // concurrent write. Interrupted, it is run again: what is done is not done
 // twice.
-func Reencrypt(ctx context.Context, db *schema.DB, s *seal.Sealer, opts *ReencryptOptions) (*Reencrypted, error) {
+func Seal(ctx context.Context, db *schema.DB, s *sealing.Sealer, opts *Options) (*Counts, error) {
 	if s == nil {
 		return nil, errors.New("reencrypt: no key file")
 	}
-	o := reencryptDefaults(opts)
-	r := &Reencrypted{}
+	o := defaults(opts)
+	r := &Counts{}
 	for {
 		n, err := s.Rewrap(ctx, db.Write, o.Batch)
 		if err != nil {
@@ -62,8 +65,8 @@ func Reencrypt(ctx context.Context, db *schema.DB, s *seal.Sealer, opts *Reencry
 		r.DataKeys += n
 		o.progress("data keys rewrapped under %q: %d", s.Ring().Current(), r.DataKeys)
 	}
-	convert := func(v []byte) ([]byte, bool) { return v, v != nil && !seal.IsSealed(v) }
-	err := rewriteValues(ctx, db, o, r, convert, func(ctx context.Context, q seal.Querier, ref seal.Ref, v []byte) ([]byte, error) {
+	convert := func(v []byte) ([]byte, bool) { return v, v != nil && !sealing.IsSealed(v) }
+	err := rewriteValues(ctx, db, o, r, convert, func(ctx context.Context, q sealing.Querier, ref sealing.Ref, v []byte) ([]byte, error) {
 		return s.Seal(ctx, q, ref, v)
 	})
 	return r, err
@@ -76,16 +79,16 @@ func Reencrypt(ctx context.Context, db *schema.DB, s *seal.Sealer, opts *Reencry
 // again. Values that cannot be opened (changed, a key missing) are left
 // and counted, and the data keys are kept. Hashes keyed under encryption
 // stay: their calls match on their key alone until they expire.
-func Decrypt(ctx context.Context, db *schema.DB, s *seal.Sealer, opts *ReencryptOptions) (*Reencrypted, error) {
+func Decrypt(ctx context.Context, db *schema.DB, s *sealing.Sealer, opts *Options) (*Counts, error) {
 	if s == nil {
 		return nil, errors.New("decrypt: no key file")
 	}
-	o := reencryptDefaults(opts)
-	r := &Reencrypted{}
-	sealed := func(v []byte) ([]byte, bool) { return v, seal.IsSealed(v) }
-	err := rewriteValues(ctx, db, o, r, sealed, func(ctx context.Context, q seal.Querier, ref seal.Ref, v []byte) ([]byte, error) {
+	o := defaults(opts)
+	r := &Counts{}
+	sealed := func(v []byte) ([]byte, bool) { return v, sealing.IsSealed(v) }
+	err := rewriteValues(ctx, db, o, r, sealed, func(ctx context.Context, q sealing.Querier, ref sealing.Ref, v []byte) ([]byte, error) {
 		p, err := s.Open(ctx, q, ref, v)
-		if err != nil && !errors.Is(err, seal.ErrErased) {
+		if err != nil && !errors.Is(err, sealing.ErrErased) {
 			return nil, errUnreadable{err}
 		}
 		return p, err
@@ -116,8 +119,8 @@ SELECT (SELECT count(*) FROM calls WHERE result LIKE 'mcpo1:%' OR task_params LI
 
 type errUnreadable struct{ error }
 
-func reencryptDefaults(opts *ReencryptOptions) ReencryptOptions {
-	var o ReencryptOptions
+func defaults(opts *Options) Options {
+	var o Options
 	if opts != nil {
 		o = *opts
 	}
@@ -127,7 +130,7 @@ func reencryptDefaults(opts *ReencryptOptions) ReencryptOptions {
 	return o
 }
 
-func (o ReencryptOptions) progress(format string, args ...any) {
+func (o Options) progress(format string, args ...any) {
 	if o.Progress != nil {
 		fmt.Fprintf(o.Progress, format+"\n", args...)
 	}
@@ -136,7 +139,7 @@ func (o ReencryptOptions) progress(format string, args ...any) {
 // A value's rewrite: pick says whether v needs one, rewrite makes it.
 type (
 	pickFunc    func(v []byte) ([]byte, bool)
-	rewriteFunc func(ctx context.Context, q seal.Querier, ref seal.Ref, v []byte) ([]byte, error)
+	rewriteFunc func(ctx context.Context, q sealing.Querier, ref sealing.Ref, v []byte) ([]byte, error)
 )
 
 const (
@@ -156,7 +159,7 @@ UPDATE effects SET headers = $1, body = $2, response = NULL WHERE id = $3 AND he
 )
 
 // rewriteValues walks calls, then effects, by id, a batch at a time.
-func rewriteValues(ctx context.Context, db *schema.DB, o ReencryptOptions, r *Reencrypted, pick pickFunc, rewrite rewriteFunc) error {
+func rewriteValues(ctx context.Context, db *schema.DB, o Options, r *Counts, pick pickFunc, rewrite rewriteFunc) error {
 	type row struct {
 		id               int64
 		key, principal   string
@@ -220,14 +223,14 @@ func rewriteValues(ctx context.Context, db *schema.DB, o ReencryptOptions, r *Re
 					if _, ok := pick(v); !ok {
 						continue
 					}
-					nv, err := rewrite(ctx, tx, seal.Ref{Row: rowRef, Column: cols[i], Principal: x.principal}, v)
+					nv, err := rewrite(ctx, tx, sealing.Ref{Row: rowRef, Column: cols[i], Principal: x.principal}, v)
 					if err != nil {
 						var u errUnreadable
 						if errors.As(err, &u) {
 							bad = true
 							continue
 						}
-						if !errors.Is(err, seal.ErrErased) {
+						if !errors.Is(err, sealing.ErrErased) {
 							tx.Rollback()
 							return fmt.Errorf("%s %d: %w", table, x.id, err)
 						}

@@ -1,4 +1,4 @@
-package seal
+package sealing
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/mcp-outbox/mcp-outbox/outbox/seal"
 )
 
 // ErrKeyRequired: the database is encrypted and a process was started
@@ -28,7 +30,7 @@ func RequireKeyFile(ctx context.Context, db *sql.DB, s *Sealer) error {
 		return err
 	}
 	return fmt.Errorf("%w: its data keys are wrapped by key %s and no key file was given: give it with --encryption-key-file "+
-		"(MCP_OUTBOX_ENCRYPTION_KEY_FILE; Options.Sealer in the library). Without it new values would be stored in plaintext, "+
+		"(MCP_OUTBOX_ENCRYPTION_KEY_FILE; Options.Keys in the library). Without it new values would be stored in plaintext, "+
 		"recorded results could not be read, and a retry without an idempotency key would run the call again. "+
 		"To turn encryption off, run 'mcp-outbox outbox decrypt' with the key file first",
 		ErrKeyRequired, quoteIDs(ids))
@@ -37,7 +39,7 @@ func RequireKeyFile(ctx context.Context, db *sql.DB, s *Sealer) error {
 // HashKeyMissing is the error of a start whose key file lacks the key that
 // wraps the hash key (err, from LoadHashKey): every keyed hash would be
 // computed anew without it, so no keyless retry would match.
-func HashKeyMissing(err *MissingKeyError) error {
+func HashKeyMissing(err *seal.MissingKeyError) error {
 	return fmt.Errorf("%w: key %q, which wraps the database's hash key, is not in the key file: without it arguments would be hashed "+
 		"without the database's secret, and a retry without an idempotency key would not match its first call and would run again. "+
 		"Put %q back in the key file (keep it there until 'mcp-outbox outbox reencrypt' has run with the new key first): %w",
@@ -55,7 +57,7 @@ func quoteIDs(ids []string) string {
 // MissingKeys returns the ids of the key-encryption keys that wrap live
 // data keys in db and that ring lacks (all of them when ring is nil):
 // values under them cannot be read until the key is back.
-func MissingKeys(ctx context.Context, db *sql.DB, ring KeyRing) ([]string, error) {
+func MissingKeys(ctx context.Context, db *sql.DB, ring seal.KeyRing) ([]string, error) {
 	rows, err := db.QueryContext(ctx, `SELECT DISTINCT key_id FROM data_keys WHERE erased_at IS NULL ORDER BY key_id`)
 	if err != nil {
 		return nil, fmt.Errorf("list key ids: %w", err)

@@ -7,7 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
+	"github.com/mcp-outbox/mcp-outbox/internal/admin"
+	"github.com/mcp-outbox/mcp-outbox/internal/opsquery"
 	"github.com/mcp-outbox/mcp-outbox/query"
 )
 
@@ -27,7 +28,7 @@ func TestResolveCall(t *testing.T) {
 		WHERE key IN ('ran', 'refused', 'never-ran')`); err != nil {
 		t.Fatal(err)
 	}
-	unknown, err := query.ListUnknownCalls(ctx, b.db, 10)
+	unknown, err := opsquery.ListUnknownCalls(ctx, b.db, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,7 +36,7 @@ func TestResolveCall(t *testing.T) {
 		unknown[0].Attempts != 1 || unknown[0].CallID == "" || unknown[0].CreatedAt.IsZero() {
 		t.Fatalf("unknown calls: %+v", unknown)
 	}
-	if n, err := query.CountUnknownCalls(ctx, b.db); err != nil || n != 3 {
+	if n, err := opsquery.CountUnknownCalls(ctx, b.db); err != nil || n != 3 {
 		t.Errorf("CountUnknownCalls = %d, %v; want 3", n, err)
 	}
 	before := charges(t, b)
@@ -104,7 +105,7 @@ func TestResolveCall(t *testing.T) {
 	if got := charges(t, b); got != before+1 {
 		t.Errorf("%d charges, want %d: the call resolved as rerun runs on its retry", got, before+1)
 	}
-	if unknown, _ := query.ListUnknownCalls(ctx, b.db, 10); len(unknown) != 0 {
+	if unknown, _ := opsquery.ListUnknownCalls(ctx, b.db, 10); len(unknown) != 0 {
 		t.Errorf("unknown calls left: %+v", unknown)
 	}
 }

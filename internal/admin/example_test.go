@@ -9,8 +9,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/admin"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
-	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 

@@ -7,9 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/admin"
+	"github.com/mcp-outbox/mcp-outbox/internal/defaults"
 	"github.com/mcp-outbox/mcp-outbox/internal/outboxtest"
 	"github.com/mcp-outbox/mcp-outbox/outbox"
-	"github.com/mcp-outbox/mcp-outbox/outbox/admin"
 	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
@@ -190,7 +191,7 @@ func TestPurge_SteadyLoadDoesNotGrowTheFile(t *testing.T) {
 		if _, err := b.db.Write.Exec(`DELETE FROM charges`); err != nil {
 			t.Fatal(err)
 		}
-		clk.Add(outbox.DefaultDeliveredRetention + time.Hour)
+		clk.Add(defaults.DeliveredRetention + time.Hour)
 		got := purge(t, b.db, outbox.Retention{}, clk.Now(), false)
 		if got != (admin.PurgeCounts{Calls: perRound, DeliveredEffects: perRound}) {
 			t.Fatalf("round %d: purged %+v, want %d calls and effects", round, got, perRound)

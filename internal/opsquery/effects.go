@@ -1,4 +1,4 @@
-package query
+package opsquery
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/mcp-outbox/mcp-outbox/query"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -92,7 +93,7 @@ type EffectRow struct {
 	ID      int64  `json:"id"`
 	CallKey string `json:"callKey,omitempty"`
 	Tool    string `json:"tool,omitempty"`
-	EffectStatus
+	query.EffectStatus
 	Response  string    `json:"response,omitempty"`
 	CreatedAt time.Time `json:"createdAt"`
 	UpdatedAt time.Time `json:"updatedAt"`

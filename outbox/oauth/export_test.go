@@ -1,0 +1,6 @@
+package oauth
+
+// Names the external tests read.
+var (
+	MaxTokenBytes = maxTokenBytes
+)
