@@ -31,6 +31,18 @@ type Noter struct {
 // PollInterval (zero: its default).
 func StartNoter(tb testing.TB, db *schema.DB, poll time.Duration) *Noter {
 	tb.Helper()
+	return startNoter(tb, db, poll, false)
+}
+
+// StartNoterNoDispatcher is StartNoter with no dispatcher: another
+// process delivers.
+func StartNoterNoDispatcher(tb testing.TB, db *schema.DB) *Noter {
+	tb.Helper()
+	return startNoter(tb, db, 0, true)
+}
+
+func startNoter(tb testing.TB, db *schema.DB, poll time.Duration, noDispatcher bool) *Noter {
+	tb.Helper()
 	ctx := context.Background()
 	if _, err := db.Write.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS handle_notes (note TEXT NOT NULL)`); err != nil {
 		tb.Fatal(err)
@@ -60,10 +72,14 @@ func StartNoter(tb testing.TB, db *schema.DB, poll time.Duration) *Noter {
 		_, err := tx.Enqueue(ctx, outbox.Effect{Destination: "sink", Path: "/", Body: []byte(`"` + in.Note + `"`)})
 		return nil, struct{}{}, err
 	}, nil)
-	r, err := l.Start(ctx, &outbox.StartOptions{Dispatcher: &dispatch.Options{
+	so := &outbox.StartOptions{Dispatcher: &dispatch.Options{
 		PollInterval: poll,
 		Destinations: []dispatch.Destination{{Name: "sink", URL: u}},
-	}})
+	}}
+	if noDispatcher {
+		so = &outbox.StartOptions{NoDispatcher: true, KnownDestinations: []string{"sink"}}
+	}
+	r, err := l.Start(ctx, so)
 	if err != nil {
 		tb.Fatal(err)
 	}
