@@ -94,6 +94,11 @@ type DB struct {
 // PostgreSQL store linked in (import _
 // "github.com/mcp-outbox/mcp-outbox/schema/postgres"); without it, Open
 // fails with an error saying so.
+//
+// Open makes the pool itself. To hand the layer a pool or *sql.DB the
+// program configures (TLS, credentials, sizes, a tracer), use
+// postgres.FromPool or postgres.FromDB (package schema/postgres), or
+// sqlite.FromDB (package schema/sqlite), which return the same DB.
 func Open(ctx context.Context, target string, opts *Options) (*DB, error) {
 	path := target
 	var o Options

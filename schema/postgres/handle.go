@@ -114,6 +114,14 @@ func FromDB(ctx context.Context, db *sql.DB) (*schema.DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open database %s: %w", name, err)
 	}
+	if !pgxConn {
+		// A wrapper of pgx's, or another database altogether: an SQLite
+		// handle would otherwise fail later on a function it lacks.
+		var v string
+		if err := db.QueryRowContext(ctx, `SELECT current_setting('server_version')`).Scan(&v); err != nil {
+			return nil, fmt.Errorf("open database: not a PostgreSQL database (for SQLite use sqlite.FromDB): %w", err)
+		}
+	}
 	need := MinConns
 	if pgxConn {
 		need++ // the listener's

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"net/url"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
+	_ "modernc.org/sqlite"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/faultdb"
 	"github.com/mcp-outbox/mcp-outbox/internal/netfault"
@@ -238,10 +240,39 @@ func TestFromPool_DurabilityIsThePools(t *testing.T) {
 
 // A fresh call on the program's pool costs the 3 round trips it costs on
 // schema.Open's (outbox/postgres_roundtrips_test.go): the pool's
-// connections are pgx's under database/sql, so the layer pipelines.
+// connections are pgx's under database/sql, so the layer pipelines. That
+// holds in every query exec mode of pgx's but describe_exec, which
+// describes each statement before it sends it: the layer allows it, at
+// twice the round trips.
 func TestFromPool_RoundTripsPerCall(t *testing.T) {
 	t.Parallel()
-	u, err := url.Parse(pgtest.Database(t))
+	for _, c := range []struct {
+		mode  string
+		trips int64
+	}{{"cache_statement", 3}, {"cache_describe", 3}, {"exec", 3}, {"simple_protocol", 3}, {"describe_exec", 6}} {
+		t.Run(c.mode, func(t *testing.T) {
+			t.Parallel()
+			got := freshCallTrips(t, "default_query_exec_mode="+c.mode)
+			t.Logf("%s: %d round trips per fresh call", c.mode, got)
+			if got != c.trips {
+				t.Errorf("a fresh key's call on the user's pool (%s) took %d round trips, want %d", c.mode, got, c.trips)
+			}
+		})
+	}
+}
+
+// freshCallTrips counts the round trips of a fresh key's call on a pool
+// whose URL has query, through a proxy.
+func freshCallTrips(t *testing.T, query string) int64 {
+	direct := pgtest.Database(t)
+	// Migrated first without the proxy's delay, which would make each of
+	// the migrations' statements cost it.
+	if db, err := postgres.FromPool(context.Background(), userPool(t, direct, nil)); err != nil {
+		t.Fatal(err)
+	} else {
+		db.Close()
+	}
+	u, err := url.Parse(direct)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,12 +283,12 @@ func TestFromPool_RoundTripsPerCall(t *testing.T) {
 	p.SetDelay(20*time.Millisecond, 0)
 	t.Cleanup(func() { p.Close() })
 	u.Host = p.Addr()
-	pool := userPool(t, u.String(), nil)
+	pool := userPool(t, withQuery(u.String(), query), nil)
 	db, err := postgres.FromPool(context.Background(), pool)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer db.Close()
+	t.Cleanup(func() { db.Close() })
 	// No dispatcher: its rounds would count.
 	n := outboxtest.StartNoterNoDispatcher(t, db)
 	idle := func() {
@@ -280,9 +311,7 @@ func TestFromPool_RoundTripsPerCall(t *testing.T) {
 	}
 	trips("warm-1")
 	trips("warm-2")
-	if got := trips("fresh"); got != 3 {
-		t.Errorf("a fresh key's call on the user's pool took %d round trips, want 3", got)
-	}
+	return trips("fresh")
 }
 
 // TestPgBouncer: behind PgBouncer in transaction or statement pooling
@@ -368,5 +397,19 @@ func TestFromDB_WrappedDriverPollsQuietly(t *testing.T) {
 	}
 	if w := logs.Records(t, "listen for new effects; polling meanwhile"); len(w) != 0 {
 		t.Errorf("the dispatcher warned %d times that it will listen again: %v", len(w), w)
+	}
+}
+
+// An SQLite handle given to FromDB is told where it belongs.
+func TestFromDB_NotPostgreSQL(t *testing.T) {
+	t.Parallel()
+	lite, err := sql.Open("sqlite", filepath.Join(t.TempDir(), "app.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lite.Close()
+	_, err = postgres.FromDB(context.Background(), lite)
+	if err == nil || !strings.Contains(err.Error(), "not a PostgreSQL database (for SQLite use sqlite.FromDB)") {
+		t.Fatalf("FromDB(an SQLite handle): %v", err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -17,7 +18,8 @@ import (
 // server of database URL server, and returns the URL of that database
 // through it. It skips the test where no pgbouncer is installed
 // (Debian: apt-get install pgbouncer). PgBouncer refuses to run as root,
-// so as root it runs as the postgres user, as pgtest's cluster does.
+// so as root it runs as the postgres user, as pgtest's cluster does. It
+// is stopped when the test ends.
 func startPgBouncer(t *testing.T, server, mode string) string {
 	t.Helper()
 	bin, err := exec.LookPath("pgbouncer")
@@ -35,10 +37,11 @@ func startPgBouncer(t *testing.T, server, mode string) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	var asUser string
+	cmd := exec.Command(bin, filepath.Join(dir, "pgbouncer.ini"))
 	if os.Geteuid() == 0 {
-		asUser = "postgres"
-		u, err := user.Lookup(asUser)
+		// As the user itself, not through runuser: killing runuser
+		// leaves its child running.
+		u, err := user.Lookup("postgres")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -47,6 +50,7 @@ func startPgBouncer(t *testing.T, server, mode string) string {
 		if err := os.Chown(dir, uid, gid); err != nil {
 			t.Fatal(err)
 		}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -70,12 +74,6 @@ logfile = %s
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
 			t.Fatal(err)
 		}
-	}
-	var cmd *exec.Cmd
-	if asUser != "" {
-		cmd = exec.Command("runuser", "-u", asUser, "--", bin, filepath.Join(dir, "pgbouncer.ini"))
-	} else {
-		cmd = exec.Command(bin, filepath.Join(dir, "pgbouncer.ini"))
 	}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

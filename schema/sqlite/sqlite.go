@@ -56,20 +56,34 @@ func FromDB(ctx context.Context, db *sql.DB) (*schema.DB, error) {
 	if err := db.QueryRowContext(ctx, `SELECT sqlite_version()`).Scan(&version); err != nil {
 		return nil, fmt.Errorf("open database: not an SQLite database (for PostgreSQL use postgres.FromDB): %w", err)
 	}
-	if n := db.Stats().MaxOpenConnections; n != 1 {
-		return nil, fmt.Errorf("open database: the *sql.DB allows %s connections, the layer needs exactly one writer: "+
-			"call db.SetMaxOpenConns(1)", limit(n))
-	}
 	path, err := mainFile(ctx, db)
 	if err != nil {
 		return nil, err
 	}
-	s, err := readSettings(ctx, db, path)
-	if err != nil {
-		return nil, err
+	// Every setting is checked before any is reported, so that one error
+	// says all a handle lacks, and the DSN that has it all.
+	var lacks []string
+	if n := db.Stats().MaxOpenConnections; n != 1 {
+		lacks = append(lacks, fmt.Sprintf("the *sql.DB allows %s connections, the layer needs exactly one writer: "+
+			"call db.SetMaxOpenConns(1)", limit(n)))
 	}
-	if err := checkImmediate(ctx, db, path); err != nil {
-		return nil, err
+	s, more, err := readSettings(ctx, db)
+	if err != nil {
+		return nil, fmt.Errorf("open database %s: %w", path, err)
+	}
+	lacks = append(lacks, more...)
+	deferred, err := beginsDeferred(ctx, db, path)
+	if err != nil {
+		return nil, fmt.Errorf("open database %s: check _txlock: %w", path, err)
+	}
+	if deferred {
+		lacks = append(lacks, "the *sql.DB begins transactions DEFERRED, the layer needs IMMEDIATE "+
+			"(a deferred transaction that reads, then writes, fails with SQLITE_BUSY when another writer went first): "+
+			"add _txlock=immediate to the DSN")
+	}
+	if len(lacks) > 0 {
+		return nil, fmt.Errorf("open database %s: %s; a DSN with every setting the layer needs: %s", path,
+			strings.Join(lacks, "; "), goodDSN(path))
 	}
 	read := sql.OpenDB(connector{db.Driver(), dsn(path, s, "deferred", s.busyMS)})
 	read.SetMaxOpenConns(schema.DefaultReadConns)
@@ -122,26 +136,28 @@ type settings struct {
 }
 
 // readSettings reads the settings the layer needs from the writer
-// connection, and fails naming the first that is wrong.
-func readSettings(ctx context.Context, db *sql.DB, path string) (settings, error) {
-	var s settings
-	pragma := func(name string, v any) error {
-		if err := db.QueryRowContext(ctx, "PRAGMA "+name).Scan(v); err != nil {
-			return fmt.Errorf("open database %s: read %s: %w", path, name, err)
+// connection, and says of each one that is wrong what it is and how to
+// set it.
+func readSettings(ctx context.Context, db *sql.DB) (s settings, lacks []string, err error) {
+	pragma := func(name string, v any) {
+		if err == nil {
+			if qerr := db.QueryRowContext(ctx, "PRAGMA "+name).Scan(v); qerr != nil {
+				err = fmt.Errorf("read %s: %w", name, qerr)
+			}
 		}
-		return nil
 	}
 	var mode string
-	if err := pragma("journal_mode", &mode); err != nil {
-		return s, err
+	var sync, fk int
+	pragma("journal_mode", &mode)
+	pragma("synchronous", &sync)
+	pragma("foreign_keys", &fk)
+	pragma("busy_timeout", &s.busyMS)
+	if err != nil {
+		return s, nil, err
 	}
 	if !strings.EqualFold(mode, "wal") {
-		return s, fmt.Errorf("open database %s: journal_mode is %s, the layer needs WAL: "+
-			"add _pragma=journal_mode(WAL) to the DSN (it is stored in the file, so once is enough)", path, mode)
-	}
-	var sync int
-	if err := pragma("synchronous", &sync); err != nil {
-		return s, err
+		lacks = append(lacks, fmt.Sprintf("journal_mode is %s, the layer needs WAL: "+
+			"add _pragma=journal_mode(WAL) to the DSN (it is stored in the file, so once is enough)", mode))
 	}
 	switch sync {
 	case 2:
@@ -150,59 +166,55 @@ func readSettings(ctx context.Context, db *sql.DB, path string) (settings, error
 		s.durability = schema.DurabilityNormal
 	default:
 		names := map[int]string{0: "OFF", 3: "EXTRA"}
-		return s, fmt.Errorf("open database %s: synchronous is %s, the layer needs FULL (or NORMAL, which may lose the last commits "+
-			"to a crash of the machine): add _pragma=synchronous(FULL) to the DSN", path, names[sync])
-	}
-	var fk int
-	if err := pragma("foreign_keys", &fk); err != nil {
-		return s, err
+		lacks = append(lacks, fmt.Sprintf("synchronous is %s, the layer needs FULL (or NORMAL, which may lose the last commits "+
+			"to a crash of the machine): add _pragma=synchronous(FULL) to the DSN", names[sync]))
 	}
 	if fk != 1 {
-		return s, fmt.Errorf("open database %s: foreign_keys is off, the layer's tables need it on: "+
-			"add _pragma=foreign_keys(1) to the DSN", path)
-	}
-	if err := pragma("busy_timeout", &s.busyMS); err != nil {
-		return s, err
+		lacks = append(lacks, "foreign_keys is off, the layer's tables need it on: add _pragma=foreign_keys(1) to the DSN")
 	}
 	if s.busyMS <= 0 {
-		return s, fmt.Errorf("open database %s: busy_timeout is 0, so a write that meets another process's lock fails at once "+
-			"with SQLITE_BUSY: add _pragma=busy_timeout(%d) to the DSN", path, schema.DefaultBusyTimeout.Milliseconds())
+		lacks = append(lacks, fmt.Sprintf("busy_timeout is 0, so a write that meets another process's lock fails at once "+
+			"with SQLITE_BUSY: add _pragma=busy_timeout(%d) to the DSN", schema.DefaultBusyTimeout.Milliseconds()))
 	}
-	return s, nil
+	return s, lacks, nil
 }
 
-// checkImmediate fails unless the writer's transactions take the write
-// lock at BEGIN. There is no pragma to read it (it is the driver's
-// _txlock), so it is tried: with a transaction of the writer open and
-// nothing run in it, a connection of our own asks for the write lock
-// without waiting. BEGIN IMMEDIATE (or EXCLUSIVE) holds it already, and
-// the ask fails with SQLITE_BUSY; a deferred BEGIN takes no lock until
-// its first statement, and the ask succeeds.
-func checkImmediate(ctx context.Context, db *sql.DB, path string) error {
+// goodDSN is a DSN for path with every setting the layer needs.
+func goodDSN(path string) string {
+	return "file:" + (&url.URL{Path: path}).EscapedPath() + "?_pragma=journal_mode(WAL)&_pragma=synchronous(FULL)" +
+		"&_pragma=foreign_keys(1)&_pragma=busy_timeout(" + fmt.Sprint(schema.DefaultBusyTimeout.Milliseconds()) + ")&_txlock=immediate"
+}
+
+// beginsDeferred reports whether the writer's transactions begin
+// DEFERRED, not taking the write lock at BEGIN. There is no pragma to read
+// it (it is the driver's _txlock), so it is tried: with a transaction of
+// the writer open and nothing run in it, a connection of our own asks for
+// the write lock without waiting. BEGIN IMMEDIATE (or EXCLUSIVE) holds it
+// already, and the ask fails with SQLITE_BUSY; a deferred BEGIN takes no
+// lock until its first statement, and the ask succeeds.
+func beginsDeferred(ctx context.Context, db *sql.DB, path string) (bool, error) {
 	probe := sql.OpenDB(connector{db.Driver(), dsn(path, settings{durability: schema.DurabilityFull}, "deferred", 0)})
 	defer probe.Close()
 	c, err := probe.Conn(ctx)
 	if err != nil {
-		return fmt.Errorf("open database %s: check _txlock: %w", path, err)
+		return false, err
 	}
 	defer c.Close()
 	tx, err := db.BeginTx(ctx, nil)
 	if err != nil {
-		return fmt.Errorf("open database %s: check _txlock: begin: %w", path, err)
+		return false, fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback()
 	_, err = c.ExecContext(ctx, `BEGIN IMMEDIATE`)
 	if err == nil {
 		_, _ = c.ExecContext(ctx, `ROLLBACK`)
-		return fmt.Errorf("open database %s: the *sql.DB begins transactions DEFERRED, the layer needs IMMEDIATE "+
-			"(a deferred transaction that reads, then writes, fails with SQLITE_BUSY when another writer went first): "+
-			"add _txlock=immediate to the DSN", path)
+		return true, nil
 	}
 	var e interface{ Code() int } // modernc.org/sqlite's *Error
 	if errors.As(err, &e) && e.Code()&0xff == 5 {
-		return nil // SQLITE_BUSY: the writer holds the lock
+		return false, nil // SQLITE_BUSY: the writer holds the lock
 	}
-	return fmt.Errorf("open database %s: check _txlock: %w", path, err)
+	return false, err
 }
 
 // dsn is a modernc.org/sqlite data source name with the handle's settings

@@ -117,3 +117,31 @@ func TestFromDB_NotSQLite(t *testing.T) {
 		t.Fatalf("FromDB(nil): %v", err)
 	}
 }
+
+// A handle opened with no settings at all hears, in one error, everything
+// it lacks and a DSN that has it, rather than one setting per attempt.
+func TestFromDB_SaysAllAtOnce(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "app.db")
+	bare, err := sql.Open("sqlite", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bare.Close()
+	bare.SetMaxOpenConns(2)
+	_, err = sqlite.FromDB(context.Background(), bare)
+	if err == nil {
+		t.Fatal("FromDB accepted a bare handle")
+	}
+	for _, want := range []string{"SetMaxOpenConns(1)", "_pragma=journal_mode(WAL) to", "_pragma=foreign_keys(1) to",
+		"_pragma=busy_timeout(5000) to", "_txlock=immediate to", "a DSN with every setting the layer needs: file:" + path + "?" + good} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("the error does not say %q: %v", want, err)
+		}
+	}
+	// What it says works.
+	db, err := sqlite.FromDB(context.Background(), userDB(t, path, good, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+}
