@@ -55,7 +55,7 @@ var ErrPooledSessions = errors.New("connections do not keep their session betwee
 //     MaxConns: the database sees up to MaxConns + 1 connections.
 //   - Durability is the pool's: synchronous_commit as its connections have
 //     it (a RuntimeParams entry, or the role's or server's setting). Off
-//     or local is [schema.DurabilityNormal]; any other is full, which the
+//     is [schema.DurabilityNormal]; any other level is full, which the
 //     layer relaxes for its own claims and restores to the connection's
 //     level.
 //   - The network bounds that [schema.Open] adds (connect timeout, TCP
@@ -159,8 +159,10 @@ func adopt(ctx context.Context, db *sql.DB, name string, s schema.Store, pgxConn
 	if err := db.QueryRowContext(ctx, `SELECT current_setting('synchronous_commit')`).Scan(&level); err != nil {
 		return fail(fmt.Errorf("open database %s: read synchronous_commit: %w", name, err))
 	}
+	// Only off returns before the commit's WAL is flushed on this server;
+	// local and the replication levels flush it first.
 	d := schema.DurabilityFull
-	if level == "off" || level == "local" {
+	if level == "off" {
 		d = schema.DurabilityNormal
 	}
 	v, err := handle.Adopt(ctx, handle.Args{Dialect: string(schema.Postgres), Store: s, Write: db, Read: db,

@@ -222,19 +222,22 @@ func TestFromPool_RelaxedRestoresTheConnectionsLevel(t *testing.T) {
 }
 
 // Durability is the pool's: synchronous_commit = off on its connections
-// is DurabilityNormal.
+// is DurabilityNormal; local, which flushes the commit on this server
+// before it returns, is full.
 func TestFromPool_DurabilityIsThePools(t *testing.T) {
 	t.Parallel()
-	pool := userPool(t, pgtest.Database(t), func(c *pgxpool.Config) {
-		c.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
-	})
-	db, err := postgres.FromPool(context.Background(), pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	if db.Durability != schema.DurabilityNormal {
-		t.Errorf("Durability = %s, want normal", db.Durability)
+	for level, want := range map[string]schema.Durability{"off": schema.DurabilityNormal, "local": schema.DurabilityFull} {
+		pool := userPool(t, pgtest.Database(t), func(c *pgxpool.Config) {
+			c.ConnConfig.RuntimeParams["synchronous_commit"] = level
+		})
+		db, err := postgres.FromPool(context.Background(), pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if db.Durability != want {
+			t.Errorf("synchronous_commit = %s: Durability = %s, want %s", level, db.Durability, want)
+		}
+		db.Close()
 	}
 }
 
