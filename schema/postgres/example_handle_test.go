@@ -25,7 +25,7 @@ func ExampleFromPool() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	cfg.MaxConns = 16 // the calls served at once, plus one; at least postgres.MinConns
+	cfg.MaxConns = 16 // the calls served at once, plus one; at least 2
 	cfg.ConnConfig.ConnectTimeout = 5 * time.Second
 	d := &net.Dialer{KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: 10 * time.Second, Interval: 5 * time.Second, Count: 3}}
 	cfg.ConnConfig.DialFunc = d.DialContext

@@ -18,12 +18,12 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/schema/internal/handle"
 )
 
-// MinConns is the fewest connections a pool handed to [FromPool] or
+// minConns is the fewest connections a pool handed to [FromPool] or
 // [FromDB] may allow: a call holds one from its claim to its commit, and
 // the layer needs another meanwhile (a lease renewal, the dispatcher, a
 // readiness check) that must not wait for the call's handler to finish.
 // Size a pool to the calls it serves at once, plus one.
-const MinConns = 2
+const minConns = 2
 
 // ErrPooledSessions is returned by [FromPool] and [FromDB] when the
 // connections do not keep their server session between transactions:
@@ -65,7 +65,7 @@ var ErrPooledSessions = errors.New("connections do not keep their session betwee
 //     and keepalives and tcp_user_timeout through DialFunc.
 //
 // It fails with an error naming the setting when the pool allows fewer
-// than [MinConns] connections, or its connections do not keep their
+// than 2 connections, or its connections do not keep their
 // session ([ErrPooledSessions]).
 func FromPool(ctx context.Context, pool *pgxpool.Pool) (*schema.DB, error) {
 	if pool == nil {
@@ -73,10 +73,10 @@ func FromPool(ctx context.Context, pool *pgxpool.Pool) (*schema.DB, error) {
 	}
 	cfg := pool.Config()
 	name := nameOf(*cfg.ConnConfig)
-	if cfg.MaxConns < MinConns {
+	if cfg.MaxConns < minConns {
 		return nil, fmt.Errorf("open database %s: the pool allows %d connection(s), the layer needs at least %d: "+
 			"set pgxpool.Config.MaxConns (pool_max_conns in the URL) to the calls served at once plus one",
-			name, cfg.MaxConns, MinConns)
+			name, cfg.MaxConns, minConns)
 	}
 	db := stdlib.OpenDBFromPool(pool)
 	return adopt(ctx, db, name, poolStore{pool: pool}, true, db.Close)
@@ -89,7 +89,7 @@ func FromPool(ctx context.Context, pool *pgxpool.Pool) (*schema.DB, error) {
 // open. What [FromPool] says of durability, the network bounds and
 // poolers holds here too. The dispatcher's LISTEN holds one of the
 // *sql.DB's connections for as long as the layer runs, so a MaxOpenConns
-// set must leave room for it: at least [MinConns] + 1.
+// set must leave room for it: at least 3.
 //
 // A *sql.DB whose driver wraps pgx's (otelsql and the like) works with
 // what a wrapper allows: statements go one round trip each, as through
@@ -122,7 +122,7 @@ func FromDB(ctx context.Context, db *sql.DB) (*schema.DB, error) {
 			return nil, fmt.Errorf("open database: not a PostgreSQL database (for SQLite use sqlite.FromDB): %w", err)
 		}
 	}
-	need := MinConns
+	need := minConns
 	if pgxConn {
 		need++ // the listener's
 	}
