@@ -416,3 +416,76 @@ func TestFromDB_NotPostgreSQL(t *testing.T) {
 		t.Fatalf("FromDB(an SQLite handle): %v", err)
 	}
 }
+
+// The layer reads the errors of the user's pool as it reads schema.Open's:
+// a connection gone is Unavailable, and a COMMIT that PostgreSQL answered
+// with ROLLBACK is CommitRolledBack; and its connections are pgx's own,
+// which the layer pipelines on, through a pool or a *sql.DB, while a
+// wrapping driver's are not.
+func TestFromPool_ReadsErrorsAndPipes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	direct := pgtest.Database(t)
+	u, err := url.Parse(direct)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := netfault.Start(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	u.Host = p.Addr()
+	pool := userPool(t, u.String(), nil)
+	db, err := postgres.FromPool(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+
+	tx, err := db.Write.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.ExecContext(ctx, `SELECT 1/0`); err == nil {
+		t.Fatal("1/0 succeeded")
+	}
+	if err := tx.Commit(); !db.CommitRolledBack(err) {
+		t.Errorf("a COMMIT after a failed statement: %v, CommitRolledBack false", err)
+	}
+
+	conn, err := db.Write.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !db.CanPipe(conn) {
+		t.Error("CanPipe is false on a connection of the user's pool")
+	}
+	p.Reset()
+	_, err = conn.ExecContext(ctx, `SELECT 1`)
+	if err == nil || !db.Unavailable(err) {
+		t.Errorf("a statement on a connection reset under it: %v, Unavailable false", err)
+	}
+	conn.Close()
+
+	for name, driverName := range map[string]string{"pgx": "pgx", "wrapped": faultdb.NewPostgres(1).DriverName()} {
+		user, err := sql.Open(driverName, direct)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer user.Close()
+		db, err := postgres.FromDB(ctx, user)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		c, err := db.Write.Conn(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := db.CanPipe(c); got != (name == "pgx") {
+			t.Errorf("FromDB on %s's driver: CanPipe = %v", name, got)
+		}
+		c.Close()
+	}
+}
