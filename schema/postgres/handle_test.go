@@ -80,6 +80,15 @@ func TestFromDB_EndToEnd(t *testing.T) {
 			}
 			return db
 		}},
+		// The fewest connections FromDB accepts: the listener holds one.
+		{"ThreeConns", func(t *testing.T, u string) *sql.DB {
+			db, err := sql.Open("pgx", u)
+			if err != nil {
+				t.Fatal(err)
+			}
+			db.SetMaxOpenConns(3)
+			return db
+		}},
 		{"OpenDBFromPool", func(t *testing.T, u string) *sql.DB { return stdlib.OpenDBFromPool(userPool(t, u, nil)) }},
 		// A driver that wraps pgx's: no pipeline and no LISTEN, the
 		// dispatcher polls.
@@ -118,7 +127,8 @@ func TestFromPool_ListenWakesTheDispatcher(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	u := pgtest.Database(t)
-	pool := userPool(t, u, nil)
+	// The fewest connections FromPool accepts: the listener is not one.
+	pool := userPool(t, u, func(c *pgxpool.Config) { c.MaxConns = 2 })
 	db, err := postgres.FromPool(ctx, pool)
 	if err != nil {
 		t.Fatal(err)
