@@ -82,6 +82,9 @@ type DB struct {
 
 	store Store  // nil on SQLite
 	dsn   string // the store's data source name, for connections outside the pool
+	// close, when set, is what Close does instead of closing Write and
+	// Read: the DB was made of a handle its user keeps (handle.Adopt).
+	close func() error
 }
 
 // Open opens a database and applies the outbox migrations. target is the
@@ -91,6 +94,11 @@ type DB struct {
 // PostgreSQL store linked in (import _
 // "github.com/mcp-outbox/mcp-outbox/schema/postgres"); without it, Open
 // fails with an error saying so.
+//
+// Open makes the pool itself. To hand the layer a pool or *sql.DB the
+// program configures (TLS, credentials, sizes, a tracer), use
+// postgres.FromPool or postgres.FromDB (package schema/postgres), or
+// sqlite.FromDB (package schema/sqlite), which return the same DB.
 func Open(ctx context.Context, target string, opts *Options) (*DB, error) {
 	path := target
 	var o Options
@@ -227,8 +235,14 @@ func sqliteCode(err error) int {
 	return 0
 }
 
-// Close closes both handles.
+// Close closes both handles. A DB made of the user's own handle
+// (postgres.FromPool, postgres.FromDB, sqlite.FromDB) closes only what the
+// layer opened beside it: the user's pool or *sql.DB stays open, theirs to
+// close, after the DB.
 func (db *DB) Close() error {
+	if db.close != nil {
+		return db.close()
+	}
 	if db.Read == db.Write {
 		return db.Write.Close()
 	}
@@ -258,20 +272,56 @@ func (db *DB) Relaxed(ctx context.Context, fn func(*sql.Conn) error) error {
 	if db.Durability == DurabilityNormal {
 		return fn(conn)
 	}
-	relax, restore := "PRAGMA synchronous=NORMAL", "PRAGMA synchronous=FULL"
 	if db.Dialect == Postgres {
-		relax, restore = "SET synchronous_commit = off", "RESET synchronous_commit"
+		return db.relaxedPostgres(ctx, conn, fn)
 	}
-	if _, err := conn.ExecContext(ctx, relax); err != nil {
+	if _, err := conn.ExecContext(ctx, "PRAGMA synchronous=NORMAL"); err != nil {
 		return fmt.Errorf("relax synchronous: %w", err)
 	}
 	ferr := fn(conn)
-	if _, err := conn.ExecContext(context.WithoutCancel(ctx), restore); err != nil {
+	if _, err := conn.ExecContext(context.WithoutCancel(ctx), "PRAGMA synchronous=FULL"); err != nil {
 		_ = conn.Raw(func(any) error { return driver.ErrBadConn })
 		return errors.Join(ferr, fmt.Errorf("restore synchronous: %w", err))
 	}
 	return ferr
 }
+
+// relaxedPostgres is Relaxed on PostgreSQL. It restores the level the
+// connection had, not the server's default (which RESET would): on a pool
+// the user configures (postgres.FromPool), the connection may carry a
+// level of their own, set by their AfterConnect, that their next
+// transaction on it relies on. The prior level comes back in the same
+// round trip as the change (the select list is evaluated left to right).
+func (db *DB) relaxedPostgres(ctx context.Context, conn *sql.Conn, fn func(*sql.Conn) error) error {
+	var was string
+	err := conn.QueryRowContext(ctx,
+		`SELECT current_setting('synchronous_commit'), set_config('synchronous_commit', 'off', false)`).Scan(&was, new(string))
+	if err != nil {
+		return fmt.Errorf("relax synchronous_commit: %w", err)
+	}
+	if was == "off" {
+		return fn(conn) // relaxed already (Durability normal, or the user's pool)
+	}
+	ferr := fn(conn)
+	if _, err := conn.ExecContext(context.WithoutCancel(ctx), `SELECT set_config('synchronous_commit', $1, false)`, was); err != nil {
+		// The connection must not go back to the pool relaxed. database/sql
+		// discards it on ErrBadConn, but under a pool of pgx's
+		// (stdlib.OpenDBFromPool) discarding only releases the pgx
+		// connection to it, alive: the store closes it first (discarder).
+		_ = conn.Raw(func(dc any) error {
+			if d, ok := db.store.(discarder); ok {
+				d.Discard(dc)
+			}
+			return driver.ErrBadConn
+		})
+		return errors.Join(ferr, fmt.Errorf("restore synchronous_commit: %w", err))
+	}
+	return ferr
+}
+
+// discarder is a Store that can close a connection of its driver for
+// good, whatever pool it came from.
+type discarder interface{ Discard(driverConn any) }
 
 // looksLikeKeywordDSN reports whether target reads as libpq's keyword/value
 // form ("host=db port=5432 dbname=app"), which no SQLite path is meant to

@@ -2,6 +2,7 @@ package dispatch
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -56,6 +57,13 @@ func (d *Dispatcher) listen(ctx context.Context) {
 	for {
 		err := d.listenOnce(ctx, func() { wait = listenRetryFirst })
 		if ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, schema.ErrNoListen) {
+			// A store on the user's *sql.DB through a driver that wraps
+			// pgx's (postgres.FromDB) has no connection to listen on:
+			// polling alone, which trying again would not change.
+			d.logger.InfoContext(ctx, "no notifications of new effects: polling", "reason", err)
 			return
 		}
 		d.logger.WarnContext(ctx, "listen for new effects; polling meanwhile", "error", err, "retry_in", wait)

@@ -1,7 +1,8 @@
 // Package postgres links PostgreSQL into mcp-outbox: importing it, for its
 // side effect, registers the store that lets [schema.Open] open a
 // postgres:// or postgresql:// URL, through pgx's database/sql driver
-// ("pgx").
+// ("pgx"); and [FromPool] and [FromDB] hand the layer a pgx pool or a
+// *sql.DB that the program configures itself.
 //
 //	import _ "github.com/mcp-outbox/mcp-outbox/schema/postgres"
 //

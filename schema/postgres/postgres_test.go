@@ -24,7 +24,7 @@ func TestLinks_SQLiteProgramHasNoPgx(t *testing.T) {
 		return strings.Fields(string(out))
 	}
 	const mod = "github.com/mcp-outbox/mcp-outbox/"
-	for _, pkg := range []string{"schema", "query", "outbox", "outbox/operator", "examples/serve"} {
+	for _, pkg := range []string{"schema", "schema/sqlite", "query", "outbox", "outbox/operator", "examples/serve"} {
 		for _, d := range deps(mod + pkg) {
 			if strings.HasPrefix(d, "github.com/jackc/") || d == mod+"schema/postgres" {
 				t.Errorf("%s links %s: a program of SQLite alone would link pgx", pkg, d)
