@@ -1,8 +1,10 @@
-// Package schema owns the database behind mcp-outbox: the embedded,
-// numbered migrations that create the outbox tables, and the one way to open a
-// database with the settings the rest of the project relies on. SQLite (one
-// file, modernc.org/sqlite) is the embedded default; PostgreSQL (pgx through
-// database/sql) is the store that several replicas share.
+// Package schema opens the database the layer records in: [Open] takes
+// an SQLite file or a postgres:// URL, sets what the guarantees rely on,
+// and applies the embedded, numbered migrations that create the outbox
+// tables (a program's own handle goes through schema/sqlite.FromDB or
+// schema/postgres.FromPool instead). SQLite (one file, modernc.org/sqlite)
+// is the embedded default; PostgreSQL (pgx through database/sql) is the
+// store that several replicas share.
 //
 // # PostgreSQL
 //
