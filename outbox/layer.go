@@ -175,7 +175,7 @@ type Layer struct {
 // wraps the hash key: the layer would store new values in plaintext, or
 // hash arguments without the database's secret, and run a keyless retry
 // of a recorded call again. Give the key file; to turn encryption off,
-// [Decrypt] first.
+// run mcp-outbox encryption decrypt first.
 var ErrKeyRequired = sealing.ErrKeyRequired
 
 // New returns a layer on db. The database must have been opened with

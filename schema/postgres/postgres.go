@@ -1,30 +1,3 @@
-// Package postgres links PostgreSQL into mcp-outbox: importing it, for its
-// side effect, registers the store that lets [schema.Open] open a
-// postgres:// or postgresql:// URL, through pgx's database/sql driver
-// ("pgx"); and [FromPool] and [FromDB] hand the layer a pgx pool or a
-// *sql.DB that the program configures itself.
-//
-//	import _ "github.com/mcp-outbox/mcp-outbox/schema/postgres"
-//
-// Only a program that imports it links pgx: one that uses SQLite alone
-// stays without it. The outbox's SQL for PostgreSQL, its migrations
-// included, is in package schema with SQLite's and chosen by
-// [schema.DB.Dialect]; what is here is what only the client library can
-// do: build the connection string, read pgx's errors, and hold the
-// connection that LISTENs for new effects.
-//
-// Every connection is bounded on the network (see DefaultConnectTimeout
-// and the constants after it): a connect timeout, TCP keepalive and
-// TCP_USER_TIMEOUT on both ends, so that a partition that drops packets
-// fails a connection within seconds instead of hanging it. libpq's URL
-// settings connect_timeout, keepalives, keepalives_idle,
-// keepalives_interval, keepalives_count and tcp_user_timeout override the
-// defaults.
-//
-// An instrumented pool works as it is: register a driver that wraps
-// "pgx" (otelsql.Register("pgx") returns its name) and give that name as
-// [schema.Options].Driver. The dialect comes from the URL, so every
-// statement is PostgreSQL's whatever the driver's type.
 package postgres
 
 import (
