@@ -32,7 +32,7 @@ type StartOptions struct {
 	// dispatcher's defaults and no destinations, which suits a server
 	// whose tools enqueue nothing: any Enqueue is then an error. In the
 	// copy Start makes, nil Logger, Metrics, TracerProvider, Now and
-	// Sealer are the layer's (see [Options]).
+	// Keys are the layer's (see [Options]).
 	Dispatcher *dispatch.Options
 	// NoDispatcher runs no dispatcher in this process: another one
 	// delivers (mcp-outbox drain, or a replica on the same PostgreSQL
@@ -51,8 +51,7 @@ type StartOptions struct {
 	KnownDestinations []string
 	// Retention is what the reaper keeps (see [Retention]); its zero
 	// value keeps calls for 24 hours after their key expires,
-	// delivered and cancelled effects for 7 days and
-	// 7 days.
+	// delivered and cancelled effects for 7 days.
 	Retention Retention
 	// ReapInterval is how often the reaper purges, beginning at Start;
 	// zero means 10 minutes, ReaperOff runs no reaper.
