@@ -4,8 +4,8 @@
 // those packages runs [Run] with its own constructor, so a store that
 // passes here keeps the layer's promise on it: a call's writes, its
 // effects and its outcome commit together, exactly once per key, across
-// replicas and takeovers, and its effects go out in order under one
-// Idempotency-Key.
+// replicas and takeovers, its effects go out in order under one
+// Idempotency-Key, and a key is forgotten only after its retention.
 //
 // The cases assert what a client and a destination see, never how a store
 // gets there: SQLite shares a batch among calls and fences a takeover by
@@ -50,6 +50,7 @@ func Run(t *testing.T, s Store) {
 	t.Run("ReplicasRaceOneKey", func(t *testing.T) { t.Parallel(); replicasRaceOneKey(t, s) })
 	t.Run("SlowOwnerAndTakeover", func(t *testing.T) { t.Parallel(); slowOwnerAndTakeover(t, s) })
 	t.Run("EffectsInOrderUnderOneKey", func(t *testing.T) { t.Parallel(); effectsInOrder(t, s) })
+	t.Run("ExpiredKeysArePurged", func(t *testing.T) { t.Parallel(); expiredKeysArePurged(t, s) })
 }
 
 // invoices is the application table of the cases' tool. The same text
@@ -80,7 +81,7 @@ type invoiceOut struct {
 // handler before its first statement, so a case can hold an attempt
 // there. mailer, when not nil, is the dispatcher's destination; without
 // it no dispatcher runs here.
-func newServer(t *testing.T, db *schema.DB, opts *outbox.Options, before func(context.Context), mailer *url.URL) *server {
+func newServer(t *testing.T, db *schema.DB, opts *outbox.Options, before func(context.Context), mailer *url.URL, start ...func(*outbox.StartOptions)) *server {
 	t.Helper()
 	ctx := context.Background()
 	if _, err := db.Write.ExecContext(ctx, createInvoices); err != nil {
@@ -116,6 +117,9 @@ func newServer(t *testing.T, db *schema.DB, opts *outbox.Options, before func(co
 			PollInterval: 50 * time.Millisecond,
 			Destinations: []dispatch.Destination{{Name: "mailer", URL: mailer}},
 		}}
+	}
+	for _, f := range start {
+		f(so)
 	}
 	r, err := l.Start(ctx, so)
 	if err != nil {
@@ -380,5 +384,42 @@ func effectsInOrder(t *testing.T, st Store) {
 	}
 	if seen[0].key == seen[1].key || seen[1].key == seen[3].key {
 		t.Errorf("two effects share an Idempotency-Key: %v", seen)
+	}
+}
+
+// A key is remembered for its retention, then forgotten: the reaper
+// purges the finished call and its delivered effect, and the same key
+// runs the call again.
+func expiredKeysArePurged(t *testing.T, st Store) {
+	db, _ := st.Open(t)
+	mailer := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	t.Cleanup(mailer.Close)
+	u, err := url.Parse(mailer.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const keep = 200 * time.Millisecond
+	s := newServer(t, db, &outbox.Options{KeyRetention: keep}, nil, u, func(so *outbox.StartOptions) {
+		so.Retention = outbox.Retention{Calls: keep, Delivered: keep}
+		so.ReapInterval = keep / 2
+	})
+	if res, err := s.call(t, "order-p", invoiceIn{Customer: "purged", Cents: 2}); err != nil || res.IsError {
+		t.Fatalf("call: %v %s", err, outboxtest.Text(res))
+	}
+	for end := time.Now().Add(30 * time.Second); ; {
+		calls := outboxtest.Count(t, db.Read, `SELECT count(*) FROM calls`)
+		if calls == 0 && effects(t, db) == 0 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("after 30 s: %d calls and %d effects left (%s)", calls, effects(t, db), outboxtest.CallStates(t, db.Read))
+		}
+		time.Sleep(keep / 4) // the reaper's next pass
+	}
+	if res, err := s.call(t, "order-p", invoiceIn{Customer: "purged", Cents: 2}); err != nil || res.IsError {
+		t.Fatalf("the same key after its expiry: %v %s", err, outboxtest.Text(res))
+	}
+	if n := invoices(t, db); n != 2 {
+		t.Errorf("invoices %d, want 2: a forgotten key runs its call again", n)
 	}
 }
