@@ -302,7 +302,7 @@ func (a *attempt) commit(ctx context.Context, cr *mcp.CallToolResult) error {
 		if a.claimInTx {
 			// The claim's row is in its settled form (claim_tx_postgres.go).
 			q, qe = recordOutcomeSettledPiped, recordOutcomeSettledWithEffectsPiped
-			args[5] = a.uid
+			args[3], args[5] = a.settledExpiry(args[3].(int64)), a.uid
 		}
 		if len(a.pending) > 0 {
 			q, args = qe, append(args, effectColumns(a.id.principal, a.pending)...)

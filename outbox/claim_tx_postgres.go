@@ -89,10 +89,11 @@ import (
 // failed outcome, or a call that outlasts its expiry's slack, changes
 // state or expires_at as before, at today's cost.
 //
-// The expiry is the claim's time plus the retention plus a slack
-// (settledSlack): the outcome keeps it when the call ended within the
-// slack, and so the key names its call at least its retention after the
-// outcome, as before, and at most the slack longer.
+// The expiry is the claim's time plus the retention, which the outcome
+// keeps when the call ended within a slack (settledSlack) and otherwise
+// moves to the outcome's time plus the retention, as before: the key
+// names its call for its retention counted from the claim or from the
+// outcome, never more than the slack short of the latter.
 
 // claimInTxPostgres is claimOneTripPostgres in a transaction begun with
 // it. The FROM subquery sets the claim's own lock wait ($10, in
@@ -128,14 +129,25 @@ WHERE bounds.l IS NOT NULL AND bounds.i IS NOT NULL
 ON CONFLICT DO NOTHING
 RETURNING id, set_config('lock_timeout', $12::text, true)`
 
-// settledSlack is how much longer than its retention after the outcome a
-// key claimed in its call's transaction may name the call: the outcome
-// leaves the expiry the claim wrote when the call ended within it, which
-// keeps the outcome's update in place (see above). A sixteenth of the
-// retention, at most a second: an outcome's retention of a day is kept a
-// second longer, a fingerprint window of ten seconds 625 ms longer.
+// settledSlack is how long a call claimed in its transaction may run and
+// keep the expiry its claim wrote, which keeps the outcome's update in
+// place (see above): its key then expires that much sooner after the
+// outcome, at most. A sixteenth of the retention, at most a second: a
+// day's retention is counted from the claim of a call that took less than
+// a second, a fingerprint window of ten seconds from the claim of one
+// that took less than 625 ms.
 func settledSlack(retention time.Duration) time.Duration {
 	return min(time.Second, retention/16)
+}
+
+// settledExpiry is the outcome's expiry for a call claimed in its
+// transaction: the claim's, if the outcome's own (expires) is within the
+// slack of it.
+func (a *attempt) settledExpiry(expires int64) int64 {
+	if expires-a.claimExpires <= settledSlack(a.retention()).Milliseconds() {
+		return a.claimExpires
+	}
+	return expires
 }
 
 // claimInTx tries the claim in the call's own transaction (see above).
@@ -160,9 +172,8 @@ func (l *Layer) claimInTx(ctx context.Context, a *attempt, deadline time.Time) (
 	for range maxClaimReads {
 		now := l.nowMS()
 		wait := strconv.FormatInt(max(time.Until(deadline).Milliseconds(), 1), 10)
-		retention := a.retention()
 		args := []any{a.uid, a.id.principal, a.id.key, string(a.id.source), a.tool.name, a.id.argsHash,
-			now, now + (retention + settledSlack(retention)).Milliseconds(), a.toolCallID,
+			now, now + a.retention().Milliseconds(), a.toolCallID,
 			wait, a.tool.retainMS(), lease}
 		var (
 			fresh bool
@@ -192,6 +203,7 @@ func (l *Layer) claimInTx(ctx context.Context, a *attempt, deadline time.Time) (
 		if fresh {
 			args[9] = "1" // reclaim waits for nobody
 			a.callID, a.createdAt, a.reclaimArgs = r.id, now, append(args, r.id)
+			a.claimExpires = args[7].(int64)
 			a.claimInTx = true
 			u.outcome = true
 			u.b.piped.settledClaim = true

@@ -195,13 +195,13 @@ SELECT CASE count(*) WHEN 1 THEN 1 ELSE ('outbox outcome matched rows: ' || coun
 // in the call's transaction, whose row the claim inserted in its settled
 // form (claim_tx_postgres.go): the row is the transaction's own and
 // uncommitted, so nothing else can have changed it, and the check is that
-// it is still the claim's (its uid, $6, and no outcome yet). It sets no
-// indexed column to a new value on a completed call that ended within its
-// expiry's slack, so that the update stays on the row's page (HOT).
+// it is still the claim's (its uid, $6, and no outcome yet). On a
+// completed call that ended within its expiry's slack it sets no indexed
+// column to a new value ($4 is then the claim's expiry), so that the
+// update stays on the row's page (HOT).
 const recordOutcomeSettledPiped = `
 WITH outcome AS (
-  UPDATE calls SET state = $1, result = $2, completed_at = $3,
-                   expires_at = CASE WHEN $4::bigint <= expires_at THEN expires_at ELSE $4::bigint END
+  UPDATE calls SET state = $1, result = $2, completed_at = $3, expires_at = $4
   WHERE id = $5 AND uid = $6 AND completed_at IS NULL AND owner = ''
   RETURNING 1)
 SELECT CASE count(*) WHEN 1 THEN 1 ELSE ('outbox outcome matched rows: ' || count(*))::integer END FROM outcome`
@@ -216,8 +216,7 @@ WITH effects_in AS (
   FROM unnest($7::integer[], $8::text[], $9::text[], $10::text[], $11::text[], $12::bytea[], $13::text[], $14::bigint[], $15::text[])
        AS e(seq, destination, method, path, headers, body, key, at, traceparent)),
 outcome AS (
-  UPDATE calls SET state = $1, result = $2, completed_at = $3,
-                   expires_at = CASE WHEN $4::bigint <= expires_at THEN expires_at ELSE $4::bigint END
+  UPDATE calls SET state = $1, result = $2, completed_at = $3, expires_at = $4
   WHERE id = $5 AND uid = $6 AND completed_at IS NULL AND owner = ''
   RETURNING 1)
 SELECT CASE count(*) WHEN 1 THEN 1 ELSE ('outbox outcome matched rows: ' || count(*))::integer END FROM outcome`
