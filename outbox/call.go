@@ -86,6 +86,9 @@ type attempt struct {
 	// (claim_tx_postgres.go); reclaimArgs insert it again after a rollback.
 	claimInTx   bool
 	reclaimArgs []any
+	// claimExpires: the expiry the claim in the transaction wrote, which
+	// its outcome keeps if it can (settledExpiry).
+	claimExpires int64
 	// inTx: the unit's transaction, kept alive by the renewal loop
 	// while the handler runs (keepAlive); read by that loop.
 	inTx atomic.Pointer[pipedTx]

@@ -298,9 +298,14 @@ func (a *attempt) commit(ctx context.Context, cr *mcp.CallToolResult) error {
 	if p := a.unit.b.piped; p != nil {
 		// The outcome goes with COMMIT (pipe_postgres.go), which tells
 		// whether it matched.
-		q := recordOutcomePiped
+		q, qe := recordOutcomePiped, recordOutcomeWithEffectsPiped
+		if a.claimInTx {
+			// The claim's row is in its settled form (claim_tx_postgres.go).
+			q, qe = recordOutcomeSettledPiped, recordOutcomeSettledWithEffectsPiped
+			args[3], args[5] = a.settledExpiry(args[3].(int64)), a.uid
+		}
 		if len(a.pending) > 0 {
-			q, args = recordOutcomeWithEffectsPiped, append(args, effectColumns(a.id.principal, a.pending)...)
+			q, args = qe, append(args, effectColumns(a.id.principal, a.pending)...)
 		}
 		if err := failpoint.Inject(failpoint.CallBeforeCommit); err != nil {
 			return &saidError{err}

@@ -74,39 +74,81 @@ import (
 // so does every claim through a driver that wraps pgx's, which sees each
 // statement alone.
 
+// The row of a claim in the call's transaction is inserted as the
+// outcome will leave it, not in_flight (issue 38): state 'completed',
+// no owner and no lease, and an expiry that the outcome will not need to
+// move. Nobody but the transaction sees the row before it commits, and it
+// commits only with its outcome (the piped outcome fails unless it
+// matched, and commitPiped refuses to commit such a unit without one), so
+// no reader ever meets this form. What it saves is the database's work:
+// the outcome then changes no indexed column (state, owner and expires_at
+// are keys or predicates of calls' indexes), so PostgreSQL updates the
+// row in place on its page (a HOT update) and writes no index entry for
+// it, where an in_flight row costs the calls_in_flight entry at the
+// insert and a second entry in each of four indexes at the outcome. A
+// failed outcome, or a call that outlasts its expiry's slack, changes
+// state or expires_at as before, at today's cost.
+//
+// The expiry is the claim's time plus the retention, which the outcome
+// keeps when the call ended within a slack (settledSlack) and otherwise
+// moves to the outcome's time plus the retention, as before: the key
+// names its call for its retention counted from the claim or from the
+// outcome, never more than the slack short of the latter.
+
 // claimInTxPostgres is claimOneTripPostgres in a transaction begun with
-// it. The FROM subquery sets the claim's own lock wait ($13, in
+// it. The FROM subquery sets the claim's own lock wait ($10, in
 // milliseconds: a duplicate's wait at the key) and the transaction's
-// idle bound ($15, the lease), before the insert runs; the
+// idle bound ($12, the lease), before the insert runs; the
 // insert's RETURNING, evaluated only once the row is in, sets the lock
 // wait of the handler's statements to the lease.
 const claimInTxPostgres = `
 WITH ins AS (
   INSERT INTO calls (uid, principal, key, key_source, tool, args_hash, state, owner, lease_until, created_at, expires_at, on_lost, tool_call_id, retain_ms)
-  SELECT $1::text, $2::text, $3::text, $4::text, $5::text, $6::text, 'in_flight', $7::text, $8::bigint, $9::bigint, $10::bigint, $11::text, $12::text, $14::bigint
-  FROM (SELECT set_config('lock_timeout', $13::text, true) AS l,
-               set_config('idle_in_transaction_session_timeout', $15::text, true) AS i) AS bounds
+  SELECT $1::text, $2::text, $3::text, $4::text, $5::text, $6::text, 'completed', '', 0, $7::bigint, $8::bigint, 'rerun', $9::text, $11::bigint
+  FROM (SELECT set_config('lock_timeout', $10::text, true) AS l,
+               set_config('idle_in_transaction_session_timeout', $12::text, true) AS i) AS bounds
   WHERE bounds.l IS NOT NULL AND bounds.i IS NOT NULL
   ON CONFLICT (principal, key) DO NOTHING
-  RETURNING id, set_config('lock_timeout', $15::text, true) AS handler_lock_timeout)
+  RETURNING id, set_config('lock_timeout', $12::text, true) AS handler_lock_timeout)
 SELECT true, id, '', '', '', '', '', 0::bigint, NULL::text, 0::bigint, NULL::bigint, 0::bigint, '', '' FROM ins WHERE handler_lock_timeout IS NOT NULL
 UNION ALL
 SELECT false, id, uid, tool, args_hash, state, owner, lease_until, result, created_at, completed_at, expires_at, on_lost, coalesce(task_id, '')
 FROM calls WHERE principal = $2::text AND key = $3::text AND NOT EXISTS (SELECT 1 FROM ins)`
 
-// reclaimInTxPostgres inserts the claim again, under its id ($16), in a
+// reclaimInTxPostgres inserts the claim again, under its id ($13), in a
 // transaction begun anew after the attempt rolled its work back (a failed
 // result keeps nothing; input required runs the handler again). It waits
-// for nobody ($13 is a millisecond): a key another attempt took in between
+// for nobody ($10 is a millisecond): a key another attempt took in between
 // is that attempt's now.
 const reclaimInTxPostgres = `
 INSERT INTO calls (id, uid, principal, key, key_source, tool, args_hash, state, owner, lease_until, created_at, expires_at, on_lost, tool_call_id, retain_ms)
-SELECT $16::bigint, $1::text, $2::text, $3::text, $4::text, $5::text, $6::text, 'in_flight', $7::text, $8::bigint, $9::bigint, $10::bigint, $11::text, $12::text, $14::bigint
-FROM (SELECT set_config('lock_timeout', $13::text, true) AS l,
-             set_config('idle_in_transaction_session_timeout', $15::text, true) AS i) AS bounds
+SELECT $13::bigint, $1::text, $2::text, $3::text, $4::text, $5::text, $6::text, 'completed', '', 0, $7::bigint, $8::bigint, 'rerun', $9::text, $11::bigint
+FROM (SELECT set_config('lock_timeout', $10::text, true) AS l,
+             set_config('idle_in_transaction_session_timeout', $12::text, true) AS i) AS bounds
 WHERE bounds.l IS NOT NULL AND bounds.i IS NOT NULL
 ON CONFLICT DO NOTHING
-RETURNING id, set_config('lock_timeout', $15::text, true)`
+RETURNING id, set_config('lock_timeout', $12::text, true)`
+
+// settledSlack is how long a call claimed in its transaction may run and
+// keep the expiry its claim wrote, which keeps the outcome's update in
+// place (see above): its key then expires that much sooner after the
+// outcome, at most. A sixteenth of the retention, at most a second: a
+// day's retention is counted from the claim of a call that took less than
+// a second, a fingerprint window of ten seconds from the claim of one
+// that took less than 625 ms.
+func settledSlack(retention time.Duration) time.Duration {
+	return min(time.Second, retention/16)
+}
+
+// settledExpiry is the outcome's expiry for a call claimed in its
+// transaction: the claim's, if the outcome's own (expires) is within the
+// slack of it.
+func (a *attempt) settledExpiry(expires int64) int64 {
+	if expires-a.claimExpires <= settledSlack(a.retention()).Milliseconds() {
+		return a.claimExpires
+	}
+	return expires
+}
 
 // claimInTx tries the claim in the call's own transaction (see above).
 // tried is false when it cannot (the pool's driver cannot pipeline, or a
@@ -130,8 +172,8 @@ func (l *Layer) claimInTx(ctx context.Context, a *attempt, deadline time.Time) (
 	for range maxClaimReads {
 		now := l.nowMS()
 		wait := strconv.FormatInt(max(time.Until(deadline).Milliseconds(), 1), 10)
-		args := []any{a.uid, a.id.principal, a.id.key, string(a.id.source), a.tool.name, a.id.argsHash, a.owner,
-			now + l.opts.Lease.Milliseconds(), now, now + a.retention().Milliseconds(), a.tool.onLostPolicy(), a.toolCallID,
+		args := []any{a.uid, a.id.principal, a.id.key, string(a.id.source), a.tool.name, a.id.argsHash,
+			now, now + a.retention().Milliseconds(), a.toolCallID,
 			wait, a.tool.retainMS(), lease}
 		var (
 			fresh bool
@@ -159,10 +201,12 @@ func (l *Layer) claimInTx(ctx context.Context, a *attempt, deadline time.Time) (
 			return claimResult{}, true, true, fmt.Errorf("claim call: %w", err)
 		}
 		if fresh {
-			args[12] = "1" // reclaim waits for nobody
+			args[9] = "1" // reclaim waits for nobody
 			a.callID, a.createdAt, a.reclaimArgs = r.id, now, append(args, r.id)
+			a.claimExpires = args[7].(int64)
 			a.claimInTx = true
 			u.outcome = true
+			u.b.piped.settledClaim = true
 			a.unit, a.tx = u, u.tx()
 			// The uncommitted row is its own fence: no lease to renew,
 			// but the transaction must not look idle while the handler

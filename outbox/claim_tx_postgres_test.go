@@ -194,3 +194,77 @@ func TestPostgres_ClaimInTx_CutOffReplicaSaysRetryReplays(t *testing.T) {
 		t.Fatalf("charges = %d, want 1", n)
 	}
 }
+
+// heapOnly reports whether the live version of the row of key is a
+// heap-only tuple: the outcome updated it in place on its page (HOT),
+// adding no entry to any of calls' indexes. It reads the page with
+// pageinspect, a contrib module: the test skips where it is not installed.
+func heapOnly(t *testing.T, r *replica, key string) bool {
+	t.Helper()
+	if _, err := r.db.Write.Exec(`CREATE EXTENSION IF NOT EXISTS pageinspect`); err != nil {
+		t.Skipf("pageinspect (PostgreSQL's contrib) is not installed: %v", err)
+	}
+	var hot bool
+	err := r.db.Read.QueryRow(`
+SELECT (p.t_infomask2 & 32768) <> 0 -- HEAP_ONLY_TUPLE
+FROM calls c, heap_page_items(get_raw_page('calls', (c.ctid::text::point)[0]::integer)) p
+WHERE c.key = $1 AND p.lp = (c.ctid::text::point)[1]::integer`, key).Scan(&hot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return hot
+}
+
+// A fresh call's claim in its transaction inserts the row as the outcome
+// leaves it (claim_tx_postgres.go): the outcome of a call that ends within
+// its expiry's slack changes no indexed column, so PostgreSQL updates the
+// row in place (HOT), and the key names the call for its retention from
+// the claim. A call that outlasts the slack gets the expiry it always had,
+// its outcome's time plus the retention.
+func TestPostgres_ClaimInTx_OutcomeUpdatesInPlace(t *testing.T) {
+	postgresOnly(t)
+	url := pgtest.Database(t)
+	clk := &clock{t: time.Now()}
+	opts := &outbox.Options{Now: clk.Now, KeyRetention: time.Hour}
+	a, b := newReplica(t, url, opts), newReplica(t, url, opts)
+
+	short := make(chan *mcp.CallToolResult, 1)
+	go func() { short <- call(t, b.session, "pay", "short", payIn{Amount: 1, Hold: true}) }()
+	<-b.reached
+	clk.Add(500 * time.Millisecond) // within the slack (a second)
+	close(b.hold)
+	if res := <-short; res.IsError {
+		t.Fatalf("short call: %s %s", errorCode(res), text(res))
+	}
+	var state, owner string
+	var expiresAfter int64
+	err := a.db.Read.QueryRow(`SELECT state, owner, expires_at - created_at FROM calls WHERE key = 'short'`).Scan(&state, &owner, &expiresAfter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if state != "completed" || owner != "" {
+		t.Fatalf("short call's row: state %q, owner %q", state, owner)
+	}
+	if want := time.Hour.Milliseconds(); expiresAfter != want {
+		t.Errorf("short call expires %d ms after its claim, want %d (the retention)", expiresAfter, want)
+	}
+	if !heapOnly(t, b, "short") {
+		t.Error("the short call's outcome moved its row off its page: an entry in every index of calls (not HOT)")
+	}
+
+	long := make(chan *mcp.CallToolResult, 1)
+	go func() { long <- call(t, a.session, "pay", "long", payIn{Amount: 2, Hold: true}) }()
+	<-a.reached
+	clk.Add(2 * time.Second) // past the slack
+	close(a.hold)
+	if res := <-long; res.IsError {
+		t.Fatalf("long call: %s %s", errorCode(res), text(res))
+	}
+	err = a.db.Read.QueryRow(`SELECT expires_at - completed_at FROM calls WHERE key = 'long'`).Scan(&expiresAfter)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := time.Hour.Milliseconds(); expiresAfter != want {
+		t.Errorf("long call expires %d ms after its outcome, want %d (the retention)", expiresAfter, want)
+	}
+}

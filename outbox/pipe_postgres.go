@@ -62,6 +62,10 @@ type pipedTx struct {
 	cancel context.CancelFunc
 	// last is the outcome's statement, sent with COMMIT.
 	last *schema.Piped
+	// settledClaim: the transaction inserted its call's claim in the
+	// outcome's form (claim_tx_postgres.go), so it must not commit
+	// without the outcome.
+	settledClaim bool
 
 	mu    sync.Mutex
 	stmts []*sql.Stmt // the handler's, closed at the end
@@ -187,6 +191,41 @@ outcome AS (
   RETURNING 1)
 SELECT CASE count(*) WHEN 1 THEN 1 ELSE ('outbox outcome matched rows: ' || count(*))::integer END FROM outcome`
 
+// recordOutcomeSettledPiped is recordOutcomePiped for a claim that rode
+// in the call's transaction, whose row the claim inserted in its settled
+// form (claim_tx_postgres.go): the row is the transaction's own and
+// uncommitted, so nothing else can have changed it, and the check is that
+// it is still the claim's (its uid, $6, and no outcome yet). On a
+// completed call that ended within its expiry's slack it sets no indexed
+// column to a new value ($4 is then the claim's expiry), so that the
+// update stays on the row's page (HOT).
+const recordOutcomeSettledPiped = `
+WITH outcome AS (
+  UPDATE calls SET state = $1, result = $2, completed_at = $3, expires_at = $4
+  WHERE id = $5 AND uid = $6 AND completed_at IS NULL AND owner = ''
+  RETURNING 1)
+SELECT CASE count(*) WHEN 1 THEN 1 ELSE ('outbox outcome matched rows: ' || count(*))::integer END FROM outcome`
+
+// recordOutcomeSettledWithEffectsPiped is recordOutcomeSettledPiped with
+// the call's effects, as recordOutcomeWithEffectsPiped inserts them.
+const recordOutcomeSettledWithEffectsPiped = `
+WITH effects_in AS (
+  INSERT INTO effects (call_id, principal, seq, destination, method, path, headers, body, idempotency_key,
+                       next_attempt_at, created_at, updated_at, traceparent)
+  SELECT $5, $16::text, e.seq, e.destination, e.method, e.path, e.headers, e.body, e.key, e.at, e.at, e.at, e.traceparent
+  FROM unnest($7::integer[], $8::text[], $9::text[], $10::text[], $11::text[], $12::bytea[], $13::text[], $14::bigint[], $15::text[])
+       AS e(seq, destination, method, path, headers, body, key, at, traceparent)),
+outcome AS (
+  UPDATE calls SET state = $1, result = $2, completed_at = $3, expires_at = $4
+  WHERE id = $5 AND uid = $6 AND completed_at IS NULL AND owner = ''
+  RETURNING 1)
+SELECT CASE count(*) WHEN 1 THEN 1 ELSE ('outbox outcome matched rows: ' || count(*))::integer END FROM outcome`
+
+// errSettledClaimNoOutcome: a unit whose claim rode in its transaction
+// was to commit without its outcome, which would commit the claim's row
+// in its settled form with no result.
+var errSettledClaimNoOutcome = errors.New("outbox: a claim made in the call's transaction cannot commit without its outcome")
+
 // pipedUnit returns the unit of a transaction that the pipeline begins,
 // or nil if conn's driver cannot pipeline. Only a unit that sends nothing
 // before its first statement (durable, no deadline, no savepoint) is
@@ -282,6 +321,10 @@ func (g *groupCommit) commitPiped(b *batch) error {
 	g.endHandler(b)
 	if !p.begun {
 		return nil // nothing ran: nothing to commit
+	}
+	if p.settledClaim && p.last == nil {
+		g.rollbackPiped(b)
+		return fmt.Errorf("commit: %w", errSettledClaimNoOutcome)
 	}
 	stmts := make([]schema.Piped, 0, 2)
 	if p.last != nil {

@@ -68,3 +68,41 @@ func TestPostgresUnreachableFailsWithItsName(t *testing.T) {
 		t.Fatalf("error %q: want the URL without its password", err)
 	}
 }
+
+// 010 leaves room on calls' pages for outcomes (fillfactor 90): on a
+// database that has calls already, it applies without touching them.
+func TestPostgresCallsFillfactorMigratesExistingDatabase(t *testing.T) {
+	url := pgtest.Database(t)
+	ctx := context.Background()
+	db, err := schema.Open(ctx, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Back to 009, as a database of the previous release, with a call.
+	for _, q := range []string{
+		`ALTER TABLE calls RESET (fillfactor)`,
+		`DELETE FROM schema_migrations WHERE set_name = 'outbox' AND version = 10`,
+		`INSERT INTO calls (uid, principal, key, key_source, tool, args_hash, state, result, created_at, completed_at, expires_at)
+		 VALUES ('call_old', 'p', 'k', 'meta', 'charge', 'h', 'completed', '{}', 1, 1, 9e15)`,
+	} {
+		if _, err := db.Write.ExecContext(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	db.Close()
+	if db, err = schema.Open(ctx, url, nil); err != nil {
+		t.Fatalf("migrate a database at 009: %v", err)
+	}
+	defer db.Close()
+	var opts string
+	if err := db.Read.QueryRow(`SELECT coalesce(array_to_string(reloptions, ','), '') FROM pg_class WHERE relname = 'calls'`).Scan(&opts); err != nil {
+		t.Fatal(err)
+	}
+	if opts != "fillfactor=90" {
+		t.Errorf("calls' options after 010: %q, want fillfactor=90", opts)
+	}
+	var n int
+	if err := db.Read.QueryRow(`SELECT count(*) FROM calls WHERE uid = 'call_old' AND state = 'completed'`).Scan(&n); err != nil || n != 1 {
+		t.Errorf("the call of before: %d rows, %v", n, err)
+	}
+}

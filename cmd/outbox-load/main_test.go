@@ -167,21 +167,31 @@ func TestRunPostgres(t *testing.T) {
 	}
 	got := rows(out.String())["http stateless, keyed, 4 clients, 2ms RTT to PostgreSQL"]
 	for _, side := range []string{"limit", "careful", "pgx", "layer", "layer-x2"} {
-		if f := got[side]; len(f) != 15 || f[14] != "0" || f[10] == "n/a" {
+		if f := got[side]; len(f) != 17 || f[16] != "0" || f[12] == "n/a" {
 			t.Errorf("side %q: row %q (want calls, allocations and 0 errors)\n%s", side, f, out.String())
 		}
 	}
-	// Round trips and commits per call, for every side that writes.
+	if f := got["limit"]; len(f) == 17 && f[9] != "-" {
+		t.Errorf("limit: database CPU %q per call, but it has no database", f[9])
+	}
+	// Round trips, commits and the database's CPU per call, for every
+	// side that writes.
 	for _, side := range []string{"careful", "pgx", "layer", "layer-x2"} {
 		f := got[side]
-		if len(f) != 15 {
+		if len(f) != 17 {
 			continue
 		}
-		rts, err1 := strconv.ParseFloat(f[12], 64)
-		commits, err2 := strconv.ParseFloat(f[13], 64)
+		rts, err1 := strconv.ParseFloat(f[14], 64)
+		commits, err2 := strconv.ParseFloat(f[15], 64)
 		if err1 != nil || err2 != nil || rts < 1 || commits < 1 {
-			t.Errorf("side %q: %q round trips and %q commits per call", side, f[12], f[13])
+			t.Errorf("side %q: %q round trips and %q commits per call", side, f[14], f[15])
 		}
+		if db, err := time.ParseDuration(f[9]); err != nil || db <= 0 {
+			t.Errorf("side %q: database CPU %q per call", side, f[9])
+		}
+	}
+	if f := got["careful"]; len(f) == 17 && f[10] != "1.00x" {
+		t.Errorf("careful: database CPU %q of its own", f[10])
 	}
 }
 

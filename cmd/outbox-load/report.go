@@ -28,6 +28,10 @@ type result struct {
 	// measured time, whose calls commitCalls counts.
 	commits     int64
 	commitCalls int
+	// dbCPU: the PostgreSQL cluster's user+system time while measured
+	// (every process of it: see pgtest.Server.CPU).
+	dbCPU      time.Duration
+	dbCPUKnown bool
 }
 
 func (r *result) rate() float64 {
@@ -70,7 +74,14 @@ func (rep *report) write(w io.Writer) {
 	for _, c := range rep.cells {
 		fmt.Fprintf(w, "\n%s\n", c.cell)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "side\tcalls/s\tvs limit\tvs careful\tvs expert\tp50\tp99\tmax\tp99 vs limit\tCPU/call\tload CPU/call\tallocs/call\tpeak RSS\tRT/call\tcommits/call\terrors\t")
+		// PostgreSQL's own CPU: on SQLite the database is the server's
+		// CPU already.
+		pg := rep.cfg.store == "postgres"
+		dbHeader := ""
+		if pg {
+			dbHeader = "DB CPU/call\tDB vs careful\t"
+		}
+		fmt.Fprintln(tw, "side\tcalls/s\tvs limit\tvs careful\tvs expert\tp50\tp99\tmax\tp99 vs limit\tCPU/call\t"+dbHeader+"load CPU/call\tallocs/call\tpeak RSS\tRT/call\tcommits/call\terrors\t")
 		lr, cr, er := &result{}, &result{}, &result{}
 		if expert >= 0 {
 			er = c.results[expert]
@@ -101,10 +112,21 @@ func (rep *report) write(w io.Writer) {
 			if r.commitCalls > 0 {
 				commits = fmt.Sprintf("%.2f", float64(r.commits)/float64(r.commitCalls))
 			}
-			fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%dMiB\t%s\t%s\t%d\t\n", s.short, r.rate(),
+			db := ""
+			if pg {
+				dbCPU, dbRatio := "-", "-"
+				if r.dbCPUKnown && r.calls > 0 {
+					dbCPU = (r.dbCPU / time.Duration(r.calls)).Round(time.Microsecond).String()
+					if cr.dbCPUKnown && cr.calls > 0 {
+						dbRatio = ratio(float64(r.dbCPU)/float64(r.calls), float64(cr.dbCPU)/float64(cr.calls))
+					}
+				}
+				db = dbCPU + "\t" + dbRatio + "\t"
+			}
+			fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s%s\t%s\t%dMiB\t%s\t%s\t%d\t\n", s.short, r.rate(),
 				ratio(r.rate(), lr.rate()), ratio(r.rate(), cr.rate()), ratio(r.rate(), er.rate()),
 				round(r.p(0.5)), round(r.p(0.99)), round(r.p(1)), ratio(float64(r.p(0.99)), float64(lr.p(0.99))),
-				cpu.Round(time.Microsecond), loadCPU.Round(time.Microsecond), allocs, r.peakRSS>>20, rts, commits, r.errors)
+				cpu.Round(time.Microsecond), db, loadCPU.Round(time.Microsecond), allocs, r.peakRSS>>20, rts, commits, r.errors)
 		}
 		tw.Flush()
 	}

@@ -255,6 +255,20 @@ func (s *store) commits(ctx context.Context, name string) (int64, error) {
 	return last, nil
 }
 
+// cpu is the PostgreSQL cluster's CPU time so far, for a side that uses
+// the database (errNoDBCPU otherwise). Only one side runs at a time, so
+// the difference of two readings around its load is the database's work
+// for it: its backends, and the WAL writer, checkpointer and autovacuum
+// that its writes keep busy.
+func (s *store) cpu(sd side) (time.Duration, error) {
+	if s.pg == nil || !sd.needsDB {
+		return 0, errNoDBCPU
+	}
+	return s.pg.CPU()
+}
+
+var errNoDBCPU = errors.New("no database of its own")
+
 // viaProxy points a postgres:// URL at addr.
 func viaProxy(u, addr string) string {
 	p, err := neturl.Parse(u)
@@ -510,6 +524,7 @@ func runSide(ctx context.Context, cfg config, st *store, c cell, s side, res *re
 		rt0 = proxy.RoundTrips()
 	}
 	cpu0, self0 := cpuOf(procs), selfCPU()
+	db0, dbErr := st.cpu(s)
 	m0, mok0 := mallocsOf(ctx, metrics)
 	start := time.Now()
 	calls, errs, lat, err := load(ctx, cl, c.keyed, c.replay, cfg.duration)
@@ -518,6 +533,10 @@ func runSide(ctx context.Context, cfg config, st *store, c cell, s side, res *re
 	}
 	res.elapsed += time.Since(start)
 	res.cpu += cpuOf(procs) - cpu0
+	if db1, err := st.cpu(s); dbErr == nil && err == nil {
+		res.dbCPU += db1 - db0
+		res.dbCPUKnown = true
+	}
 	res.loadCPU += selfCPU() - self0
 	m1, mok1 := mallocsOf(ctx, metrics)
 	if mok0 && mok1 {

@@ -304,3 +304,64 @@ func Available() error {
 	_, err := findBin()
 	return err
 }
+
+// CPU is the user and system time that the cluster's processes have spent
+// so far: the postmaster, every process it runs now (backends, the WAL
+// writer, the checkpointer, autovacuum), and those that have exited,
+// which the kernel adds to the postmaster's children's time when it reaps
+// them. Two readings around a load give the database's own work for it
+// (Linux /proc).
+func (s *Server) CPU() (time.Duration, error) {
+	b, err := os.ReadFile(filepath.Join(s.data(), "postmaster.pid"))
+	if err != nil {
+		return 0, fmt.Errorf("pgtest: read postmaster.pid: %w", err)
+	}
+	first, _, _ := strings.Cut(string(b), "\n")
+	pm, err := strconv.Atoi(strings.TrimSpace(first))
+	if err != nil {
+		return 0, fmt.Errorf("pgtest: postmaster.pid: %w", err)
+	}
+	own, _, children, err := procCPU(pm)
+	if err != nil {
+		return 0, err
+	}
+	total := own + children
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, err
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == pm {
+			continue
+		}
+		cpu, parent, _, err := procCPU(pid)
+		if err != nil || parent != pm {
+			continue // gone meanwhile, or not the cluster's
+		}
+		total += cpu
+	}
+	return total, nil
+}
+
+// procCPU reads a process's own user+system time, its parent, and the
+// time of its reaped children from /proc/PID/stat.
+func procCPU(pid int) (own time.Duration, ppid int, children time.Duration, err error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, 0, 0, err
+	}
+	s := string(b)
+	// The command name, in parentheses, may hold spaces: count the fields
+	// after it (state is the first, ppid the second, utime the 12th).
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 15 {
+		return 0, 0, 0, fmt.Errorf("pgtest: /proc/%d/stat: too few fields", pid)
+	}
+	n := func(i int) time.Duration {
+		v, _ := strconv.ParseInt(f[i], 10, 64)
+		return time.Duration(v) * time.Second / 100 // USER_HZ is 100 on Linux
+	}
+	ppid, _ = strconv.Atoi(f[1])
+	return n(11) + n(12), ppid, n(13) + n(14), nil
+}

@@ -1,0 +1,13 @@
+-- Room on each page of calls for its rows' outcomes (issue 38). A call
+-- claimed in its own transaction inserts its row in the outcome's form,
+-- so that the outcome, moments later, changes no indexed column and
+-- PostgreSQL can update the row in place on its page (a HOT update: no
+-- new index entry in any of calls' indexes) -- if the page has room for
+-- the row's new version. At the default fillfactor of 100 inserts fill
+-- each page, and a row inserted last on a page had no room for its
+-- outcome: the update then moved it to another page and inserted an entry
+-- for it in every index. 90 leaves a tenth of each page to updates; the
+-- old versions, dead once the call commits, are pruned from the page as
+-- it is next touched. Only pages written from now on are affected: no
+-- rewrite, no lock held for longer than the catalog's update.
+ALTER TABLE calls SET (fillfactor = 90);
