@@ -323,7 +323,7 @@ func busyKind(kind faultdb.Kind) bool {
 // PostgreSQL's errors (faultdb.PgKinds), which differ from SQLite's in
 // what they do to the transaction, and so in what clients see:
 //
-//   - every unit has a transaction of its own (group.go enterOwn), so a
+//   - every unit has a transaction of its own (group_postgres.go enterOwn), so a
 //     fault fails one call, never a batch of others;
 //   - a failed statement aborts the transaction, which the layer's
 //     savepoint undoes (faultdb's Rollback adds nothing, so handler_txlost
