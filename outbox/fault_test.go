@@ -26,8 +26,9 @@ import (
 // runs or replays the call.
 
 // faultOps are the layer's database operations a fault can target, each
-// picked by the text of its statements (see claim.go, tx.go, call.go), and
-// what clients see of the faults, which the design makes deterministic:
+// picked by the text of its statements (see claim.go, tx_begin.go,
+// tx_effect.go, call.go), and what clients see of the faults, which the
+// design makes deterministic:
 //
 //   - perFault: each fault fails one attempt, whose client gets one error;
 //     the duplicate waiting on that attempt then claims and runs the call.
