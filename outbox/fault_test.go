@@ -26,8 +26,9 @@ import (
 // runs or replays the call.
 
 // faultOps are the layer's database operations a fault can target, each
-// picked by the text of its statements (see claim.go, tx.go, call.go), and
-// what clients see of the faults, which the design makes deterministic:
+// picked by the text of its statements (see claim.go, tx_begin.go,
+// tx_effect.go, call.go), and what clients see of the faults, which the
+// design makes deterministic:
 //
 //   - perFault: each fault fails one attempt, whose client gets one error;
 //     the duplicate waiting on that attempt then claims and runs the call.
@@ -323,7 +324,7 @@ func busyKind(kind faultdb.Kind) bool {
 // PostgreSQL's errors (faultdb.PgKinds), which differ from SQLite's in
 // what they do to the transaction, and so in what clients see:
 //
-//   - every unit has a transaction of its own (group.go enterOwn), so a
+//   - every unit has a transaction of its own (group_postgres.go enterOwn), so a
 //     fault fails one call, never a batch of others;
 //   - a failed statement aborts the transaction, which the layer's
 //     savepoint undoes (faultdb's Rollback adds nothing, so handler_txlost

@@ -107,7 +107,7 @@ func sealEffect(sealFn func(sealing.Ref, []byte) ([]byte, error), key, principal
 // seal seals a value of the attempt's call in q, its transaction, looking
 // the principal's data key up once per transaction: a call's result and
 // its effects' headers and bodies are sealed under one key, found by one
-// query. Statements there never take a call's context (group.go).
+// query. Statements there never take a call's context (group_unit.go).
 func (a *attempt) seal(q handlerTx, ref sealing.Ref, plain []byte) ([]byte, error) {
 	s := a.layer.sealer
 	if s == nil {

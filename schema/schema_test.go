@@ -379,7 +379,7 @@ VALUES ($1, $2, 'payments', 'POST', '/v1/charges', x'7b7d', $3, 'pending', 5000,
 	if got := dump(t, db.Read, `SELECT name FROM sqlite_master WHERE tbl_name = 'calls' AND type = 'index' AND sql IS NOT NULL ORDER BY name`); got != "calls_expiry\ncalls_task\ncalls_task_in_flight\ncalls_task_principal\ncalls_unknown\n" {
 		t.Errorf("indexes on calls: %q, want calls_expiry, calls_task, calls_task_in_flight, calls_task_principal and calls_unknown", got)
 	}
-	// tasks/list's page query (outbox/task_2025.go) reads that index, not
+	// tasks/list's page query (outbox/task_2025_methods.go) reads that index, not
 	// the whole table.
 	if plan := dump(t, db.Read, `EXPLAIN QUERY PLAN SELECT id, task_id FROM calls WHERE principal = 'p' AND task_id IS NOT NULL AND id > 0 ORDER BY id LIMIT 50`); !strings.Contains(plan, "calls_task_principal") {
 		t.Errorf("tasks/list's query plan:\n%s\nwant it to use calls_task_principal", plan)

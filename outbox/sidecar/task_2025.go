@@ -14,7 +14,7 @@ import (
 // (client.experimental.tasks), Python mcp 1.x (session.experimental), and
 // @modelcontextprotocol/ext-tasks on a connection made with initialize.
 // They are the same durable rows as the 2026-07-28 extension's; the layer
-// shapes the answers (outbox/task_2025.go). What the proxy adds is what a
+// shapes the answers (outbox/task_2025_methods.go). What the proxy adds is what a
 // go-sdk server would know and the proxy has to find out: which revision
 // a session speaks, and the capability and execution.taskSupport that a
 // 2025-11-25 client reads before it asks for a task.
