@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/callkey"
+	"github.com/mcp-outbox/mcp-outbox/internal/pgcode"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -241,7 +242,7 @@ func (l *Layer) claimOnce(ctx context.Context, u *unit, a *attempt) (claimResult
 		err := u.queryRow(insertCall, a.uid, a.id.principal, a.id.key, string(a.id.source),
 			a.tool.name, a.id.argsHash, a.owner, now+l.opts.Lease.Milliseconds(), now, now+a.retention().Milliseconds(),
 			a.tool.onLostPolicy(), a.toolCallID, a.tool.retainMS()).Scan(&a.callID)
-		if schema.PgCode(err) == schema.PgUniqueViolation {
+		if pgcode.Of(err) == pgcode.UniqueViolation {
 			return claimResult{}, errClaimRaced
 		}
 		if err != nil {

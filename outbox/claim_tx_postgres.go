@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/mcp-outbox/mcp-outbox/schema"
+	"github.com/mcp-outbox/mcp-outbox/internal/pgcode"
 )
 
 // The claim of a fresh key in the call's own transaction (PostgreSQL,
@@ -193,7 +193,7 @@ func (l *Layer) claimInTx(ctx context.Context, a *attempt, deadline time.Time) (
 		}
 		if err != nil {
 			u.leave(false)
-			if schema.PgCode(err) == schema.PgLockNotAvailable {
+			if pgcode.Of(err) == pgcode.LockNotAvailable {
 				// Another attempt's transaction held the key for all of
 				// the in-flight wait: it is running the call.
 				return claimResult{kind: busy}, true, true, nil
@@ -245,7 +245,7 @@ func (a *attempt) reclaim(u *unit) error {
 		relaxed string
 	)
 	err := u.queryFirst(reclaimInTxPostgres, a.reclaimArgs, &id, &relaxed)
-	if errors.Is(err, sql.ErrNoRows) || schema.PgCode(err) == schema.PgLockNotAvailable {
+	if errors.Is(err, sql.ErrNoRows) || pgcode.Of(err) == pgcode.LockNotAvailable {
 		return ErrOwnershipLost
 	}
 	if err != nil {

@@ -8,7 +8,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/mcp-outbox/mcp-outbox/schema"
+	"github.com/mcp-outbox/mcp-outbox/internal/pgcode"
 )
 
 // What a handler returns decides what is recorded (see "What is recorded"
@@ -88,7 +88,7 @@ func (a *attempt) showable(err error) bool {
 // of database/sql, which a handler may have got outside its Tx.
 func fromDatabase(err error) bool {
 	var sqliteErr interface{ Code() int } // modernc.org/sqlite's *Error
-	if errors.As(err, &sqliteErr) || schema.PgCode(err) != "" {
+	if errors.As(err, &sqliteErr) || pgcode.Of(err) != "" {
 		return true
 	}
 	for _, e := range []error{sql.ErrNoRows, sql.ErrTxDone, sql.ErrConnDone, driver.ErrBadConn, driver.ErrSkip,

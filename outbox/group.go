@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/failpoint"
+	"github.com/mcp-outbox/mcp-outbox/internal/pgcode"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -327,7 +328,7 @@ func (g *groupCommit) finish(b *batch) {
 			// An error ended the transaction earlier; COMMIT rolled it
 			// back, which is certain.
 			b.err = fmt.Errorf("commit: %w", errOwnTxEnded)
-		} else if g.own && schema.PgCode(err) == "" {
+		} else if g.own && pgcode.Of(err) == "" {
 			// PostgreSQL refused nothing: the connection failed while
 			// COMMIT was under way, and the server may have committed
 			// before it went (see errCommitUnknown).

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/pgcode"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -349,7 +350,7 @@ func (g *groupCommit) commitPiped(b *batch) error {
 		g.rollbackPiped(b)
 		return fmt.Errorf("commit: nothing sent: %w", err)
 	}
-	code := schema.PgCode(err)
+	code := pgcode.Of(err)
 	if code == "" {
 		// Not the server's refusal: the connection failed or was busy,
 		// and whether COMMIT ran is unknown (see errCommitUnknown).

@@ -3,6 +3,7 @@ package outbox
 import (
 	"errors"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/pgcode"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -53,8 +54,8 @@ func storeFailed(db *schema.DB, err error) bool {
 // its lock_timeout (another attempt's transaction holds the call's row), or
 // that lost to a deadlock or a serialization failure.
 func isBusy(err error) bool {
-	switch schema.PgCode(err) {
-	case schema.PgLockNotAvailable, schema.PgDeadlockDetected, schema.PgSerializationFailure:
+	switch pgcode.Of(err) {
+	case pgcode.LockNotAvailable, pgcode.DeadlockDetected, pgcode.SerializationFailure:
 		return true
 	}
 	var e interface{ Code() int } // modernc.org/sqlite's *Error

@@ -13,7 +13,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/mcp-outbox/mcp-outbox/schema"
+	"github.com/mcp-outbox/mcp-outbox/internal/pgcode"
 )
 
 // taskJoined is what acquire returns to a retry that asks for a task and
@@ -199,7 +199,7 @@ WHERE id = $4 AND owner = $5 AND state = 'in_flight' AND (task_cancel = 1 OR $6 
 // failed.
 func (a *attempt) giveTaskBack(err error) {
 	if a.task == nil || errors.Is(err, ErrOwnershipLost) || errors.Is(err, ErrStatementRefused) || errors.Is(err, errTxEnded) ||
-		errors.Is(err, errEncodeResult) || errors.Is(err, errOwnTxEnded) || errors.Is(err, errAbortedTx) || schema.PgCode(err) == pgInFailedTx {
+		errors.Is(err, errEncodeResult) || errors.Is(err, errOwnTxEnded) || errors.Is(err, errAbortedTx) || pgcode.Of(err) == pgInFailedTx {
 		return
 	}
 	a.task.storeFault = true

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/pgcode"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -244,7 +245,7 @@ func (a *attempt) PrepareContext(ctx context.Context, query string) (*sql.Stmt, 
 // does not say why. (A '?' can also be a JSONB operator, so it is not
 // refused up front.)
 func (a *attempt) placeholderHint(query string, err error) error {
-	if err == nil || a.layer.db.Dialect != schema.Postgres || schema.PgCode(err) != "42601" || !strings.Contains(query, "?") {
+	if err == nil || a.layer.db.Dialect != schema.Postgres || pgcode.Of(err) != "42601" || !strings.Contains(query, "?") {
 		return err
 	}
 	return fmt.Errorf("%w (PostgreSQL numbers its placeholders: write $1, $2, … instead of ?; SQLite accepts them too)", err)

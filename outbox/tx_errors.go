@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/pgcode"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -60,7 +61,7 @@ func (a *attempt) sayStmt(query string, err error) error {
 	if a.layer.db.Dialect != schema.Postgres {
 		return err
 	}
-	switch code := schema.PgCode(err); {
+	switch code := pgcode.Of(err); {
 	case code == "":
 		// Not the server's: pgx refused it before sending (a wrong
 		// number of arguments), and the transaction goes on.
@@ -97,7 +98,7 @@ func (e *abortedError) Error() string {
 }
 
 // Unwrap: the 25P02 first, so that the error's SQLSTATE is this
-// statement's (schema.PgCode).
+// statement's (pgcode.Of).
 func (e *abortedError) Unwrap() []error { return []error{e.err, e.first} }
 
 // errAbortedTx is the commit's error when the handler answered after a

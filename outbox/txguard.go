@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/mcp-outbox/mcp-outbox/internal/pgcode"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -58,7 +59,7 @@ func (e *readOnlyError) Unwrap() []error { return []error{ErrReadOnly, e.err} }
 // PostgreSQL's read_only_sql_transaction.
 func isReadOnlyRefusal(d schema.Dialect, err error) bool {
 	if d == schema.Postgres {
-		return schema.PgCode(err) == "25006"
+		return pgcode.Of(err) == "25006"
 	}
 	var e interface{ Code() int } // modernc.org/sqlite's *Error
 	return errors.As(err, &e) && e.Code()&0xff == 8

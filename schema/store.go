@@ -119,24 +119,3 @@ func (db *DB) Listen(ctx context.Context, channel string) (Listener, error) {
 	}
 	return db.store.Listen(ctx, db.dsn, channel)
 }
-
-// PostgreSQL error codes (SQLSTATE) that the layer tells apart.
-const (
-	PgUniqueViolation      = "23505"
-	PgSerializationFailure = "40001"
-	PgDeadlockDetected     = "40P01"
-	PgLockNotAvailable     = "55P03"
-	PgQueryCanceled        = "57014"
-)
-
-// PgCode is the SQLSTATE of a PostgreSQL error, or "" for any other error.
-// It asks the error, not a client library's type (pgx's *pgconn.PgError
-// and lib/pq's *Error both answer SQLState), so the core reads codes
-// without linking a client.
-func PgCode(err error) string {
-	var e interface{ SQLState() string }
-	if errors.As(err, &e) {
-		return e.SQLState()
-	}
-	return ""
-}

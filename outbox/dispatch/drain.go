@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/opsquery"
-	"github.com/mcp-outbox/mcp-outbox/schema"
+	"github.com/mcp-outbox/mcp-outbox/internal/pgcode"
 )
 
 // drainProgressEvery is how often Drain reports progress at most.
@@ -96,8 +96,8 @@ func (d *Dispatcher) transient(err error) bool {
 	if d.db.Unavailable(err) {
 		return true
 	}
-	switch schema.PgCode(err) {
-	case schema.PgSerializationFailure, schema.PgDeadlockDetected, schema.PgLockNotAvailable:
+	switch pgcode.Of(err) {
+	case pgcode.SerializationFailure, pgcode.DeadlockDetected, pgcode.LockNotAvailable:
 		return true // another transaction won this time
 	}
 	var e interface{ Code() int } // modernc.org/sqlite's *Error

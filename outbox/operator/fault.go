@@ -9,6 +9,7 @@ import (
 	"github.com/mcp-outbox/mcp-outbox/internal/admin"
 	"github.com/mcp-outbox/mcp-outbox/internal/errid"
 	"github.com/mcp-outbox/mcp-outbox/internal/operate"
+	"github.com/mcp-outbox/mcp-outbox/internal/pgcode"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -50,7 +51,7 @@ func faultText(id string) string {
 // SQLITE_LOCKED; PostgreSQL's lock_not_available), or the request's time
 // ran out. Trying again later may succeed; other faults need a look.
 func databaseAway(db *schema.DB, err error) bool {
-	if db.Unavailable(err) || errors.Is(err, context.DeadlineExceeded) || schema.PgCode(err) == schema.PgLockNotAvailable {
+	if db.Unavailable(err) || errors.Is(err, context.DeadlineExceeded) || pgcode.Of(err) == pgcode.LockNotAvailable {
 		return true
 	}
 	var e interface{ Code() int } // modernc.org/sqlite's *Error

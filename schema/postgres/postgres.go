@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
 
+	"github.com/mcp-outbox/mcp-outbox/internal/pgcode"
 	"github.com/mcp-outbox/mcp-outbox/schema"
 )
 
@@ -171,7 +172,7 @@ func (b netBounds) serverSide(ctx context.Context, c *pgconn.PgConn) error {
 		[]byte(strconv.Itoa(b.keepAlive.Count)), []byte(strconv.Itoa(int(b.userTimeout.Milliseconds()))),
 	}, nil, nil, nil)
 	_, err := rr.Close()
-	if err != nil && !c.IsClosed() && schema.PgCode(err) != "" {
+	if err != nil && !c.IsClosed() && pgcode.Of(err) != "" {
 		return nil // refused by the server (an old version, a pooler): not fatal
 	}
 	return err
@@ -197,7 +198,7 @@ func (store) Unavailable(err error) bool {
 	if err == nil {
 		return false
 	}
-	if code := schema.PgCode(err); code != "" {
+	if code := pgcode.Of(err); code != "" {
 		// Class 08: connection exception; 57P: operator intervention
 		// (admin shutdown, crash shutdown, cannot connect now); 53:
 		// insufficient resources (disk full, out of memory, too many
