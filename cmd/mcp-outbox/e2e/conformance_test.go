@@ -305,6 +305,7 @@ func expectedFailures(t *testing.T, dir string, scenarios, targets []string) map
 }
 
 func TestConformance(t *testing.T) {
+	t.Parallel()
 	suite := conformanceDir(t)
 	scenarios := suite.scenarios(t)
 	targets := []struct {

@@ -278,6 +278,7 @@ func retryAll(t *testing.T, c crashedBurst) (ran []string) {
 // in its transaction but not committed: none of the batch's calls may be on
 // disk, and on retry each of them runs, once.
 func TestCrashMidBatch(t *testing.T) {
+	t.Parallel()
 	c := crashBurst(t, "mid-batch", failpoint.BatchBeforeCommit)
 	var answered, committed []string
 	for _, o := range c.outs {
@@ -304,6 +305,7 @@ func TestCrashMidBatch(t *testing.T) {
 // calls committed but before any of them answered: those calls are on disk,
 // and a retry replays them rather than charging again.
 func TestCrashAfterBatchCommit(t *testing.T) {
+	t.Parallel()
 	c := crashBurst(t, "after-batch", failpoint.BatchAfterCommit)
 	var unanswered []string
 	for _, o := range c.outs {

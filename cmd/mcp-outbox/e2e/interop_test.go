@@ -230,6 +230,7 @@ func checkCharges(t *testing.T, dbPath string, want map[int64]int64) {
 }
 
 func TestInteropTypeScriptClient(t *testing.T) {
+	t.Parallel()
 	dir := tsClientDir(t)
 
 	// Over stdio: (a) a replay; (b) a charge that takes 1s while the client

@@ -89,6 +89,7 @@ func matrixTable() string {
 }
 
 func TestInteropMatrixREADME(t *testing.T) {
+	t.Parallel()
 	path := filepath.Join("..", "..", "..", "README.md")
 	raw, err := os.ReadFile(path)
 	if err != nil {

@@ -362,10 +362,12 @@ func stdioPlan(cmd *exec.Cmd) *matrixCommand {
 const matrixConcurrency = 4
 
 // TestInteropMatrix runs every client × server × run × key mode, and the
-// plain SDK clients and frameworks against `serve --bare` too. It is not a
-// parallel test: the other tests of the package wait until it is done, so
-// that its load does not run against their timing.
+// plain SDK clients and frameworks against `serve --bare` too. It runs
+// beside the package's other tests: its cases mostly wait, as theirs do,
+// and run one after another it made the package's serial phase 150 s
+// longer.
 func TestInteropMatrix(t *testing.T) {
+	t.Parallel()
 	skipShortInterop(t, "the interop matrix")
 	sem := make(chan struct{}, matrixConcurrency)
 	var wg sync.WaitGroup

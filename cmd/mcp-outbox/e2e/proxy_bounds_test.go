@@ -122,6 +122,7 @@ func waitState(t *testing.T, db, want string) {
 // closes, over stdio and over HTTP: no call stays in_flight and nothing is
 // written to a closed database.
 func TestProxyShutdownSettlesCalls(t *testing.T) {
+	t.Parallel()
 	for _, transport := range []string{"stdio", "http"} {
 		t.Run(transport, func(t *testing.T) {
 			db := filepath.Join(t.TempDir(), "proxy.db")
@@ -194,6 +195,7 @@ func TestProxyShutdownSettlesCalls(t *testing.T) {
 // whether its client still waits (it gets an error naming the flag) or
 // went away.
 func TestProxyCallTimeoutSubprocess(t *testing.T) {
+	t.Parallel()
 	db := filepath.Join(t.TempDir(), "proxy.db")
 	cmd, _ := startBoundedProxy(t, db, "--call-timeout", "1s")
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -239,6 +241,7 @@ func TestProxyCallTimeoutSubprocess(t *testing.T) {
 // memory bounded. A session beyond the limit is refused with 503 and the
 // client tries again, as a client polling for capacity would.
 func TestProxySessionsBounded(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("opens 1,000 sessions")
 	}

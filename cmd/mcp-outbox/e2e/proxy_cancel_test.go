@@ -29,6 +29,7 @@ import (
 // to the call either; mcp 2.3.0 does not answer it. Through either upstream
 // the retry must get the charge.
 func TestProxyCancelNonCooperating(t *testing.T) {
+	t.Parallel()
 	forEachUpstream(t, upstreamKinds, func(t *testing.T, up upstreamKind) {
 		t.Parallel()
 		for _, id := range []scenario.ID{scenario.Timeout, scenario.HTTPSession} {

@@ -43,6 +43,7 @@ import (
 // proxy committed may not be delivered by then, so one more proxy on the
 // same file (the sidecar as it would be restarted) delivers what is left.
 func TestProxyScenarios(t *testing.T) {
+	t.Parallel()
 	// up.check skips, or fails, early without node or the Python venv.
 	forEachUpstream(t, upstreamKinds, func(t *testing.T, up upstreamKind) {
 		for _, sc := range scenario.All() {

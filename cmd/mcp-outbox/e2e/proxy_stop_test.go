@@ -25,6 +25,7 @@ const slowExitUpstream = silentUpstream + "sleep 1.5\n"
 // its process has exited. A session beyond the limit is refused with 503
 // naming the flag, and says how many are still ending.
 func TestProxySessionsBoundedSlowExit(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("floods the proxy with sessions")
 	}
@@ -92,6 +93,7 @@ func TestProxySessionsBoundedSlowExit(t *testing.T) {
 // that the proxy stopped and naming call_status, over stdio, over HTTP in
 // a session (2025-11-25), and over HTTP without one (2026-07-28).
 func TestProxyShutdownAnswersCalls(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct{ name, protocol string }{
 		{"stdio", ""},
 		{"http-session", "2025-11-25"},

@@ -102,7 +102,10 @@ func errorCodeOf(res *mcp.CallToolResult) string {
 // TestProxyCooperating: through the proxy, a cooperating upstream's charge
 // happens once per key, its effect is delivered once, retries replay, and
 // everything else of MCP passes through.
-func TestProxyCooperating(t *testing.T) { forEachUpstream(t, upstreamKinds, testProxyCooperating) }
+func TestProxyCooperating(t *testing.T) {
+	t.Parallel()
+	forEachUpstream(t, upstreamKinds, testProxyCooperating)
+}
 
 func testProxyCooperating(t *testing.T, up upstreamKind) {
 	f := newProxyFixture(t, up)
@@ -199,6 +202,7 @@ func testProxyCooperating(t *testing.T, up upstreamKind) {
 // before answering. The proxy answers with the committed outcome, restarts
 // the upstream, and the client's session goes on.
 func TestProxyUpstreamCrashAfterCommit(t *testing.T) {
+	t.Parallel()
 	forEachUpstream(t, upstreamKinds, testProxyUpstreamCrashAfterCommit)
 }
 
@@ -230,6 +234,7 @@ func testProxyUpstreamCrashAfterCommit(t *testing.T, up upstreamKind) {
 // nothing happened, the client is told a retry runs the call, and it does,
 // once.
 func TestProxyUpstreamCrashBeforeCommit(t *testing.T) {
+	t.Parallel()
 	forEachUpstream(t, upstreamKinds, testProxyUpstreamCrashBeforeCommit)
 }
 
@@ -262,6 +267,7 @@ func testProxyUpstreamCrashBeforeCommit(t *testing.T, up upstreamKind) {
 // key, ends with exactly one charge and one delivery, whether the old
 // upstream committed before it went away or not.
 func TestProxyCrashAfterForward(t *testing.T) {
+	t.Parallel()
 	forEachUpstream(t, upstreamKinds, testProxyCrashAfterForward)
 }
 
@@ -293,6 +299,7 @@ func testProxyCrashAfterForward(t *testing.T, up upstreamKind) {
 // not run again but told the outcome is unknown, the status tool says so,
 // and an operator settles it.
 func TestProxyNonCooperatingUnknown(t *testing.T) {
+	t.Parallel()
 	forEachUpstream(t, upstreamKinds, testProxyNonCooperatingUnknown)
 }
 
@@ -354,6 +361,7 @@ func testProxyNonCooperatingUnknown(t *testing.T, up upstreamKind) {
 // client gave up (the failed record had left SQLite's writer held), and
 // the effect waited for the next proxy.
 func TestProxyCooperatingUpstreamWithoutFlag(t *testing.T) {
+	t.Parallel()
 	forEachUpstream(t, upstreamKinds, testProxyCooperatingUpstreamWithoutFlag)
 }
 
@@ -386,6 +394,7 @@ func testProxyCooperatingUpstreamWithoutFlag(t *testing.T, up upstreamKind) {
 // key, replayed), and the log says, once, that a crash would have a retry
 // run it again.
 func TestProxyCooperatingFlagPlainUpstream(t *testing.T) {
+	t.Parallel()
 	forEachUpstream(t, upstreamKinds, testProxyCooperatingFlagPlainUpstream)
 }
 
@@ -405,7 +414,10 @@ func testProxyCooperatingFlagPlainUpstream(t *testing.T, up upstreamKind) {
 
 // TestProxyHTTP: the proxy serves Streamable HTTP in front of a stdio
 // upstream, and proxies to an upstream served over Streamable HTTP.
-func TestProxyHTTP(t *testing.T) { forEachUpstream(t, upstreamKinds, testProxyHTTP) }
+func TestProxyHTTP(t *testing.T) {
+	t.Parallel()
+	forEachUpstream(t, upstreamKinds, testProxyHTTP)
+}
 
 func testProxyHTTP(t *testing.T, up upstreamKind) {
 	t.Run("serve", func(t *testing.T) {
@@ -455,6 +467,7 @@ func testProxyHTTP(t *testing.T, up upstreamKind) {
 // TestProxyUsage: a proxy without a usable upstream refuses to start, says
 // why, and creates no database file.
 func TestProxyUsage(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	db := filepath.Join(dir, "never.db")
 	for _, tc := range []struct {

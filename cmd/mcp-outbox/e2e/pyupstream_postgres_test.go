@@ -98,6 +98,7 @@ func readPgCall(t *testing.T, db *sql.DB, key string) pgCall {
 // TestProxyPostgresPyUpstream: `mcp-outbox proxy --db postgres://...` in
 // front of the Python upstream on the same database.
 func TestProxyPostgresPyUpstream(t *testing.T) {
+	t.Parallel()
 	t.Run("Cooperating", testProxyPostgresCooperating)
 	t.Run("StaleOwner", testProxyPostgresStaleOwner)
 	t.Run("CrashAfterCommit", testProxyPostgresCrashAfterCommit)
@@ -308,6 +309,7 @@ func testProxyPostgresNonCooperating(t *testing.T) {
 // PostgreSQL database the proxy's schema created: the fence's row lock, its
 // lease check, a takeover it waits for, a failed statement, the settings.
 func TestUpstreamContractPyModulePostgres(t *testing.T) {
+	t.Parallel()
 	dir, python := pyPostgresVenv(t)
 	runPyContractModule(t, dir, python, pgtest.Database(t), "PostgresTest")
 }

@@ -118,6 +118,7 @@ func pyUpstreamCommandVenv(t *testing.T, venv, dbPath string, env ...string) *ex
 // outcome UPDATE, the rollbacks, the busy write lock and what is recorded,
 // which the tests through server.py cannot reach.
 func TestUpstreamContractPyModule(t *testing.T) {
+	t.Parallel()
 	dir, python := pyUpstreamVenv(t, pyVenvDefault())
 	runPyContractModule(t, dir, python, filepath.Join(t.TempDir(), "shared.db"), "")
 }

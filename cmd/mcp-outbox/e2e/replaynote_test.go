@@ -20,7 +20,10 @@ import (
 // structured content (all Claude Code shows the model), valid against the
 // listed schema; and the call's row keeps the tool-call id of the attempt
 // that ran it.
-func TestProxyReplayNote(t *testing.T) { forEachUpstream(t, upstreamKinds, testProxyReplayNote) }
+func TestProxyReplayNote(t *testing.T) {
+	t.Parallel()
+	forEachUpstream(t, upstreamKinds, testProxyReplayNote)
+}
 
 func testProxyReplayNote(t *testing.T, up upstreamKind) {
 	f := newProxyFixture(t, up)

@@ -21,6 +21,7 @@ const (
 // without the layer the duplicate must appear, with it there must be exactly
 // one charge, with a key and without.
 func TestScenarios(t *testing.T) {
+	t.Parallel()
 	for _, sc := range scenario.All() {
 		for _, mode := range scenario.Modes() {
 			t.Run(string(sc.ID)+"/"+string(mode), func(t *testing.T) {

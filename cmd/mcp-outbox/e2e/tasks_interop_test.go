@@ -266,6 +266,7 @@ var serveHasTaskFlag = sync.OnceValue(func() bool {
 // --task the call is answered at once, with the charge, and no task (a tool
 // never becomes a task unless told to).
 func TestTasksInteropNoTaskByDefault(t *testing.T) {
+	t.Parallel()
 	skipShortInterop(t, "the Tasks interop tests")
 	client := extTasksClients()[0]
 	for _, tr := range []matrixTransport{overStdio, overHTTP} {
@@ -317,6 +318,7 @@ const extTasksConcurrency = 6
 // TestTasksInterop runs every case over stdio and over Streamable HTTP,
 // several at once.
 func TestTasksInterop(t *testing.T) {
+	t.Parallel()
 	skipShortInterop(t, "the Tasks interop tests")
 	if !serveHasTaskFlag() {
 		t.Log("serve --help lists no --task flag: the cases run without it and must fail with no task")

@@ -115,6 +115,7 @@ func pyVenvVersion(venv string) string {
 }
 
 func TestTasksMatrixREADME(t *testing.T) {
+	t.Parallel()
 	path := filepath.Join("..", "..", "..", "README.md")
 	raw, err := os.ReadFile(path)
 	if err != nil {

@@ -25,6 +25,7 @@ const extTasksNotifyPoll = 10 * time.Minute
 // completes within seconds was finished by the notification (at 2026-07-28
 // the notification carries the result: no tasks/get at all).
 func TestTasksInteropNotify(t *testing.T) {
+	t.Parallel()
 	skipShortInterop(t, "the Tasks interop tests")
 	client := extTasksClients()[0] // ext-tasks
 	for _, protocol := range extTasksProtocols {

@@ -60,6 +60,7 @@ const proxyTasksConcurrency = 4
 // TestProxyTasksInterop2025 runs every case with every client of the
 // 2025-11-25 Tasks, over stdio and over HTTP.
 func TestProxyTasksInterop2025(t *testing.T) {
+	t.Parallel()
 	skipShortInterop(t, "the Tasks interop tests")
 	sem := make(chan struct{}, proxyTasksConcurrency)
 	var wg sync.WaitGroup

@@ -167,7 +167,10 @@ func taskCharge(key, customer string, cents int) map[string]any {
 // charge=after:…` becomes a task, a retry with the same key (a client whose
 // CreateTaskResult was lost) gets the same task, and the task completes
 // with one charge and one delivery; server/discover lists the extension.
-func TestProxyTasks(t *testing.T) { forEachUpstream(t, upstreamKinds, testProxyTasks) }
+func TestProxyTasks(t *testing.T) {
+	t.Parallel()
+	forEachUpstream(t, upstreamKinds, testProxyTasks)
+}
 
 func testProxyTasks(t *testing.T, up upstreamKind) {
 	t.Parallel()
@@ -212,6 +215,7 @@ func testProxyTasks(t *testing.T, up upstreamKind) {
 //   - not cooperating: the charge may have happened, so the task is never
 //     forwarded again; it ends failed, its outcome unknown.
 func TestProxyTasks_SIGKILL(t *testing.T) {
+	t.Parallel()
 	forEachUpstream(t, upstreamKinds, func(t *testing.T, up upstreamKind) {
 		for _, cooperating := range []bool{true, false} {
 			t.Run(fmt.Sprintf("cooperating=%v", cooperating), func(t *testing.T) {
@@ -308,6 +312,7 @@ func runProxyTasksSIGKILL(t *testing.T, f *proxyFixture, up upstreamKind, cooper
 // charge. Not cooperating: the charge may happen all the same, so the task
 // ends failed with the outcome unknown.
 func TestProxyTasks_Cancel(t *testing.T) {
+	t.Parallel()
 	forEachUpstream(t, upstreamKinds, func(t *testing.T, up upstreamKind) {
 		for _, cooperating := range []bool{true, false} {
 			t.Run(fmt.Sprintf("cooperating=%v", cooperating), func(t *testing.T) {
@@ -369,6 +374,7 @@ func testProxyTasksCancel(t *testing.T, up upstreamKind, cooperating bool) {
 // cancelled at once), so the upstream's fence refuses its commit when the
 // charge wakes: no charge, no effect, and both proxies say cancelled.
 func TestProxyTasks_CancelElsewhere(t *testing.T) {
+	t.Parallel()
 	forEachUpstream(t, upstreamKinds, func(t *testing.T, up upstreamKind) {
 		t.Parallel()
 		f := newProxyFixture(t, up)
@@ -542,6 +548,7 @@ var proxyTasksModernCases = []string{"complete", "lost-handle", "crash"}
 // the upstream runs the charge, and the client resumes the task from a new
 // proxy process, which forwards it again.
 func TestProxyTasksInterop(t *testing.T) {
+	t.Parallel()
 	// The Python upstream of the "newest" venv speaks 2026-07-28.
 	skipShortInterop(t, "the Tasks interop tests")
 	client := extTasksClients()[0]
@@ -598,6 +605,7 @@ func TestProxyTasksInterop(t *testing.T) {
 // again under the same claim: the task completes with one charge, where a
 // failed task would leave the client nothing to retry.
 func TestProxyTasks_UpstreamCrash(t *testing.T) {
+	t.Parallel()
 	forEachUpstream(t, upstreamKinds, func(t *testing.T, up upstreamKind) {
 		t.Parallel()
 		f := newProxyFixture(t, up)

@@ -295,6 +295,7 @@ func checkContractInFlight(t *testing.T, u *contractUpstream, c contractClaim) {
 var unclaimedEffectKey = regexp.MustCompile(`^(call_[0-9a-f]{24})-1$`)
 
 func TestUpstreamContract(t *testing.T) {
+	t.Parallel()
 	forEachUpstream(t, contractUpstreamKinds(), testUpstreamContract)
 }
 
@@ -499,6 +500,7 @@ func testUpstreamContract(t *testing.T, up upstreamKind) {
 // A non-cooperating upstream ignores the claim: it writes its business rows
 // only, and the proxy has to find out the outcome another way.
 func TestUpstreamContractNonCooperating(t *testing.T) {
+	t.Parallel()
 	forEachUpstream(t, contractUpstreamKinds(), testUpstreamContractNonCooperating)
 }
 
@@ -533,6 +535,7 @@ func testUpstreamContractNonCooperating(t *testing.T, up upstreamKind) {
 
 // slow_charge reports progress when asked, then charges like charge.
 func TestUpstreamContractProgress(t *testing.T) {
+	t.Parallel()
 	forEachUpstream(t, contractUpstreamKinds(), testUpstreamContractProgress)
 }
 
@@ -591,6 +594,7 @@ func testUpstreamContractProgress(t *testing.T, up upstreamKind) {
 // request itself, and a handler that then returned normally used to end
 // the whole server: python-sdk#2416).
 func TestUpstreamContractCancelledCharge(t *testing.T) {
+	t.Parallel()
 	forEachUpstream(t, contractUpstreamKinds(), testUpstreamContractCancelledCharge)
 }
 
