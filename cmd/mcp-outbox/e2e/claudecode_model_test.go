@@ -319,3 +319,21 @@ func (m *fakeModel) ToolResults() []modelToolResult {
 	}
 	return out
 }
+
+// TestToolFailedAt: the time Claude Code gave up on a tool call is read
+// from its debug log as it writes it (Claude Code 2.1.332), and a log
+// without one gives zero.
+func TestToolFailedAt(t *testing.T) {
+	t.Parallel()
+	debug := []byte(`2026-12-07T12:05:39.856Z [DEBUG] MCP server "outbox": Calling MCP tool: charge
+2026-12-07T12:05:40.904Z [DEBUG] MCP server "outbox": Tool 'charge' failed after 1s: MCP server "outbox" tool "charge" timed out after 1s
+2026-12-07T12:05:42.078Z [DEBUG] MCP server "outbox": Tool 'charge' completed successfully in 73ms
+`)
+	want := time.Date(2026, 12, 7, 12, 5, 40, 904_000_000, time.UTC)
+	if got := toolFailedAt(debug); !got.Equal(want) {
+		t.Errorf("toolFailedAt = %v, want %v", got, want)
+	}
+	if got := toolFailedAt(debug[:80]); !got.IsZero() {
+		t.Errorf("toolFailedAt of a log without a failed call = %v, want zero", got)
+	}
+}

@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"fmt"
 	neturl "net/url"
@@ -467,9 +468,15 @@ func claudeCodeReport(t *testing.T, mc matrixCase, model *fakeModel, debug []byt
 			}
 		}
 	}
+	failedAt := toolFailedAt(debug)
 	for i, r := range model.ToolResults() {
 		a := matrixAttempt{MS: r.Took.Milliseconds(),
 			What: fmt.Sprintf("attempt %d (%s): is_error %v: %s", i+1, r.ToolUseID, r.IsError, strings.ReplaceAll(truncate(r.Text, 300), "\n", " ⏎ "))}
+		if i == 0 && r.IsError && !failedAt.IsZero() {
+			if done, ok := chargeDoneAt(t, mc.plan.DB); ok {
+				a.EndedBeforeCharge = failedAt.Before(done)
+			}
+		}
 		note := replayNote.FindStringSubmatch(r.Text)
 		replayed := note != nil
 		a.Replayed, a.Joined = &replayed, replayed && note[1] == "Joined"
@@ -486,6 +493,42 @@ func claudeCodeReport(t *testing.T, mc matrixCase, model *fakeModel, debug []byt
 		rep.Attempts = append(rep.Attempts, a)
 	}
 	return rep
+}
+
+// toolFailed is the line of Claude Code's debug log for a tool call it
+// gave up on, stamped with its (the machine's) clock.
+var toolFailed = regexp.MustCompile(`(?m)^(\S+) \[DEBUG\] MCP server "[^"]+": Tool '[^']+' failed after`)
+
+// toolFailedAt is when Claude Code gave up on its first tool call, by its
+// debug log; zero if it never did.
+func toolFailedAt(debug []byte) time.Time {
+	m := toolFailed.FindSubmatch(debug)
+	if m == nil {
+		return time.Time{}
+	}
+	at, err := time.Parse(time.RFC3339Nano, string(m[1]))
+	if err != nil {
+		return time.Time{}
+	}
+	return at
+}
+
+// chargeDoneAt is when the first call's outcome was recorded (the charge
+// row's insert under serve --bare, which has no calls table), by the
+// server's clock, the same machine's as Claude Code's.
+func chargeDoneAt(t *testing.T, db string) (time.Time, bool) {
+	t.Helper()
+	ldb := openLedgerDB(t, db)
+	for _, q := range []string{
+		`SELECT min(completed_at) FROM calls WHERE completed_at IS NOT NULL`,
+		`SELECT min(created_at) FROM charges`,
+	} {
+		var ms sql.NullInt64
+		if err := ldb.QueryRow(q).Scan(&ms); err == nil && ms.Valid {
+			return time.UnixMilli(ms.Int64), true
+		}
+	}
+	return time.Time{}, false
 }
 
 // chargeIDIn finds the charge id in a result as the model read it: JSON

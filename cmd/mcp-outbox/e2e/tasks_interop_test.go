@@ -310,21 +310,16 @@ func TestTasksInteropNoTaskByDefault(t *testing.T) {
 	}
 }
 
-// extTasksConcurrency is how many cases run at once. A case mostly waits
-// (its charge, a lease to expire), so more run at once than go test's
-// -parallel (the number of CPUs) would allow.
-const extTasksConcurrency = 6
-
 // TestTasksInterop runs every case over stdio and over Streamable HTTP,
-// several at once.
+// several at once: a case mostly waits (its charge, a lease to expire), so
+// make test runs more at once than go test's default -parallel, the number
+// of CPUs (E2E_PARALLEL in the Makefile).
 func TestTasksInterop(t *testing.T) {
 	t.Parallel()
 	skipShortInterop(t, "the Tasks interop tests")
 	if !serveHasTaskFlag() {
 		t.Log("serve --help lists no --task flag: the cases run without it and must fail with no task")
 	}
-	sem := make(chan struct{}, extTasksConcurrency)
-	var wg sync.WaitGroup
 	for _, c := range extTasksClients() {
 		for _, protocol := range c.protocols {
 			for _, tc := range extTasksCases {
@@ -332,20 +327,14 @@ func TestTasksInterop(t *testing.T) {
 					if tc.httpOnly && tr != overHTTP || !tc.runsOn(c) {
 						continue
 					}
-					wg.Add(1)
-					sem <- struct{}{}
-					// Subtests may run from several goroutines at once.
-					go func() {
-						defer func() { <-sem; wg.Done() }()
-						t.Run(c.name+"/"+protocol+"/"+tc.name+"/"+extTasksTransportName(tr), func(t *testing.T) {
-							runExtTasksCase(t, c, protocol, tc, tr)
-						})
-					}()
+					t.Run(c.name+"/"+protocol+"/"+tc.name+"/"+extTasksTransportName(tr), func(t *testing.T) {
+						t.Parallel()
+						runExtTasksCase(t, c, protocol, tc, tr)
+					})
 				}
 			}
 		}
 	}
-	wg.Wait()
 }
 
 func extTasksTransportName(tr matrixTransport) string {

@@ -5,7 +5,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"sync"
 	"testing"
 )
 
@@ -53,36 +52,25 @@ var proxyTasksCases = []proxyTasksCase{
 	{name: "crash", cooperating: false, stdio: pyUpstreamKind, http: tsUpstreamKind},
 }
 
-// proxyTasksConcurrency is how many cases run at once: each starts a
-// client, a proxy and two upstream processes.
-const proxyTasksConcurrency = 4
-
 // TestProxyTasksInterop2025 runs every case with every client of the
 // 2025-11-25 Tasks, over stdio and over HTTP.
 func TestProxyTasksInterop2025(t *testing.T) {
 	t.Parallel()
 	skipShortInterop(t, "the Tasks interop tests")
-	sem := make(chan struct{}, proxyTasksConcurrency)
-	var wg sync.WaitGroup
 	for _, c := range extTasksClients() {
 		if !slices.Contains(c.protocols, extTasksLegacy) {
 			continue
 		}
 		for _, tc := range proxyTasksCases {
 			for _, tr := range []matrixTransport{overStdio, overHTTP} {
-				wg.Add(1)
-				sem <- struct{}{}
-				go func() {
-					defer func() { <-sem; wg.Done() }()
-					up := tc.upstream(tr)
-					t.Run(fmt.Sprintf("%s/%s/%s/%s", c.name, tc, extTasksTransportName(tr), up.name), func(t *testing.T) {
-						runProxyTasksInterop(t, c, extTasksLegacy, tc, tr, up)
-					})
-				}()
+				up := tc.upstream(tr)
+				t.Run(fmt.Sprintf("%s/%s/%s/%s", c.name, tc, extTasksTransportName(tr), up.name), func(t *testing.T) {
+					t.Parallel()
+					runProxyTasksInterop(t, c, extTasksLegacy, tc, tr, up)
+				})
 			}
 		}
 	}
-	wg.Wait()
 }
 
 func runProxyTasksInterop(t *testing.T, client extTasksClient, protocol string, tc proxyTasksCase, tr matrixTransport, up upstreamKind) {
