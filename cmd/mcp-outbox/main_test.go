@@ -19,11 +19,12 @@ import (
 var bin, failpointBin string
 
 func TestMain(m *testing.M) {
-	// Without tests to run (-run '^$', as make fuzz says) or in a fuzz
-	// worker process, only fuzz targets run, and none of them starts the
-	// binary: building it would spend their fuzzing time.
+	// Without tests to run (-run '^$', as make fuzz says), in a fuzz worker
+	// process, or listing tests (make fuzz's -list '^Fuzz'), only fuzz
+	// targets run or nothing does, and none of them starts the binary:
+	// building it would spend their fuzzing time.
 	flag.Parse()
-	if flagValue("test.run") == "^$" || flagValue("test.fuzzworker") == "true" {
+	if flagValue("test.run") == "^$" || flagValue("test.fuzzworker") == "true" || flagValue("test.list") != "" {
 		os.Exit(m.Run())
 	}
 	var cleanup func()
