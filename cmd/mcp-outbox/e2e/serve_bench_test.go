@@ -23,7 +23,7 @@ import (
 // dispatcher's first round. The backlog is set back to pending between
 // iterations, outside the timer.
 //
-//	go test -run '^$' -bench ServeStartToFirstDelivery -benchtime 10x ./cmd/mcp-outbox/
+//	go test -run '^$' -bench ServeStartToFirstDelivery -benchtime 10x ./cmd/mcp-outbox/e2e/
 func BenchmarkServeStartToFirstDelivery(b *testing.B) {
 	for _, pending := range []int{1, 10_000} {
 		b.Run(fmt.Sprintf("backlog=%d", pending), func(b *testing.B) { benchServeStart(b, pending) })
