@@ -46,22 +46,15 @@ func flagValue(name string) string {
 	return ""
 }
 
+// The harness under the names these tests were written with.
 type syncBuffer = e2e.SyncBuffer
-
-// testWriter sends a subprocess's stderr to the test log.
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(p []byte) (int, error) { return e2e.TestWriter{T: w.t}.Write(p) }
 
 const statefulVersion = e2e.StatefulVersion
 
 var (
 	serveStdio         = e2e.ServeStdio
-	serveStdioTo       = e2e.ServeStdioTo
 	startHTTP          = e2e.StartHTTP
 	startHTTPCommand   = e2e.StartHTTPCommand
-	skipInterop        = e2e.SkipInterop
-	skipShortInterop   = e2e.SkipShortInterop
 	pollUntil          = e2e.PollUntil
 	openLedgerDB       = e2e.OpenLedgerDB
 	replicaDB          = e2e.ReplicaDB
@@ -74,7 +67,6 @@ var (
 	wantReplay         = e2e.WantReplay
 	completedAt        = e2e.CompletedAt
 	callStatus         = e2e.CallStatus
-	httpClient         = e2e.HTTPClient
 	bearerClient       = e2e.BearerClient
 	connectHTTP        = e2e.ConnectHTTP
 	wantTools          = e2e.WantTools

@@ -59,14 +59,12 @@ var (
 	structuredChargeID = e2e.StructuredChargeID
 	mustSucceed        = e2e.MustSucceed
 	wantReplay         = e2e.WantReplay
-	completedAt        = e2e.CompletedAt
 	callStatus         = e2e.CallStatus
 	httpClient         = e2e.HTTPClient
 	bearerClient       = e2e.BearerClient
 	connectHTTP        = e2e.ConnectHTTP
 	wantTools          = e2e.WantTools
 	postInitialize     = e2e.PostInitialize
-	wantError          = e2e.WantError
 	sha256Hex          = e2e.SHA256Hex
 	paymentsDest       = e2e.PaymentsDest
 	requestsFor        = e2e.RequestsFor
