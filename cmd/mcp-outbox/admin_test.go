@@ -66,15 +66,6 @@ func (f *adminFixture) do(t *testing.T, method, target, body string, mods ...fun
 	return rec.Code, m
 }
 
-// wantError checks an error answer: its status and a message containing want.
-func wantError(t *testing.T, what string, status int, m map[string]any, wantStatus int, want string) {
-	t.Helper()
-	msg, _ := m["error"].(string)
-	if status != wantStatus || !strings.Contains(msg, want) {
-		t.Errorf("%s: %d %v; want %d with an error containing %q", what, status, m, wantStatus, want)
-	}
-}
-
 // frontend runs the matrix of TestEffectActionStates through the API.
 func (f *adminFixture) frontend() frontend {
 	return frontend{"api", func(t *testing.T, _ string, args []string) (bool, string) {

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
 	"io"
@@ -20,13 +19,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/mcp-outbox/mcp-outbox/internal/tokens"
-	"github.com/mcp-outbox/mcp-outbox/outbox"
 )
-
-func sha256Hex(s string) string {
-	sum := sha256.Sum256([]byte(s))
-	return hex.EncodeToString(sum[:])
-}
 
 // newTokenFor runs `token new principal` and returns the token and the
 // tokens-file line it printed.
@@ -37,25 +30,6 @@ func newTokenFor(t *testing.T, principal string) (token, line string) {
 		t.Fatalf("token new %s: exit %d, %s", principal, r.code, r.stderr)
 	}
 	return strings.TrimSpace(r.stdout), r.stderr
-}
-
-// bearerClient returns an HTTP client of its own that sends token on every
-// request.
-func bearerClient(t *testing.T, token string) *http.Client {
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	t.Cleanup(tr.CloseIdleConnections)
-	return &http.Client{Transport: authHeader{"Bearer " + token, tr}, Timeout: 30 * time.Second}
-}
-
-type authHeader struct {
-	value string
-	base  http.RoundTripper
-}
-
-func (a authHeader) RoundTrip(r *http.Request) (*http.Response, error) {
-	r = r.Clone(r.Context())
-	r.Header.Set("Authorization", a.value)
-	return a.base.RoundTrip(r)
 }
 
 // authServer runs serve's router, with the ledger and the layer, behind
@@ -88,43 +62,6 @@ func loadAuth(t *testing.T, adminHash string, lines ...string) *authConfig {
 		t.Fatal(err)
 	}
 	return ac
-}
-
-// postInitialize sends a raw initialize request with the given
-// Authorization header ("" for none) and returns the status.
-func postInitialize(t *testing.T, url, authorization string) int {
-	t.Helper()
-	body := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"v0"}}}`
-	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
-	if authorization != "" {
-		req.Header.Set("Authorization", authorization)
-	}
-	resp, err := httpClient(t, "").Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	return resp.StatusCode
-}
-
-func callStatus(t *testing.T, cs *mcp.ClientSession, key string) map[string]any {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: outbox.StatusToolName, Arguments: map[string]any{"key": key}})
-	if err != nil || res.IsError {
-		t.Fatalf("call_status %q: %v %v", key, err, res)
-	}
-	m, ok := res.StructuredContent.(map[string]any)
-	if !ok {
-		t.Fatalf("call_status %q: structured content %T", key, res.StructuredContent)
-	}
-	return m
 }
 
 // TestAuthMCP: /mcp answers 401 without a token or with a wrong one, and

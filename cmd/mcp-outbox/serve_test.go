@@ -73,15 +73,6 @@ func TestServeCallsTTL(t *testing.T) {
 	}
 }
 
-func completedAt(t *testing.T, meta map[string]any) time.Time {
-	t.Helper()
-	at, err := time.Parse(time.RFC3339Nano, meta["completedAt"].(string))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return at
-}
-
 // TestServeToolSchemasStrict: every tool serve advertises (the ledger's and
 // the status tool) passes the schema rules of the strictest clients, which
 // refuse a whole tools/list answer for one boolean subschema.

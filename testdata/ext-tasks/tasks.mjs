@@ -2,7 +2,7 @@
 // 0.2.2 over @modelcontextprotocol/client 2.x, protocol 2026-07-28) runs ONE
 // case of ONE logical `charge` call and reports what the library did. The
 // contract is the interop matrix's (plan in, one JSON report line out); the
-// Go harness (cmd/mcp-outbox/tasks_interop_test.go) starts, kills and
+// Go harness (cmd/mcp-outbox/e2e/tasks_interop_test.go) starts, kills and
 // restarts the servers, judges the report and counts the charges. This
 // program asserts nothing about charges.
 //

@@ -4,7 +4,7 @@ The same small payments ledger as testdata/ts-upstream/server.mjs (same tools,
 schemas, environment, behaviour and ready line), written with the official
 Python SDK's FastMCP (MCPServer in mcp 2) and the standard library's sqlite3 (or psycopg 3 on
 PostgreSQL), on the contract module mcp_outbox_upstream.py beside it (schema/README.md). The Go tests run
-it directly (cmd/mcp-outbox/upstream_contract_test.go) and behind the proxy.
+it directly (cmd/mcp-outbox/e2e/upstream_contract_test.go) and behind the proxy.
 
 Usage: python server.py   (stdio; Streamable HTTP with UPSTREAM_HTTP_PORT)
 

@@ -3,7 +3,7 @@ client (mcp 1.x: session.experimental.call_tool_as_task, get_task,
 get_task_result, cancel_task) runs ONE case of ONE logical `charge` call and
 reports what the SDK did. The plan and the report are those of
 testdata/ext-tasks/tasks.mjs (see there for the cases); the Go harness
-(cmd/mcp-outbox/tasks_interop_test.go) judges. This program asserts nothing
+(cmd/mcp-outbox/e2e/tasks_interop_test.go) judges. This program asserts nothing
 about charges.
 
 Usage: python tasks.py PLAN_FILE

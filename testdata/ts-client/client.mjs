@@ -12,7 +12,7 @@
 // Prints exactly one JSON line on stdout: what each call returned and a list
 // of checks. Exit status: 0 all checks passed, 1 a check failed, 2 usage
 // error or an unexpected exception (the JSON line is still printed). The
-// server's stderr passes through to ours. cmd/mcp-outbox/interop_test.go
+// server's stderr passes through to ours. cmd/mcp-outbox/e2e/interop_test.go
 // runs this and checks the database as well.
 
 import { randomUUID } from 'node:crypto';

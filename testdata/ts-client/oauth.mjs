@@ -1,5 +1,5 @@
 // The official TypeScript SDK client's OAuth support against mcp-outbox
-// serve with --oauth-issuer (run by cmd/mcp-outbox/oauth_test.go).
+// serve with --oauth-issuer (run by cmd/mcp-outbox/e2e/oauth_test.go).
 //
 //   node oauth.mjs URL CLIENT_ID CLIENT_SECRET KEY AMOUNT [SCOPE]
 //

@@ -3,7 +3,7 @@
 // getTask, getTaskResult, cancelTask) runs ONE case of ONE logical `charge`
 // call and reports what the SDK did. The plan and the report are those of
 // testdata/ext-tasks/tasks.mjs (see there for the cases); the Go harness
-// (cmd/mcp-outbox/tasks_interop_test.go) judges. This program asserts
+// (cmd/mcp-outbox/e2e/tasks_interop_test.go) judges. This program asserts
 // nothing about charges.
 //
 // Usage:

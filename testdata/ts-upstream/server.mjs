@@ -1,7 +1,7 @@
 // A real upstream MCP tool server for `mcp-outbox proxy`: a small payments
 // ledger on the official TypeScript SDK and better-sqlite3, sharing its SQLite
 // file with the proxy and following the contract in schema/README.md. The Go
-// tests run it directly (cmd/mcp-outbox/upstream_contract_test.go) and behind
+// tests run it directly (cmd/mcp-outbox/e2e/upstream_contract_test.go) and behind
 // the proxy. The contract itself is contract.mjs.
 //
 // Usage: node server.mjs   (stdio; Streamable HTTP with UPSTREAM_HTTP_PORT)
