@@ -20,7 +20,18 @@ const drainProgressEvery = 100 * time.Millisecond
 // drainProgressEvery: counting reads every effect's index entry (about
 // 0.1 s per million), too much for every round.
 func (d *Dispatcher) Drain(ctx context.Context, progress func(opsquery.Counts)) (opsquery.Counts, error) {
+	// ended is the answer once ctx has ended, wherever that was found:
+	// the counts as they stand, so that a timeout that passes inside a
+	// round (or before the first) reports the effects still pending
+	// rather than none, which read as drained.
+	ended := func(err error) (opsquery.Counts, error) {
+		c, cerr := opsquery.CountEffects(context.WithoutCancel(ctx), d.db)
+		return c, errors.Join(err, cerr)
+	}
 	if err := d.requireKeyFile(ctx); err != nil {
+		if ctx.Err() != nil {
+			return ended(err)
+		}
 		return opsquery.Counts{}, err
 	}
 	d.stopping.Store(false)
@@ -39,7 +50,10 @@ func (d *Dispatcher) Drain(ctx context.Context, progress func(opsquery.Counts)) 
 			open, err = d.openEffects(ctx)
 		}
 		if err != nil {
-			if !d.transient(err) || ctx.Err() != nil {
+			if ctx.Err() != nil {
+				return ended(err)
+			}
+			if !d.transient(err) {
 				return opsquery.Counts{}, err
 			}
 			// A database restarting or failing over, or a lock held by
@@ -71,8 +85,7 @@ func (d *Dispatcher) Drain(ctx context.Context, progress func(opsquery.Counts)) 
 		select {
 		case <-ctx.Done():
 			d.settle(ctx)
-			c, err := opsquery.CountEffects(context.WithoutCancel(ctx), d.db)
-			return c, errors.Join(ctx.Err(), err)
+			return ended(ctx.Err())
 		case <-d.wake:
 		case <-timer.C:
 		}

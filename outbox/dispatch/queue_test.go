@@ -64,6 +64,26 @@ func TestDispatchQueue_DeliversEachOnce(t *testing.T) {
 	}
 }
 
+// A Drain whose time is up before it could deliver anything reports the
+// effects still pending, not zero counts: mcp-outbox drain read zeros as
+// "drained" and exited 0 with an effect pending (seen in CI, where the
+// timeout passed inside the first round on a loaded machine).
+func TestDrain_TimeoutReportsWhatIsLeft(t *testing.T) {
+	t.Parallel()
+	s := newDispatchSetup(t, 0, nil)
+	insertEffects(t, s.db, 2)
+	d := s.dispatcher(t, dispatch.Destination{}, nil)
+	ctx, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancel()
+	c, err := d.Drain(ctx, nil)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Drain past its deadline: %v, want DeadlineExceeded", err)
+	}
+	if c.Open() != 2 {
+		t.Errorf("counts = %+v, want the 2 effects still pending", c)
+	}
+}
+
 // A queued claim whose lease would pass during its attempt is given back,
 // not sent, and its claim is not counted as an attempt; a later claim
 // delivers it.
